@@ -1,0 +1,52 @@
+"""mldserver: one asyncio daemon that serves every shard of a KCL MultiLangDaemon.
+
+The handler API (see :mod:`mldserver.handler`)::
+
+    import mldserver
+
+    class Orders(mldserver.Handler):
+        async def process_records(self, batch, checkpointer):
+            ...
+
+Names are imported lazily so that ``mldserver connect`` (the relay the daemon starts
+once per shard) pays for none of them.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0"
+
+_EXPORTS = {
+    "Handler": "mldserver.handler",
+    "Record": "mldserver.records",
+    "Batch": "mldserver.records",
+    "ShardInfo": "mldserver.records",
+    "Checkpointer": "mldserver.checkpointer",
+    "CheckpointError": "mldserver.errors",
+    "ConfigError": "mldserver.errors",
+    "MldserverError": "mldserver.errors",
+    "Context": "mldserver.context",
+    "Settings": "mldserver.config",
+}
+
+__all__ = list(_EXPORTS)
+
+if TYPE_CHECKING:
+    from .checkpointer import Checkpointer
+    from .config import Settings
+    from .context import Context
+    from .errors import CheckpointError, ConfigError, MldserverError
+    from .handler import Handler
+    from .records import Batch, Record, ShardInfo
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'mldserver' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value

@@ -1,0 +1,121 @@
+"""The command line: ``mldserver serve``, ``mldserver connect``, ``mldserver bench``,
+``mldserver demo``. The only module that exits the process or configures logging.
+
+``connect`` is dispatched before anything else is imported: the daemon starts one
+relay per shard and each must start fast and stay small.
+"""
+
+from __future__ import annotations
+
+import sys
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["connect"]:
+        import os
+
+        from . import relay
+
+        os._exit(relay.main(argv[1:]))  # without waiting for the stdin thread
+    _main(argv)
+
+
+def _parser():
+    import argparse
+
+    p = argparse.ArgumentParser(prog="mldserver", description="Serve KCL MultiLangDaemon shards over TCP.")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    serve = sub.add_parser("serve", help="run the server until SIGTERM/SIGINT")
+    serve.add_argument("--handler", help="the handler factory, MODULE:ATTR")
+    serve.add_argument("--host", help="bind address (default 127.0.0.1: the protocol has no authentication)")
+    serve.add_argument("--port", type=int, help="TCP port (default 7070; 0 picks a free one)")
+    serve.add_argument("--unix", help="also (or only, without --port) listen on this unix socket")
+    serve.add_argument("--config", help="TOML file of settings (see mldserver.config)")
+    serve.add_argument("--log-format", choices=["json", "console"])
+    serve.add_argument("--log-file", help="append logs here instead of stderr")
+    serve.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
+    serve.add_argument("--state-dir", help="spool, commit log, dead letters (default ./mldserver-state)")
+    serve.add_argument("--execution-timeout", type=float, help="seconds per handler call (default 60)")
+    serve.add_argument("--max-line-size", type=int, help="largest daemon line in bytes (default 256 MiB)")
+    serve.add_argument("--window", type=float, help="tumbling window size in seconds")
+    serve.add_argument("--sink", help="file:DIR or parquet:DIR")
+    serve.add_argument("--pipeline", help="Spark pipeline, MODULE:ATTR")
+    serve.add_argument("--spark-master", help="Spark master URL (default local[*])")
+    serve.add_argument("--spark-remote", help="Spark Connect URL sc://host:port")
+
+    connect = sub.add_parser("connect", help="the relay the daemon launches: HOST:PORT or unix:PATH")
+    connect.add_argument("target")
+    connect.add_argument("--connect-timeout", type=float)
+
+    bench = sub.add_parser("bench", help="throughput and memory against amazon_kclpy, in one run")
+    bench.add_argument("--shards", type=int, nargs="+", default=[1, 32])
+    bench.add_argument("--batches", type=int, default=None, help="batches per shard (default: by load)")
+    bench.add_argument("--load", nargs="+", default=["10000x100", "1000x1024"], help="RECORDSxBYTES per batch")
+    bench.add_argument("--quick", action="store_true", help="a short run (for tests)")
+    bench.add_argument("--no-kclpy", action="store_true", help="skip the amazon_kclpy baseline")
+
+    demo = sub.add_parser("demo", help="run the server on an example handler, driven by the fake daemon")
+    demo.add_argument("--shards", type=int, default=4)
+    demo.add_argument("--records", type=int, default=200_000)
+    demo.add_argument("--dir", default="./mldserver-demo")
+    return p
+
+
+def _main(argv: list[str]) -> None:
+    args = _parser().parse_args(argv)
+    from . import logs
+    from .errors import ConfigError
+
+    try:
+        if args.command == "serve":
+            _serve(args, logs)
+        elif args.command == "bench":
+            from . import bench
+
+            logs.configure("console", "warning")
+            bench.main(args)
+        elif args.command == "demo":
+            from . import demo
+
+            logs.configure("console", "warning")
+            demo.main(args)
+    except ConfigError as exc:
+        sys.stderr.write(f"mldserver: {exc}\n")
+        sys.exit(2)
+    except KeyboardInterrupt:
+        sys.exit(130)
+
+
+def _serve(args, logs) -> None:
+    import os
+
+    from . import config, server
+    from .errors import ConfigError
+
+    settings = config.load(
+        args.config,
+        handler=args.handler,
+        host=args.host,
+        port=args.port,
+        unix=args.unix,
+        log_format=args.log_format,
+        log_file=args.log_file,
+        log_level=args.log_level,
+        state_dir=args.state_dir,
+        execution_timeout=args.execution_timeout,
+        max_line_size=args.max_line_size,
+        window=args.window,
+        sink=args.sink,
+        pipeline=args.pipeline,
+        spark_master=args.spark_master,
+        spark_remote=args.spark_remote,
+    )
+    if not settings.handler:
+        raise ConfigError("no handler: pass --handler MODULE:ATTR (or set handler in --config)")
+    logs.configure(settings.log_format, settings.log_level, settings.log_file)
+    # Handlers named relative to where the server starts, as `python -m` would find them.
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    server.run(settings)

@@ -1,0 +1,109 @@
+"""Server settings: defaults, then a TOML file (``--config``), then command-line flags.
+
+Read once at start-up into a frozen ``Settings``. A config file uses the same names
+as the fields below, at the top level::
+
+    # mldserver.toml
+    handler = "handlers.passthrough:Passthrough"
+    port = 7070
+    execution_timeout = 30.0
+    handler_retries = 2
+
+An unknown key or a value of the wrong type is a ConfigError naming the key, the file
+and what was expected.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .errors import ConfigError
+from .protocol.framing import DEFAULT_MAX_LINE_SIZE
+
+
+@dataclass(frozen=True)
+class Settings:
+    handler: str = ""
+    host: str = "127.0.0.1"
+    port: int = 7070
+    unix: str | None = None
+    log_format: str = "json"
+    log_file: str | None = None
+    log_level: str = "info"
+    state_dir: str = "./mldserver-state"
+    # protocol
+    max_line_size: int = DEFAULT_MAX_LINE_SIZE
+    # handler calls: time-out per call, then retries with backoff before a dead letter
+    execution_timeout: float = 60.0
+    handler_retries: int = 2
+    handler_backoff: float = 0.1
+    # checkpoints: retriable daemon errors retried with jittered exponential backoff
+    checkpoint_retries: int = 6
+    checkpoint_backoff: float = 0.1
+    checkpoint_backoff_cap: float = 2.0
+    # shard end: SHARD_END is retried for up to this many seconds before giving up loudly
+    shard_end_budget: float = 300.0
+    # de-aggregate KPL records: "auto" (only from v1 daemons), "always", "never"
+    deaggregate: str = "auto"
+    # shutdown: how long in-flight actions get to finish after SIGTERM
+    shutdown_timeout: float = 30.0
+    # pipeline (coordinator and Spark; see DESIGN.md)
+    window: float = 60.0
+    sink: str | None = None
+    pipeline: str | None = None
+    spark_master: str | None = None
+    spark_remote: str | None = None
+
+    def replace(self, **changes: Any) -> "Settings":
+        return dataclasses.replace(self, **changes)
+
+
+_FIELDS = {f.name: f for f in dataclasses.fields(Settings)}
+
+
+def _check(name: str, value: Any, where: str) -> Any:
+    default = getattr(Settings, name, None)
+    kind = type(default) if default is not None else str
+    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        value = float(value)
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        raise ConfigError(f"{where}: {name} must be {kind.__name__}, got {value!r}")
+    if name == "log_format" and value not in ("json", "console"):
+        raise ConfigError(f"{where}: log_format must be 'json' or 'console', got {value!r}")
+    if name == "deaggregate" and value not in ("auto", "always", "never"):
+        raise ConfigError(f"{where}: deaggregate must be 'auto', 'always' or 'never', got {value!r}")
+    return value
+
+
+def load(path: str | None = None, **overrides: Any) -> Settings:
+    """Defaults, then the TOML file at ``path``, then ``overrides`` (None means unset)."""
+    values: dict[str, Any] = {}
+    if path:
+        try:
+            with open(path, "rb") as f:
+                data = tomllib.load(f)
+        except OSError as exc:
+            raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
+        for key, value in data.items():
+            name = key.replace("-", "_")
+            if name not in _FIELDS:
+                known = ", ".join(sorted(_FIELDS))
+                raise ConfigError(f"{path}: unknown setting {key!r} (known: {known})")
+            values[name] = _check(name, value, path)
+    for name, value in overrides.items():
+        if value is not None:
+            values[name] = _check(name, value, "command line")
+    settings = Settings(**values)
+    if settings.sink and not (settings.sink.startswith("file:") or settings.sink.startswith("parquet:")):
+        raise ConfigError(f"--sink must be file:DIR or parquet:DIR, got {settings.sink!r}")
+    return settings
+
+
+def state_path(settings: Settings, *parts: str) -> Path:
+    return Path(settings.state_dir).joinpath(*parts)

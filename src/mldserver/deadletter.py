@@ -1,0 +1,81 @@
+"""Dead letters: what could not be processed, kept with its data so nothing is lost.
+
+One JSON line per record (or per unparseable daemon line), appended and fsynced to
+``<state_dir>/dead-letters/<shard_id>.jsonl``::
+
+    {"ts":"2026-11-21T10:00:00.123Z","shard_id":"shardId-000000000001","reason":"handler failed",
+     "error":"ValueError: bad order","attempts":3,"sequence_number":"4959...","sub_sequence_number":0,
+     "partition_key":"cust-7","approximate_arrival_timestamp":1476889707000,"data":"bWVvdw=="}
+
+``data`` is the record's base64 as the daemon sent it. Writes run in a thread: the
+event loop never waits on the disk.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import time
+from pathlib import Path
+from typing import Any, Iterable
+
+import orjson
+
+_UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
+
+
+def _ts() -> str:
+    now = time.time()
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now)) + f".{int(now % 1 * 1000):03d}Z"
+
+
+class DeadLetters:
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+
+    def path_for(self, shard_id: str | None) -> Path:
+        return self.directory / f"{_UNSAFE.sub('_', shard_id or 'unknown-shard')}.jsonl"
+
+    async def records(
+        self, shard_id: str | None, records: Iterable[dict[str, Any]], reason: str, error: str, **extra: Any
+    ) -> Path:
+        ts = _ts()
+        lines = [
+            {
+                "ts": ts,
+                "shard_id": shard_id,
+                "reason": reason,
+                "error": error,
+                **extra,
+                "sequence_number": r.get("sequenceNumber"),
+                "sub_sequence_number": r.get("subSequenceNumber"),
+                "partition_key": r.get("partitionKey"),
+                "approximate_arrival_timestamp": r.get("approximateArrivalTimestamp"),
+                "data": r.get("data"),
+            }
+            for r in records
+        ]
+        return await self._append(shard_id, lines)
+
+    async def line(self, shard_id: str | None, line: bytes, reason: str) -> Path:
+        entry = {"ts": _ts(), "shard_id": shard_id, "reason": reason, "line": line.decode("utf-8", "replace")}
+        return await self._append(shard_id, [entry])
+
+    async def _append(self, shard_id: str | None, entries: list[dict[str, Any]]) -> Path:
+        path = self.path_for(shard_id)
+        data = b"".join(orjson.dumps(e, default=str) + b"\n" for e in entries)
+        await asyncio.to_thread(self._write, path, data)
+        return path
+
+    @staticmethod
+    def _write(path: Path, data: bytes) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+            os.fsync(fd)
+        finally:
+            os.close(fd)

@@ -1,0 +1,98 @@
+"""Structured logs: one JSON object per line, ``tail -f`` and ``jq`` friendly.
+
+Every entry has ``ts`` (UTC, ISO 8601 with milliseconds), ``level`` and ``event``,
+plus fields where they apply (``shard_id``, ``conn``, ``records``, ``duration_ms``,
+``error``)::
+
+    log = get_logger("mldserver.worker").bind(conn=3, shard_id="shardId-000000000001")
+    log.info("batch", records=500, duration_ms=1.7)
+    -> {"ts":"2026-11-21T10:00:00.123Z","level":"info","event":"batch","conn":3,
+        "shard_id":"shardId-000000000001","records":500,"duration_ms":1.7}
+
+Follow one shard: ``tail -f server.log | jq -c 'select(.shard_id=="shardId-000000000001")'``.
+Only the CLI calls :func:`configure`; library code only gets loggers.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from typing import Any, TextIO
+
+import orjson
+
+_LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
+
+
+class EventLogger:
+    """A logger whose messages are event names and whose details are fields."""
+
+    __slots__ = ("_logger", "_fields")
+
+    def __init__(self, logger: logging.Logger, fields: dict[str, Any] | None = None) -> None:
+        self._logger = logger
+        self._fields = fields or {}
+
+    def bind(self, **fields: Any) -> "EventLogger":
+        return EventLogger(self._logger, {**self._fields, **fields})
+
+    def _log(self, level: int, event: str, fields: dict[str, Any], exc_info: Any = None) -> None:
+        if self._logger.isEnabledFor(level):
+            self._logger.log(level, event, extra={"fields": {**self._fields, **fields}}, exc_info=exc_info)
+
+    def debug(self, event: str, **fields: Any) -> None:
+        self._log(logging.DEBUG, event, fields)
+
+    def info(self, event: str, **fields: Any) -> None:
+        self._log(logging.INFO, event, fields)
+
+    def warning(self, event: str, **fields: Any) -> None:
+        self._log(logging.WARNING, event, fields)
+
+    def error(self, event: str, exc_info: Any = None, **fields: Any) -> None:
+        self._log(logging.ERROR, event, fields, exc_info)
+
+    def is_enabled(self, level: str) -> bool:
+        return self._logger.isEnabledFor(_LEVELS[level])
+
+
+def get_logger(name: str) -> EventLogger:
+    return EventLogger(logging.getLogger(name))
+
+
+def _ts(created: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(created)) + f".{int(created % 1 * 1000):03d}Z"
+
+
+class JsonFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        entry: dict[str, Any] = {
+            "ts": _ts(record.created),
+            "level": record.levelname.lower(),
+            "event": record.getMessage(),
+        }
+        entry.update(getattr(record, "fields", {}))
+        if record.exc_info:
+            entry["traceback"] = self.formatException(record.exc_info)
+        return orjson.dumps(entry, default=str).decode()
+
+
+class ConsoleFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        fields = " ".join(f"{k}={v}" for k, v in getattr(record, "fields", {}).items())
+        line = f"{_ts(record.created)} {record.levelname.lower():7} {record.getMessage():24} {fields}".rstrip()
+        if record.exc_info:
+            line += "\n" + self.formatException(record.exc_info)
+        return line
+
+
+def configure(fmt: str = "json", level: str = "info", file: str | None = None, stream: TextIO | None = None) -> None:
+    """Send mldserver's logs to ``file`` (appended) or stderr, as JSON lines or console text."""
+    handler: logging.Handler
+    handler = logging.FileHandler(file) if file else logging.StreamHandler(stream or sys.stderr)
+    handler.setFormatter(JsonFormatter() if fmt == "json" else ConsoleFormatter())
+    root = logging.getLogger("mldserver")
+    root.handlers[:] = [handler]
+    root.setLevel(_LEVELS[level])
+    root.propagate = False

@@ -1,0 +1,163 @@
+"""The sans-IO protocol core: bytes in, events out; events in, bytes out.
+
+No asyncio, no logging, no clock: a ``Connection`` is driven by plain calls, so it
+can be tested line by line or byte by byte. The worker feeds it what the relay read
+from the daemon and writes what it returns::
+
+    conn = Connection()
+    conn.receive_data(b'{"action":"initialize","shardId":"shardId-0","sequenceNumber":null,'
+                      b'"subSequenceNumber":null}\\n')
+    event = conn.next_event()        # Initialize(shard_id="shardId-0", ...)
+    wire = conn.send(event.reply())  # b'{"action":"status","responseFor":"initialize"}\\n'
+
+``next_event()`` returns an event, ``NEED_DATA`` until a whole line is buffered, or
+``ConnectionClosed`` after end of input. It raises RemoteProtocolError for a line it
+cannot accept (state unchanged; see :mod:`.errors` for the owed status). ``send()``
+raises LocalProtocolError, writing nothing, for anything the daemon would not accept
+at that point: the transition table in :mod:`.state` is the only judge.
+"""
+
+from __future__ import annotations
+
+from .errors import LocalProtocolError, RemoteProtocolError
+from .events import (
+    Action,
+    Checkpoint,
+    CheckpointReply,
+    ConnectionClosed,
+    Event,
+    Initialize,
+    Shutdown,
+    Status,
+)
+from .framing import DEFAULT_MAX_LINE_SIZE, LineBuffer, LineTooLong
+from .messages import Dialect, decode, encode
+from .state import (
+    CHECKPOINT_ALLOWED,
+    REMOTE_TRANSITIONS,
+    RESPONSE_FOR,
+    STATUS_TRANSITIONS,
+    State,
+)
+
+
+class _NeedData:
+    def __repr__(self) -> str:
+        return "NEED_DATA"
+
+
+NEED_DATA = _NeedData()
+
+
+def _transition_key(event: Action) -> str:
+    if isinstance(event, Shutdown):
+        return "shutdown:TERMINATE" if event.is_shard_end else "shutdown:ZOMBIE"
+    return event.action
+
+
+class Connection:
+    """One shard's conversation with the daemon, from the child's side."""
+
+    def __init__(self, max_line_size: int = DEFAULT_MAX_LINE_SIZE) -> None:
+        self._lines = LineBuffer(max_line_size)
+        self.state = State.AWAITING_INITIALIZE
+        self.dialect = Dialect.SEQUENCE
+        self.shard_id: str | None = None
+        self._resume: State | None = None  # the state a checkpoint reply returns to
+        self._action: str | None = None  # the action name the owed status answers
+        self._stray: str | None = None  # an out-of-order action still owed a status
+
+    # -- input -------------------------------------------------------------------
+
+    def receive_data(self, data: bytes) -> None:
+        """Feed bytes read from the daemon; ``b""`` means end of input."""
+        self._lines.feed(data)
+
+    @property
+    def buffered(self) -> int:
+        """Bytes received that are not yet a whole line (for back-pressure)."""
+        return self._lines.pending
+
+    def next_event(self) -> Event | _NeedData:
+        if self.state is State.CLOSED:
+            return ConnectionClosed()
+        try:
+            line = self._lines.next_line()
+        except LineTooLong as exc:
+            raise RemoteProtocolError(str(exc), line=exc.prefix) from None
+        if line is None:
+            if self._lines.eof:
+                self.state = State.CLOSED
+                return ConnectionClosed()
+            return NEED_DATA
+        event = decode(line)  # may raise RemoteProtocolError: nothing changed yet
+        if isinstance(event, CheckpointReply):
+            if self.state is not State.CHECKPOINTING:
+                raise RemoteProtocolError(
+                    f"checkpoint reply while {self.state.name} (no checkpoint outstanding)",
+                    line=line,
+                )
+            assert self._resume is not None
+            self.state, self._resume = self._resume, None
+            return event
+        assert isinstance(event, Action)
+        new = REMOTE_TRANSITIONS.get((self.state, _transition_key(event)))
+        if new is None:
+            self._stray = event.action
+            raise RemoteProtocolError(
+                f"{event.action} is out of order while {self.state.name} ({self.state.value})",
+                line=line,
+                action=event.action,
+            )
+        if isinstance(event, Initialize):
+            self.shard_id = event.shard_id
+            self.dialect = Dialect.SEQUENCE if event.has_sequence_key else Dialect.V1
+        self.state = new
+        self._action = event.action
+        return event
+
+    # -- output ------------------------------------------------------------------
+
+    def send(self, event: Event) -> bytes:
+        """Bytes for the daemon, or LocalProtocolError if ``event`` is not allowed now."""
+        if isinstance(event, Status):
+            return self._send_status(event)
+        if isinstance(event, Checkpoint):
+            if self.state not in CHECKPOINT_ALLOWED or self._stray is not None:
+                raise LocalProtocolError(
+                    f"cannot checkpoint while {self.state.name} ({self.state.value})"
+                )
+            data = encode(event, self.dialect)
+            self._resume, self.state = self.state, State.CHECKPOINTING
+            return data
+        raise LocalProtocolError(f"{event!r} is not something the child sends")
+
+    def _send_status(self, event: Status) -> bytes:
+        if self._stray is not None:
+            if event.response_for != self._stray:
+                raise LocalProtocolError(
+                    f"status for {event.response_for!r}, but the daemon waits for one "
+                    f"for the out-of-order {self._stray!r}"
+                )
+            self._stray = None
+            return encode(event, self.dialect)
+        new = STATUS_TRANSITIONS.get(self.state)
+        if new is None:
+            raise LocalProtocolError(f"no status is owed while {self.state.name} ({self.state.value})")
+        if event.response_for != self._action or event.response_for not in RESPONSE_FOR[self.state]:
+            raise LocalProtocolError(
+                f"status for {event.response_for!r}, but the action being answered is {self._action!r}"
+            )
+        data = encode(event, self.dialect)
+        self.state = new
+        self._action = None
+        return data
+
+    @property
+    def owes_status(self) -> str | None:
+        """The action name a status is owed for, if any."""
+        if self._stray is not None:
+            return self._stray
+        if self.state in STATUS_TRANSITIONS:
+            return self._action
+        return None

@@ -1,0 +1,29 @@
+"""Protocol errors, h11 style: who broke the protocol decides the class.
+
+``RemoteProtocolError``: the daemon sent something we cannot accept (not JSON, a
+bare ``null``, an action out of order, a line past ``max_line_size``). The state is
+unchanged. When the offending line was an action, ``action`` names it: the daemon is
+now waiting for a status for it, and the connection lets exactly one
+``Status(response_for=action)`` through so the daemon neither hangs nor exits.
+
+``LocalProtocolError``: our side tried something the daemon would not accept (a
+second status, a checkpoint between a status and the next action, ...). Nothing is
+written and the state is unchanged.
+"""
+
+from __future__ import annotations
+
+
+class ProtocolError(Exception):
+    """Base of the protocol core's errors."""
+
+
+class RemoteProtocolError(ProtocolError):
+    def __init__(self, message: str, *, line: bytes = b"", action: str | None = None) -> None:
+        super().__init__(message)
+        self.line = line
+        self.action = action
+
+
+class LocalProtocolError(ProtocolError):
+    pass

@@ -1,0 +1,114 @@
+"""What a handler sees of a batch: ``Record``, ``Batch`` and ``ShardInfo``.
+
+A record wraps the daemon's JSON object and decodes lazily: ``data`` (base64) is
+decoded on first access, so a handler that only routes on ``partition_key`` pays
+nothing for payloads::
+
+    {"data":"bWVvdw==","partitionKey":"cat","sequenceNumber":"4959...8898",
+     "subSequenceNumber":0,"approximateArrivalTimestamp":1476889707000,"action":"record"}
+    record.data == b"meow"; record.partition_key == "cat"
+    record.sequence_number == "4959...8898"   # a string: 56+ digits, never a float
+    record.position == (4959...8898, 0)       # (int, int), for ordering
+
+Sequence numbers stay strings; ``position`` compares them as integers where order
+matters. Any field but ``sequenceNumber`` may be null.
+"""
+
+from __future__ import annotations
+
+import binascii
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+
+@dataclass(frozen=True, slots=True)
+class ShardInfo:
+    """The shard a connection serves, and where its lease's checkpoint stands."""
+
+    shard_id: str
+    sequence_number: str | None  # digits, or TRIM_HORIZON / LATEST / AT_TIMESTAMP, or None
+    sub_sequence_number: int | None
+
+
+class Record:
+    __slots__ = ("_raw", "_data")
+
+    def __init__(self, raw: dict[str, Any], data: bytes | None = None) -> None:
+        self._raw = raw
+        self._data = data
+
+    @property
+    def data(self) -> bytes:
+        if self._data is None:
+            b64 = self._raw.get("data")
+            self._data = binascii.a2b_base64(b64) if b64 else b""
+        return self._data
+
+    @property
+    def raw_data(self) -> str | None:
+        """``data`` as the daemon sent it (base64), or None for a de-aggregated record."""
+        return self._raw.get("data")
+
+    @property
+    def partition_key(self) -> str | None:
+        return self._raw.get("partitionKey")
+
+    @property
+    def sequence_number(self) -> str:
+        return self._raw["sequenceNumber"]
+
+    @property
+    def sub_sequence_number(self) -> int | None:
+        return self._raw.get("subSequenceNumber")
+
+    @property
+    def approximate_arrival_timestamp(self) -> int | None:
+        return self._raw.get("approximateArrivalTimestamp")
+
+    @property
+    def explicit_hash_key(self) -> str | None:
+        return self._raw.get("explicitHashKey")
+
+    @property
+    def position(self) -> tuple[int, int]:
+        return int(self._raw["sequenceNumber"]), self._raw.get("subSequenceNumber") or 0
+
+    def to_json(self) -> dict[str, Any]:
+        """The record as the daemon wrote it (data base64), e.g. for a dead letter."""
+        raw = dict(self._raw)
+        if raw.get("data") is None and self._data is not None:
+            raw["data"] = binascii.b2a_base64(self._data, newline=False).decode("ascii")
+        return raw
+
+    def __repr__(self) -> str:
+        return (
+            f"Record(sequence_number={self.sequence_number!r}, "
+            f"sub_sequence_number={self.sub_sequence_number!r}, partition_key={self.partition_key!r})"
+        )
+
+
+class Batch:
+    """One ``processRecords``: the records, how far behind the shard is, and the shard."""
+
+    __slots__ = ("records", "millis_behind_latest", "shard")
+
+    def __init__(self, records: Sequence[Record], millis_behind_latest: int | None, shard: ShardInfo) -> None:
+        self.records = records
+        self.millis_behind_latest = millis_behind_latest
+        self.shard = shard
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+
+def bad_record(raw: Any) -> str | None:
+    """Why a raw record cannot be processed, or None if it can."""
+    if type(raw) is not dict:
+        return f"a record is {type(raw).__name__}, not an object"
+    seq = raw.get("sequenceNumber")
+    if type(seq) is not str or not seq.isdigit():
+        return f"a record has sequenceNumber {seq!r}, not a decimal string"
+    data = raw.get("data")
+    if data is not None and type(data) is not str:
+        return f"record {seq} has data of type {type(data).__name__}, not base64 text"
+    return None

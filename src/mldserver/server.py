@@ -1,0 +1,153 @@
+"""The server: listeners, one worker per connection, and an ordered shutdown.
+
+``mldserver serve --handler pkg.mod:Attr --port 7070`` runs ``Server(settings).serve()``
+on uvloop. Lifecycle (uvicorn's shape)::
+
+    startup   load the handler factory (a ConfigError stops us before binding),
+              bind TCP (loopback by default; the protocol has no authentication)
+              and/or a unix socket, log one ``listening`` event with the address
+    serve     each accepted connection gets a Worker task, owned by the server
+    shutdown  on SIGTERM/SIGINT: stop accepting; idle connections are closed; busy
+              ones finish their action (status sent) within ``shutdown_timeout``;
+              then whatever is left is cancelled, and the signal handlers restored
+
+A worker that crashes is logged with its shard and closed; the others go on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import os
+import signal
+from typing import Any, Callable
+
+from .config import Settings, state_path
+from .context import Context
+from .deadletter import DeadLetters
+from .importer import import_from_string
+from .logs import get_logger
+from .worker import Worker
+
+log = get_logger("mldserver.server")
+
+STREAM_LIMIT = 1 << 22  # StreamReader buffer; lines are reassembled by the core, not here
+
+
+class Server:
+    def __init__(self, settings: Settings, factory: Callable[[Any], Any] | None = None) -> None:
+        self.settings = settings
+        self.factory = factory or import_from_string(settings.handler, "handler")
+        self.context = Context(settings)
+        self.dead_letters = DeadLetters(state_path(settings, "dead-letters"))
+        self.workers: dict[asyncio.Task[None], Worker] = {}
+        self._ids = itertools.count(1)
+        self._servers: list[asyncio.base_events.Server] = []
+        self._stop = asyncio.Event()
+        self.address: tuple[str, int] | str | None = None
+
+    # -- lifecycle -------------------------------------------------------------
+
+    async def start(self) -> None:
+        s = self.settings
+        if s.unix:
+            if os.path.exists(s.unix):
+                os.unlink(s.unix)
+            srv = await asyncio.start_unix_server(self._accept, path=s.unix, limit=STREAM_LIMIT)
+            self._servers.append(srv)
+            self.address = s.unix
+            log.info("listening", unix=s.unix, handler=s.handler)
+        if not s.unix or s.port:
+            srv = await asyncio.start_server(self._accept, host=s.host, port=s.port, limit=STREAM_LIMIT)
+            self._servers.append(srv)
+            host, port = srv.sockets[0].getsockname()[:2]
+            if not s.unix:
+                self.address = (host, port)
+            log.info("listening", host=host, port=port, handler=s.handler, pid=os.getpid())
+
+    async def serve(self) -> None:
+        """Run until SIGTERM/SIGINT (or ``stop()``), then shut down in order."""
+        loop = asyncio.get_running_loop()
+        previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+        for sig in previous:
+            loop.add_signal_handler(sig, self._on_signal, sig)
+        try:
+            await self.start()
+            await self._stop.wait()
+        finally:
+            for sig, handler in previous.items():
+                loop.remove_signal_handler(sig)
+                signal.signal(sig, handler)
+            await self.shutdown()
+
+    def _on_signal(self, sig: int) -> None:
+        log.info("shutdown_requested", signal=signal.Signals(sig).name)
+        self._stop.set()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    async def shutdown(self) -> None:
+        for srv in self._servers:
+            srv.close()
+        busy = 0
+        for task, worker in self.workers.items():
+            worker.stopping = True
+            if worker.busy:
+                busy += 1
+            else:
+                task.cancel()
+        log.info("shutting_down", connections=len(self.workers), busy=busy)
+        if self.workers:
+            done, pending = await asyncio.wait(list(self.workers), timeout=self.settings.shutdown_timeout)
+            for task in pending:
+                task.cancel()
+            if pending:
+                log.warning("shutdown_timeout", cancelled=len(pending), timeout_s=self.settings.shutdown_timeout)
+                await asyncio.wait(pending)
+        for srv in self._servers:
+            await srv.wait_closed()
+        if self.settings.unix and os.path.exists(self.settings.unix):
+            os.unlink(self.settings.unix)
+        log.info("stopped")
+
+    # -- connections -----------------------------------------------------------
+
+    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        conn_id = next(self._ids)
+        peer = writer.get_extra_info("peername")
+        wlog = log.bind(conn=conn_id)
+        if self._stop.is_set():
+            writer.close()
+            return
+        worker = Worker(
+            reader,
+            writer,
+            factory=self.factory,
+            context=self.context,
+            settings=self.settings,
+            dead_letters=self.dead_letters,
+            log=get_logger("mldserver.worker").bind(conn=conn_id),
+        )
+        task = asyncio.current_task()
+        assert task is not None
+        self.workers[task] = worker
+        wlog.debug("connected", peer=str(peer) if peer else None)
+        try:
+            await worker.run()
+        except asyncio.CancelledError:
+            if not worker.stopping:
+                raise
+        except Exception:
+            wlog.error("worker_crashed", shard_id=worker.conn.shard_id, exc_info=True)
+        finally:
+            del self.workers[task]
+            writer.close()
+
+
+def run(settings: Settings) -> None:
+    """Serve with uvloop until a signal arrives (the CLI's entry)."""
+    import uvloop
+
+    server = Server(settings)
+    uvloop.run(server.serve())

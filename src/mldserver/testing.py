@@ -1,0 +1,326 @@
+"""A fake MultiLangDaemon: the daemon's side of the protocol, strict the way the Java
+one is, for testing handlers (yours and ours) without Java, Kinesis or DynamoDB.
+
+It launches the child exactly as the daemon does (``executableName`` split on spaces,
+no shell, pipes), writes one action at a time and reads child lines until a status
+arrives, answering each checkpoint request in between. Like the Java daemon:
+
+- a child line that is not JSON, or a message with a key the daemon does not accept,
+  is skipped (recorded in ``child.skipped``; the real daemon logs it and may hang);
+- a status whose ``responseFor`` is not the action, a bare ``null`` line, or the
+  child's end of output before a status is fatal: ``DaemonExit`` (the real daemon
+  calls System.exit(1), killing every shard of the worker);
+- checkpoints are checked as the KCL checks them and stored in ``daemon.checkpoints``
+  (shard id -> (sequence number, sub-sequence) or ``SHARD_END``), which a later
+  ``daemon.shard(...)`` resumes from, as a restarted daemon does.
+
+Example, testing a handler through a running server::
+
+    daemon = FakeDaemon("mldserver connect 127.0.0.1:7070")
+    shard = await daemon.shard("shardId-000000000000")       # spawn + initialize
+    await shard.process_records(make_records(1, count=3))
+    await shard.shard_ended()                                 # checkpoints SHARD_END
+    assert daemon.checkpoints["shardId-000000000000"] == SHARD_END
+    await shard.close()                                       # close stdin, child exits
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import os
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable
+
+SHARD_END = "SHARD_END"
+STATUS_KEYS = frozenset({"action", "responseFor"})
+CHECKPOINT_KEYS = frozenset({"action", "sequenceNumber", "subSequenceNumber"})
+V1_CHECKPOINT_KEYS = frozenset({"action", "checkpoint"})
+
+
+class DaemonExit(Exception):
+    """The Java daemon would call System.exit(1) here."""
+
+
+def make_records(
+    first_sequence_number: int,
+    count: int,
+    data_bytes: int = 8,
+    *,
+    partition_key: str = "pk{i}",
+    approximate_arrival_timestamp: int | None = 1476889707000,
+    data: Callable[[int], bytes] | None = None,
+) -> list[dict[str, Any]]:
+    """``count`` daemon-shaped records with consecutive sequence numbers."""
+    out = []
+    for i in range(count):
+        seq = first_sequence_number + i
+        payload = data(seq) if data else (str(seq).encode() * (data_bytes // max(1, len(str(seq))) + 1))[:data_bytes]
+        out.append(
+            {
+                "action": "record",
+                "data": base64.b64encode(payload).decode("ascii"),
+                "partitionKey": partition_key.format(i=i, seq=seq),
+                "sequenceNumber": str(seq),
+                "subSequenceNumber": 0,
+                "approximateArrivalTimestamp": approximate_arrival_timestamp,
+            }
+        )
+    return out
+
+
+class Child:
+    """One child process as the daemon sees it: lines in, lines out."""
+
+    def __init__(self, proc: asyncio.subprocess.Process) -> None:
+        self.proc = proc
+        self.skipped: list[bytes] = []
+        self.stderr = bytearray()
+        self._stderr_task = asyncio.ensure_future(self._drain_stderr())
+
+    @classmethod
+    async def spawn(cls, command: str, env: dict[str, str] | None = None, cwd: str | None = None) -> "Child":
+        argv = [part for part in command.split(" ") if part]
+        proc = await asyncio.create_subprocess_exec(
+            *argv,
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            env={**os.environ, **(env or {})},
+            cwd=cwd,
+            limit=1 << 24,
+        )
+        return cls(proc)
+
+    async def _drain_stderr(self) -> None:
+        assert self.proc.stderr is not None
+        while chunk := await self.proc.stderr.read(65536):
+            self.stderr += chunk
+
+    async def write(self, data: bytes) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(data)
+        await self.proc.stdin.drain()
+
+    async def send(self, message: dict[str, Any]) -> None:
+        await self.write(json.dumps(message, separators=(",", ":")).encode() + b"\n")
+
+    async def read_line(self, timeout: float = 10.0) -> bytes | None:
+        """The next non-blank line (line end stripped), or None at end of output."""
+        assert self.proc.stdout is not None
+        while True:
+            line = await asyncio.wait_for(self.proc.stdout.readline(), timeout)
+            if not line:
+                return None
+            line = line.rstrip(b"\n").rstrip(b"\r")
+            if line.strip():
+                return line
+
+    async def read_message(self, timeout: float = 10.0) -> dict[str, Any]:
+        """The next message the daemon would accept, skipping (and recording) junk."""
+        while True:
+            line = await self.read_line(timeout)
+            if line is None:
+                raise DaemonExit("the child's output ended before a status")
+            message = parse_child_line(line)
+            if message is None:
+                self.skipped.append(line)
+                continue
+            return message
+
+    async def close_stdin(self) -> None:
+        assert self.proc.stdin is not None
+        if not self.proc.stdin.is_closing():
+            self.proc.stdin.close()
+            try:
+                await self.proc.stdin.wait_closed()
+            except (BrokenPipeError, ConnectionResetError):
+                pass
+
+    async def wait_exit(self, timeout: float = 5.0) -> int:
+        code = await asyncio.wait_for(self.proc.wait(), timeout)
+        await self._stderr_task
+        return code
+
+    async def kill(self) -> None:
+        if self.proc.returncode is None:
+            self.proc.kill()
+            await self.proc.wait()
+        await self._stderr_task
+
+
+def parse_child_line(line: bytes) -> dict[str, Any] | None:
+    """What the Java daemon makes of a child line: a message, None (skipped), or fatal."""
+    try:
+        obj = json.loads(line)
+    except ValueError:
+        return None
+    if obj is None:
+        raise DaemonExit("the child wrote a bare null line")
+    if not isinstance(obj, dict):
+        return None
+    keys = frozenset(obj)
+    action = obj.get("action")
+    if action == "status" and keys == STATUS_KEYS:
+        return obj
+    if action == "checkpoint" and ({"action"} <= keys <= CHECKPOINT_KEYS or keys == V1_CHECKPOINT_KEYS):
+        return obj
+    return None
+
+
+def _position(seq: str | None, sub: int | None) -> tuple[int, int]:
+    return int(seq or 0), sub or 0
+
+
+@dataclass
+class Shard:
+    """One shard's conversation: a child and what the daemon knows of it."""
+
+    daemon: "FakeDaemon"
+    shard_id: str
+    child: Child
+    delivered: tuple[str, int] | None = None  # highest (sequence, sub) delivered
+    phase: str = "new"
+    checkpoint_requests: list[tuple[str | None, int | None]] = field(default_factory=list)
+    actions: list[str] = field(default_factory=list)
+
+    async def initialize(self, sequence_number: str | None = "TRIM_HORIZON", sub_sequence_number: int | None = 0):
+        stored = self.daemon.checkpoints.get(self.shard_id)
+        if stored is not None and stored != SHARD_END:
+            sequence_number, sub_sequence_number = stored
+        message = {"action": "initialize", "shardId": self.shard_id}
+        if self.daemon.v1:
+            message["checkpoint"] = sequence_number
+        else:
+            message.update(sequenceNumber=sequence_number, subSequenceNumber=sub_sequence_number)
+        await self._action(message, "initialize")
+
+    async def process_records(self, records: list[dict[str, Any]], millis_behind_latest: int | None = 0) -> None:
+        await self.process_line(
+            json.dumps(
+                {"action": "processRecords", "records": records, "millisBehindLatest": millis_behind_latest},
+                separators=(",", ":"),
+            ).encode()
+            + b"\n",
+            records[-1] if records else None,
+        )
+
+    async def process_line(self, line: bytes, last: dict[str, Any] | None) -> None:
+        """A pre-encoded processRecords line (benchmarks); ``last`` is its last record."""
+        if last is not None:
+            self.delivered = (last["sequenceNumber"], last.get("subSequenceNumber") or 0)
+        await self._action(line, "processRecords")
+
+    async def shutdown_requested(self) -> None:
+        await self._action({"action": "shutdownRequested"}, "shutdownRequested")
+
+    async def lease_lost(self) -> None:
+        await self._action({"action": "leaseLost"}, "leaseLost")
+
+    async def shard_ended(self) -> None:
+        await self._action({"action": "shardEnded"}, "shardEnded")
+        if self.daemon.checkpoints.get(self.shard_id) != SHARD_END:
+            # The real daemon checks this after the status: the shard is stuck for good.
+            self.daemon.stuck.add(self.shard_id)
+
+    async def shutdown(self, reason: str) -> None:
+        await self._action({"action": "shutdown", "reason": reason}, "shutdown:" + reason)
+
+    async def close(self, timeout: float = 5.0) -> int:
+        """Close the child's stdin and wait for it to exit (the daemon waits forever)."""
+        await self.child.close_stdin()
+        return await self.child.wait_exit(timeout)
+
+    async def _action(self, message: dict[str, Any] | bytes, phase: str) -> None:
+        self.phase = phase
+        name = phase.split(":")[0]
+        self.actions.append(name)
+        if isinstance(message, bytes):
+            await self.child.write(message)
+        else:
+            await self.child.send(message)
+        while True:
+            reply = await self.child.read_message(self.daemon.timeout)
+            if reply["action"] == "status":
+                if reply["responseFor"] != name:
+                    raise DaemonExit(f"status for {reply['responseFor']!r} while waiting for {name!r}")
+                self.phase = "idle"
+                return
+            await self.child.send(self._checkpoint(reply))
+
+    def _checkpoint(self, request: dict[str, Any]) -> dict[str, Any]:
+        """Apply a checkpoint request as the KCL would and build the reply."""
+        if "checkpoint" in request and "sequenceNumber" not in request:
+            seq, sub = request.get("checkpoint"), None
+        else:
+            seq, sub = request.get("sequenceNumber"), request.get("subSequenceNumber")
+        self.checkpoint_requests.append((seq, sub))
+        error = self.daemon.inject_error(self, seq, sub)
+        if error is None:
+            error = self._store(seq, sub)
+        reply: dict[str, Any] = {"action": "checkpoint", "sequenceNumber": seq, "subSequenceNumber": sub, "error": error}
+        return reply
+
+    def _store(self, seq: str | None, sub: int | None) -> str | None:
+        phase = self.phase
+        if phase == "initialize":
+            return "InvalidStateException"
+        if phase in ("leaseLost", "shutdown:ZOMBIE"):
+            return "ShutdownException"
+        stored = self.daemon.checkpoints.get(self.shard_id)
+        if phase in ("shardEnded", "shutdown:TERMINATE") and seq is None:
+            self.daemon.checkpoints[self.shard_id] = SHARD_END
+            return None
+        if seq is None:
+            if self.delivered is None:
+                return None
+            seq, sub = self.delivered
+        elif not seq.isdigit():
+            return "IllegalArgumentException"
+        position = _position(seq, sub)
+        if self.delivered is None or position > _position(*self.delivered):
+            return "IllegalArgumentException"
+        if stored not in (None, SHARD_END) and position < _position(*stored):
+            return "IllegalArgumentException"
+        self.daemon.checkpoints[self.shard_id] = (seq, sub or 0)
+        return None
+
+
+class FakeDaemon:
+    """Spawns children with ``command`` and keeps the lease table's checkpoints."""
+
+    def __init__(
+        self,
+        command: str,
+        *,
+        env: dict[str, str] | None = None,
+        v1: bool = False,
+        timeout: float = 30.0,
+        errors: Callable[[Shard, str | None, int | None], str | None] | None = None,
+    ) -> None:
+        self.command = command
+        self.env = env
+        self.v1 = v1  # KCL up to 1.7.1: no sequenceNumber key in initialize
+        self.timeout = timeout
+        self.checkpoints: dict[str, Any] = {}
+        self.stuck: set[str] = set()
+        self._errors = errors
+
+    def inject_error(self, shard: Shard, seq: str | None, sub: int | None) -> str | None:
+        return self._errors(shard, seq, sub) if self._errors else None
+
+    async def spawn(self, shard_id: str) -> Shard:
+        return Shard(self, shard_id, await Child.spawn(self.command, self.env))
+
+    async def shard(self, shard_id: str, sequence_number: str | None = "TRIM_HORIZON") -> Shard:
+        """Spawn a child and initialize it (from the stored checkpoint, if any)."""
+        shard = await self.spawn(shard_id)
+        await shard.initialize(sequence_number)
+        return shard
+
+
+def errors_in_order(names: Iterable[str | None]) -> Callable[[Shard, str | None, int | None], str | None]:
+    """An ``errors`` hook replying with these error names in turn, then success."""
+    queue = list(names)
+    return lambda shard, seq, sub: queue.pop(0) if queue else None
