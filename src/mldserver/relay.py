@@ -2,8 +2,8 @@
 
 The MultiLangDaemon starts one per shard (``executableName = mldserver connect
 127.0.0.1:7070``) and talks to it over stdin/stdout; the relay copies bytes unchanged
-between those pipes and one connection to the server, promptly (``splice(2)`` where
-the kernel allows it, else plain reads and writes: nothing waits for a buffer to fill).
+between those pipes and one connection to the server, promptly (``splice(2)`` from the daemon's pipe where the
+kernel allows it, else plain reads and writes: nothing waits for a buffer to fill).
 
 - stdin EOF (the daemon closed us): half-close the socket, keep copying the server's
   last bytes to stdout, exit when the server closes.
@@ -20,6 +20,7 @@ nothing of mldserver beyond this module, so it starts in tens of milliseconds.
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
 import socket
@@ -64,25 +65,24 @@ def connect(target: str, timeout: float) -> socket.socket:
             delay = min(delay * 2, 0.5)
 
 
-def _pump(src: int, dst: int) -> None:
-    """Copy src to dst until EOF: splice (zero-copy, needs a pipe on one side) or read/write."""
-    splice = getattr(os, "splice", None)
-    while True:
-        if splice is not None:
-            try:
-                n = splice(src, dst, CHUNK)
-            except OSError:
-                splice = None
-                continue
-            if n == 0:
-                return
-            continue
-        data = os.read(src, CHUNK)
-        if not data:
+def _pump(src: int, dst: int, splice: bool) -> None:
+    """Copy src to dst until EOF, with splice(2) (zero-copy; src must be a pipe) or
+    plain reads and writes. Server-to-daemon bytes always take the plain path: a pipe
+    filled by splicing from a TCP socket can make the reader's non-blocking read block."""
+    if splice and hasattr(os, "splice"):
+        try:
+            while os.splice(src, dst, CHUNK):
+                pass
             return
-        view = memoryview(data)
-        while view:
-            view = view[os.write(dst, view) :]
+        except OSError as exc:
+            if exc.errno not in (errno.EINVAL, errno.ENOSYS, errno.EBADF):
+                raise
+    buf = bytearray(CHUNK)
+    view = memoryview(buf)
+    while n := os.readv(src, [buf]):
+        out = view[:n]
+        while out:
+            out = out[os.write(dst, out) :]
 
 
 def main(argv: list[str]) -> int:
@@ -109,7 +109,7 @@ def main(argv: list[str]) -> int:
 
     def upstream() -> None:
         try:
-            _pump(stdin, sockfd)
+            _pump(stdin, sockfd, splice=True)
         except OSError:
             pass
         try:
@@ -119,7 +119,7 @@ def main(argv: list[str]) -> int:
 
     threading.Thread(target=upstream, daemon=True).start()
     try:
-        _pump(sockfd, stdout)
+        _pump(sockfd, stdout, splice=False)
     except OSError:
         pass
     return 0

@@ -1,0 +1,83 @@
+"""Shared fixtures: paths, a server running in a subprocess (the real CLI), and the
+relay command the fake daemon launches."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SHARED = Path(os.environ.get("MLDSERVER_SHARED", ROOT.parent / "shared"))
+BIN = Path(sys.executable).parent
+MLDSERVER = str(BIN / "mldserver")
+
+
+def relay_command(port: int) -> str:
+    """executableName as a user would write it."""
+    return f"{MLDSERVER} connect 127.0.0.1:{port}"
+
+
+class ServerProcess:
+    """``mldserver serve`` in a subprocess; ``port`` read from its ``listening`` event."""
+
+    def __init__(self, handler: str, tmp_path: Path, *extra: str, env: dict[str, str] | None = None) -> None:
+        self.log_path = tmp_path / f"server-{handler.replace(':', '_')}.log"
+        self.state_dir = tmp_path / "state"
+        self.stderr_path = tmp_path / f"server-{handler.replace(':', '_')}.stderr"
+        stderr = open(self.stderr_path, "wb")
+        self.proc = subprocess.Popen(
+            [MLDSERVER, "serve", "--handler", handler, "--port", "0", "--state-dir", str(self.state_dir),
+             "--log-file", str(self.log_path), *extra],
+            cwd=ROOT,
+            env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})},
+            stdout=subprocess.DEVNULL,
+            stderr=stderr,
+        )
+        stderr.close()
+        self.port = self._wait_listening()
+
+    def _wait_listening(self, timeout: float = 20.0) -> int:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for event in self.events():
+                if event["event"] == "listening" and "port" in event:
+                    return event["port"]
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited {self.proc.returncode}: {self.stderr_path.read_text()}")
+            time.sleep(0.05)
+        raise TimeoutError("server did not log 'listening'")
+
+    def events(self) -> list[dict]:
+        if not self.log_path.exists():
+            return []
+        return [json.loads(line) for line in self.log_path.read_text().splitlines() if line.strip()]
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        return self.proc.returncode
+
+
+@pytest.fixture
+def serve(tmp_path):
+    servers: list[ServerProcess] = []
+
+    def start(handler: str, *extra: str, env: dict[str, str] | None = None) -> ServerProcess:
+        server = ServerProcess(handler, tmp_path, *extra, env=env)
+        servers.append(server)
+        return server
+
+    yield start
+    for server in servers:
+        server.stop()

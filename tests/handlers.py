@@ -1,0 +1,68 @@
+"""Handlers the tests (and the conformance scenarios) run the server with."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+
+import mldserver
+
+
+class Noop(mldserver.Handler):
+    """Overrides nothing: the Handler defaults apply."""
+
+
+class CheckpointLast(mldserver.Handler):
+    async def process_records(self, batch, checkpointer):
+        if batch.records:
+            last = batch.records[-1]
+            await checkpointer.checkpoint(last.sequence_number, last.sub_sequence_number)
+
+
+class CheckpointNull(mldserver.Handler):
+    async def process_records(self, batch, checkpointer):
+        await checkpointer.checkpoint()
+
+
+class CheckpointFirstRetryOnce(mldserver.Handler):
+    async def process_records(self, batch, checkpointer):
+        first = batch.records[0]
+        try:
+            await checkpointer.checkpoint(first.sequence_number, first.sub_sequence_number)
+        except mldserver.CheckpointError:
+            await checkpointer.checkpoint(first.sequence_number, first.sub_sequence_number)
+
+
+class Raise(mldserver.Handler):
+    async def process_records(self, batch, checkpointer):
+        raise RuntimeError("this handler always fails")
+
+
+class EchoData(mldserver.Handler):
+    """Raises unless each record's data is what make_records() generates for it."""
+
+    async def process_records(self, batch, checkpointer):
+        for record in batch.records:
+            seq = record.sequence_number
+            expected = (seq.encode() * (len(record.data) // len(seq) + 1))[: len(record.data)]
+            if record.data != expected:
+                raise ValueError(f"record {seq}: data differs")
+
+
+class Sleepy(mldserver.Handler):
+    """Sleeps MLDSERVER_TEST_SLEEP seconds per batch (time-outs, shutdown)."""
+
+    async def process_records(self, batch, checkpointer):
+        await asyncio.sleep(float(os.environ.get("MLDSERVER_TEST_SLEEP", "1")))
+        if batch.records:
+            await checkpointer.checkpoint()
+
+
+HANDLER_KINDS = {
+    "noop": "tests.handlers:Noop",
+    "checkpoint_last": "tests.handlers:CheckpointLast",
+    "checkpoint_null": "tests.handlers:CheckpointNull",
+    "checkpoint_first_retry_once": "tests.handlers:CheckpointFirstRetryOnce",
+    "raise": "tests.handlers:Raise",
+    "echo_data": "tests.handlers:EchoData",
+}
