@@ -32,8 +32,8 @@ class ServerProcess:
         self.stderr_path = tmp_path / f"server-{handler.replace(':', '_')}.stderr"
         stderr = open(self.stderr_path, "wb")
         self.proc = subprocess.Popen(
-            [MLDSERVER, "serve", "--handler", handler, "--port", "0", "--state-dir", str(self.state_dir),
-             "--log-file", str(self.log_path), *extra],
+            [MLDSERVER, "serve", "--handler", handler, *([] if "--unix" in extra else ["--port", "0"]),
+             "--state-dir", str(self.state_dir), "--log-file", str(self.log_path), *extra],
             cwd=ROOT,
             env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})},
             stdout=subprocess.DEVNULL,
@@ -42,12 +42,12 @@ class ServerProcess:
         stderr.close()
         self.port = self._wait_listening()
 
-    def _wait_listening(self, timeout: float = 20.0) -> int:
+    def _wait_listening(self, timeout: float = 20.0) -> int | None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             for event in self.events():
-                if event["event"] == "listening" and "port" in event:
-                    return event["port"]
+                if event["event"] == "listening":
+                    return event.get("port")
             if self.proc.poll() is not None:
                 raise RuntimeError(f"server exited {self.proc.returncode}: {self.stderr_path.read_text()}")
             time.sleep(0.05)

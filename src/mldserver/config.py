@@ -29,7 +29,7 @@ from .protocol.framing import DEFAULT_MAX_LINE_SIZE
 class Settings:
     handler: str = ""
     host: str = "127.0.0.1"
-    port: int = 7070
+    port: int | None = None  # 7070 unless only --unix is given; 0 picks a free port
     unix: str | None = None
     log_format: str = "json"
     log_file: str | None = None
@@ -58,6 +58,13 @@ class Settings:
     spark_master: str | None = None
     spark_remote: str | None = None
 
+    @property
+    def tcp_port(self) -> int | None:
+        """The TCP port to bind, or None when only a unix socket was asked for."""
+        if self.port is None:
+            return None if self.unix else DEFAULT_PORT
+        return self.port
+
     def replace(self, **changes: Any) -> "Settings":
         return dataclasses.replace(self, **changes)
 
@@ -65,9 +72,13 @@ class Settings:
 _FIELDS = {f.name: f for f in dataclasses.fields(Settings)}
 
 
+_NONE_DEFAULT_TYPES = {"port": int}
+DEFAULT_PORT = 7070
+
+
 def _check(name: str, value: Any, where: str) -> Any:
     default = getattr(Settings, name, None)
-    kind = type(default) if default is not None else str
+    kind = type(default) if default is not None else _NONE_DEFAULT_TYPES.get(name, str)
     if kind is float and isinstance(value, int) and not isinstance(value, bool):
         value = float(value)
     if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):

@@ -59,9 +59,10 @@ def connect(target: str, timeout: float) -> socket.socket:
             return sock
         except OSError as exc:
             sock.close()
-            if time.monotonic() + delay >= deadline:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
                 raise ConnectionError(f"{exc.strerror or exc}") from None
-            time.sleep(delay)
+            time.sleep(min(delay, remaining))
             delay = min(delay * 2, 0.5)
 
 

@@ -57,8 +57,8 @@ class Server:
             self._servers.append(srv)
             self.address = s.unix
             log.info("listening", unix=s.unix, handler=s.handler)
-        if not s.unix or s.port:
-            srv = await asyncio.start_server(self._accept, host=s.host, port=s.port, limit=STREAM_LIMIT)
+        if s.tcp_port is not None:
+            srv = await asyncio.start_server(self._accept, host=s.host, port=s.tcp_port, limit=STREAM_LIMIT)
             self._servers.append(srv)
             host, port = srv.sockets[0].getsockname()[:2]
             if not s.unix:

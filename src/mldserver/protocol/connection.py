@@ -90,7 +90,11 @@ class Connection:
                 self.state = State.CLOSED
                 return ConnectionClosed()
             return NEED_DATA
-        event = decode(line)  # may raise RemoteProtocolError: nothing changed yet
+        try:
+            event = decode(line)
+        except RemoteProtocolError as exc:
+            self._stray = exc.action  # a malformed action still waits for its status
+            raise
         if isinstance(event, CheckpointReply):
             if self.state is not State.CHECKPOINTING:
                 raise RemoteProtocolError(

@@ -1,0 +1,162 @@
+"""The relay (``mldserver connect``) per PROTOCOL.md section 6, against plain sockets."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+
+from mldserver.relay import parse_target
+from mldserver.testing import Child
+
+from .conftest import MLDSERVER
+
+
+async def echo_server(close_after_eof: bool = True, unix: str | None = None):
+    received = bytearray()
+
+    async def handle(reader, writer):
+        while data := await reader.read(1 << 16):
+            received.extend(data)
+            writer.write(data)
+            await writer.drain()
+        if close_after_eof:
+            writer.close()
+
+    if unix:
+        server = await asyncio.start_unix_server(handle, path=unix)
+        return server, unix, received
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    return server, server.sockets[0].getsockname()[1], received
+
+
+async def read_exactly(child: Child, n: int) -> bytes:
+    return await asyncio.wait_for(child.proc.stdout.readexactly(n), 30)
+
+
+async def test_bytes_pass_unchanged_both_ways_and_it_exits_after_stdin_eof():
+    server, port, received = await echo_server()
+    payload = bytes(range(256)) * 4 + "\u2028\r\n\r".encode() + os.urandom(3 * 1024 * 1024) + b"\n"
+    child = await Child.spawn(f"{MLDSERVER} connect 127.0.0.1:{port}")
+    await child.write(payload)
+    assert await read_exactly(child, len(payload)) == payload
+    await child.close_stdin()
+    assert await child.wait_exit(5) == 0
+    assert bytes(received) == payload
+    server.close()
+
+
+async def test_a_small_line_is_relayed_at_once():
+    server, port, _ = await echo_server()
+    child = await Child.spawn(f"{MLDSERVER} connect 127.0.0.1:{port}")
+    await read_until_ready(child)
+    started = time.monotonic()
+    await child.write(b'{"action":"leaseLost"}\n')
+    assert await child.read_line(5) == b'{"action":"leaseLost"}'
+    assert time.monotonic() - started < 1.0
+    await child.close_stdin()
+    await child.wait_exit()
+    server.close()
+
+
+async def read_until_ready(child: Child) -> None:
+    await child.write(b"warmup\n")
+    assert await child.read_line(10) == b"warmup"
+
+
+async def test_exits_when_the_server_closes_even_with_stdin_open():
+    async def handle(reader, writer):
+        await reader.readline()
+        writer.write(b"bye\n")
+        writer.close()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    child = await Child.spawn(f"{MLDSERVER} connect 127.0.0.1:{port}")
+    await child.write(b"hello\n")
+    assert await child.read_line() == b"bye"
+    assert await child.wait_exit(5) == 0
+    server.close()
+
+
+async def test_sigint_is_ignored():
+    server, port, _ = await echo_server()
+    child = await Child.spawn(f"{MLDSERVER} connect 127.0.0.1:{port}")
+    await read_until_ready(child)
+    child.proc.send_signal(signal.SIGINT)
+    await asyncio.sleep(0.2)
+    await child.write(b"still here\n")
+    assert await child.read_line() == b"still here"
+    await child.close_stdin()
+    assert await child.wait_exit() == 0
+    server.close()
+
+
+async def test_unreachable_server_gives_one_clear_stderr_line_and_nonzero_exit():
+    import socket
+
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()  # nothing listens there now
+    started = time.monotonic()
+    child = await Child.spawn(f"{MLDSERVER} connect 127.0.0.1:{port} --connect-timeout 0.5")
+    code = await child.wait_exit(10)
+    assert code == 2
+    assert 0.4 < time.monotonic() - started < 5
+    lines = child.stderr.decode().strip().splitlines()
+    assert len(lines) == 1 and f"127.0.0.1:{port}" in lines[0] and "mldserver serve" in lines[0]
+    assert await child.read_line() is None
+
+
+async def test_waits_for_a_server_that_comes_up_within_the_deadline(tmp_path):
+    import socket
+
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    child = await Child.spawn(f"{MLDSERVER} connect 127.0.0.1:{port} --connect-timeout 5")
+    await asyncio.sleep(0.5)
+
+    async def handle(reader, writer):
+        writer.write(await reader.readline())
+        writer.close()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", port)
+    await child.write(b"late\n")
+    assert await child.read_line() == b"late"
+    assert await child.wait_exit() == 0
+    server.close()
+
+
+async def test_unix_socket_target(tmp_path):
+    path = str(tmp_path / "mld.sock")
+    server, _, _ = await echo_server(unix=path)
+    child = await Child.spawn(f"{MLDSERVER} connect unix:{path}")
+    await child.write(b"over unix\n")
+    assert await child.read_line() == b"over unix"
+    await child.close_stdin()
+    assert await child.wait_exit() == 0
+    server.close()
+
+
+def test_targets_parse():
+    import socket
+
+    assert parse_target("127.0.0.1:7070") == (socket.AF_INET, ("127.0.0.1", 7070))
+    assert parse_target("[::1]:7070") == (socket.AF_INET6, ("::1", 7070))
+    assert parse_target("unix:/run/mld.sock") == (socket.AF_UNIX, "/run/mld.sock")
+
+
+async def test_relay_imports_nothing_heavy():
+    proc = await asyncio.create_subprocess_exec(
+        MLDSERVER.replace("mldserver", "python"), "-X", "importtime", "-c",
+        "import sys; sys.argv=['mldserver','connect']; from mldserver import cli, relay",
+        stderr=asyncio.subprocess.PIPE,
+    )
+    _, err = await proc.communicate()
+    imported = {line.split("|")[-1].strip() for line in err.decode().splitlines() if "|" in line}
+    for heavy in ("asyncio", "orjson", "uvloop", "argparse", "mldserver.protocol", "mldserver.server", "json"):
+        assert heavy not in imported, heavy
