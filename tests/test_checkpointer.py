@@ -94,7 +94,7 @@ async def test_after_shutdown_exception_no_more_requests_are_sent():
 
 async def test_explicit_sequence_gets_the_delivered_sub_sequence_never_null():
     daemon = Daemon()
-    cp, _ = make(daemon, delivered_subs={"7": 4})
+    cp, _ = make(daemon, delivered_sub=lambda seq: {"7": 4}.get(seq, 0))
     await cp.checkpoint("7")
     await cp.checkpoint("8")
     await cp.checkpoint(None, 3)

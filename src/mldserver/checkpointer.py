@@ -38,7 +38,7 @@ class Checkpointer:
         backoff: Backoff,
         retries: int,
         budget: float | None = None,
-        delivered_subs: dict[str, int] | None = None,
+        delivered_sub: Callable[[str], int] = lambda sequence_number: 0,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
         clock: Callable[[], float] = time.monotonic,
         on_retry: Callable[[CheckpointError, float], None] | None = None,
@@ -47,7 +47,7 @@ class Checkpointer:
         self._backoff = backoff
         self._retries = retries
         self._budget = budget
-        self._delivered_subs = delivered_subs if delivered_subs is not None else {}
+        self._delivered_sub = delivered_sub
         self._sleep = sleep
         self._clock = clock
         self._on_retry = on_retry
@@ -59,7 +59,7 @@ class Checkpointer:
         if sequence_number is not None:
             sequence_number = str(sequence_number)
             if sub_sequence_number is None:
-                sub_sequence_number = self._delivered_subs.get(sequence_number, 0)
+                sub_sequence_number = self._delivered_sub(sequence_number)
         else:
             sub_sequence_number = None
         if self.lease_lost:

@@ -13,11 +13,9 @@ import sys
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["connect"]:
-        import os
-
         from . import relay
 
-        os._exit(relay.main(argv[1:]))  # without waiting for the stdin thread
+        relay.exec_lean(argv[1:])
     _main(argv)
 
 

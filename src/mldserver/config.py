@@ -49,6 +49,9 @@ class Settings:
     shard_end_budget: float = 300.0
     # de-aggregate KPL records: "auto" (only from v1 daemons), "always", "never"
     deaggregate: str = "auto"
+    # memory: actions being decoded or handled at once, across all shards; the others
+    # wait with their bytes still in the kernel's socket buffers (0: no limit)
+    max_batches_in_flight: int = 8
     # shutdown: how long in-flight actions get to finish after SIGTERM
     shutdown_timeout: float = 30.0
     # pipeline (coordinator and Spark; see DESIGN.md)

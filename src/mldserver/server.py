@@ -17,6 +17,7 @@ A worker that crashes is logged with its shard and closed; the others go on.
 from __future__ import annotations
 
 import asyncio
+import gc
 import itertools
 import os
 import signal
@@ -31,7 +32,9 @@ from .worker import Worker
 
 log = get_logger("mldserver.server")
 
-STREAM_LIMIT = 1 << 22  # StreamReader buffer; lines are reassembled by the core, not here
+# StreamReader pauses reading at twice this: a shard waiting for a slot keeps the rest
+# of its batch in the kernel, not in our memory. Lines are reassembled by the core.
+STREAM_LIMIT = 1 << 18
 
 
 class Server:
@@ -44,6 +47,8 @@ class Server:
         self._ids = itertools.count(1)
         self._servers: list[asyncio.base_events.Server] = []
         self._stop = asyncio.Event()
+        n = settings.max_batches_in_flight
+        self.slots = asyncio.Semaphore(n) if n > 0 else None
         self.address: tuple[str, int] | str | None = None
 
     # -- lifecycle -------------------------------------------------------------
@@ -128,6 +133,7 @@ class Server:
             settings=self.settings,
             dead_letters=self.dead_letters,
             log=get_logger("mldserver.worker").bind(conn=conn_id),
+            slots=self.slots,
         )
         task = asyncio.current_task()
         assert task is not None
@@ -145,9 +151,23 @@ class Server:
             writer.close()
 
 
+def tune_gc() -> None:
+    """Fewer, larger young-generation collections.
+
+    A 10,000-record batch decodes into some 60,000 objects; with CPython's default
+    gen0 threshold (700) that is ~90 collections per batch, each walking the young
+    objects: about a third of the decode time. Long-lived start-up objects are
+    frozen out of collection altogether.
+    """
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(50_000, 20, 100)
+
+
 def run(settings: Settings) -> None:
     """Serve with uvloop until a signal arrives (the CLI's entry)."""
     import uvloop
 
     server = Server(settings)
+    tune_gc()
     uvloop.run(server.serve())

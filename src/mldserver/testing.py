@@ -150,6 +150,45 @@ class Child:
         await self._stderr_task
 
 
+class SocketChild(Child):
+    """A direct TCP connection to the server in place of a relay (benchmarks)."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader, self.writer = reader, writer
+        self.skipped = []
+        self.stderr = bytearray()
+
+    @classmethod
+    async def open(cls, host: str, port: int) -> "SocketChild":  # type: ignore[override]
+        reader, writer = await asyncio.open_connection(host, port, limit=1 << 24)
+        return cls(reader, writer)
+
+    async def write(self, data: bytes) -> None:
+        self.writer.write(data)
+        await self.writer.drain()
+
+    async def read_line(self, timeout: float = 10.0) -> bytes | None:
+        while True:
+            line = await asyncio.wait_for(self.reader.readline(), timeout)
+            if not line:
+                return None
+            line = line.rstrip(b"\n").rstrip(b"\r")
+            if line.strip():
+                return line
+
+    async def close_stdin(self) -> None:
+        if self.writer.can_write_eof():
+            self.writer.write_eof()
+
+    async def wait_exit(self, timeout: float = 5.0) -> int:
+        await asyncio.wait_for(self.reader.read(), timeout)
+        self.writer.close()
+        return 0
+
+    async def kill(self) -> None:
+        self.writer.close()
+
+
 def parse_child_line(line: bytes) -> dict[str, Any] | None:
     """What the Java daemon makes of a child line: a message, None (skipped), or fatal."""
     try:

@@ -69,6 +69,7 @@ class Worker:
         settings: Settings,
         dead_letters: DeadLetters,
         log: EventLogger,
+        slots: asyncio.Semaphore | None = None,
     ) -> None:
         self.reader = reader
         self.writer = writer
@@ -77,12 +78,14 @@ class Worker:
         self.settings = settings
         self.dead_letters = dead_letters
         self.log = log
+        self.slots = slots  # shared by all workers: bounds decoded batches in memory
+        self._holding = False
         self.conn = Connection(settings.max_line_size)
         self.handler: Any = None
         self.shard: ShardInfo | None = None
         self.busy = False  # inside an action (between reading it and sending its status)
         self.stopping = False
-        self.delivered_subs: dict[str, int] = {}  # sequence number -> highest sub delivered
+        self.latest_records: list[Record] = []  # the latest batch, for default sub-sequences
         self._handler_backoff = Backoff(first=settings.handler_backoff, cap=max(settings.handler_backoff, 5.0))
         self._checkpoint_backoff = Backoff(first=settings.checkpoint_backoff, cap=settings.checkpoint_backoff_cap)
         self.batches = 0
@@ -103,8 +106,11 @@ class Worker:
                 try:
                     await self._dispatch(event)
                 finally:
+                    del event  # a batch must not stay alive while the shard waits for the next
                     self.busy = False
+                    self._release()
         finally:
+            self._release()
             self.log.info("closed", batches=self.batches, records=self.records, state=self.conn.state.name)
             self.writer.close()
 
@@ -116,9 +122,20 @@ class Worker:
                 await self._bad_line(exc)
                 continue
             if event is NEED_DATA:
-                self.conn.receive_data(await self.reader.read(READ_CHUNK))
+                data = await self.reader.read(READ_CHUNK)
+                if data and self.slots is not None and not self._holding and self.conn.owes_status is None:
+                    # The first bytes of the next action: wait for a slot before taking
+                    # more of it into memory (the daemon sends one action at a time).
+                    await self.slots.acquire()
+                    self._holding = True
+                self.conn.receive_data(data)
                 continue
             return event  # type: ignore[return-value]
+
+    def _release(self) -> None:
+        if self._holding:
+            self._holding = False
+            self.slots.release()  # type: ignore[union-attr]
 
     async def _send(self, event: Event) -> None:
         self.writer.write(self.conn.send(event))
@@ -176,13 +193,18 @@ class Worker:
     async def _process_records(self, event: ProcessRecords) -> None:
         started = time.perf_counter()
         raws = event.records
-        if not all(type(r) is dict and type(r.get("sequenceNumber")) is str for r in raws):
+        # Only the last record is checked here (it sets the delivered position); a bad
+        # record elsewhere makes the handler fail, and the batch is dead-lettered whole.
+        if raws and not (type(raws[-1]) is dict and type(raws[-1].get("sequenceNumber")) is str):
             await self._dead_letter(raws, "malformed records", "a record is not an object with a sequenceNumber")
             return
         records = self._records(raws)
-        self._note_delivered(records)
+        self.latest_records = records
         batch = Batch(records, event.millis_behind_latest, self.shard)  # type: ignore[arg-type]
-        ok = await self._call("process_records", lambda cp: self.handler.process_records(batch, cp))
+        try:
+            ok = await self._call("process_records", lambda cp: self.handler.process_records(batch, cp))
+        finally:
+            self.latest_records = []  # an idle shard holds no batch in memory
         if not ok:
             await self._dead_letter(raws, "handler failed", self._last_error)
         self.batches += 1
@@ -198,7 +220,7 @@ class Worker:
     def _records(self, raws: list[dict[str, Any]]) -> list[Record]:
         mode = self.settings.deaggregate
         if mode == "never" or (mode == "auto" and self.conn.dialect is not Dialect.V1):
-            return [Record(r) for r in raws]
+            return list(map(Record, raws))
         out: list[Record] = []
         for raw in raws:
             rec = Record(raw)
@@ -217,15 +239,13 @@ class Worker:
                 out.append(Record(fields, user.data) if users.aggregated else rec)
         return out
 
-    def _note_delivered(self, records: list[Record]) -> None:
-        # The default sub-sequence for checkpoint(seq): the last one delivered under seq
-        # in the latest batch (records come in order, so the last one is the highest).
-        subs = self.delivered_subs
-        subs.clear()
-        for rec in records:
-            sub = rec.sub_sequence_number
-            if sub:
-                subs[rec.sequence_number] = sub
+    def delivered_sub(self, sequence_number: str) -> int:
+        """The default sub-sequence for checkpoint(seq): the last one delivered under
+        ``seq`` in the latest batch (records come in order: the last is the highest)."""
+        for rec in reversed(self.latest_records):
+            if rec.sequence_number == sequence_number:
+                return rec.sub_sequence_number or 0
+        return 0
 
     async def _shard_ended(self) -> None:
         self.log.info("shard_ended")
@@ -259,7 +279,7 @@ class Worker:
             backoff=self._checkpoint_backoff,
             retries=self.settings.checkpoint_retries,
             budget=budget,
-            delivered_subs=self.delivered_subs,
+            delivered_sub=self.delivered_sub,
             on_retry=on_retry,
         )
 

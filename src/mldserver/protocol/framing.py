@@ -91,6 +91,8 @@ class LineBuffer:
                 line = bytes(view[:end])
             del buf[: nl + 1]
             self._scan = 0
+            if not buf:  # drop a multi-megabyte allocation between batches
+                self._buf = buf = bytearray()
             if line.strip():
                 return line
 

@@ -1,0 +1,336 @@
+"""``mldserver bench``: throughput, latency and memory, side by side in one run.
+
+The fake daemon drives K shards in lock-step, the daemon's way (one batch, then wait
+for its status), N batches of R records of B bytes each, against:
+
+- ``mldserver``   the server (its own process) through one relay per shard;
+- ``direct``      the same server over direct TCP connections (no relay): the relay's cost;
+- ``amazon_kclpy`` one amazon_kclpy child process per shard (the package inside the PyPI
+                   wheel kclpy-ext), as the MultiLangDaemon runs it today;
+- ``ceiling``     orjson plus base64 decoding of the same lines in a tight loop, one core.
+
+Every handler does the same work: decode each record's data and add up its length.
+Memory is PSS (shared pages split between the processes that map them), sampled
+during the run, peak reported; "per shard" is one relay (or one kclpy child) plus the
+server's whole PSS divided by K.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import orjson
+
+from .handler import Handler
+from .testing import Child, FakeDaemon, Shard, SocketChild
+
+
+class TouchHandler(Handler):
+    """Decodes every record's data, as a real handler would."""
+
+    async def process_records(self, batch, checkpointer):
+        total = 0
+        for record in batch.records:
+            total += len(record.data)
+
+
+KCLPY_CHILD = """
+from amazon_kclpy import kcl
+from amazon_kclpy.v3 import processor
+
+class Touch(processor.RecordProcessorBase):
+    def initialize(self, initialize_input):
+        pass
+    def process_records(self, process_records_input):
+        total = 0
+        for record in process_records_input.records:
+            total += len(record.binary_data)
+    def lease_lost(self, lease_lost_input):
+        pass
+    def shard_ended(self, shard_ended_input):
+        shard_ended_input.checkpointer.checkpoint()
+    def shutdown_requested(self, shutdown_requested_input):
+        pass
+
+kcl.KCLProcess(Touch()).run()
+"""
+
+
+def pss_kb(pid: int) -> int:
+    """Proportional set size of a process, in KiB (0 if it is gone)."""
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as f:
+            for line in f:
+                if line.startswith("Pss:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+def rss_kb(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+def batch_line(first_seq: int, records: int, size: int) -> tuple[bytes, dict]:
+    payload = base64.b64encode(os.urandom(size)).decode("ascii")
+    recs = [
+        {"action": "record", "data": payload, "partitionKey": f"pk-{i}", "sequenceNumber": str(first_seq + i),
+         "subSequenceNumber": 0, "approximateArrivalTimestamp": 1476889707000 + i}
+        for i in range(records)
+    ]
+    line = orjson.dumps({"action": "processRecords", "records": recs, "millisBehindLatest": 0}) + b"\n"
+    return line, recs[-1]
+
+
+@dataclass
+class Result:
+    name: str
+    shards: int
+    records: int = 0
+    bytes: int = 0
+    seconds: float = 0.0
+    round_trips: list[float] = field(default_factory=list)
+    per_shard_pss_kb: float = 0.0
+    total_pss_kb: int = 0
+
+    @property
+    def rate(self) -> float:
+        return self.records / self.seconds if self.seconds else 0.0
+
+    def row(self, baseline: "Result | None") -> str:
+        rt = sorted(self.round_trips) or [0.0]
+        p50 = rt[len(rt) // 2] * 1000
+        p99 = rt[min(len(rt) - 1, int(len(rt) * 0.99))] * 1000
+        ratio = f"{self.rate / baseline.rate:5.2f}x" if baseline and baseline.rate else "   - "
+        mem = f"{self.per_shard_pss_kb / 1024:7.1f} {self.total_pss_kb / 1024:8.1f}" if self.total_pss_kb else f"{'-':>7} {'-':>8}"
+        return (f"  {self.name:13} {self.shards:4d} {self.rate:12,.0f} {ratio} {self.bytes / self.seconds / 1e6:8.1f} "
+                f"{p50:8.1f} {p99:8.1f} {mem}")
+
+
+HEADER = (f"  {'variant':13} {'K':>4} {'records/s':>12} {'vs kclpy':>6} {'MB/s':>8} {'p50 ms':>8} {'p99 ms':>8} "
+          f"{'MiB/shd':>7} {'MiB all':>8}")
+
+
+class Sampler:
+    """Samples the PSS of a set of processes while a run goes on; keeps the peak."""
+
+    def __init__(self) -> None:
+        self.pids: dict[str, list[int]] = {}
+        self.peak: dict[str, int] = {}
+        self._task: asyncio.Task | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.ensure_future(self._loop())
+
+    def sample(self) -> None:
+        for group, pids in self.pids.items():
+            self.peak[group] = max(self.peak.get(group, 0), sum(pss_kb(p) for p in pids))
+
+    async def _loop(self) -> None:
+        while True:
+            await asyncio.to_thread(self.sample)
+            await asyncio.sleep(0.2)
+
+    async def stop(self) -> None:
+        assert self._task
+        self._task.cancel()
+        await asyncio.gather(self._task, return_exceptions=True)
+        self.sample()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+async def start_server(state_dir: str) -> tuple[subprocess.Popen, int]:
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "mldserver", "serve", "--handler", "mldserver.bench:TouchHandler", "--port",
+         str(port), "--log-level", "warning", "--state-dir", state_dir],
+        stdout=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            _, w = await asyncio.open_connection("127.0.0.1", port)
+            w.close()
+            return proc, port
+        except OSError:
+            await asyncio.sleep(0.05)
+    proc.kill()
+    raise RuntimeError("bench server did not start")
+
+
+async def drive(shards: list[Shard], line: bytes, last: dict, batches: int, result: Result) -> None:
+    async def one(shard: Shard) -> None:
+        for _ in range(batches):
+            t0 = time.perf_counter()
+            await shard.process_line(line, last)
+            result.round_trips.append(time.perf_counter() - t0)
+
+    started = time.perf_counter()
+    await asyncio.gather(*(one(s) for s in shards))
+    result.seconds = time.perf_counter() - started
+
+
+def relay_command(port: int) -> str:
+    """The relay as users configure it: the ``mldserver`` script beside this interpreter."""
+    script = Path(sys.executable).parent / "mldserver"
+    prefix = str(script) if script.exists() else f"{sys.executable} -m mldserver"
+    return f"{prefix} connect 127.0.0.1:{port}"
+
+
+async def run_variant(name: str, k: int, records: int, size: int, batches: int, tmp: str) -> Result:
+    """One run on a fresh server (memory left by an earlier run must not count)."""
+    server = None
+    if name != "amazon_kclpy":
+        server, port = await start_server(os.path.join(tmp, f"state-{name}-{k}"))
+    try:
+        return await _run_variant(name, k, records, size, batches, port if server else None,
+                                  server.pid if server else None, tmp)
+    finally:
+        if server is not None:
+            server.terminate()
+            server.wait(30)
+
+
+async def _run_variant(name: str, k: int, records: int, size: int, batches: int, port: int | None,
+                       server_pid: int | None, tmp: str) -> Result:
+    line, last = batch_line(10**50, records, size)
+    daemon = FakeDaemon("", timeout=600)
+    sampler = Sampler()
+    shards: list[Shard] = []
+    for i in range(k):
+        if name == "direct":
+            child: Child = await SocketChild.open("127.0.0.1", port)  # type: ignore[arg-type]
+        elif name == "mldserver":
+            child = await Child.spawn(relay_command(port))  # type: ignore[arg-type]
+        else:
+            script = Path(tmp) / "kclpy_child.py"
+            script.write_text(KCLPY_CHILD)
+            child = await Child.spawn(f"{sys.executable} {script}")
+        shard = Shard(daemon, f"shardId-{i:012d}", child)
+        await shard.initialize("TRIM_HORIZON", 0)
+        shards.append(shard)
+    if name != "direct":
+        sampler.pids["children"] = [s.child.proc.pid for s in shards]
+    if server_pid and name != "amazon_kclpy":
+        sampler.pids["server"] = [server_pid]
+    result = Result(name, k, records * batches * k, len(line) * batches * k)
+    sampler.start()
+    await drive(shards, line, last, batches, result)
+    await sampler.stop()
+    for shard in shards:
+        await shard.lease_lost()
+        await shard.close(30)
+    children, server = sampler.peak.get("children", 0), sampler.peak.get("server", 0)
+    result.total_pss_kb = children + server
+    result.per_shard_pss_kb = (children + server) / k
+    return result
+
+
+def ceiling(records: int, size: int, batches: int) -> Result:
+    line, _ = batch_line(10**50, records, size)
+    result = Result("ceiling", 1, records * batches, len(line) * batches)
+    started = time.perf_counter()
+    for _ in range(batches):
+        t0 = time.perf_counter()
+        message = orjson.loads(line)
+        total = 0
+        for r in message["records"]:
+            total += len(binascii.a2b_base64(r["data"]))
+        result.round_trips.append(time.perf_counter() - t0)
+    result.seconds = time.perf_counter() - started
+    return result
+
+
+async def relay_startup(port: int) -> tuple[float, int, int]:
+    """Milliseconds from spawn to the first relayed status, and the relay's RSS and PSS in KiB."""
+    t0 = time.perf_counter()
+    child = await Child.spawn(relay_command(port))
+    shard = Shard(FakeDaemon(""), "shardId-startup", child)
+    await shard.initialize()
+    ms = (time.perf_counter() - t0) * 1000
+    rss, pss = rss_kb(child.proc.pid), pss_kb(child.proc.pid)
+    await shard.lease_lost()
+    await shard.close()
+    return ms, rss, pss
+
+
+def batches_for(k: int, records: int, size: int, quick: bool) -> int:
+    if quick:
+        return 2
+    budget = 120_000_000 if k == 1 else 400_000_000  # JSON bytes per run
+    per_batch = records * (size * 4 // 3 + 130)
+    return max(3, budget // (per_batch * k))
+
+
+async def amain(args) -> None:
+    loads = [tuple(int(x) for x in spec.split("x")) for spec in args.load]
+    shard_counts = [1, 2] if args.quick and args.shards == [1, 32] else args.shards
+    with_kclpy = not args.no_kclpy
+    if with_kclpy:
+        try:
+            import amazon_kclpy  # noqa: F401
+        except ImportError:
+            print("amazon_kclpy not installed (pip install kclpy-ext, or scripts/setup --test); "
+                  "skipping it: pass --no-kclpy to silence this")
+            with_kclpy = False
+    with tempfile.TemporaryDirectory(prefix="mldserver-bench-") as tmp:
+        server, port = await start_server(os.path.join(tmp, "state"))
+        try:
+            ms, rss, pss = await relay_startup(port)
+            print(f"relay start-up: {ms:.0f} ms to the first status; RSS {rss / 1024:.1f} MiB, PSS {pss / 1024:.1f} MiB")
+            print(f"server idle: PSS {pss_kb(server.pid) / 1024:.1f} MiB")
+        finally:
+            server.terminate()
+            server.wait(30)
+        for records, size in loads:
+            print(f"\nload: batches of {records:,} records x {size} B (lock-step per shard)")
+            print(HEADER)
+            c = ceiling(records, size, batches_for(1, records, size, args.quick))
+            for k in shard_counts:
+                batches = args.batches or batches_for(k, records, size, args.quick)
+                base = None
+                rows = []
+                if with_kclpy:
+                    base = await run_variant("amazon_kclpy", k, records, size, batches, tmp)
+                    rows.append(base)
+                rows.append(await run_variant("mldserver", k, records, size, batches, tmp))
+                rows.append(await run_variant("direct", k, records, size, batches, tmp))
+                for r in rows:
+                    print(r.row(base))
+                if k == shard_counts[0]:
+                    print(c.row(base))
+                relay, direct = rows[-2], rows[-1]
+                print(f"  relay cost at K={k}: {100 * (1 - relay.rate / direct.rate):+.1f}% records/s vs direct")
+                if base is not None:
+                    share = relay.per_shard_pss_kb / base.per_shard_pss_kb
+                    print(f"  memory per shard at K={k}: {share:.2f}x one amazon_kclpy child")
+
+
+def main(args) -> None:
+    import uvloop
+
+    uvloop.run(amain(args))
