@@ -323,3 +323,27 @@ async def test_checkpoint_without_sub_sequence_uses_the_delivered_one(tmp_path):
         await shard.lease_lost()
         await shard.close()
     assert shard.checkpoint_requests == [("7", 2)]
+
+
+async def test_batches_in_flight_are_bounded_across_shards(tmp_path):
+    running_now, most = 0, 0
+
+    class Busy(mldserver.Handler):
+        async def process_records(self, batch, checkpointer):
+            nonlocal running_now, most
+            running_now += 1
+            most = max(most, running_now)
+            await asyncio.sleep(0.05)
+            await checkpointer.checkpoint()
+            running_now -= 1
+
+    async with running(Busy, tmp_path, max_batches_in_flight=2) as (_, cmd):
+        daemon = FakeDaemon(cmd)
+        shards = [await daemon.shard(f"s{i}") for i in range(5)]
+        for rnd in range(3):
+            await asyncio.gather(*(s.process_records(make_records(100 * rnd + 1, 50)) for s in shards))
+        await asyncio.gather(*(s.lease_lost() for s in shards))
+        for s in shards:
+            await s.close()
+    assert most == 2
+    assert all(daemon.checkpoints[f"s{i}"] == ("250", 0) for i in range(5))

@@ -51,11 +51,14 @@ from .protocol import (
     ShardEnded,
     Shutdown,
     ShutdownRequested,
+    State,
     Status,
 )
 from .records import Batch, Record, ShardInfo
 
 READ_CHUNK = 1 << 20
+# Waiting for the daemon's next action: the only time a worker takes a slot.
+BETWEEN_ACTIONS = frozenset({State.AWAITING_INITIALIZE, State.READY, State.DRAINING})
 
 
 class Worker:
@@ -123,7 +126,7 @@ class Worker:
                 continue
             if event is NEED_DATA:
                 data = await self.reader.read(READ_CHUNK)
-                if data and self.slots is not None and not self._holding and self.conn.owes_status is None:
+                if data and self.slots is not None and not self._holding and self.conn.state in BETWEEN_ACTIONS:
                     # The first bytes of the next action: wait for a slot before taking
                     # more of it into memory (the daemon sends one action at a time).
                     await self.slots.acquire()
