@@ -67,27 +67,25 @@ kcl.KCLProcess(Touch()).run()
 """
 
 
-def pss_kb(pid: int) -> int:
-    """Proportional set size of a process, in KiB (0 if it is gone)."""
+def _proc_kb(pid: int, file: str, key: str) -> int:
+    """One ``Key: N kB`` figure from /proc/<pid>/<file> (0 if the process is gone)."""
     try:
-        with open(f"/proc/{pid}/smaps_rollup") as f:
+        with open(f"/proc/{pid}/{file}") as f:
             for line in f:
-                if line.startswith("Pss:"):
+                if line.startswith(key):
                     return int(line.split()[1])
     except OSError:
         pass
     return 0
+
+
+def pss_kb(pid: int) -> int:
+    """Proportional set size: shared pages split between the processes mapping them."""
+    return _proc_kb(pid, "smaps_rollup", "Pss:")
 
 
 def rss_kb(pid: int) -> int:
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1])
-    except OSError:
-        pass
-    return 0
+    return _proc_kb(pid, "status", "VmRSS:")
 
 
 def batch_line(first_seq: int, records: int, size: int) -> tuple[bytes, dict]:
