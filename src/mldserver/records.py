@@ -100,15 +100,3 @@ class Batch:
     def __len__(self) -> int:
         return len(self.records)
 
-
-def bad_record(raw: Any) -> str | None:
-    """Why a raw record cannot be processed, or None if it can."""
-    if type(raw) is not dict:
-        return f"a record is {type(raw).__name__}, not an object"
-    seq = raw.get("sequenceNumber")
-    if type(seq) is not str or not seq.isdigit():
-        return f"a record has sequenceNumber {seq!r}, not a decimal string"
-    data = raw.get("data")
-    if data is not None and type(data) is not str:
-        return f"record {seq} has data of type {type(data).__name__}, not base64 text"
-    return None
