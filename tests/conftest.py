@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from mldserver import testing
+
 ROOT = Path(__file__).resolve().parent.parent
 SHARED = Path(os.environ.get("MLDSERVER_SHARED", ROOT.parent / "shared"))
 BIN = Path(sys.executable).parent
@@ -19,8 +21,8 @@ MLDSERVER = str(BIN / "mldserver")
 
 
 def relay_command(port: int) -> str:
-    """executableName as a user would write it."""
-    return f"{MLDSERVER} connect 127.0.0.1:{port}"
+    """executableName as a user would write it, for a server on loopback."""
+    return testing.relay_command("127.0.0.1", port)
 
 
 class ServerProcess:

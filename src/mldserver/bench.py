@@ -22,7 +22,6 @@ import base64
 import binascii
 import os
 import socket
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -33,7 +32,7 @@ from pathlib import Path
 import orjson
 
 from .handler import Handler
-from .testing import Child, FakeDaemon, Shard, SocketChild
+from .testing import Child, FakeDaemon, Shard, SocketChild, relay_command
 
 
 class TouchHandler(Handler):
@@ -192,13 +191,6 @@ async def drive(shards: list[Shard], line: bytes, last: dict, batches: int, resu
     result.seconds = time.perf_counter() - started
 
 
-def relay_command(port: int) -> str:
-    """The relay as users configure it: the ``mldserver`` script beside this interpreter."""
-    script = Path(sys.executable).parent / "mldserver"
-    prefix = str(script) if script.exists() else f"{sys.executable} -m mldserver"
-    return f"{prefix} connect 127.0.0.1:{port}"
-
-
 async def run_variant(name: str, k: int, records: int, size: int, batches: int, tmp: str) -> Result:
     """One run on a fresh server (memory left by an earlier run must not count)."""
     server = None
@@ -219,14 +211,15 @@ async def _run_variant(name: str, k: int, records: int, size: int, batches: int,
     daemon = FakeDaemon("", timeout=600)
     sampler = Sampler()
     shards: list[Shard] = []
+    script = Path(tmp) / "kclpy_child.py"
+    if name == "amazon_kclpy":
+        script.write_text(KCLPY_CHILD)
     for i in range(k):
         if name == "direct":
             child: Child = await SocketChild.open("127.0.0.1", port)  # type: ignore[arg-type]
         elif name == "mldserver":
-            child = await Child.spawn(relay_command(port))  # type: ignore[arg-type]
+            child = await Child.spawn(relay_command("127.0.0.1", port))  # type: ignore[arg-type]
         else:
-            script = Path(tmp) / "kclpy_child.py"
-            script.write_text(KCLPY_CHILD)
             child = await Child.spawn(f"{sys.executable} {script}")
         shard = Shard(daemon, f"shardId-{i:012d}", child)
         await shard.initialize("TRIM_HORIZON", 0)
@@ -266,7 +259,7 @@ def ceiling(records: int, size: int, batches: int) -> Result:
 async def relay_startup(port: int) -> tuple[float, int, int]:
     """Milliseconds from spawn to the first relayed status, and the relay's RSS and PSS in KiB."""
     t0 = time.perf_counter()
-    child = await Child.spawn(relay_command(port))
+    child = await Child.spawn(relay_command("127.0.0.1", port))
     shard = Shard(FakeDaemon(""), "shardId-startup", child)
     await shard.initialize()
     ms = (time.perf_counter() - t0) * 1000

@@ -10,7 +10,6 @@ under ``<dir>/state``; the summary at the end says what happened and how fast.
 from __future__ import annotations
 
 import asyncio
-import sys
 import time
 from collections import Counter
 from pathlib import Path
@@ -19,7 +18,7 @@ from .config import Settings
 from .handler import Handler
 from .logs import configure
 from .server import Server
-from .testing import SHARD_END, FakeDaemon, make_records
+from .testing import SHARD_END, FakeDaemon, make_records, relay_command
 
 BATCH = 1000
 
@@ -56,9 +55,8 @@ async def run(shards: int, records: int, directory: Path) -> None:
     server = Server(settings, CountingHandler)
     await server.start()
     host, port = server.address
-    command = f"{sys.executable} -m mldserver connect {host}:{port}"
     print(f"server listening on {host}:{port}; relay: mldserver connect {host}:{port}")
-    daemon = FakeDaemon(command)
+    daemon = FakeDaemon(relay_command(host, port))
     per_shard = records // (shards + 1)  # the split's two children share one shard's part
     started = time.perf_counter()
     ids = [f"shardId-{i:012d}" for i in range(shards)]

@@ -30,7 +30,9 @@ import asyncio
 import base64
 import json
 import os
+import sys
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable, Iterable
 
 SHARD_END = "SHARD_END"
@@ -41,6 +43,14 @@ V1_CHECKPOINT_KEYS = frozenset({"action", "checkpoint"})
 
 class DaemonExit(Exception):
     """The Java daemon would call System.exit(1) here."""
+
+
+def relay_command(host: str, port: int) -> str:
+    """``executableName`` as a user writes it: the ``mldserver`` script beside this
+    interpreter (``python -m mldserver`` where there is none)."""
+    script = Path(sys.executable).parent / "mldserver"
+    prefix = str(script) if script.exists() else f"{sys.executable} -m mldserver"
+    return f"{prefix} connect {host}:{port}"
 
 
 def make_records(
@@ -75,6 +85,8 @@ class Child:
 
     def __init__(self, proc: asyncio.subprocess.Process) -> None:
         self.proc = proc
+        assert proc.stdout is not None
+        self.stdout: asyncio.StreamReader = proc.stdout
         self.skipped: list[bytes] = []
         self.stderr = bytearray()
         self._stderr_task = asyncio.ensure_future(self._drain_stderr())
@@ -108,9 +120,8 @@ class Child:
 
     async def read_line(self, timeout: float = 10.0) -> bytes | None:
         """The next non-blank line (line end stripped), or None at end of output."""
-        assert self.proc.stdout is not None
         while True:
-            line = await asyncio.wait_for(self.proc.stdout.readline(), timeout)
+            line = await asyncio.wait_for(self.stdout.readline(), timeout)
             if not line:
                 return None
             line = line.rstrip(b"\n").rstrip(b"\r")
@@ -154,7 +165,7 @@ class SocketChild(Child):
     """A direct TCP connection to the server in place of a relay (benchmarks)."""
 
     def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self.reader, self.writer = reader, writer
+        self.stdout, self.writer = reader, writer
         self.skipped = []
         self.stderr = bytearray()
 
@@ -167,21 +178,12 @@ class SocketChild(Child):
         self.writer.write(data)
         await self.writer.drain()
 
-    async def read_line(self, timeout: float = 10.0) -> bytes | None:
-        while True:
-            line = await asyncio.wait_for(self.reader.readline(), timeout)
-            if not line:
-                return None
-            line = line.rstrip(b"\n").rstrip(b"\r")
-            if line.strip():
-                return line
-
     async def close_stdin(self) -> None:
         if self.writer.can_write_eof():
             self.writer.write_eof()
 
     async def wait_exit(self, timeout: float = 5.0) -> int:
-        await asyncio.wait_for(self.reader.read(), timeout)
+        await asyncio.wait_for(self.stdout.read(), timeout)
         self.writer.close()
         return 0
 
