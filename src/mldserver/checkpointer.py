@@ -15,6 +15,10 @@ With an explicit sequence number and no sub-sequence number, the highest sub-seq
 number delivered so far under that sequence number is sent (0 if none), never null:
 the daemon reads null as 0, which re-delivers the rest of a KPL aggregate after a
 restart and is refused once a later sub-sequence was stored.
+
+With a sink configured, the worker passes a ``clamp``: a checkpoint never goes past
+what the sink has committed (invariant 3). ``checkpoint()`` then means "everything
+that is safe", and a call with nothing new to store sends nothing.
 """
 
 from __future__ import annotations
@@ -42,6 +46,7 @@ class Checkpointer:
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
         clock: Callable[[], float] = time.monotonic,
         on_retry: Callable[[CheckpointError, float], None] | None = None,
+        clamp: Callable[[str | None, int | None], tuple[str, int] | None] | None = None,
     ) -> None:
         self._roundtrip = roundtrip
         self._backoff = backoff
@@ -51,6 +56,7 @@ class Checkpointer:
         self._sleep = sleep
         self._clock = clock
         self._on_retry = on_retry
+        self._clamp = clamp
         self.lease_lost = False
         self.stored_all = False  # a null checkpoint succeeded (SHARD_END during a shard end)
         self.last_stored: tuple[str | None, int | None] | None = None
@@ -62,6 +68,11 @@ class Checkpointer:
                 sub_sequence_number = self._delivered_sub(sequence_number)
         else:
             sub_sequence_number = None
+        if self._clamp is not None:
+            safe = self._clamp(sequence_number, sub_sequence_number)
+            if safe is None:
+                return  # nothing committed beyond what is stored
+            sequence_number, sub_sequence_number = safe
         if self.lease_lost:
             raise CheckpointError("ShutdownException", sequence_number, sub_sequence_number, "lease already lost")
         started = self._clock()

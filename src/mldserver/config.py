@@ -54,9 +54,22 @@ class Settings:
     max_batches_in_flight: int = 8
     # shutdown: how long in-flight actions get to finish after SIGTERM
     shutdown_timeout: float = 30.0
-    # pipeline (coordinator and Spark; see DESIGN.md)
-    window: float = 60.0
-    sink: str | None = None
+    # pipeline (coordinator and Spark; see DESIGN.md). With no sink, rows are not collected.
+    window: float = 60.0  # tumbling event-time windows, seconds
+    sink: str | None = None  # file:DIR (JSON lines) or parquet:DIR (Spark)
+    # watermarks: a caught-up shard stands at the wall clock minus this margin (seconds)
+    watermark_margin: float = 5.0
+    # a shard silent this long (seconds) stops holding the watermark back
+    idle_timeout: float = 60.0
+    # a shard checkpoints what is committed at most this often (seconds), sparing the lease table
+    checkpoint_interval: float = 10.0
+    # back-pressure: past either cap, shards running ahead of the watermark wait
+    max_buffered_rows: int = 1_000_000
+    max_buffered_bytes: int = 512 * 1024 * 1024
+    # lineage from the stream itself: a Kinesis stream name or ARN, or a DynamoDB stream ARN
+    stream: str | None = None
+    aws_region: str | None = None
+    aws_endpoint_url: str | None = None
     pipeline: str | None = None
     spark_master: str | None = None
     spark_remote: str | None = None

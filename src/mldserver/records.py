@@ -88,14 +88,36 @@ class Record:
 
 
 class Batch:
-    """One ``processRecords``: the records, how far behind the shard is, and the shard."""
+    """One ``processRecords``: the records, how far behind the shard is, and the shard.
 
-    __slots__ = ("records", "millis_behind_latest", "shard")
+    ``emit`` passes a row downstream to the coordinator, attributed to a record's
+    position (the shard checkpoints past that record only once the row is committed)::
 
-    def __init__(self, records: Sequence[Record], millis_behind_latest: int | None, shard: ShardInfo) -> None:
+        for record in batch.records:
+            batch.emit(record, {"customer": record.partition_key, "amount": 3})
+            batch.emit(record, row, event_time_ms=1763719200000)  # event time from the data
+
+    A row is a dict that orjson can encode. Without ``event_time_ms`` its event time is
+    the record's ``approximate_arrival_timestamp``. A server with no sink ignores rows.
+    """
+
+    __slots__ = ("records", "millis_behind_latest", "shard", "rows")
+
+    def __init__(
+        self,
+        records: Sequence[Record],
+        millis_behind_latest: int | None,
+        shard: ShardInfo,
+        rows: list[Any] | None = None,
+    ) -> None:
         self.records = records
         self.millis_behind_latest = millis_behind_latest
         self.shard = shard
+        self.rows = rows  # (record, row, event_time_ms), or None when nothing collects rows
+
+    def emit(self, record: Record, row: dict[str, Any], event_time_ms: int | None = None) -> None:
+        if self.rows is not None:
+            self.rows.append((record, row, event_time_ms))
 
     def __len__(self) -> int:
         return len(self.records)

@@ -4,12 +4,14 @@
 on uvloop. Lifecycle (uvicorn's shape)::
 
     startup   load the handler factory (a ConfigError stops us before binding),
+              with a sink: start the coordinator (replaying the spool),
               bind TCP (loopback by default; the protocol has no authentication)
               and/or a unix socket, log one ``listening`` event with the address
     serve     each accepted connection gets a Worker task, owned by the server
     shutdown  on SIGTERM/SIGINT: stop accepting; idle connections are closed; busy
               ones finish their action (status sent) within ``shutdown_timeout``;
-              then whatever is left is cancelled, and the signal handlers restored
+              then whatever is left is cancelled, the coordinator stopped, and the
+              signal handlers restored
 
 A worker that crashes is logged with its shard and closed; the others go on.
 """
@@ -24,6 +26,7 @@ import signal
 from typing import Any, Callable
 
 from .config import Settings, state_path
+from .coordinator import Coordinator
 from .context import Context
 from .deadletter import DeadLetters
 from .importer import import_from_string
@@ -50,11 +53,18 @@ class Server:
         n = settings.max_batches_in_flight
         self.slots = asyncio.Semaphore(n) if n > 0 else None
         self.address: tuple[str, int] | str | None = None
+        self.coordinator: Coordinator | None = None
+        if settings.sink:
+            from .sinks import open_sink
+
+            self.coordinator = Coordinator(settings, open_sink(settings.sink))
 
     # -- lifecycle -------------------------------------------------------------
 
     async def start(self) -> None:
         s = self.settings
+        if self.coordinator is not None:
+            await self.coordinator.start()  # the spool is replayed before any shard connects
         if s.unix:
             if os.path.exists(s.unix):
                 os.unlink(s.unix)
@@ -112,6 +122,8 @@ class Server:
                 await asyncio.wait(pending)
         for srv in self._servers:
             await srv.wait_closed()
+        if self.coordinator is not None:
+            await self.coordinator.stop()
         if self.settings.unix and os.path.exists(self.settings.unix):
             os.unlink(self.settings.unix)
         log.info("stopped")
@@ -134,6 +146,7 @@ class Server:
             dead_letters=self.dead_letters,
             log=get_logger("mldserver.worker").bind(conn=conn_id),
             slots=self.slots,
+            coordinator=self.coordinator,
         )
         task = asyncio.current_task()
         assert task is not None

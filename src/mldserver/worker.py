@@ -19,6 +19,13 @@ action with exactly one status. It owns the policies PROTOCOL.md leaves to the c
 - A line the daemon should never send (not JSON, out of order) is logged with the
   shard and what arrived, dead-lettered if it carried records, and, if it was an
   action, answered with its status so the daemon neither hangs nor exits.
+- With a sink configured, each processed batch's rows (``batch.emit``) go to the
+  shared coordinator. Every checkpoint is clamped to what the sink has committed; the
+  worker itself checkpoints that at most every ``checkpoint_interval`` on
+  ``processRecords``, and always on ``shutdownRequested``; on ``shardEnded`` the
+  shard's uncommitted rows are spooled before SHARD_END is stored. A shard running
+  ahead of the watermark while the coordinator is over its memory cap gets its status
+  late (back-pressure); it gives up its in-flight slot first.
 - Nothing here touches another connection: every failure stays on its shard.
 """
 
@@ -26,7 +33,9 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
+
+import orjson
 
 from .backoff import Backoff
 from .checkpointer import Checkpointer
@@ -56,6 +65,9 @@ from .protocol import (
 )
 from .records import Batch, Record, ShardInfo
 
+if TYPE_CHECKING:
+    from .coordinator import Coordinator
+
 READ_CHUNK = 1 << 20
 # Waiting for the daemon's next action: the only time a worker takes a slot.
 BETWEEN_ACTIONS = frozenset({State.AWAITING_INITIALIZE, State.READY, State.DRAINING})
@@ -73,6 +85,7 @@ class Worker:
         dead_letters: DeadLetters,
         log: EventLogger,
         slots: asyncio.Semaphore | None = None,
+        coordinator: "Coordinator | None" = None,
     ) -> None:
         self.reader = reader
         self.writer = writer
@@ -83,6 +96,10 @@ class Worker:
         self.log = log
         self.slots = slots  # shared by all workers: bounds decoded batches in memory
         self._holding = False
+        self.coordinator = coordinator
+        self.delivered: tuple[int, int, str] | None = None  # last record delivered on this connection
+        self.stored: tuple[int, int] | None = None  # the lease's checkpoint, as far as we know
+        self._last_checkpoint = time.monotonic()
         self.conn = Connection(settings.max_line_size)
         self.handler: Any = None
         self.shard: ShardInfo | None = None
@@ -168,6 +185,7 @@ class Worker:
             await self._process_records(event)
         elif isinstance(event, ShutdownRequested):
             await self._call("shutdown_requested", lambda cp: self.handler.shutdown_requested(cp))
+            await self._checkpoint_committed()
         elif isinstance(event, ShardEnded) or (isinstance(event, Shutdown) and event.is_shard_end):
             await self._shard_ended()
         elif isinstance(event, (LeaseLost, Shutdown)):
@@ -190,8 +208,12 @@ class Worker:
         except Exception as exc:
             self.log.error("handler_create_failed", error=f"{type(exc).__name__}: {exc}", exc_info=True)
             return
+        if (event.sequence_number or "").isdigit():
+            self.stored = (int(event.sequence_number), event.sub_sequence_number or 0)  # type: ignore[arg-type]
         shard = self.shard
         await self._call("initialize", lambda cp: self.handler.initialize(shard))
+        if self.coordinator is not None:
+            await self.coordinator.open_shard(self.shard.shard_id, event.sequence_number)
 
     async def _process_records(self, event: ProcessRecords) -> None:
         started = time.perf_counter()
@@ -203,13 +225,25 @@ class Worker:
             return
         records = self._records(raws)
         self.latest_records = records
+        if records:
+            last = records[-1]
+            self.delivered = (*last.position, last.sequence_number)
         batch = Batch(records, event.millis_behind_latest, self.shard)  # type: ignore[arg-type]
+
+        def attempt(cp: Checkpointer) -> Any:
+            if self.coordinator is not None:
+                batch.rows = []  # a retried call starts over: no row twice
+            return self.handler.process_records(batch, cp)
+
         try:
-            ok = await self._call("process_records", lambda cp: self.handler.process_records(batch, cp))
+            ok = await self._call("process_records", attempt)
         finally:
             self.latest_records = []  # an idle shard holds no batch in memory
         if not ok:
+            batch.rows = []
             await self._dead_letter(raws, "handler failed", self._last_error)
+        if self.coordinator is not None:
+            await self._to_coordinator(batch, event.millis_behind_latest)
         self.batches += 1
         self.records += len(records)
         if self.log.is_enabled("debug"):
@@ -219,6 +253,60 @@ class Worker:
                 millis_behind_latest=event.millis_behind_latest,
                 duration_ms=round((time.perf_counter() - started) * 1000, 3),
             )
+
+    async def _to_coordinator(self, batch: Batch, millis_behind: int | None) -> None:
+        """Hand the batch's rows over, wait out back-pressure, checkpoint what is safe."""
+        items = []
+        bad = []
+        dumps = orjson.dumps
+        for record, row, event_time in batch.rows or ():
+            try:
+                data = dumps(row)
+            except TypeError as exc:
+                bad.append((record, f"row not JSON-encodable: {exc}"))
+                continue
+            if event_time is None:
+                event_time = record.approximate_arrival_timestamp
+            seq = record.sequence_number
+            items.append((event_time, int(seq), record.sub_sequence_number or 0, seq, data))
+        batch.rows = None
+        for record, error in bad:
+            await self._dead_letter([record.to_json()], "bad row", error)
+        last = batch.records[-1] if batch.records else None
+        position = (*last.position, last.sequence_number) if last is not None else None
+        coordinator = self.coordinator
+        assert coordinator is not None and self.shard is not None
+        coordinator.add_batch(self.shard.shard_id, items, position, millis_behind)
+        self._release()  # a delayed shard must not hold a slot the watermark's shard needs
+        await coordinator.admit(self.shard.shard_id)
+        if time.monotonic() - self._last_checkpoint >= self.settings.checkpoint_interval:
+            await self._checkpoint_committed()
+
+    async def _checkpoint_committed(self) -> None:
+        if self.coordinator is None or self.shard is None:
+            return
+        self._last_checkpoint = time.monotonic()
+        try:
+            await self._checkpointer().checkpoint()
+        except CheckpointError as exc:
+            self.log.warning("checkpoint_error", error=exc.error, detail=str(exc))
+
+    def _clamp(self, sequence_number: str | None, sub_sequence_number: int | None) -> tuple[str, int] | None:
+        """The checkpoint to send instead of this one: no further than what the sink
+        committed, nor than this connection was delivered; None if not past the stored."""
+        assert self.coordinator is not None and self.shard is not None
+        safe = self.coordinator.safe_position(self.shard.shard_id)
+        if safe is None or self.delivered is None:
+            return None
+        if self.delivered[:2] < safe[:2]:
+            safe = self.delivered
+        if sequence_number is not None and sequence_number.isdigit():
+            wanted = (int(sequence_number), sub_sequence_number or 0)
+            if wanted < safe[:2]:
+                safe = (*wanted, sequence_number)
+        if self.stored is not None and safe[:2] <= self.stored:
+            return None
+        return safe[2], safe[1]
 
     def _records(self, raws: list[dict[str, Any]]) -> list[Record]:
         mode = self.settings.deaggregate
@@ -252,7 +340,9 @@ class Worker:
 
     async def _shard_ended(self) -> None:
         self.log.info("shard_ended")
-        cp = self._checkpointer(budget=self.settings.shard_end_budget)
+        if self.coordinator is not None and self.shard is not None:
+            await self.coordinator.shard_ended(self.shard.shard_id)  # spooled before SHARD_END
+        cp = self._checkpointer(budget=self.settings.shard_end_budget, clamped=False)
         await self._call("shard_ended", lambda _: self.handler.shard_ended(cp), checkpointer=cp)
         if cp.stored_all:
             self.log.info("shard_end_stored")
@@ -273,7 +363,9 @@ class Worker:
 
     # -- calling the handler -------------------------------------------------------
 
-    def _checkpointer(self, budget: float | None = None) -> Checkpointer:
+    def _checkpointer(self, budget: float | None = None, clamped: bool = True) -> Checkpointer:
+        """A checkpointer for one action; clamped to what is committed when a sink is
+        configured (not at a shard end, whose rows are spooled: SHARD_END is safe)."""
         def on_retry(error: CheckpointError, delay: float) -> None:
             self.log.warning("checkpoint_retry", error=error.error, delay_ms=round(delay * 1000))
 
@@ -284,6 +376,7 @@ class Worker:
             budget=budget,
             delivered_sub=self.delivered_sub,
             on_retry=on_retry,
+            clamp=self._clamp if self.coordinator is not None and clamped else None,
         )
 
     async def _roundtrip(self, request: Checkpoint) -> CheckpointReply:
@@ -297,6 +390,8 @@ class Worker:
             raise CheckpointError("ConnectionClosed", request.sequence_number, request.sub_sequence_number,
                                   "the daemon closed the connection")
         assert isinstance(event, CheckpointReply), event
+        if event.error is None and (request.sequence_number or "").isdigit():
+            self.stored = (int(request.sequence_number), request.sub_sequence_number or 0)  # type: ignore[arg-type]
         if event.error is not None:
             self.log.warning(
                 "checkpoint_failed",

@@ -1,0 +1,1 @@
+"""Example handlers: ``mldserver serve --handler handlers.passthrough:Passthrough``."""

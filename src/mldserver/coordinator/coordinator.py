@@ -1,0 +1,268 @@
+"""The coordinator: one per server, shared by every shard connection. It merges the
+handlers' rows into one ordered stream, closes event-time windows as the watermark
+passes them, hands each to the sink, and tells each shard how far it may checkpoint.
+
+What the worker calls, per shard (all on the event loop)::
+
+    await coordinator.open_shard(shard_id, checkpoint)     # initialize
+    coordinator.add_batch(shard_id, items, last, millis_behind_latest)  # after the handler
+    await coordinator.admit(shard_id)                      # back-pressure, before the status
+    coordinator.safe_position(shard_id)                    # what a checkpoint may cover
+    await coordinator.shard_ended(shard_id)                # spools, before SHARD_END
+
+Inside, one owned task (the committer) wakes on every change and on a tick, releases
+children whose parents are done, computes the global watermark, and commits the
+windows it closed, one at a time, in order: sorting and ``sink.commit`` run in a
+thread, and only after it returns are the rows marked committed in the ledger. A sink
+that raises is retried with backoff; its rows stay buffered and back-pressure holds.
+
+Back-pressure: past ``max_buffered_rows`` or ``max_buffered_bytes``, ``admit`` makes
+a shard whose watermark is ahead of the global one wait before its status (so the
+daemon waits); never the shard holding the watermark back, never a parent whose
+child is waiting on it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from typing import Callable
+
+from ..backoff import Backoff
+from ..config import Settings, state_path
+from ..logs import EventLogger, get_logger
+from ..sinks import Sink
+from .ledger import Ledger
+from .lineage import Lineage, StreamShards
+from .ordering import Item, Ordering, Position, seal
+from .spool import Spool
+from .watermarks import Watermarks
+from .windows import Window
+
+
+def wall_clock_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+class Coordinator:
+    def __init__(
+        self,
+        settings: Settings,
+        sink: Sink,
+        *,
+        clock: Callable[[], float] = wall_clock_ms,
+        log: EventLogger | None = None,
+    ) -> None:
+        self.settings = settings
+        self.sink = sink
+        self.clock = clock
+        self.log = log or get_logger("mldserver.coordinator")
+        stream = None
+        if settings.stream:
+            stream = StreamShards(settings.stream, region=settings.aws_region, endpoint_url=settings.aws_endpoint_url)
+        self.lineage = Lineage(stream)
+        self.watermarks = Watermarks(
+            margin_ms=settings.watermark_margin * 1000,
+            idle_timeout_ms=settings.idle_timeout * 1000,
+            children_of=self.lineage.children_of,
+        )
+        self.ordering = Ordering(
+            window_ms=int(settings.window * 1000), blocks=self._blocks, parents_of=self.lineage.parents_of
+        )
+        self.ledger = Ledger()
+        self.spool = Spool(state_path(settings, "spool"))
+        self.spooled: set[str] = set()
+        self._now = clock()
+        self._changed = asyncio.Event()
+        self._progress = asyncio.Condition()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._backoff = Backoff(first=0.5, cap=30.0)
+        self.windows_committed = 0
+        self.rows_committed = 0
+        self.peak_rows = 0
+        self.peak_bytes = 0
+
+    # -- lifecycle ---------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Replay the spool, then start the committer and its tick."""
+        for spooled in await asyncio.to_thread(self.spool.read_all):
+            self._replay(spooled.shard_id, spooled.items, spooled.last, spooled.parents)
+        self._tasks = [
+            asyncio.create_task(self._committer(), name="coordinator-committer"),
+            asyncio.create_task(self._ticker(), name="coordinator-tick"),
+        ]
+
+    async def stop(self) -> None:
+        """Stop committing: a commit in progress finishes (rows still buffered are not
+        checkpointed, so the daemon delivers them again after a restart)."""
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks = []
+        self.log.info(
+            "coordinator_stopped",
+            windows=self.windows_committed,
+            rows=self.rows_committed,
+            buffered_rows=self.ledger.rows,
+            clamped=self.ordering.clamped,
+            duplicates=self.ordering.duplicates,
+            late=self.ordering.late,
+        )
+
+    def _replay(self, shard_id: str, items: list[Item], last: Position | None, parents: list[str]) -> None:
+        now = self.clock()
+        if parents:
+            self.lineage.learn(shard_id, tuple(parents))
+        self.lineage.ended(shard_id)
+        rows = self.ordering.add(shard_id, items, last, now)
+        self.ledger.add(shard_id, rows, last)
+        self.watermarks.batch(shard_id, rows[-1][0] if rows else None, False, now)
+        self.watermarks.ended(shard_id, now)
+        self.spooled.add(shard_id)
+        self.log.info("spool_replayed", shard_id=shard_id, rows=len(rows))
+
+    # -- what workers call ---------------------------------------------------------
+
+    async def open_shard(self, shard_id: str, checkpoint: str | None) -> None:
+        await self.lineage.started(shard_id, checkpoint)
+        self.watermarks.open(shard_id, self.clock())
+        parents = self.lineage.parents_of(shard_id)
+        if parents:
+            self.log.info("lineage", shard_id=shard_id, parents=list(parents))
+        self._changed.set()
+
+    def add_batch(self, shard_id: str, items: list[Item], last: Position | None, millis_behind: int | None) -> None:
+        now = self.clock()
+        dropped, clamped = self.ordering.duplicates, self.ordering.clamped
+        rows = self.ordering.add(shard_id, items, last, now)
+        self.ledger.add(shard_id, rows, last)
+        self.watermarks.batch(shard_id, rows[-1][0] if rows else None, millis_behind == 0, now)
+        if self.ledger.rows > self.peak_rows:
+            self.peak_rows = self.ledger.rows
+        if self.ledger.bytes > self.peak_bytes:
+            self.peak_bytes = self.ledger.bytes
+        if self.ordering.duplicates != dropped:
+            self.log.info("duplicates_dropped", shard_id=shard_id, rows=self.ordering.duplicates - dropped)
+        if self.ordering.clamped != clamped:
+            self.log.info("event_time_clamped", shard_id=shard_id, rows=self.ordering.clamped - clamped)
+        self._changed.set()
+
+    def safe_position(self, shard_id: str) -> Position | None:
+        return self.ledger.safe(shard_id)
+
+    async def shard_ended(self, shard_id: str) -> None:
+        """Before SHARD_END is stored: the shard's uncommitted rows go to the spool."""
+        self.lineage.ended(shard_id)
+        self.watermarks.ended(shard_id, self.clock())
+        rows = self.ledger.uncommitted(shard_id)
+        if rows:
+            state = self.ledger.shards[shard_id]
+            last = state.ends[-1] if state.ends else None
+            path = await asyncio.to_thread(
+                self.spool.write, shard_id, rows, last, list(self.lineage.parents_of(shard_id))
+            )
+            self.spooled.add(shard_id)
+            self.log.info("spooled", shard_id=shard_id, rows=len(rows), path=str(path))
+        self._changed.set()
+
+    async def admit(self, shard_id: str) -> None:
+        """Wait while memory is over the cap and this shard runs ahead."""
+        waited = False
+        while self._over_cap() and self._may_delay(shard_id):
+            if not waited:
+                waited = True
+                self.log.info(
+                    "backpressure",
+                    shard_id=shard_id,
+                    buffered_rows=self.ledger.rows,
+                    buffered_bytes=self.ledger.bytes,
+                    watermark=_ms(self.watermarks.value(shard_id)),
+                    global_watermark=_ms(self.watermarks.minimum(self.clock())),
+                    holder=self.watermarks.holder(self.clock()),
+                )
+            async with self._progress:
+                await self._progress.wait()
+
+    def _over_cap(self) -> bool:
+        s = self.settings
+        return self.ledger.rows > s.max_buffered_rows or self.ledger.bytes > s.max_buffered_bytes
+
+    def _may_delay(self, shard_id: str) -> bool:
+        now = self.clock()
+        if self.watermarks.value(shard_id) <= self.watermarks.minimum(now):
+            return False  # it holds the watermark back (or ties): delaying it would stall all
+        return not any(self.ordering.shard(c).held for c in self.lineage.children_of(shard_id))
+
+    def _blocks(self, shard_id: str) -> bool:
+        """Can this shard still add rows here (so its children must wait)?"""
+        mark = self.watermarks.shards.get(shard_id)
+        return mark is not None and not mark.ended and self.watermarks.holds(shard_id, self._now)
+
+    # -- the committer -------------------------------------------------------------
+
+    async def _ticker(self) -> None:
+        tick = min(1.0, self.settings.idle_timeout / 4, self.settings.window / 4)
+        while True:
+            await asyncio.sleep(tick)
+            self._changed.set()
+
+    async def _committer(self) -> None:
+        while True:
+            await self._changed.wait()
+            self._changed.clear()
+            self._now = now = self.clock()
+            for shard_id in self.ordering.release():
+                self.log.info("child_released", shard_id=shard_id, parents=list(self.lineage.parents_of(shard_id)))
+            watermark = self.watermarks.minimum(now)
+            for window in self.ordering.close(watermark):
+                await self._commit(window, watermark)
+            async with self._progress:
+                self._progress.notify_all()
+
+    async def _commit(self, window: Window, watermark: float) -> None:
+        started = time.perf_counter()
+        counts = await asyncio.to_thread(seal, window)
+        attempt = 0
+        while True:
+            try:
+                await asyncio.shield(asyncio.to_thread(self.sink.commit, window, window.rows))
+                break
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                delay = self._backoff.delay(attempt)
+                attempt += 1
+                self.log.error(
+                    "sink_commit_failed",
+                    window=window.id,
+                    rows=len(window),
+                    error=f"{type(exc).__name__}: {exc}",
+                    attempt=attempt,
+                    retry_in_ms=round(delay * 1000),
+                    what_to_do="the window is retried; its rows stay buffered and no shard checkpoints past them",
+                    exc_info=attempt == 1,
+                )
+                await asyncio.sleep(delay)
+        for shard_id, count in counts.items():
+            self.ledger.commit(shard_id, count)
+            if shard_id in self.spooled and self.ledger.done(shard_id):
+                self.spooled.discard(shard_id)
+                await asyncio.to_thread(self.spool.delete, shard_id)
+                self.log.info("spool_deleted", shard_id=shard_id)
+        self.windows_committed += 1
+        self.rows_committed += len(window)
+        self.log.info(
+            "window_committed",
+            window=window.id,
+            rows=len(window),
+            late=window.late,
+            shards=len(counts),
+            watermark=_ms(watermark),
+            duration_ms=round((time.perf_counter() - started) * 1000, 3),
+        )
+
+
+def _ms(value: float) -> int | None:
+    return None if math.isinf(value) else int(value)

@@ -1,0 +1,96 @@
+"""The ledger: which of a shard's rows the sink has committed, and so how far the
+shard may checkpoint. Pure bookkeeping, no I/O.
+
+A shard may checkpoint only up to the highest position such that it and every
+earlier row of that shard are committed (erlmld: "checkpoint at the latest record for
+which it and everything before it is done"). Records a handler emitted no row for are
+done once their batch is processed. A shard's rows commit in its own order (windows
+close in order, a shard's event times never decrease, late rows go to a later
+hand-off), so committing is popping from the front of the shard's pending rows::
+
+    ledger.add("s0", rows, last=(12, 0, "12"))   # a processed batch: rows at 10, 11
+    ledger.safe("s0")                             # None: nothing committed yet
+    ledger.commit("s0", 1)                        # the window holding row 10 committed
+    ledger.safe("s0")                             # (10, 0, "10")
+    ledger.commit("s0", 1)                        # row 11 too: the whole batch is done
+    ledger.safe("s0")                             # (12, 0, "12")
+
+It also keeps the count and size of buffered (uncommitted) rows: the memory the
+back-pressure cap applies to. A row's size is its JSON plus a fixed overhead.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from .ordering import Position, Row
+
+ROW_OVERHEAD = 120  # bytes of the tuple and the bytes object around a row's JSON
+
+
+@dataclass(slots=True)
+class ShardLedger:
+    pending: deque[Row] = field(default_factory=deque)  # uncommitted rows, in order
+    ends: deque[Position] = field(default_factory=deque)  # last positions of processed batches
+    safe: Position | None = None
+
+
+class Ledger:
+    def __init__(self) -> None:
+        self.shards: dict[str, ShardLedger] = {}
+        self.rows = 0
+        self.bytes = 0
+
+    def add(self, shard_id: str, rows: list[Row], last: Position | None) -> None:
+        """A processed batch: its kept rows, and its last record's position."""
+        state = self.shards.get(shard_id)
+        if state is None:
+            state = self.shards[shard_id] = ShardLedger()
+        if rows:
+            state.pending.extend(rows)
+            self.rows += len(rows)
+            self.bytes += sum(len(r[6]) for r in rows) + ROW_OVERHEAD * len(rows)
+        if last is not None:
+            state.ends.append(last)
+        self._advance(state, None)
+
+    def commit(self, shard_id: str, count: int) -> None:
+        """The sink committed the next ``count`` rows of this shard."""
+        state = self.shards[shard_id]
+        pending = state.pending
+        size = 0
+        row = None
+        for _ in range(count):
+            row = pending.popleft()
+            size += len(row[6])
+        self.rows -= count
+        self.bytes -= size + ROW_OVERHEAD * count
+        self._advance(state, row)
+
+    def _advance(self, state: ShardLedger, committed: Row | None) -> None:
+        head = state.pending[0] if state.pending else None
+        head_pos = (head[2], head[3]) if head is not None else None
+        best = state.safe
+        if committed is not None and (head_pos is None or (committed[2], committed[3]) < head_pos):
+            best = _max(best, (committed[2], committed[3], committed[5]))
+        ends = state.ends
+        while ends and (head_pos is None or ends[0][:2] < head_pos):
+            best = _max(best, ends.popleft())
+        state.safe = best
+
+    def safe(self, shard_id: str) -> Position | None:
+        state = self.shards.get(shard_id)
+        return None if state is None else state.safe
+
+    def uncommitted(self, shard_id: str) -> list[Row]:
+        state = self.shards.get(shard_id)
+        return [] if state is None else list(state.pending)
+
+    def done(self, shard_id: str) -> bool:
+        state = self.shards.get(shard_id)
+        return state is None or not state.pending
+
+
+def _max(a: Position | None, b: Position) -> Position:
+    return b if a is None or b[:2] > a[:2] else a

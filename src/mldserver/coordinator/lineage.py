@@ -1,0 +1,140 @@
+"""Lineage: which shards are a shard's parents (one after a split, two after a merge).
+
+Two sources, the second winning where it answers:
+
+- **what the server has seen**: a shard seen for the first time, starting at the
+  stream's edge (no numeric checkpoint), after a shard ended here with fewer than two
+  children yet, is taken for that shard's child (a split gives two). Enough for one
+  worker reading a stream that splits; a merge needs the stream's own answer.
+- **the stream** (``stream`` set to a Kinesis stream name or ARN, or a DynamoDB
+  stream ARN): Kinesis ``ListShards`` or DynamoDB Streams ``DescribeStream`` through
+  aioboto3, cached, and refreshed when a shard unknown to the cache starts::
+
+    lineage = Lineage(StreamShards("orders", endpoint_url="http://127.0.0.1:4567"))
+    await lineage.started("shardId-000000000002", checkpoint="TRIM_HORIZON")
+    lineage.parents_of("shardId-000000000002")   # ("shardId-000000000000",)
+
+The calls are asynchronous (the event loop never waits on them) and bounded by a
+time-out; a failure is logged and the shard goes on with what was seen.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from ..logs import get_logger
+
+log = get_logger("mldserver.lineage")
+
+LOOKUP_TIMEOUT = 10.0
+
+
+class StreamShards:
+    """The parents of every shard of one stream, from the AWS API (aioboto3)."""
+
+    def __init__(self, stream: str, *, region: str | None = None, endpoint_url: str | None = None) -> None:
+        self.stream = stream
+        self.region = region
+        self.endpoint_url = endpoint_url
+        self.dynamodb = ":dynamodb:" in stream and "/stream/" in stream
+
+    async def fetch(self) -> dict[str, tuple[str, ...]]:
+        import aioboto3  # only a server configured with a stream pays for it
+
+        session = aioboto3.Session()
+        service = "dynamodbstreams" if self.dynamodb else "kinesis"
+        async with session.client(service, region_name=self.region, endpoint_url=self.endpoint_url) as client:
+            shards = await (self._dynamodb(client) if self.dynamodb else self._kinesis(client))
+        return {
+            s["ShardId"]: tuple(p for p in (s.get("ParentShardId"), s.get("AdjacentParentShardId")) if p)
+            for s in shards
+        }
+
+    async def _kinesis(self, client: Any) -> list[dict[str, Any]]:
+        arn = self.stream.startswith("arn:")
+        args: dict[str, Any] = {"StreamARN": self.stream} if arn else {"StreamName": self.stream}
+        shards: list[dict[str, Any]] = []
+        while True:
+            page = await client.list_shards(**args)
+            shards += page["Shards"]
+            token = page.get("NextToken")
+            if not token:
+                return shards
+            args = {"NextToken": token}
+
+    async def _dynamodb(self, client: Any) -> list[dict[str, Any]]:
+        args: dict[str, Any] = {"StreamArn": self.stream}
+        shards: list[dict[str, Any]] = []
+        while True:
+            page = (await client.describe_stream(**args))["StreamDescription"]
+            shards += page["Shards"]
+            after = page.get("LastEvaluatedShardId")
+            if not after:
+                return shards
+            args = {"StreamArn": self.stream, "ExclusiveStartShardId": after}
+
+
+class Lineage:
+    def __init__(self, stream: StreamShards | None = None) -> None:
+        self.stream = stream
+        self.parents: dict[str, tuple[str, ...]] = {}
+        self.children: dict[str, list[str]] = {}
+        self.seen: set[str] = set()
+        self._ended: list[str] = []  # ended here, fewer than two children known yet
+        self._fetched: dict[str, tuple[str, ...]] = {}
+        self._lock = asyncio.Lock()
+
+    def parents_of(self, shard_id: str) -> tuple[str, ...]:
+        return self.parents.get(shard_id, ())
+
+    def children_of(self, shard_id: str) -> list[str]:
+        return self.children.get(shard_id, [])
+
+    def learn(self, shard_id: str, parents: tuple[str, ...]) -> None:
+        old = self.parents.get(shard_id, ())
+        for p in old:
+            if shard_id in self.children.get(p, []):
+                self.children[p].remove(shard_id)
+        self.parents[shard_id] = parents
+        for p in parents:
+            self.children.setdefault(p, []).append(shard_id)
+
+    async def started(self, shard_id: str, checkpoint: str | None) -> None:
+        """A shard initialized here, from this stored checkpoint."""
+        first_time = shard_id not in self.seen
+        self.seen.add(shard_id)
+        if self.stream is not None:
+            if shard_id not in self._fetched:
+                await self._refresh()
+            if shard_id in self._fetched:
+                self.learn(shard_id, self._fetched[shard_id])
+                return
+        if first_time and shard_id not in self.parents and not (checkpoint or "").isdigit():
+            parent = next((p for p in self._ended if p != shard_id), None)
+            if parent is not None:
+                self.learn(shard_id, (parent,))
+                if len(self.children[parent]) >= 2:
+                    self._ended.remove(parent)
+
+    def ended(self, shard_id: str) -> None:
+        self.seen.add(shard_id)
+        if shard_id not in self._ended and len(self.children_of(shard_id)) < 2:
+            self._ended.append(shard_id)
+
+    async def _refresh(self) -> None:
+        async with self._lock:
+            try:
+                async with asyncio.timeout(LOOKUP_TIMEOUT):
+                    self._fetched = await self.stream.fetch()  # type: ignore[union-attr]
+            except Exception as exc:
+                log.warning(
+                    "lineage_lookup_failed",
+                    stream=self.stream.stream,  # type: ignore[union-attr]
+                    error=f"{type(exc).__name__}: {exc}",
+                    what_to_do="check the stream name, region and endpoint; lineage falls back to what was seen",
+                )
+                return
+            for shard_id, parents in self._fetched.items():
+                if shard_id in self.seen or any(p in self.seen for p in parents):
+                    self.learn(shard_id, parents)

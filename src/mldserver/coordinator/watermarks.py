@@ -1,0 +1,98 @@
+"""Watermarks: how far in event time each shard has certainly got, and the minimum
+over the shards that still hold the others back. Pure: the clock is passed in.
+
+A shard's watermark (epoch ms) is::
+
+    the event time of its last row                        (rows are clamped per shard)
+    max(that, now - margin)  after a batch with millisBehindLatest 0 (caught up,
+                             empty batches included): nothing older can still come
+    -inf                     before its first row: a new shard holds everything back
+
+A shard stops holding the others back when it has been silent (no batch) for longer
+than ``idle_timeout``: its later rows, if older than a closed window, are late. An
+ended shard holds at its last time until each of its children has reported a
+watermark (or, with no child ever seen here, until the idle timeout)::
+
+    wm = Watermarks(margin_ms=5_000, idle_timeout_ms=60_000, children_of=lineage.children)
+    wm.open("s0", now); wm.batch("s0", last_time=1_000, caught_up=False, now=now)
+    wm.minimum(now)   # 1_000; +inf when no shard holds (everything may close)
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable, Iterable
+
+NEG_INF = -math.inf
+POS_INF = math.inf
+
+
+@dataclass(slots=True)
+class ShardMark:
+    value: float = NEG_INF
+    last_active: float = 0.0
+    ended: bool = False
+
+
+class Watermarks:
+    def __init__(
+        self,
+        *,
+        margin_ms: float,
+        idle_timeout_ms: float,
+        children_of: Callable[[str], Iterable[str]] = lambda shard_id: (),
+    ) -> None:
+        self.margin_ms = margin_ms
+        self.idle_timeout_ms = idle_timeout_ms
+        self.children_of = children_of
+        self.shards: dict[str, ShardMark] = {}
+
+    def open(self, shard_id: str, now: float) -> None:
+        """The shard (re)started here: it holds until it reports or idles."""
+        mark = self.shards.setdefault(shard_id, ShardMark())
+        mark.last_active = now
+        mark.ended = False
+
+    def batch(self, shard_id: str, last_time: float | None, caught_up: bool, now: float) -> None:
+        """A batch was processed; ``last_time`` is the event time of its last row."""
+        mark = self.shards.setdefault(shard_id, ShardMark())
+        mark.last_active = now
+        if last_time is not None and last_time > mark.value:
+            mark.value = last_time
+        if caught_up and now - self.margin_ms > mark.value:
+            mark.value = now - self.margin_ms
+
+    def ended(self, shard_id: str, now: float) -> None:
+        mark = self.shards.setdefault(shard_id, ShardMark())
+        mark.ended = True
+        mark.last_active = now
+
+    def reported(self, shard_id: str) -> bool:
+        mark = self.shards.get(shard_id)
+        return mark is not None and mark.value != NEG_INF
+
+    def holds(self, shard_id: str, now: float) -> bool:
+        mark = self.shards[shard_id]
+        if now - mark.last_active > self.idle_timeout_ms:
+            return False
+        if mark.ended:
+            children = list(self.children_of(shard_id))
+            return not children or not all(self.reported(c) for c in children)
+        return True
+
+    def value(self, shard_id: str) -> float:
+        mark = self.shards.get(shard_id)
+        return NEG_INF if mark is None else mark.value
+
+    def minimum(self, now: float) -> float:
+        """The global watermark: the least over holding shards, +inf if none holds."""
+        return min((m.value for s, m in self.shards.items() if self.holds(s, now)), default=POS_INF)
+
+    def holder(self, now: float) -> str | None:
+        """The shard holding the global watermark back (for logs and back-pressure)."""
+        holding = [(m.value, s) for s, m in self.shards.items() if self.holds(s, now)]
+        return min(holding)[1] if holding else None
+
+    def forget(self, shard_id: str) -> None:
+        self.shards.pop(shard_id, None)

@@ -1,0 +1,53 @@
+"""The file sink (``--sink file:DIR``): one JSON-lines file per window, for tests and
+for users without Spark.
+
+``DIR/<start>-<end>.jsonl`` holds the window's rows in merged order, one JSON object
+per line; the window's late rows (older than a window already closed) go beside it in
+``DIR/<start>-<end>.late.jsonl``. Each file is written under a temporary name starting
+with ``_`` (readers skip those), fsynced, then renamed into place. A window id that
+already has a file (the same window closed again after a restart) gets ``.1``, ``.2``
+... so output is never overwritten: delivery is at least once::
+
+    DIR/1763719200000-1763719260000.jsonl
+    DIR/1763719260000-1763719320000.late.jsonl
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from ..coordinator.windows import Window
+
+
+class FileSink:
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+
+    def commit(self, window: Window, rows: list[bytes]) -> None:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        name = self._free_name(window.id)
+        if window.late:
+            self._publish(f"{name}.late.jsonl", rows[: window.late])
+        if len(rows) > window.late:
+            self._publish(f"{name}.jsonl", rows[window.late :])
+        fd = os.open(self.directory, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def _free_name(self, base: str) -> str:
+        name, n = base, 0
+        while (self.directory / f"{name}.jsonl").exists() or (self.directory / f"{name}.late.jsonl").exists():
+            n += 1
+            name = f"{base}.{n}"
+        return name
+
+    def _publish(self, filename: str, rows: list[bytes]) -> None:
+        tmp = self.directory / f"_{filename}.tmp"
+        with open(tmp, "wb") as f:
+            f.write(b"\n".join(rows) + b"\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self.directory / filename)
