@@ -77,7 +77,7 @@ class Coordinator:
         self._changed = asyncio.Event()
         self._progress = asyncio.Condition()
         self._tasks: list[asyncio.Task[None]] = []
-        self._backoff = Backoff(first=0.5, cap=30.0)
+        self.sink_backoff = Backoff(first=0.5, cap=30.0)  # between attempts at a failing commit
         self.windows_committed = 0
         self.rows_committed = 0
         self.peak_rows = 0
@@ -115,7 +115,10 @@ class Coordinator:
         now = self.clock()
         if parents:
             self.lineage.learn(shard_id, tuple(parents))
-        self.lineage.ended(shard_id)
+        # Not offered as a parent to shards seen from now on: after a restart, shards
+        # starting from TRIM_HORIZON are not likely its children. The stream's API
+        # (``stream``) tells; without it the spooled shard holds until the idle timeout.
+        self.lineage.seen.add(shard_id)
         rows = self.ordering.add(shard_id, items, last, now)
         self.ledger.add(shard_id, rows, last)
         self.watermarks.batch(shard_id, rows[-1][0] if rows else None, False, now)
@@ -232,7 +235,7 @@ class Coordinator:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
-                delay = self._backoff.delay(attempt)
+                delay = self.sink_backoff.delay(attempt)
                 attempt += 1
                 self.log.error(
                     "sink_commit_failed",

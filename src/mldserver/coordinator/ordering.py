@@ -102,8 +102,8 @@ class Ordering:
         state.floor, state.count = floor, n
         if state.held or self._blocked(shard_id):
             state.held.extend(rows)
-        else:
-            self._assign(rows)
+        elif rows:
+            self._assign(self._after_parents(shard_id, rows))
         return rows
 
     def _blocked(self, shard_id: str) -> bool:
@@ -120,6 +120,7 @@ class Ordering:
         return released
 
     def _after_parents(self, shard_id: str, rows: list[Row]) -> list[Row]:
+        """Clamp a child's rows to start after its parents' last rows."""
         start = -math.inf
         for parent in self.parents_of(shard_id):
             p = self.shards.get(parent)

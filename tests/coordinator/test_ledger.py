@@ -1,0 +1,55 @@
+"""The ledger: how far a shard may checkpoint, given what the sink committed."""
+
+from __future__ import annotations
+
+from mldserver.coordinator.ledger import ROW_OVERHEAD, Ledger
+
+
+def row(seq, sub=0, data=b"{}"):
+    return (1000, "A", seq, sub, seq, str(seq), data)
+
+
+def pos(seq, sub=0):
+    return (seq, sub, str(seq))
+
+
+def test_nothing_is_safe_until_rows_commit_then_the_prefix_is():
+    ledger = Ledger()
+    ledger.add("A", [row(10), row(11)], last=pos(12))
+    assert ledger.safe("A") is None
+    ledger.commit("A", 1)
+    assert ledger.safe("A") == pos(10)
+    ledger.commit("A", 1)
+    assert ledger.safe("A") == pos(12)  # record 12 had no row: done with its batch
+
+
+def test_a_batch_without_rows_is_safe_at_once_when_nothing_is_pending():
+    ledger = Ledger()
+    ledger.add("A", [], last=pos(5))
+    assert ledger.safe("A") == pos(5)
+
+
+def test_a_record_with_rows_still_pending_is_not_safe():
+    ledger = Ledger()
+    ledger.add("A", [row(10, data=b'{"a":1}'), row(10, data=b'{"a":2}'), row(11)], last=pos(11))
+    ledger.commit("A", 1)  # one of record 10's two rows
+    assert ledger.safe("A") is None
+    ledger.commit("A", 1)
+    assert ledger.safe("A") == pos(10)
+
+
+def test_later_batches_do_not_pass_an_earlier_pending_row():
+    ledger = Ledger()
+    ledger.add("A", [row(10)], last=pos(10))
+    ledger.add("A", [], last=pos(20))
+    assert ledger.safe("A") is None
+    ledger.commit("A", 1)
+    assert ledger.safe("A") == pos(20)
+
+
+def test_buffered_rows_and_bytes_are_counted_and_released():
+    ledger = Ledger()
+    ledger.add("A", [row(1, data=b"x" * 10), row(2, data=b"y" * 20)], last=pos(2))
+    assert (ledger.rows, ledger.bytes) == (2, 30 + 2 * ROW_OVERHEAD)
+    ledger.commit("A", 2)
+    assert (ledger.rows, ledger.bytes) == (0, 0) and ledger.done("A")

@@ -1,0 +1,184 @@
+"""Ordering: per-shard FIFO, clamps, duplicates, lineage, late rows, the merge key.
+Plain objects, no event loop: the clock is a number passed in."""
+
+from __future__ import annotations
+
+import orjson
+
+from mldserver.coordinator.ordering import Ordering, seal
+
+MINUTE = 60_000
+
+
+def rows(first_seq: int, times: list[int | None], tag: str = "") -> list[tuple]:
+    return [
+        (t, first_seq + i, 0, str(first_seq + i), orjson.dumps({"seq": str(first_seq + i), "tag": tag}))
+        for i, t in enumerate(times)
+    ]
+
+
+def last(items):
+    t, seq, sub, seq_str, _ = items[-1]
+    return (seq, sub, seq_str)
+
+
+class Lineage:
+    """Parents known up front, as ListShards would tell them; ``open`` = can still add rows."""
+
+    def __init__(self, parents=None):
+        self.parents = parents or {}
+        self.open: set[str] = set()
+
+    def parents_of(self, shard_id):
+        return self.parents.get(shard_id, ())
+
+
+def ordering(lineage=None, window_ms=MINUTE):
+    lineage = lineage or Lineage()
+    return Ordering(window_ms=window_ms, blocks=lambda s: s in lineage.open, parents_of=lineage.parents_of)
+
+
+def add(o, shard_id, first_seq, times, tag=""):
+    items = rows(first_seq, times, tag)
+    return o.add(shard_id, items, last(items), now=0)
+
+
+def contents(window):
+    seal(window)
+    return [(orjson.loads(r)["tag"], int(orjson.loads(r)["seq"])) for r in window.rows]
+
+
+def test_bloop_worked_example_parent_before_children_with_equal_timestamps():
+    # Bloop's example: S0 splits into S1 and S2; all records carry the same timestamp.
+    lineage = Lineage({"S1": ("S0",), "S2": ("S0",)})
+    o = ordering(lineage)
+    lineage.open.add("S0")
+    add(o, "S0", 1, [1000, 1000, 1000], "S0")
+    lineage.open.discard("S0")  # S0 ended
+    add(o, "S1", 10, [1000, 1000], "S1")
+    add(o, "S2", 20, [1000, 1000], "S2")
+    [window] = o.close(until=MINUTE)
+    assert contents(window) == [("S0", 1), ("S0", 2), ("S0", 3), ("S1", 10), ("S1", 11), ("S2", 20), ("S2", 21)]
+
+
+def test_shard_whose_timestamps_go_backwards_keeps_its_order_and_counts_clamps():
+    o = ordering()
+    add(o, "A", 1, [5000, 3000, 4000, 6000], "A")
+    add(o, "B", 100, [3500, 5500], "B")
+    [window] = o.close(until=MINUTE)
+    # A's rows at 3000 and 4000 took 5000: A stays in its own order, B merges around it.
+    assert contents(window) == [("B", 100), ("A", 1), ("A", 2), ("A", 3), ("B", 101), ("A", 4)]
+    assert o.clamped == 2
+
+
+def test_child_records_arriving_while_parent_still_buffers_rows_wait_for_the_parent():
+    lineage = Lineage({"child": ("parent",)})
+    o = ordering(lineage)
+    lineage.open.add("parent")
+    add(o, "parent", 1, [1000, 2000], "parent")
+    add(o, "child", 50, [500, 1500], "child")  # earlier times, while the parent is still open
+    assert o.release() == []
+    add(o, "parent", 3, [2500], "parent")
+    lineage.open.discard("parent")
+    assert o.release() == ["child"]
+    [window] = o.close(until=MINUTE)
+    assert contents(window) == [("parent", 1), ("parent", 2), ("parent", 3), ("child", 50), ("child", 51)]
+    assert o.clamped == 2  # both child rows moved up to the parent's last time
+
+
+def test_child_whose_id_sorts_before_its_parent_still_follows_it_at_equal_times():
+    lineage = Lineage({"a-child": ("z-parent",)})
+    o = ordering(lineage)
+    add(o, "z-parent", 1, [1000], "parent")
+    add(o, "a-child", 10, [1000], "child")
+    [window] = o.close(until=MINUTE)
+    assert contents(window) == [("parent", 1), ("child", 10)]
+
+
+def test_merge_child_waits_for_both_parents():
+    lineage = Lineage({"C": ("P1", "P2")})
+    o = ordering(lineage)
+    lineage.open |= {"P1", "P2"}
+    add(o, "P1", 1, [1000], "P1")
+    add(o, "P2", 100, [3000], "P2")
+    add(o, "C", 200, [2000], "C")
+    lineage.open.discard("P1")
+    assert o.release() == []
+    lineage.open.discard("P2")
+    assert o.release() == ["C"]
+    [window] = o.close(until=MINUTE)
+    assert contents(window) == [("P1", 1), ("P2", 100), ("C", 200)]
+
+
+def test_redelivered_records_after_a_daemon_restart_are_dropped_and_counted():
+    o = ordering()
+    add(o, "A", 1, [1000, 1001, 1002], "first")
+    kept = add(o, "A", 2, [1001, 1002, 1003, 1004], "again")  # resumed from a checkpoint at 1
+    assert [r[2] for r in kept] == [4, 5]
+    assert o.duplicates == 2
+    [window] = o.close(until=MINUTE)
+    assert contents(window) == [("first", 1), ("first", 2), ("first", 3), ("again", 4), ("again", 5)]
+
+
+def test_records_without_rows_still_count_as_delivered():
+    o = ordering()
+    o.add("A", [], (7, 0, "7"), now=0)  # a batch whose rows the handler filtered out
+    kept = add(o, "A", 7, [1000, 1001], "x")
+    assert [r[2] for r in kept] == [8] and o.duplicates == 1
+
+
+def test_merge_key_breaks_ties_by_shard_id_then_sequence_number_as_integer():
+    o = ordering()
+    add(o, "B", 10**30, [1000], "B")
+    add(o, "A", 9, [1000, 1000], "A")
+    add(o, "A2", 10, [999], "A2")
+    [window] = o.close(until=MINUTE)
+    assert contents(window) == [("A2", 10), ("A", 9), ("A", 10), ("B", 10**30)]
+
+
+def test_late_rows_go_to_the_next_window_flagged_and_counted():
+    o = ordering()
+    add(o, "A", 1, [10_000, 70_000], "A")
+    [first] = o.close(until=MINUTE)
+    assert contents(first) == [("A", 1)]
+    add(o, "B", 1, [20_000, 30_000], "B")  # its window has closed
+    assert o.late == 2
+    assert o.close(until=MINUTE + 30_000) == []  # late rows wait for the next window
+    [second] = o.close(until=2 * MINUTE)
+    assert (second.start, second.late) == (MINUTE, 2)
+    assert contents(second) == [("B", 1), ("B", 2), ("A", 2)]
+
+
+def test_late_rows_are_handed_over_alone_when_every_shard_is_idle():
+    o = ordering()
+    add(o, "A", 1, [10_000], "A")
+    o.close(until=MINUTE)
+    add(o, "B", 1, [20_000], "B")
+    [window] = o.close(until=float("inf"))
+    assert window.late == 1 and contents(window) == [("B", 1)]
+
+
+def test_windows_close_in_order_only_when_the_watermark_passes_their_end():
+    o = ordering()
+    add(o, "A", 1, [0, 59_999, 60_000, 125_000], "A")
+    assert o.close(until=59_999) == []
+    closed = o.close(until=120_000)
+    assert [(w.start, w.end, len(w.rows)) for w in closed] == [(0, MINUTE, 2), (MINUTE, 2 * MINUTE, 1)]
+    assert o.buffered_windows() == 1
+
+
+def test_rows_without_event_time_take_the_shards_last_time_or_now():
+    o = ordering()
+    items = rows(1, [None, 5000, None])
+    kept = o.add("A", items, last(items), now=4000)
+    assert [r[0] for r in kept] == [4000, 5000, 5000]
+
+
+def test_seal_records_each_shards_highest_position():
+    o = ordering()
+    add(o, "A", 5, [1000, 2000])
+    add(o, "B", 1, [1500])
+    [window] = o.close(until=MINUTE)
+    counts = seal(window)
+    assert counts == {"A": 2, "B": 1}
+    assert window.positions == {"A": ("6", 0), "B": ("1", 0)}

@@ -1,0 +1,91 @@
+"""Watermarks with a fake clock: last event time, caught up, idle, ended, split, merge."""
+
+from __future__ import annotations
+
+import math
+
+from mldserver.coordinator.watermarks import Watermarks
+
+
+def marks(children=None):
+    children = children or {}
+    return Watermarks(margin_ms=5_000, idle_timeout_ms=60_000, children_of=lambda s: children.get(s, ()))
+
+
+def test_a_shard_stands_at_its_last_event_time_and_the_minimum_holds_everything():
+    wm = marks()
+    wm.open("A", 0)
+    wm.open("B", 0)
+    assert wm.minimum(0) == -math.inf  # B has not reported: nothing may close
+    wm.batch("A", 10_000, caught_up=False, now=1)
+    wm.batch("B", 7_000, caught_up=False, now=1)
+    assert wm.minimum(1) == 7_000 and wm.holder(1) == "B"
+    wm.batch("B", None, caught_up=False, now=2)  # a batch without rows changes nothing
+    assert wm.minimum(2) == 7_000
+
+
+def test_caught_up_shard_stands_at_the_wall_clock_minus_the_margin_even_when_empty():
+    wm = marks()
+    wm.open("A", 0)
+    wm.batch("A", None, caught_up=True, now=100_000)  # callProcessRecordsEvenForEmptyRecordList
+    assert wm.value("A") == 95_000
+    wm.batch("A", 99_000, caught_up=True, now=100_500)
+    assert wm.value("A") == 99_000  # its own rows are later than the clock's bound
+
+
+def test_idle_shard_stops_holding_the_others_back():
+    wm = marks()
+    wm.open("A", 0)
+    wm.open("B", 0)
+    wm.batch("A", 50_000, caught_up=False, now=0)
+    wm.batch("B", 1_000, caught_up=False, now=0)
+    assert wm.minimum(60_000) == 1_000
+    wm.batch("A", 80_000, caught_up=False, now=60_001)
+    assert wm.minimum(60_001) == 80_000  # B silent for more than the idle timeout
+    wm.batch("B", 2_000, caught_up=False, now=60_002)
+    assert wm.minimum(60_002) == 2_000  # back as soon as it speaks
+
+
+def test_no_holding_shard_lets_everything_close():
+    wm = marks()
+    wm.open("A", 0)
+    assert wm.minimum(60_001) == math.inf
+
+
+def test_ended_shard_holds_at_its_last_time_until_its_late_children_report():
+    children = {"P": ["C1", "C2"]}
+    wm = marks(children)
+    for s in ("P", "X"):
+        wm.open(s, 0)
+    wm.batch("P", 10_000, caught_up=False, now=0)
+    wm.batch("X", 90_000, caught_up=False, now=0)
+    wm.ended("P", 1_000)
+    assert wm.minimum(30_000) == 10_000  # no child yet
+    wm.open("C1", 30_000)
+    wm.batch("C1", 20_000, caught_up=False, now=30_000)
+    assert wm.minimum(30_000) == 10_000  # C2 has not reported
+    wm.open("C2", 40_000)
+    wm.batch("C2", 25_000, caught_up=False, now=40_000)
+    assert wm.minimum(40_000) == 20_000  # P released; the children hold now
+
+
+def test_ended_shard_whose_children_never_come_here_stops_holding_after_the_idle_timeout():
+    wm = marks({"P": ["C"]})  # C is leased by another worker
+    wm.open("P", 0)
+    wm.open("X", 0)
+    wm.batch("P", 10_000, caught_up=False, now=0)
+    wm.ended("P", 0)
+    wm.batch("X", 50_000, caught_up=False, now=60_001)
+    assert wm.minimum(60_001) == 50_000
+
+
+def test_merge_child_releases_both_parents():
+    wm = marks({"P1": ["C"], "P2": ["C"]})
+    for s, t in (("P1", 1_000), ("P2", 2_000)):
+        wm.open(s, 0)
+        wm.batch(s, t, caught_up=False, now=0)
+        wm.ended(s, 0)
+    wm.open("C", 0)
+    assert wm.minimum(0) == -math.inf  # C holds until it reports
+    wm.batch("C", 3_000, caught_up=False, now=1)
+    assert wm.minimum(1) == 3_000
