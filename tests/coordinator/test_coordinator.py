@@ -115,7 +115,7 @@ async def test_spooled_rows_of_an_ended_shard_are_replayed_after_a_restart_then_
         assert spool.exists()  # P holds window [0, 60 s): its children are unknown
         clock.now += 600_001  # until the idle timeout
         await eventually(lambda: not spool.exists())
-        assert output(tmp_path / "out") == {"0-60000.jsonl": [1, 2, 1000]}
+        assert output(tmp_path / "out") == {"0-60000.jsonl": [1, 2, 1000], "60000-120000.jsonl": [1001]}
         assert c.ordering.duplicates == 0
     finally:
         await c.stop()
