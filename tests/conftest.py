@@ -29,9 +29,14 @@ class ServerProcess:
     """``mldserver serve`` in a subprocess; ``port`` read from its ``listening`` event."""
 
     def __init__(self, handler: str, tmp_path: Path, *extra: str, env: dict[str, str] | None = None) -> None:
-        self.log_path = tmp_path / f"server-{handler.replace(':', '_')}.log"
+        name = f"server-{handler.replace(':', '_')}"
+        runs = 1
+        while (tmp_path / f"{name}.log").exists():  # a restart gets a log of its own
+            runs += 1
+            name = f"server-{handler.replace(':', '_')}-{runs}"
+        self.log_path = tmp_path / f"{name}.log"
         self.state_dir = tmp_path / "state"
-        self.stderr_path = tmp_path / f"server-{handler.replace(':', '_')}.stderr"
+        self.stderr_path = tmp_path / f"{name}.stderr"
         stderr = open(self.stderr_path, "wb")
         self.proc = subprocess.Popen(
             [MLDSERVER, "serve", "--handler", handler, *([] if "--unix" in extra else ["--port", "0"]),
