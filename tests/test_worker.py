@@ -347,3 +347,68 @@ async def test_batches_in_flight_are_bounded_across_shards(tmp_path):
             await s.close()
     assert most == 2
     assert all(daemon.checkpoints[f"s{i}"] == ("250", 0) for i in range(5))
+
+
+class EmitAndCheckpoint(mldserver.Handler):
+    async def process_records(self, batch, checkpointer):
+        for record in batch.records:
+            batch.emit(record, {"seq": record.sequence_number})
+        await checkpointer.checkpoint()  # "everything": the server keeps it to what is committed
+
+
+async def test_with_a_sink_no_checkpoint_passes_rows_the_sink_has_not_committed(tmp_path):
+    out = tmp_path / "out"
+    async with running(EmitAndCheckpoint, tmp_path, sink=f"file:{out}", window=3600.0, checkpoint_interval=0.0,
+                       idle_timeout=3600.0) as (server, cmd):
+        daemon = FakeDaemon(cmd)
+        shard = await daemon.shard("shardId-1")
+        await shard.process_records(make_records(10, 3))
+        await shard.shutdown_requested()
+        assert "shardId-1" not in daemon.checkpoints  # the window is still open: nothing is safe
+        assert server.coordinator.ledger.rows == 3
+        await shard.shard_ended()  # the rows are spooled, so SHARD_END may be stored
+        assert daemon.checkpoints["shardId-1"] == SHARD_END
+        spooled = (tmp_path / "state" / "spool" / "shardId-1.jsonl").read_text().splitlines()
+        assert len(spooled) == 4  # a header and the three rows
+        await shard.close()
+
+
+async def test_rows_emitted_by_a_failed_attempt_are_not_kept(tmp_path):
+    attempts = []
+
+    class FailsOnce(mldserver.Handler):
+        async def process_records(self, batch, checkpointer):
+            for record in batch.records:
+                batch.emit(record, {"seq": record.sequence_number, "attempt": len(attempts)})
+            attempts.append(1)
+            if len(attempts) == 1:
+                raise RuntimeError("flaky")
+
+    async with running(FailsOnce, tmp_path, sink=f"file:{tmp_path / 'out'}", window=3600.0) as (server, cmd):
+        daemon = FakeDaemon(cmd)
+        shard = await daemon.shard("shardId-1")
+        await shard.process_records(make_records(10, 2))
+        rows = [r[6] for r in server.coordinator.ledger.uncommitted("shardId-1")]
+        assert rows == [b'{"seq":"10","attempt":1}', b'{"seq":"11","attempt":1}']
+        await shard.lease_lost()
+        await shard.close()
+
+
+async def test_a_row_that_is_not_json_dead_letters_its_record_and_keeps_the_others(tmp_path):
+    class BytesRow(mldserver.Handler):
+        async def process_records(self, batch, checkpointer):
+            for record in batch.records:
+                value = record.data if record.sequence_number == "11" else record.sequence_number
+                batch.emit(record, {"value": value})
+
+    async with running(BytesRow, tmp_path, sink=f"file:{tmp_path / 'out'}", window=3600.0) as (server, cmd):
+        daemon = FakeDaemon(cmd)
+        shard = await daemon.shard("shardId-1")
+        await shard.process_records(make_records(10, 3))
+        rows = [r[6] for r in server.coordinator.ledger.uncommitted("shardId-1")]
+        assert rows == [b'{"value":"10"}', b'{"value":"12"}']
+        [letter] = dead_letters(tmp_path, "shardId-1")
+        assert letter["sequence_number"] == "11" and letter["reason"] == "bad row"
+        assert "not JSON-encodable" in letter["error"] and base64.b64decode(letter["data"]) == b"11111111"
+        await shard.lease_lost()
+        await shard.close()

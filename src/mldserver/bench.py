@@ -160,12 +160,15 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-async def start_server(state_dir: str) -> tuple[subprocess.Popen, int]:
+async def start_server(
+    state_dir: str, *extra: str, handler: str = "mldserver.bench:TouchHandler", env: dict[str, str] | None = None
+) -> tuple[subprocess.Popen, int]:
     port = free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "mldserver", "serve", "--handler", "mldserver.bench:TouchHandler", "--port",
-         str(port), "--log-level", "warning", "--state-dir", state_dir],
+        [sys.executable, "-m", "mldserver", "serve", "--handler", handler, "--port",
+         str(port), "--log-level", "warning", "--state-dir", state_dir, *extra],
         stdout=subprocess.DEVNULL,
+        env={**os.environ, **(env or {})},
     )
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
@@ -289,6 +292,12 @@ async def amain(args) -> None:
                   "skipping it: pass --no-kclpy to silence this")
             with_kclpy = False
     with tempfile.TemporaryDirectory(prefix="mldserver-bench-") as tmp:
+        if args.part in ("all", "coordinator"):
+            from . import bench_coordinator
+
+            await bench_coordinator.run(shard_counts, args.quick, tmp)
+        if args.part == "coordinator":
+            return
         server, port = await start_server(os.path.join(tmp, "state"))
         try:
             ms, rss, pss = await relay_startup(port)

@@ -73,6 +73,13 @@ READ_CHUNK = 1 << 20
 BETWEEN_ACTIONS = frozenset({State.AWAITING_INITIALIZE, State.READY, State.DRAINING})
 
 
+def _encode(row: Any) -> bytes:
+    # A right-sized copy: orjson's own result sits in an over-allocated, shrunk malloc
+    # block; kept by the thousand until their window commits, those fragment the heap
+    # (5x slower, several times the memory).
+    return bytes(memoryview(orjson.dumps(row)))
+
+
 class Worker:
     def __init__(
         self,
@@ -256,19 +263,29 @@ class Worker:
 
     async def _to_coordinator(self, batch: Batch, millis_behind: int | None) -> None:
         """Hand the batch's rows over, wait out back-pressure, checkpoint what is safe."""
-        items = []
-        bad = []
-        dumps = orjson.dumps
-        for record, row, event_time in batch.rows or ():
-            try:
-                data = dumps(row)
-            except TypeError as exc:
-                bad.append((record, f"row not JSON-encodable: {exc}"))
-                continue
-            if event_time is None:
-                event_time = record.approximate_arrival_timestamp
-            seq = record.sequence_number
-            items.append((event_time, int(seq), record.sub_sequence_number or 0, seq, data))
+        emitted = batch.rows or []
+        bad: list[tuple[Record, str]] = []
+        try:
+            datas = [_encode(row) for _, row, _ in emitted]
+        except TypeError:  # some row is not JSON: find which, keep the others
+            datas, kept = [], []
+            for entry in emitted:
+                try:
+                    datas.append(_encode(entry[1]))
+                    kept.append(entry)
+                except TypeError as exc:
+                    bad.append((entry[0], f"row not JSON-encodable: {exc}"))
+            emitted = kept
+        items = [
+            (
+                record.approximate_arrival_timestamp if event_time is None else event_time,
+                int(seq := record.sequence_number),
+                record.sub_sequence_number or 0,
+                seq,
+                data,
+            )
+            for (record, _, event_time), data in zip(emitted, datas)
+        ]
         batch.rows = None
         for record, error in bad:
             await self._dead_letter([record.to_json()], "bad row", error)

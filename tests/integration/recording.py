@@ -1,6 +1,8 @@
 """A handler that appends everything it sees to $MLDSERVER_RECORD_FILE (JSON lines),
-so a test can check what the real daemon delivered, and checkpoints each batch's last
-record. Its shard_ended and shutdown_requested are the Handler defaults."""
+so a test can check what the real daemon delivered, emits one row per record (for a
+server run with a sink), and checkpoints each batch's last record (which the server
+clamps to what the sink committed). Its shard_ended and shutdown_requested are the
+Handler defaults."""
 
 from __future__ import annotations
 
@@ -25,6 +27,10 @@ class Recording(mldserver.Handler):
     async def process_records(self, batch, checkpointer):
         if not batch.records:
             return
+        for r in batch.records:
+            batch.emit(r, {"shard_id": self.shard_id, "sequence_number": r.sequence_number,
+                           "sub_sequence_number": r.sub_sequence_number, "partition_key": r.partition_key,
+                           "data": base64.b64encode(r.data).decode()})
         _write({
             "event": "records",
             "shard_id": self.shard_id,

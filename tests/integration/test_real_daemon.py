@@ -11,6 +11,9 @@ One long test, in the order a deployment lives through:
    each answered (the daemon exits cleanly, every relay exits);
 4. a restart: each shard resumes after its stored checkpoint (inside an aggregate,
    at the next user record) and nothing already checkpointed is delivered again.
+
+The server runs with the file sink (1 s windows): every record reaches the sink, and
+a shard checkpoints only what the sink committed.
 """
 
 from __future__ import annotations
@@ -86,6 +89,18 @@ def put_raw_vector(kinesis: KinesisLocal, name: str, hash_key: int) -> list[tupl
     return [(r["ShardId"], r["SequenceNumber"], 0, pk, vector["kinesis_record"]["data_b64"])]
 
 
+def sink_records(out: Path) -> set[tuple]:
+    rows = [json.loads(line) for p in out.glob("*.jsonl") for line in p.read_text().splitlines()]
+    return {(r["shard_id"], r["sequence_number"], r["sub_sequence_number"], r["partition_key"], r["data"])
+            for r in rows}
+
+
+def wait_committed(out: Path, expected: list[tuple], timeout: float) -> None:
+    want = set(expected)
+    wait_for(lambda: want <= sink_records(out), timeout,
+             f"{len(want)} records in the sink (missing {len(want - sink_records(out))})", interval=1)
+
+
 def wait_seen(seen: Seen, expected: list[tuple], timeout: float, since: int = 0) -> None:
     want = set(expected)
     wait_for(lambda: want <= set(seen.records(since)), timeout,
@@ -96,8 +111,11 @@ def test_real_daemon_end_to_end(tmp_path):
     kinesis = KinesisLocal(tmp_path)
     dynamodb = DynamoDBLocal(tmp_path)
     record_file = tmp_path / "seen.jsonl"
-    server = ServerProcess("tests.integration.recording:Recording", tmp_path,
-                           env={"MLDSERVER_RECORD_FILE": str(record_file)})
+    out = tmp_path / "out"
+    config = tmp_path / "mldserver.toml"
+    config.write_text("window = 1.0\nwatermark_margin = 1.0\nidle_timeout = 10.0\ncheckpoint_interval = 0.0\n")
+    server = ServerProcess("tests.integration.recording:Recording", tmp_path, "--sink", f"file:{out}",
+                           "--config", str(config), env={"MLDSERVER_RECORD_FILE": str(record_file)})
     seen = Seen(record_file)
     executable = f"{MLDSERVER} connect 127.0.0.1:{server.port}"
     daemons: list[MultiLangDaemon] = []
@@ -137,6 +155,7 @@ def test_real_daemon_end_to_end(tmp_path):
                  "SHARD_END in the lease table", interval=1)
         wait_seen(seen, after_split, 180)
         expected += after_split
+        wait_committed(out, expected, 60)
 
         # 3. SIGTERM: shutdownRequested then leaseLost for every live shard.
         marker = len(seen.entries())
@@ -166,6 +185,7 @@ def test_real_daemon_end_to_end(tmp_path):
         daemons.append(MultiLangDaemon(tmp_path, executable=executable, stream=STREAM, app=APP,
                                        kinesis=kinesis, dynamodb=dynamodb, run=2))
         wait_seen(seen, more, 300, since=marker)
+        wait_committed(out, expected + more, 60)
         resumed = {e["shard_id"]: (e["sequence_number"], e["sub_sequence_number"])
                    for e in seen.events("initialize", since=marker)}
         for shard in live:

@@ -109,6 +109,8 @@ class Coordinator:
             clamped=self.ordering.clamped,
             duplicates=self.ordering.duplicates,
             late=self.ordering.late,
+            peak_rows=self.peak_rows,
+            peak_bytes=self.peak_bytes,
         )
 
     def _replay(self, shard_id: str, items: list[Item], last: Position | None, parents: list[str]) -> None:

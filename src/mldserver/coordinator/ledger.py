@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
+from operator import itemgetter
 
 from .ordering import Position, Row
 
@@ -59,11 +60,9 @@ class Ledger:
         """The sink committed the next ``count`` rows of this shard."""
         state = self.shards[shard_id]
         pending = state.pending
-        size = 0
-        row = None
-        for _ in range(count):
-            row = pending.popleft()
-            size += len(row[6])
+        done = [pending.popleft() for _ in range(count)]
+        row = done[-1] if done else None
+        size = sum(map(len, map(itemgetter(6), done)))
         self.rows -= count
         self.bytes -= size + ROW_OVERHEAD * count
         self._advance(state, row)

@@ -27,7 +27,9 @@ numbers a shard's rows so no two keys tie; ``data`` is the row as JSON bytes::
 from __future__ import annotations
 
 import math
+from collections import Counter
 from dataclasses import dataclass, field
+from operator import itemgetter
 from typing import Callable, Iterable
 
 from .windows import Window
@@ -140,6 +142,10 @@ class Ordering:
 
     def _assign(self, rows: list[Row]) -> None:
         size = self.window_ms
+        first = rows[0][0] - rows[0][0] % size
+        if first + size > rows[-1][0] and first + size > self.closed_until:
+            self.buckets.setdefault(int(first), []).extend(rows)  # the usual case: one open window
+            return
         bucket_start = None
         bucket: list[Row] = []
         for row in rows:
@@ -180,15 +186,9 @@ def seal(window: Window) -> dict[str, int]:
     fills ``window.positions``; returns how many rows each shard had in it."""
     rows = window.rows
     rows.sort()
-    counts: dict[str, int] = {}
-    positions: dict[str, tuple[int, int, str]] = {}
-    for row in rows:
-        shard_id = row[1]
-        counts[shard_id] = counts.get(shard_id, 0) + 1
-        p = positions.get(shard_id)
-        if p is None or (row[2], row[3]) > p[:2]:
-            positions[shard_id] = (row[2], row[3], row[5])
-    window.rows = [row[6] for row in rows]
-    window.positions = {s: (p[2], p[1]) for s, p in positions.items()}
+    counts = Counter(map(itemgetter(1), rows))
+    last = {row[1]: row for row in rows}  # a shard's rows are in its order: its last is its highest
+    window.rows = list(map(itemgetter(6), rows))
+    window.positions = {s: (row[5], row[3]) for s, row in last.items()}
     return counts
 

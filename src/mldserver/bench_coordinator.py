@@ -1,0 +1,114 @@
+"""``mldserver bench --part coordinator``: what the coordinator costs, in one run.
+
+The same load, the passthrough handler (one row per record), over direct TCP, K
+shards in lock-step, against two servers:
+
+- ``no pipeline``  no sink: rows are not collected (today's behaviour);
+- ``file sink``    rows go through the coordinator (ordering, watermarks, windows,
+                   ledger) into the file sink, 10 s windows; the run ends when the last
+                   window is committed (a final caught-up batch per shard closes it).
+
+Each batch is a new line (fresh sequence numbers, so nothing is dropped as a
+duplicate) covering 10 s of event time: one window per batch, closing as the run
+goes. Reported: rows/s for both, the cost, and the largest memory the coordinator used (its buffered rows as the ledger counts them, and
+the server's peak PSS against the no-pipeline server's).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import os
+import time
+from pathlib import Path
+
+import orjson
+
+from .bench import Sampler, start_server
+from .testing import FakeDaemon, Shard, SocketChild
+
+ROOT = Path(__file__).resolve().parents[2]  # the project (editable install): handlers/ lives there
+RECORDS, SIZE = 10_000, 100
+
+
+def lines(batches: int) -> list[tuple[bytes, dict]]:
+    payload = base64.b64encode(os.urandom(SIZE)).decode("ascii")
+    start = time.time_ns() // 1_000_000 - 86_400_000  # a day ago: a caught-up watermark passes it all
+    out = []
+    for b in range(batches):
+        recs = [
+            {"action": "record", "data": payload, "partitionKey": f"pk-{i}",
+             "sequenceNumber": str(10**40 + b * RECORDS + i), "subSequenceNumber": 0,
+             "approximateArrivalTimestamp": start + b * 10_000 + i}
+            for i in range(RECORDS)
+        ]
+        line = orjson.dumps({"action": "processRecords", "records": recs, "millisBehindLatest": 1000}) + b"\n"
+        out.append((line, recs[-1]))
+    return out
+
+
+def committed_rows(log: Path) -> int:
+    if not log.exists():
+        return 0
+    return sum(orjson.loads(line).get("rows", 0) for line in log.read_bytes().splitlines()
+               if b'"window_committed"' in line)
+
+
+async def run_one(name: str, k: int, batch_lines: list, tmp: str) -> tuple[float, int, int | None]:
+    """rows/s, the server's peak PSS (KiB), and the coordinator's peak buffered bytes."""
+    state = os.path.join(tmp, f"coord-{name}-{k}")
+    log = Path(state) / "server.log"
+    extra = ["--log-file", str(log), "--log-level", "info"]
+    if name == "file sink":
+        extra += ["--sink", f"file:{state}/out", "--window", "10"]
+    Path(state).mkdir(parents=True, exist_ok=True)
+    server, port = await start_server(state, *extra, handler="handlers.passthrough:Passthrough",
+                                      env={"PYTHONPATH": str(ROOT)})
+    try:
+        daemon = FakeDaemon("", timeout=600)
+        shards = []
+        for i in range(k):
+            shard = Shard(daemon, f"shardId-{i:012d}", await SocketChild.open("127.0.0.1", port))
+            await shard.initialize("TRIM_HORIZON", 0)
+            shards.append(shard)
+        sampler = Sampler()
+        sampler.pids["server"] = [server.pid]
+        sampler.start()
+        started = time.perf_counter()
+
+        async def one(shard: Shard) -> None:
+            for line, last in batch_lines:
+                await shard.process_line(line, last)
+            await shard.process_records([], millis_behind_latest=0)
+
+        await asyncio.gather(*(one(s) for s in shards))
+        total = len(batch_lines) * RECORDS * k
+        if name == "file sink":
+            while committed_rows(log) < total:
+                await asyncio.sleep(0.05)
+        seconds = time.perf_counter() - started
+        await sampler.stop()
+        for shard in shards:
+            await shard.lease_lost()
+            await shard.close(30)
+    finally:
+        server.terminate()
+        server.wait(30)
+    peak = None
+    for line in log.read_bytes().splitlines():
+        if b'"coordinator_stopped"' in line:
+            peak = orjson.loads(line)["peak_bytes"]
+    return total / seconds, sampler.peak.get("server", 0), peak
+
+
+async def run(shard_counts: list[int], quick: bool, tmp: str) -> None:
+    print(f"\ncoordinator: batches of {RECORDS:,} records x {SIZE} B, passthrough handler, direct TCP")
+    print(f"  {'K':>4} {'no pipeline rows/s':>19} {'file sink rows/s':>17} {'cost':>7} {'peak buffered':>14} "
+          f"{'server PSS (none / sink)':>25}")
+    for k in shard_counts:
+        batches = 2 if quick else max(2, 120 // k)
+        batch_lines = lines(batches)
+        bare, bare_pss, _ = await run_one("no pipeline", k, batch_lines, tmp)
+        sink, sink_pss, peak = await run_one("file sink", k, batch_lines, tmp)
+        print(f"  {k:4d} {bare:19,.0f} {sink:17,.0f} {100 * (1 - sink / bare):+6.1f}% "
+              f"{(peak or 0) / 2**20:10.1f} MiB {bare_pss / 1024:11.1f} / {sink_pss / 1024:.1f} MiB")
