@@ -23,6 +23,7 @@ import gc
 import itertools
 import os
 import signal
+import sys
 from typing import Any, Callable
 
 from .config import Settings, state_path
@@ -183,4 +184,9 @@ def run(settings: Settings) -> None:
 
     server = Server(settings)
     tune_gc()
+    if server.coordinator is not None:
+        # Sink commits run in a thread that needs the GIL between its system calls;
+        # with the loop decoding batches, the default 5 ms hand-over made each commit
+        # wait some 80 ms in all. 0.5 ms keeps commits ahead of the batches.
+        sys.setswitchinterval(0.0005)
     uvloop.run(server.serve())
