@@ -93,6 +93,3 @@ class Watermarks:
         """The shard holding the global watermark back (for logs and back-pressure)."""
         holding = [(m.value, s) for s, m in self.shards.items() if self.holds(s, now)]
         return min(holding)[1] if holding else None
-
-    def forget(self, shard_id: str) -> None:
-        self.shards.pop(shard_id, None)

@@ -2,7 +2,7 @@
 
 A window is [start, end) in epoch milliseconds; its id names it in the sink::
 
-    start = window_start(1_700_000_123_456, 60_000)   # 1_700_000_100_000
+    start = t - t % 60_000        # the window of event time t, for 60 s windows
     Window(start, start + 60_000, rows=[b'{"k":1}', ...], late=2, positions={...})
     window.id == "1700000100000-1700000160000"
 
@@ -17,10 +17,6 @@ covers: the commit log of a sink records it.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-
-
-def window_start(event_time_ms: int, size_ms: int) -> int:
-    return event_time_ms - event_time_ms % size_ms
 
 
 @dataclass(slots=True)
