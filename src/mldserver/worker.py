@@ -232,9 +232,9 @@ class Worker:
             return
         records = self._records(raws)
         self.latest_records = records
-        if records:
-            last = records[-1]
-            self.delivered = (*last.position, last.sequence_number)
+        last = (*records[-1].position, records[-1].sequence_number) if records else None
+        if last is not None:
+            self.delivered = last
         batch = Batch(records, event.millis_behind_latest, self.shard)  # type: ignore[arg-type]
 
         def attempt(cp: Checkpointer) -> Any:
@@ -250,7 +250,7 @@ class Worker:
             batch.rows = []
             await self._dead_letter(raws, "handler failed", self._last_error)
         if self.coordinator is not None:
-            await self._to_coordinator(batch, event.millis_behind_latest)
+            await self._to_coordinator(batch, last, event.millis_behind_latest)
         self.batches += 1
         self.records += len(records)
         if self.log.is_enabled("debug"):
@@ -261,7 +261,9 @@ class Worker:
                 duration_ms=round((time.perf_counter() - started) * 1000, 3),
             )
 
-    async def _to_coordinator(self, batch: Batch, millis_behind: int | None) -> None:
+    async def _to_coordinator(
+        self, batch: Batch, last: tuple[int, int, str] | None, millis_behind: int | None
+    ) -> None:
         """Hand the batch's rows over, wait out back-pressure, checkpoint what is safe."""
         emitted = batch.rows or []
         bad: list[tuple[Record, str]] = []
@@ -289,11 +291,9 @@ class Worker:
         batch.rows = None
         for record, error in bad:
             await self._dead_letter([record.to_json()], "bad row", error)
-        last = batch.records[-1] if batch.records else None
-        position = (*last.position, last.sequence_number) if last is not None else None
         coordinator = self.coordinator
         assert coordinator is not None and self.shard is not None
-        coordinator.add_batch(self.shard.shard_id, items, position, millis_behind)
+        coordinator.add_batch(self.shard.shard_id, items, last, millis_behind)
         self._release()  # a delayed shard must not hold a slot the watermark's shard needs
         await coordinator.admit(self.shard.shard_id)
         if time.monotonic() - self._last_checkpoint >= self.settings.checkpoint_interval:

@@ -13,8 +13,8 @@ What the worker calls, per shard (all on the event loop)::
 Inside, one owned task (the committer) wakes on every change and on a tick, releases
 children whose parents are done, computes the global watermark, and commits the
 windows it closed, one at a time, in order: ``sink.commit`` runs in a thread, and only
-after it returns are the rows marked committed in the ledger. A sink
-that raises is retried with backoff; its rows stay buffered and back-pressure holds.
+after it returns are the rows marked committed in the ledger. A sink that raises is
+retried with backoff; its rows stay buffered and back-pressure holds.
 
 Back-pressure: past ``max_buffered_rows`` or ``max_buffered_bytes``, ``admit`` makes
 a shard whose watermark is ahead of the global one wait before its status (so the
@@ -114,19 +114,16 @@ class Coordinator:
         )
 
     def _replay(self, shard_id: str, items: list[Item], last: Position | None, parents: list[str]) -> None:
-        now = self.clock()
         if parents:
             self.lineage.learn(shard_id, tuple(parents))
         # Not offered as a parent to shards seen from now on: after a restart, shards
         # starting from TRIM_HORIZON are not likely its children. The stream's API
         # (``stream``) tells; without it the spooled shard holds until the idle timeout.
         self.lineage.seen.add(shard_id)
-        rows = self.ordering.add(shard_id, items, last, now)
-        self.ledger.add(shard_id, rows, last)
-        self.watermarks.batch(shard_id, rows[-1][0] if rows else None, False, now)
-        self.watermarks.ended(shard_id, now)
+        self.add_batch(shard_id, items, last, None)
+        self.watermarks.ended(shard_id, self.clock())
         self.spooled.add(shard_id)
-        self.log.info("spool_replayed", shard_id=shard_id, rows=len(rows))
+        self.log.info("spool_replayed", shard_id=shard_id, rows=len(items))
 
     # -- what workers call ---------------------------------------------------------
 
