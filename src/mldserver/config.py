@@ -70,9 +70,14 @@ class Settings:
     stream: str | None = None
     aws_region: str | None = None
     aws_endpoint_url: str | None = None
-    pipeline: str | None = None
-    spark_master: str | None = None
-    spark_remote: str | None = None
+    # Spark (a worker process owns the session; see mldserver.spark)
+    pipeline: str | None = None  # MODULE:ATTR, pipeline(df, window); implies --sink parquet:<state-dir>/output
+    spark_master: str | None = None  # default local[*]
+    spark_remote: str | None = None  # sc://host:port (Spark Connect)
+    spark_conf: dict | None = None  # extra Spark settings, {"spark.driver.memory" = "2g"}
+    spark_start_timeout: float = 180.0  # seconds for the session to come up
+    sink_format: str = "parquet"  # what Spark writes per window: parquet, json, orc, csv
+    schema: dict | None = None  # row schema, field = Arrow type name; default: inferred, then fixed
 
     @property
     def tcp_port(self) -> int | None:
@@ -88,7 +93,7 @@ class Settings:
 _FIELDS = {f.name: f for f in dataclasses.fields(Settings)}
 
 
-_NONE_DEFAULT_TYPES = {"port": int}
+_NONE_DEFAULT_TYPES = {"port": int, "spark_conf": dict, "schema": dict}
 DEFAULT_PORT = 7070
 
 
@@ -127,9 +132,25 @@ def load(path: str | None = None, **overrides: Any) -> Settings:
         if value is not None:
             values[name] = _check(name, value, "command line")
     settings = Settings(**values)
-    if settings.sink and not (settings.sink.startswith("file:") or settings.sink.startswith("parquet:")):
-        raise ConfigError(f"--sink must be file:DIR or parquet:DIR, got {settings.sink!r}")
+    if settings.pipeline and not settings.sink:
+        settings = settings.replace(sink=f"parquet:{state_path(settings, 'output')}")
+    if settings.sink:
+        from .sinks import sink_dir
+
+        kind, _ = sink_dir(settings.sink)
+        if kind == "file" and settings.pipeline:
+            raise ConfigError("--pipeline runs in Spark: use --sink parquet:DIR (or leave --sink out)")
     return settings
+
+
+def uses_spark(settings: Settings) -> bool:
+    """Does this server start a Spark worker (for its sink, or for context.sql)?"""
+    return bool(
+        settings.pipeline
+        or (settings.sink or "").startswith("parquet:")
+        or settings.spark_master
+        or settings.spark_remote
+    )
 
 
 def state_path(settings: Settings, *parts: str) -> Path:

@@ -7,16 +7,31 @@ One per server, shared by all shard connections::
             super().__init__(context)
             self.settings = context.settings   # the server's Settings
             self.log = context.log             # structured logger: self.log.info("event", k=v)
+
+        async def process_records(self, batch, checkpointer):
+            rows = await self.context.sql("SELECT name FROM customers WHERE tier = :tier", tier="gold")
+            async for row in rows:             # dicts, fetched from Spark as you iterate
+                ...
+
+``context.sql`` runs in the server's Spark worker (started with ``--pipeline``,
+``--sink parquet:DIR``, ``--spark-master`` or ``--spark-remote``). Parameters are
+bound by Spark (``:name`` markers, Spark's own ``args``), never pasted into the text.
+Nothing runs until the first row is asked for; leaving the loop early stops Spark
+from computing the partitions not yet read.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, AsyncIterator
 
 from .config import Settings
+from .errors import ConfigError
 from .logs import EventLogger, get_logger
+
+if TYPE_CHECKING:
+    from .spark.process import SparkProcess
 
 
 @dataclass
@@ -24,7 +39,16 @@ class Context:
     settings: Settings
     log: EventLogger = field(default_factory=lambda: get_logger("mldserver.handler"))
     extras: dict[str, Any] = field(default_factory=dict)
+    spark: "SparkProcess | None" = None
 
     @property
     def state_dir(self) -> Path:
         return Path(self.settings.state_dir)
+
+    async def sql(self, query: str, **params: Any) -> AsyncIterator[dict[str, Any]]:
+        if self.spark is None:
+            raise ConfigError(
+                "context.sql needs Spark: start the server with --pipeline, --sink parquet:DIR, "
+                "--spark-master or --spark-remote"
+            )
+        return self.spark.sql(query, params)

@@ -58,6 +58,18 @@ class DeadLetters:
         ]
         return await self._append(shard_id, lines)
 
+    async def rows(self, window_id: str, rows: list[tuple[bytes, str]], reason: str) -> Path:
+        """Rows a sink could not take (``(row, error)``), to ``rows.jsonl``."""
+        ts = _ts()
+        entries = [
+            {"ts": ts, "window": window_id, "reason": reason, "error": error, "row": row.decode("utf-8", "replace")}
+            for row, error in rows
+        ]
+        path = self.directory / "rows.jsonl"
+        data = b"".join(orjson.dumps(e) + b"\n" for e in entries)
+        await asyncio.to_thread(self._write, path, data)
+        return path
+
     async def line(self, shard_id: str | None, line: bytes, reason: str) -> Path:
         entry = {"ts": _ts(), "shard_id": shard_id, "reason": reason, "line": line.decode("utf-8", "replace")}
         return await self._append(shard_id, [entry])

@@ -26,12 +26,14 @@ import signal
 import sys
 from typing import Any, Callable
 
-from .config import Settings, state_path
+from .config import Settings, state_path, uses_spark
 from .coordinator import Coordinator
 from .context import Context
 from .deadletter import DeadLetters
+from .errors import ConfigError
 from .importer import import_from_string
 from .logs import get_logger
+from .spark.process import SparkError, SparkProcess
 from .worker import Worker
 
 log = get_logger("mldserver.server")
@@ -54,18 +56,32 @@ class Server:
         n = settings.max_batches_in_flight
         self.slots = asyncio.Semaphore(n) if n > 0 else None
         self.address: tuple[str, int] | str | None = None
+        self.spark: SparkProcess | None = None
+        if uses_spark(settings):
+            from .sinks import sink_dir
+
+            where = sink_dir(settings.sink)[1] if (settings.sink or "").startswith("parquet:") else None
+            self.spark = self.context.spark = SparkProcess(settings, sink_dir=where)
         self.coordinator: Coordinator | None = None
         if settings.sink:
             from .sinks import open_sink
 
-            self.coordinator = Coordinator(settings, open_sink(settings.sink))
+            sink = open_sink(settings, spark=self.spark, dead_letters=self.dead_letters)
+            self.coordinator = Coordinator(settings, sink)
+        self.loop_lag = LoopLag()
 
     # -- lifecycle -------------------------------------------------------------
 
     async def start(self) -> None:
         s = self.settings
+        self.loop_lag.start()
+        if self.spark is not None:
+            try:
+                await self.spark.start()  # the session is up (and the sink locked) before we bind
+            except SparkError as exc:
+                raise ConfigError(str(exc)) from None
         if self.coordinator is not None:
-            await self.coordinator.start()  # the spool is replayed before any shard connects
+            await self.coordinator.start()  # commit log read, spool replayed, before any shard connects
         if s.unix:
             if os.path.exists(s.unix):
                 os.unlink(s.unix)
@@ -125,9 +141,12 @@ class Server:
             await srv.wait_closed()
         if self.coordinator is not None:
             await self.coordinator.stop()
+        if self.spark is not None:
+            await self.spark.stop()
+        await self.loop_lag.stop()
         if self.settings.unix and os.path.exists(self.settings.unix):
             os.unlink(self.settings.unix)
-        log.info("stopped")
+        log.info("stopped", loop_lag_max_ms=round(self.loop_lag.worst * 1000, 1))
 
     # -- connections -----------------------------------------------------------
 
@@ -163,6 +182,32 @@ class Server:
         finally:
             del self.workers[task]
             writer.close()
+
+
+class LoopLag:
+    """How late the event loop wakes a task that sleeps 10 ms: its worst is the
+    longest the loop was blocked (logged at shutdown, read by the benchmark)."""
+
+    INTERVAL = 0.01
+
+    def __init__(self) -> None:
+        self.worst = 0.0
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name="loop-lag")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            before = loop.time()
+            await asyncio.sleep(self.INTERVAL)
+            self.worst = max(self.worst, loop.time() - before - self.INTERVAL)
 
 
 def tune_gc() -> None:

@@ -125,11 +125,11 @@ async def test_failing_sink_is_retried_and_nothing_is_safe_until_it_commits(sett
     class Flaky(FileSink):
         failures = 2
 
-        def commit(self, window, rows):
+        async def commit(self, window):
             if self.failures:
                 self.failures -= 1
                 raise OSError("disk full")
-            super().commit(window, rows)
+            await super().commit(window)
 
     clock = Clock(1_000)
     sink = Flaky(tmp_path / "out")

@@ -156,6 +156,7 @@ def test_late_rows_are_handed_over_alone_when_every_shard_is_idle():
     add(o, "B", 1, [20_000], "B")
     [window] = o.close(until=float("inf"))
     assert window.late == 1 and contents(window) == [("B", 1)]
+    assert window.start == MINUTE  # its own id: the window after the one closed
 
 
 def test_windows_close_in_order_only_when_the_watermark_passes_their_end():

@@ -77,6 +77,7 @@ class Coordinator:
         self._changed = asyncio.Event()
         self._progress = asyncio.Condition()
         self._tasks: list[asyncio.Task[None]] = []
+        self._inflight: asyncio.Task[None] | None = None  # the sink commit under way
         self.sink_backoff = Backoff(first=0.5, cap=30.0)  # between attempts at a failing commit
         self.windows_committed = 0
         self.rows_committed = 0
@@ -86,7 +87,16 @@ class Coordinator:
     # -- lifecycle ---------------------------------------------------------------
 
     async def start(self) -> None:
-        """Replay the spool, then start the committer and its tick."""
+        """Read what the sink committed, replay the spool, then start the committer
+        and its tick."""
+        committed = await self.sink.start()
+        for shard_id, position in committed.positions.items():
+            self.ordering.delivered(shard_id, position[:2])  # replays at or below are dropped
+        if committed.end is not None:
+            self.ordering.resume(committed.end)
+            self.log.info(
+                "commit_log_read", windows=committed.windows, shards=len(committed.positions), end=committed.end
+            )
         for spooled in await asyncio.to_thread(self.spool.read_all):
             self._replay(spooled.shard_id, spooled.items, spooled.last, spooled.parents)
         self._tasks = [
@@ -101,6 +111,8 @@ class Coordinator:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks = []
+        if self._inflight is not None and not self._inflight.done():
+            await asyncio.wait([self._inflight], timeout=self.settings.shutdown_timeout)
         self.log.info(
             "coordinator_stopped",
             windows=self.windows_committed,
@@ -231,13 +243,16 @@ class Coordinator:
         attempt = 0
         while True:
             try:
-                await asyncio.shield(asyncio.to_thread(self.sink.commit, window, window.rows))
+                # Shielded: stopping the committer lets a commit under way finish.
+                self._inflight = asyncio.ensure_future(self.sink.commit(window))
+                await asyncio.shield(self._inflight)
                 break
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
                 delay = self.sink_backoff.delay(attempt)
                 attempt += 1
+                remote = getattr(exc, "traceback", "")  # a pipeline's, from the Spark worker
                 self.log.error(
                     "sink_commit_failed",
                     window=window.id,
@@ -246,7 +261,8 @@ class Coordinator:
                     attempt=attempt,
                     retry_in_ms=round(delay * 1000),
                     what_to_do="the window is retried; its rows stay buffered and no shard checkpoints past them",
-                    exc_info=attempt == 1,
+                    traceback=remote or None,
+                    exc_info=attempt == 1 and not remote,
                 )
                 await asyncio.sleep(delay)
         for shard_id, count in counts.items():

@@ -79,6 +79,11 @@ class Ordering:
         if state.high is None or position > state.high:
             state.high = position
 
+    def resume(self, committed_end: int) -> None:
+        """Windows up to ``committed_end`` were committed before a restart: rows for
+        them are late now, so a window id is never committed twice."""
+        self.closed_until = max(self.closed_until, committed_end)
+
     def add(self, shard_id: str, items: list[Item], last: Position | None, now: float) -> list[Row]:
         """One processed batch's rows, in record order; returns the rows kept."""
         state = self.shard(shard_id)
@@ -168,9 +173,10 @@ class Ordering:
             windows.append(Window(start, start + self.window_ms, rows))
             self.closed_until = max(self.closed_until, start + self.window_ms)
         if self.late_rows and (windows or until == math.inf):
-            if not windows:
+            if not windows:  # late rows alone: the window after the last closed one
                 end = int(self.closed_until)
-                windows.append(Window(end - self.window_ms, end, []))
+                windows.append(Window(end, end + self.window_ms, []))
+                self.closed_until = end + self.window_ms
             first = windows[0]
             first.rows = self.late_rows + first.rows
             first.late = len(self.late_rows)

@@ -1,36 +1,58 @@
-"""Sinks: where closed windows go. A sink has one method::
+"""Sinks: where closed windows go. A sink has two methods::
 
     class Sink:
-        def commit(self, window: Window, rows: list[bytes]) -> None: ...
+        async def start(self) -> Committed: ...      # what its commit log says is done
+        async def commit(self, window: "Window") -> None: ...
 
-``rows`` are the window's rows in merged order, each one JSON object (bytes); the
-first ``window.late`` of them are late rows. ``commit`` is called off the event loop,
-one window at a time, in window order; it must be durable when it returns (the
-coordinator then marks the rows committed and lets shards checkpoint past them). An
-exception means "not committed": the same window is offered again after a backoff.
+``window.rows`` are the window's rows in merged order, each one JSON object (bytes);
+the first ``window.late`` of them are late rows. ``commit`` is called one window at a
+time, in window order, and must be durable when it returns (the coordinator then
+marks the rows committed and lets shards checkpoint past them). An exception means
+"not committed": the same window is offered again after a backoff. ``start`` runs
+once, before any commit: the positions it returns are filtered out of replays.
 
-``open_sink("file:DIR")`` builds a sink from the ``--sink`` flag.
+- ``file:DIR``     JSON lines per window (``file.py``), at least once, no Spark
+- ``parquet:DIR``  the user's pipeline in Spark, exactly once (``spark/sink.py``)
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
-from ..coordinator.windows import Window
 from ..errors import ConfigError
+from .commitlog import Committed
+
+if TYPE_CHECKING:
+    from ..coordinator.windows import Window
+    from ..config import Settings
+    from ..deadletter import DeadLetters
+    from ..spark.process import SparkProcess
 
 
 class Sink(Protocol):
-    def commit(self, window: Window, rows: list[bytes]) -> None: ...
+    async def start(self) -> Committed: ...
+
+    async def commit(self, window: "Window") -> None: ...
 
 
-def open_sink(spec: str) -> Sink:
+def sink_dir(spec: str) -> tuple[str, Path]:
     kind, _, where = spec.partition(":")
+    if kind not in ("file", "parquet"):
+        raise ConfigError(f"--sink {spec!r}: use file:DIR (JSON lines) or parquet:DIR (Spark)")
     if not where:
-        raise ConfigError(f"--sink {spec!r}: give a directory, as in file:./out")
+        raise ConfigError(f"--sink {spec!r}: give a directory, as in {kind}:./out")
+    return kind, Path(where).resolve()
+
+
+def open_sink(settings: "Settings", *, spark: "SparkProcess | None", dead_letters: "DeadLetters") -> Sink:
+    assert settings.sink
+    kind, where = sink_dir(settings.sink)
     if kind == "file":
         from .file import FileSink
 
-        return FileSink(Path(where))
-    raise ConfigError(f"--sink {spec!r}: the {kind!r} sink is not available in this version (use file:DIR)")
+        return FileSink(where)
+    from ..spark.sink import SparkSink
+
+    assert spark is not None
+    return SparkSink(settings, spark, where, dead_letters)

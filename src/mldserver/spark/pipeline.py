@@ -1,0 +1,36 @@
+"""The pipeline API: ``--pipeline MODULE:ATTR`` names a callable run in the Spark
+worker process once per closed window::
+
+    from pyspark.sql import functions as F
+
+    def orders_per_customer(df, window):       # df: the window's rows, with their schema
+        return (df.groupBy("customer")          # return a DataFrame to write,
+                  .agg(F.count("*").alias("orders"), F.sum("amount").alias("amount"))
+                  .withColumn("window_start", F.lit(window.start)))
+                                                # or None if it wrote its own output
+
+``window`` is a :class:`WindowInfo`. SQL is Spark's own, named parameters included:
+``df.sparkSession.sql("SELECT ... WHERE x > :low", args={"low": 3})``.
+With a sink but no pipeline, :func:`identity` writes the rows as they are.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class WindowInfo:
+    id: str  # "<start>-<end>", the output partition is window=<id>
+    start: int  # epoch ms, inclusive
+    end: int  # epoch ms, exclusive
+    rows: int  # rows handed over, late rows included
+    late_rows: int  # rows older than a window already committed, handed over with this one
+
+    @property
+    def late(self) -> bool:
+        return self.late_rows > 0
+
+
+def identity(df, window: WindowInfo):
+    return df

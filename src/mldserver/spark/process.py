@@ -1,0 +1,240 @@
+"""The server's side of the Spark worker process: start it, supervise it, send it
+requests, stop it. All of it is asyncio; the event loop only ever waits on a pipe.
+
+::
+
+    spark = SparkProcess(settings, sink_dir=Path("out"))
+    await spark.start()                     # the session is up (3-5 s cold), or SparkError
+    reply = await spark.request({"op": "commit", "window": {...}, "path": "..."})
+    async for row in spark.sql("SELECT * FROM t WHERE k = :k", {"k": 1}):
+        ...
+    await spark.stop()
+
+Supervision: when the process exits unexpectedly, every request in flight fails with
+:class:`SparkWorkerDied` (retriable: the coordinator hands the window over again, and
+the commit log makes sure it is not committed twice); the process is started again
+with backoff, and new requests wait until it is ready. Its stderr (Spark's own logs,
+a pipeline's prints) goes to ``<state-dir>/spark/spark.log``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import os
+import sys
+from pathlib import Path
+from typing import Any, AsyncIterator
+
+from ..backoff import Backoff
+from ..config import Settings, state_path
+from ..errors import MldserverError
+from ..logs import EventLogger, get_logger
+from .frames import encode, read_frame_async
+
+SQL_FETCH_ROWS = 1000
+PIPE_LIMIT = 1 << 24
+
+
+class SparkError(MldserverError):
+    """Spark (or the user's pipeline) raised; ``traceback`` is the worker's."""
+
+    def __init__(self, message: str, traceback: str = "") -> None:
+        super().__init__(message)
+        self.traceback = traceback
+
+
+class SparkWorkerDied(SparkError):
+    retriable = True
+
+
+class SparkProcess:
+    def __init__(self, settings: Settings, *, sink_dir: Path | None = None, log: EventLogger | None = None) -> None:
+        self.settings = settings
+        self.sink_dir = sink_dir
+        self.log = log or get_logger("mldserver.spark")
+        self.work_dir = state_path(settings, "spark").resolve()
+        self.log_path = self.work_dir / "spark.log"
+        self.backoff = Backoff(first=1.0, cap=30.0)
+        self.restarts = 0
+        self.info: dict[str, Any] = {}
+        self.last_sql_jobs: int | None = None  # Spark jobs the last closed SQL cursor ran
+        self._proc: asyncio.subprocess.Process | None = None
+        self._pending: dict[int, asyncio.Future[dict[str, Any]]] = {}
+        self._ids = itertools.count(1)
+        self._cursors = itertools.count(1)
+        self._ready = asyncio.Event()
+        self._stopping = False
+        self._supervisor: asyncio.Task[None] | None = None
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc else None
+
+    # -- lifecycle -----------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Start the worker and wait for its session; a failure here is raised."""
+        await self._spawn()
+        self._supervisor = asyncio.create_task(self._supervise(), name="spark-supervisor")
+
+    async def stop(self) -> None:
+        self._stopping = True
+        proc = self._proc
+        if proc is not None and proc.returncode is None and self._ready.is_set():
+            try:
+                await asyncio.wait_for(self.request({"op": "stop"}), 30)
+                await asyncio.wait_for(proc.wait(), 30)
+            except (asyncio.TimeoutError, SparkError):
+                pass
+        if proc is not None and proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+        if self._supervisor is not None:
+            self._supervisor.cancel()
+            await asyncio.gather(self._supervisor, return_exceptions=True)
+        self.log.info("spark_stopped", restarts=self.restarts)
+
+    async def _spawn(self) -> None:
+        s = self.settings
+        self.work_dir.mkdir(parents=True, exist_ok=True)
+        with open(self.log_path, "ab") as stderr:
+            proc = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "mldserver.spark.main",
+                stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=stderr,
+                cwd=self.work_dir,
+                start_new_session=True,  # a Ctrl-C in the terminal is the server's to handle
+                limit=PIPE_LIMIT,
+            )  # fmt: skip
+        options = {
+            "op": "start",
+            "id": next(self._ids),
+            "master": s.spark_master,
+            "remote": s.spark_remote,
+            "conf": dict(s.spark_conf or {}),
+            "work_dir": str(self.work_dir),
+            "sink_dir": str(self.sink_dir) if self.sink_dir else None,
+            "format": s.sink_format,
+            "pipeline": s.pipeline,
+            "sys_path": [os.path.abspath(p or ".") for p in sys.path],
+        }
+        assert proc.stdin is not None and proc.stdout is not None
+        proc.stdin.write(encode(options))
+        try:
+            frame = await asyncio.wait_for(read_frame_async(proc.stdout), s.spark_start_timeout)
+        except asyncio.TimeoutError:
+            frame = None
+        if frame is None or not frame[0].get("ok"):
+            if proc.returncode is None:
+                proc.kill()
+            await proc.wait()
+            if frame is not None:
+                error = frame[0]["error"]
+            elif proc.returncode is not None and proc.returncode != -9:
+                error = f"it exited with code {proc.returncode}"
+            else:
+                error = f"no answer within {s.spark_start_timeout:.0f} s"
+            raise SparkError(f"the Spark worker did not start: {error} (its log: {self.log_path})")
+        self._proc = proc
+        self.info = frame[0]
+        self._ready.set()
+        self.log.info(
+            "spark_started",
+            pid=proc.pid,
+            master=None if s.spark_remote else (s.spark_master or "local[*]"),
+            remote=s.spark_remote,
+            spark_version=self.info.get("spark_version"),
+            log=str(self.log_path),
+        )
+
+    async def _supervise(self) -> None:
+        while True:
+            proc = self._proc
+            assert proc is not None and proc.stdout is not None
+            frame = await read_frame_async(proc.stdout)
+            if frame is not None:
+                future = self._pending.pop(frame[0].get("id"), None)
+                if future is not None and not future.done():
+                    future.set_result(frame[0])
+                continue
+            self._ready.clear()
+            code = await proc.wait()
+            for future in self._pending.values():
+                if not future.done():
+                    future.set_exception(SparkWorkerDied(f"the Spark worker exited (code {code})"))
+            self._pending.clear()
+            if self._stopping:
+                return
+            await self._restart(code)
+
+    async def _restart(self, code: int) -> None:
+        attempt = 0
+        while True:
+            delay = self.backoff.delay(attempt)
+            self.log.error(
+                "spark_worker_exited",
+                pid=self._proc.pid if self._proc else None,
+                returncode=code,
+                restart_in_ms=round(delay * 1000),
+                log=str(self.log_path),
+                what_to_do="windows in flight are handed over again once it is back; see its log",
+            )
+            await asyncio.sleep(delay)
+            attempt += 1
+            try:
+                await self._spawn()
+            except (SparkError, OSError) as exc:
+                code = -1
+                self.log.error("spark_restart_failed", error=str(exc), attempt=attempt)
+                continue
+            self.restarts += 1
+            return
+
+    # -- requests ------------------------------------------------------------------
+
+    async def request(self, message: dict[str, Any]) -> dict[str, Any]:
+        """Send one request and wait for its reply; SparkError if it failed there."""
+        await self._ready.wait()
+        proc = self._proc
+        assert proc is not None and proc.stdin is not None
+        request_id = next(self._ids)
+        future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        self._pending[request_id] = future
+        try:
+            proc.stdin.write(encode({**message, "id": request_id}))
+            await proc.stdin.drain()
+        except (BrokenPipeError, ConnectionResetError) as exc:
+            self._pending.pop(request_id, None)
+            raise SparkWorkerDied(f"the Spark worker is gone ({exc})") from None
+        reply = await future
+        if not reply.get("ok"):
+            raise SparkError(reply.get("error", "unknown error"), reply.get("traceback", ""))
+        return reply
+
+    async def sql(self, query: str, args: dict[str, Any] | None = None) -> AsyncIterator[dict[str, Any]]:
+        """Rows of ``query`` as dicts, fetched from Spark as the caller iterates.
+
+        Nothing runs until the first row is asked for; leaving the loop early closes
+        the cursor, so Spark stops computing partitions nobody will read.
+        """
+        cursor = next(self._cursors)
+        request = {"op": "sql_fetch", "cursor": cursor, "query": query, "args": args or {}, "n": SQL_FETCH_ROWS}
+        opened = False
+        try:
+            while True:
+                reply = await self.request(request)
+                opened = True
+                for row in reply["rows"]:
+                    yield row
+                if reply["done"]:
+                    break
+        finally:
+            if opened:
+                try:
+                    closed = await self.request({"op": "sql_close", "cursor": cursor})
+                    self.log.debug("sql_closed", cursor=cursor, jobs=closed.get("jobs"))
+                    self.last_sql_jobs = closed.get("jobs")
+                except SparkError:
+                    pass  # the worker died: its cursors died with it

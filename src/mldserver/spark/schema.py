@@ -1,0 +1,85 @@
+"""A window's rows (JSON objects, as handlers emitted them) into one Arrow table.
+
+The schema is declared in the config (``schema``: field name to Arrow type name), or
+inferred from the first window and then fixed: saved as ``DIR/_schema.arrow`` so a
+restart reads the same. A later row that does not fit (a field not in the schema, a
+value of another type) is rejected with a clear error, never coerced silently::
+
+    # mldserver.toml
+    [schema]
+    customer = "string"
+    amount = "double"
+    order_time = "timestamp[ms]"
+
+    rows_to_table([b'{"customer":"c1","amount":3}'], schema)  -> (table, rejected=[])
+
+Parsing is pyarrow's JSON reader (C++, the GIL released): call it off the event loop.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.json as pj
+
+from ..errors import ConfigError
+
+BLOCK_SIZE = 1 << 24
+
+
+def declared(fields: dict[str, str] | None) -> pa.Schema | None:
+    if not fields:
+        return None
+    out = []
+    for name, type_name in fields.items():
+        try:
+            out.append(pa.field(name, pa.type_for_alias(str(type_name))))
+        except ValueError:
+            raise ConfigError(
+                f"schema: field {name!r} has unknown type {type_name!r} "
+                "(use an Arrow type name: string, int64, double, bool, timestamp[ms], date32, ...)"
+            ) from None
+    return pa.schema(out)
+
+
+def load(path: Path) -> pa.Schema | None:
+    try:
+        return pa.ipc.read_schema(pa.py_buffer(path.read_bytes()))
+    except FileNotFoundError:
+        return None
+
+
+def save(schema: pa.Schema, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f"{path.name}.tmp")
+    tmp.write_bytes(schema.serialize().to_pybytes())
+    tmp.replace(path)
+
+
+def rows_to_table(rows: list[bytes], schema: pa.Schema | None) -> tuple[pa.Table, list[tuple[int, str]]]:
+    """The rows as a table; with a schema, rows that do not fit are left out and
+    returned as (index, error). Without one, the schema is inferred."""
+    try:
+        return _parse(rows, schema), []
+    except pa.ArrowInvalid:
+        if schema is None:
+            raise
+    # Slow path, only when something does not fit: find the rows, keep the others.
+    rejected, kept = [], []
+    for i, row in enumerate(rows):
+        try:
+            _parse([row], schema)
+            kept.append(row)
+        except pa.ArrowInvalid as exc:
+            rejected.append((i, str(exc)))
+    return (_parse(kept, schema) if kept else schema.empty_table()), rejected
+
+
+def _parse(rows: list[bytes], schema: pa.Schema | None) -> pa.Table:
+    options = pj.ParseOptions(explicit_schema=schema, unexpected_field_behavior="error") if schema else None
+    return pj.read_json(
+        pa.BufferReader(b"\n".join(rows)),
+        read_options=pj.ReadOptions(block_size=BLOCK_SIZE),
+        parse_options=options,
+    )

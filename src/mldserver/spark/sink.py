@@ -1,0 +1,101 @@
+"""The Spark sink (``--sink parquet:DIR``, the default when a pipeline is given):
+each closed window goes through the user's pipeline in the Spark worker and is
+committed exactly once.
+
+Here, on the server's side, a window's rows become an Arrow table (``schema.py``,
+in a thread) written to ``<state-dir>/spark/windows/<id>.parquet``; the worker reads
+that file into a DataFrame, runs the pipeline, publishes ``DIR/window=<id>/`` and
+appends ``DIR/_commits/<id>.json`` (``sinks/commitlog.py``)::
+
+    DIR/window=1763719200000-1763719260000/part-00000-....parquet
+    DIR/_commits/1763719200000-1763719260000.json
+    DIR/_schema.arrow                 # the inferred schema, fixed from then on
+
+Readers (``spark.read.parquet(DIR)``, pyarrow datasets) skip names starting with
+``_``. Rows that do not fit the schema are dead-lettered with the error
+(``<state-dir>/dead-letters/rows.jsonl``) and the rest of the window goes on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+from pathlib import Path
+
+import pyarrow.parquet as pq
+
+from ..config import Settings, state_path
+from ..coordinator.windows import Window
+from ..deadletter import DeadLetters
+from ..logs import get_logger
+from ..sinks.commitlog import CommitLog, Committed
+from . import schema as schemas
+from .process import SparkProcess
+
+log = get_logger("mldserver.sink")
+
+
+class SparkSink:
+    def __init__(self, settings: Settings, spark: SparkProcess, directory: Path, dead_letters: DeadLetters) -> None:
+        self.spark = spark
+        self.directory = directory
+        self.dead_letters = dead_letters
+        self.commit_log = CommitLog(directory)
+        self.inputs = state_path(settings, "spark", "windows")
+        self.schema_path = directory / "_schema.arrow"
+        self.schema = schemas.declared(settings.schema)  # a ConfigError before the server binds
+        self.rows_out = 0
+
+    async def start(self) -> Committed:
+        def prepare() -> Committed:
+            shutil.rmtree(self.inputs, ignore_errors=True)
+            self.inputs.mkdir(parents=True, exist_ok=True)
+            if self.schema is None:
+                self.schema = schemas.load(self.schema_path)
+            return self.commit_log.read()
+
+        return await asyncio.to_thread(prepare)
+
+    async def commit(self, window: Window) -> None:
+        path = self.inputs / f"{window.id}.parquet"
+        if not path.exists():  # a retry after a failed attempt reuses the file
+            rejected = await asyncio.to_thread(self._write_input, window, path)
+            if rejected:
+                where = await self.dead_letters.rows(window.id, rejected, "row does not fit the schema")
+                log.error(
+                    "rows_rejected",
+                    window=window.id,
+                    rows=len(rejected),
+                    error=rejected[0][1],
+                    path=str(where),
+                    what_to_do="declare the schema in the config ([schema]) or fix what the handler emits",
+                )
+        reply = await self.spark.request(
+            {
+                "op": "commit",
+                "path": str(path),
+                "window": {
+                    "id": window.id,
+                    "start": window.start,
+                    "end": window.end,
+                    "rows": len(window),
+                    "late": window.late,
+                    "positions": window.positions,
+                },
+            }
+        )
+        await asyncio.to_thread(path.unlink, True)
+        self.rows_out += reply.get("rows_out") or 0
+        if reply.get("already"):
+            log.info("window_already_committed", window=window.id)
+
+    def _write_input(self, window: Window, path: Path) -> list[tuple[bytes, str]]:
+        table, rejected = schemas.rows_to_table(window.rows, self.schema)
+        if self.schema is None:
+            self.schema = table.schema
+            schemas.save(table.schema, self.schema_path)
+            log.info("schema_inferred", window=window.id, schema=str(table.schema).replace("\n", "; "))
+        tmp = path.with_name(f"_{path.name}")
+        pq.write_table(table, tmp, compression="none")
+        tmp.replace(path)
+        return [(window.rows[i], error) for i, error in rejected]
