@@ -49,7 +49,7 @@ class ServerProcess:
         stderr.close()
         self.port = self._wait_listening()
 
-    def _wait_listening(self, timeout: float = 20.0) -> int | None:
+    def _wait_listening(self, timeout: float = 180.0) -> int | None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             for event in self.events():

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import orjson
 import pyarrow as pa
 import pyarrow.json as pj
 
@@ -72,8 +73,18 @@ def rows_to_table(rows: list[bytes], schema: pa.Schema | None) -> tuple[pa.Table
             _parse([row], schema)
             kept.append(row)
         except pa.ArrowInvalid as exc:
-            rejected.append((i, str(exc)))
+            rejected.append((i, _explain(row, schema, exc)))
     return (_parse(kept, schema) if kept else schema.empty_table()), rejected
+
+
+def _explain(row: bytes, schema: pa.Schema, exc: Exception) -> str:
+    expected = ", ".join(f"{f.name} {f.type}" for f in schema)
+    try:
+        extra = sorted(set(orjson.loads(row)) - set(schema.names))
+    except (orjson.JSONDecodeError, TypeError):
+        extra = []
+    what = f"fields not in the schema: {', '.join(extra)}" if extra else str(exc)
+    return f"{what} (schema: {expected})"
 
 
 def _parse(rows: list[bytes], schema: pa.Schema | None) -> pa.Table:

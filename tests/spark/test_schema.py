@@ -1,0 +1,36 @@
+"""Rows to Arrow: inferred, declared, and rows that do not fit."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pytest
+
+from mldserver.errors import ConfigError
+from mldserver.spark import schema
+
+
+def test_schema_is_inferred_from_the_rows():
+    table, rejected = schema.rows_to_table([b'{"k":1,"v":"a"}', b'{"k":2,"v":null}'], None)
+    assert rejected == [] and table.schema == pa.schema([("k", pa.int64()), ("v", pa.string())])
+    assert table.column("k").to_pylist() == [1, 2]
+
+
+def test_rows_that_do_not_fit_a_fixed_schema_are_rejected_with_the_error_and_the_rest_kept():
+    fixed = schema.declared({"k": "int64", "v": "string"})
+    rows = [b'{"k":1,"v":"a"}', b'{"k":"two","v":"b"}', b'{"k":3,"extra":true}', b'{"k":4}']
+    table, rejected = schema.rows_to_table(rows, fixed)
+    assert table.column("k").to_pylist() == [1, 4] and table.schema == fixed
+    assert [i for i, _ in rejected] == [1, 2]
+    assert "k" in rejected[0][1] and "extra" in rejected[1][1]
+
+
+def test_a_declared_type_that_arrow_does_not_know_is_a_config_error():
+    with pytest.raises(ConfigError, match="field 'amount' has unknown type 'money'"):
+        schema.declared({"amount": "money"})
+
+
+def test_a_fixed_schema_survives_a_restart(tmp_path):
+    fixed = schema.declared({"k": "int64", "t": "timestamp[ms]"})
+    schema.save(fixed, tmp_path / "_schema.arrow")
+    assert schema.load(tmp_path / "_schema.arrow") == fixed
+    assert schema.load(tmp_path / "missing") is None

@@ -1,0 +1,177 @@
+"""The Spark sink end to end: ``mldserver serve`` (a real process) with the passthrough
+handler and ``--sink parquet:DIR``, its Spark worker running embedded Spark, driven
+through the relay by the fake daemon. Output is read back with pyarrow, as a user's
+reader would (names starting with ``_`` skipped)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+from collections import Counter
+
+import pyarrow.dataset as ds
+
+from mldserver.testing import SHARD_END, FakeDaemon
+
+from ..conftest import relay_command
+from ..test_pipeline import CONFIG, Stream, until_killed
+
+PASSTHROUGH = "handlers.passthrough:Passthrough"
+
+
+def committed_rows(out) -> Counter:
+    """(shard, sequence number) -> how many times it is in the committed output."""
+    if not out.exists() or not any(p.name.startswith("window=") for p in out.iterdir()):
+        return Counter()
+    table = ds.dataset(out, format="parquet", partitioning="hive").to_table(columns=["shard_id", "sequence_number"])
+    return Counter(zip(table.column("shard_id").to_pylist(), table.column("sequence_number").to_pylist()))
+
+
+async def wait_for(predicate, timeout=90.0, what="condition"):
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.25)
+
+
+def put_keys(model: Stream, shard_ids=None) -> set[tuple[str, str]]:
+    return {
+        (shard_id, r["sequenceNumber"])
+        for shard_id, records in model.records.items()
+        if shard_ids is None or shard_id in shard_ids
+        for r in records
+    }
+
+
+def config_file(tmp_path, extra: str = "") -> str:
+    path = tmp_path / "mldserver.toml"
+    path.write_text(CONFIG + extra)
+    return str(path)
+
+
+async def test_every_record_is_committed_exactly_once_across_a_split_and_a_server_sigkill(serve, tmp_path):
+    out = tmp_path / "out"
+    args = ("--sink", f"parquet:{out}", "--config", config_file(tmp_path))
+    model = Stream()
+    ids = sorted(model.records)
+
+    server = serve(PASSTHROUGH, *args)
+    daemon = FakeDaemon(relay_command(server.port))
+    parents = {i: await daemon.shard(i) for i in ids[:3]}
+    await asyncio.gather(*(model.feed(s, batches=6) for s in parents.values()))
+    await parents[ids[0]].shard_ended()  # the split: SHARD_END after the spool
+    children = {i: await daemon.shard(i) for i in ids[3:]}
+    live = {**children, ids[1]: parents[ids[1]], ids[2]: parents[ids[2]]}
+    await asyncio.gather(*(model.feed(s, batches=3) for s in live.values()))
+    await wait_for(lambda: committed_rows(out), what="a first committed window")
+    feeders = [asyncio.ensure_future(model.feed(s)) for s in live.values()]
+    await asyncio.sleep(0.3)
+    os.kill(server.proc.pid, signal.SIGKILL)  # mid-stream; the Spark worker dies with it
+    await asyncio.gather(*(until_killed(f) for f in feeders))
+    for s in [*parents.values(), *children.values()]:
+        await s.child.kill()
+    server.proc.wait()
+    before = committed_rows(out)
+    assert before and max(before.values()) == 1
+
+    server = serve(PASSTHROUGH, *args)
+    assert "commit_log_read" in [e["event"] for e in server.events()]
+    restarted = FakeDaemon(relay_command(server.port))
+    restarted.checkpoints = dict(daemon.checkpoints)
+    shards = {}
+    for shard_id in ids:
+        if restarted.checkpoints.get(shard_id) == SHARD_END:
+            continue
+        model.resume(shard_id, restarted.checkpoints.get(shard_id))
+        shards[shard_id] = await restarted.shard(shard_id)
+    await asyncio.gather(*(model.feed(s) for s in shards.values()))
+    await asyncio.gather(*(s.process_records([], millis_behind_latest=0) for s in shards.values()))  # caught up
+
+    put = put_keys(model)
+    await wait_for(lambda: put <= set(committed_rows(out)), what="every record committed")
+    counts = committed_rows(out)
+    assert set(counts) == put
+    assert [key for key, n in counts.items() if n > 1] == []  # exactly once, though records were re-delivered
+    events = [e["event"] for e in server.events()]
+    assert "duplicates_dropped" in events  # re-delivered rows were filtered by the commit log
+
+    await asyncio.gather(*(s.shutdown_requested() for s in shards.values()))
+    for shard_id, shard in shards.items():
+        assert restarted.checkpoints[shard_id] == (model.records[shard_id][-1]["sequenceNumber"], 0), shard_id
+        await shard.close()
+    assert not list((tmp_path / "state" / "spool").glob("*.jsonl"))
+    assert not [p for p in out.iterdir() if p.name.startswith("window=") and not (out / "_commits" / f"{p.name[7:]}.json").exists()]
+
+
+async def test_a_spark_worker_killed_during_a_commit_is_restarted_and_the_window_committed_once(serve, tmp_path):
+    out, marks = tmp_path / "out", tmp_path / "marks"
+    server = serve(
+        PASSTHROUGH,
+        "--sink", f"parquet:{out}", "--pipeline", "tests.spark.pipelines:slow", "--config", config_file(tmp_path),
+        env={"MLDSERVER_TEST_MARKS": str(marks), "MLDSERVER_TEST_SLEEP": "1.5"},
+    )  # fmt: skip
+    model = Stream()
+    ids = sorted(model.records)[1:3]
+    daemon = FakeDaemon(relay_command(server.port))
+    shards = {i: await daemon.shard(i) for i in ids}
+    await asyncio.gather(*(model.feed(s, batches=4) for s in shards.values()))
+    await wait_for(lambda: marks.exists() and any(marks.iterdir()), what="a commit under way")
+    [started] = [e for e in server.events() if e["event"] == "spark_started"]
+    os.kill(started["pid"], signal.SIGKILL)
+
+    await asyncio.gather(*(model.feed(s) for s in shards.values()))
+    await asyncio.gather(*(s.process_records([], millis_behind_latest=0) for s in shards.values()))
+    put = put_keys(model, ids)
+    await wait_for(lambda: put <= set(committed_rows(out)), timeout=150, what="every record committed")
+    counts = committed_rows(out)
+    assert set(counts) == put and max(counts.values()) == 1
+    events = server.events()
+    exited = [e for e in events if e["event"] == "spark_worker_exited"]
+    assert exited and exited[0]["returncode"] == -signal.SIGKILL
+    assert len([e for e in events if e["event"] == "spark_started"]) == 2
+    by_killed = [m for m in marks.iterdir() if m.name.endswith(f"-{started['pid']}")]
+    killed_window = max(by_killed, key=lambda m: m.stat().st_mtime).name.rsplit("-", 1)[0]
+    again = [m for m in marks.iterdir() if m.name.startswith(killed_window) and m not in by_killed]
+    assert len(again) == 1  # the window in flight was handed over again, to the new worker
+    await asyncio.gather(*(s.shutdown_requested() for s in shards.values()))
+    for shard_id, shard in shards.items():
+        assert daemon.checkpoints[shard_id] == (model.records[shard_id][-1]["sequenceNumber"], 0)
+        await shard.close()
+
+
+async def test_a_pipeline_that_raises_is_retried_and_reported_and_no_checkpoint_passes_its_window(serve, tmp_path):
+    out, flag = tmp_path / "out", tmp_path / "fail"
+    flag.touch()
+    server = serve(
+        PASSTHROUGH,
+        "--sink", f"parquet:{out}", "--pipeline", "tests.spark.pipelines:fails_while_flagged",
+        "--config", config_file(tmp_path),
+        env={"MLDSERVER_TEST_FLAG": str(flag)},
+    )  # fmt: skip
+    model = Stream()
+    shard_id = sorted(model.records)[1]
+    daemon = FakeDaemon(relay_command(server.port))
+    shard = await daemon.shard(shard_id)
+    await model.feed(shard, batches=5)
+    await shard.process_records([], millis_behind_latest=0)
+
+    def failures():
+        return [e for e in server.events() if e["event"] == "sink_commit_failed"]
+
+    await wait_for(lambda: len(failures()) >= 2, what="the window retried")
+    first = failures()[0]
+    assert "ValueError: bad window" in first["error"] and first["window"] in first["error"]
+    assert "fails_while_flagged" in first["traceback"] and first["what_to_do"]
+    await shard.process_records([], millis_behind_latest=0)
+    assert daemon.checkpoints.get(shard_id) is None  # nothing committed, nothing checkpointed
+    assert committed_rows(out) == Counter()
+
+    flag.unlink()
+    put = put_keys(model, [shard_id]) & {(shard_id, r["sequenceNumber"]) for r in model.records[shard_id][:500]}
+    await wait_for(lambda: put <= set(committed_rows(out)), what="the window committed once the pipeline works")
+    await shard.process_records([], millis_behind_latest=0)
+    assert daemon.checkpoints[shard_id] == (model.records[shard_id][499]["sequenceNumber"], 0)
+    await shard.close()
