@@ -32,7 +32,10 @@ from ..errors import MldserverError
 from ..logs import EventLogger, get_logger
 from .frames import encode, read_frame_async
 
-SQL_FETCH_ROWS = 1000
+# Rows per SQL fetch: small at first (a caller that stops early leaves most partitions
+# uncomputed), doubling up to the cap (a caller that reads everything pays few round trips).
+SQL_FIRST_FETCH = 64
+SQL_MAX_FETCH = 8192
 PIPE_LIMIT = 1 << 24
 
 
@@ -220,11 +223,12 @@ class SparkProcess:
         the cursor, so Spark stops computing partitions nobody will read.
         """
         cursor = next(self._cursors)
-        request = {"op": "sql_fetch", "cursor": cursor, "query": query, "args": args or {}, "n": SQL_FETCH_ROWS}
+        request = {"op": "sql_fetch", "cursor": cursor, "query": query, "args": args or {}, "n": SQL_FIRST_FETCH}
         opened = False
         try:
             while True:
                 reply = await self.request(request)
+                request["n"] = min(SQL_MAX_FETCH, request["n"] * 2)
                 opened = True
                 for row in reply["rows"]:
                     yield row

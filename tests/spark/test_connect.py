@@ -1,0 +1,87 @@
+"""The Spark Connect path: the same pipeline and sink against a Spark Connect server
+(``--spark-remote sc://host:port``), which the test starts from pyspark's own jars."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import pyspark
+import pytest
+
+from mldserver.testing import FakeDaemon
+
+from ..conftest import relay_command
+from ..test_pipeline import Stream
+from .test_sink import PASSTHROUGH, committed_rows, config_file, put_keys, wait_for
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def spark_connect(tmp_path_factory):
+    """A local Spark Connect server on a free loopback port: ``sc://127.0.0.1:<port>``."""
+    home = Path(pyspark.__file__).parent
+    work = tmp_path_factory.mktemp("spark-connect")
+    port = free_port()
+    log = open(work / "server.log", "wb")
+    proc = subprocess.Popen(
+        [str(home / "bin" / "spark-submit"),
+         "--class", "org.apache.spark.sql.connect.service.SparkConnectServer",
+         "--conf", f"spark.connect.grpc.binding.port={port}",
+         "--conf", "spark.connect.grpc.binding.address=127.0.0.1",
+         "--conf", "spark.ui.enabled=false",
+         "--conf", f"spark.sql.warehouse.dir={work / 'warehouse'}",
+         "--name", "mldserver test Spark Connect", "spark-internal"],
+        cwd=work,
+        env={**os.environ, "SPARK_HOME": str(home), "SPARK_LOCAL_IP": "127.0.0.1"},
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    deadline = time.monotonic() + 180
+    while b"Spark Connect server started" not in (work / "server.log").read_bytes():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            raise RuntimeError(f"Spark Connect server did not start: {(work / 'server.log').read_text()[-2000:]}")
+        time.sleep(0.5)
+    yield f"sc://127.0.0.1:{port}"
+    proc.terminate()
+    try:
+        proc.wait(30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+    log.close()
+
+
+async def test_windows_are_committed_once_through_spark_connect(serve, tmp_path, spark_connect):
+    out = tmp_path / "out"
+    server = serve(
+        PASSTHROUGH,
+        "--sink", f"parquet:{out}", "--spark-remote", spark_connect,
+        "--pipeline", "mldserver.spark.pipeline:identity",
+        "--config", config_file(tmp_path),
+    )  # fmt: skip
+    [started] = [e for e in server.events() if e["event"] == "spark_started"]
+    assert started["remote"] == spark_connect and started["master"] is None
+    model = Stream()
+    ids = sorted(model.records)[1:3]
+    daemon = FakeDaemon(relay_command(server.port))
+    shards = {i: await daemon.shard(i) for i in ids}
+    await asyncio.gather(*(model.feed(s) for s in shards.values()))
+    await asyncio.gather(*(s.process_records([], millis_behind_latest=0) for s in shards.values()))
+    put = put_keys(model, ids)
+    await wait_for(lambda: put <= set(committed_rows(out)), timeout=120, what="every record committed")
+    counts = committed_rows(out)
+    assert set(counts) == put and max(counts.values()) == 1
+    await asyncio.gather(*(s.shutdown_requested() for s in shards.values()))
+    for shard_id, shard in shards.items():
+        assert daemon.checkpoints[shard_id] == (model.records[shard_id][-1]["sequenceNumber"], 0)
+        await shard.close()
