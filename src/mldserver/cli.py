@@ -58,7 +58,7 @@ def _parser():
 
     demo = sub.add_parser("demo", help="run the server on an example handler, driven by the fake daemon")
     demo.add_argument("--shards", type=int, default=4)
-    demo.add_argument("--records", type=int, default=200_000)
+    demo.add_argument("--records", type=int, default=300_000)
     demo.add_argument("--dir", default="./mldserver-demo")
     return p
 

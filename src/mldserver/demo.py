@@ -1,95 +1,167 @@
-"""``mldserver demo``: the server on an example handler, driven by the fake daemon.
+"""``mldserver demo``: the whole pipeline on embedded defaults, driven by the fake daemon.
 
-No AWS account, no Java: the fake daemon launches one relay per shard exactly as the
-MultiLangDaemon would, feeds each shard batches of records, splits one shard (the
-parent ends with SHARD_END, its two children start at TRIM_HORIZON), and shuts every
-shard down. The server logs to ``<dir>/server.log`` (JSON lines) and keeps its state
-under ``<dir>/state``; the summary at the end says what happened and how fast.
+No AWS account, no Kinesis: the fake daemon launches one relay per shard exactly as
+the MultiLangDaemon would and feeds each shard DynamoDB Streams change records of an
+orders table (``handlers/orders.py``). The server runs the ``Orders`` handler on every
+shard, merges all shards' rows into one ordered stream, and hands each 60 s event-time
+window to embedded Spark, where ``per_customer`` counts orders per customer; the
+output is committed exactly once. Midway one shard splits: the parent ends with
+SHARD_END (its uncommitted rows spooled) and its two children start at TRIM_HORIZON.
+
+Everything lands under ``--dir`` (default ``./mldserver-demo``), cleared at the start::
+
+    mldserver-demo/server.log                      the server's JSON log lines
+    mldserver-demo/output/window=<start>-<end>/    one parquet partition per window
+    mldserver-demo/output/_commits/                the commit log
+    mldserver-demo/state/                          spool, dead letters, Spark's scratch
 """
 
 from __future__ import annotations
 
 import asyncio
+import shutil
+import sys
 import time
-from collections import Counter
 from pathlib import Path
 
 from .config import Settings
-from .handler import Handler
 from .logs import configure
 from .server import Server
 from .testing import SHARD_END, FakeDaemon, make_records, relay_command
 
 BATCH = 1000
+WINDOW = 60.0
+SPAN_MS = 20 * 60_000  # the event time the demo's orders cover
+CUSTOMERS = 500
 
 
-class CountingHandler(Handler):
-    """Counts records and bytes per shard, checkpoints after every batch."""
-
-    totals: Counter = Counter()
-    sizes: Counter = Counter()
-
-    async def initialize(self, shard):
-        self.shard_id = shard.shard_id
-
-    async def process_records(self, batch, checkpointer):
-        self.totals[self.shard_id] += len(batch.records)
-        self.sizes[self.shard_id] += sum(len(r.data) for r in batch.records)
-        if batch.records:
-            last = batch.records[-1]
-            await checkpointer.checkpoint(last.sequence_number, last.sub_sequence_number)
+def _importable_examples() -> None:
+    """``handlers`` is a folder of the project, next to ``src/``: make it importable
+    from the project root and from a source checkout, as ``serve`` does for users."""
+    root = Path(__file__).resolve().parents[2]
+    for path in (Path.cwd(), root):
+        if (path / "handlers" / "orders.py").exists() and str(path) not in sys.path:
+            sys.path.insert(0, str(path))
 
 
-async def _drive(shard, first: int, count: int) -> None:
+def _orders(first_seq: int, count: int, first_order: int, start_ms: int, step_ms: float) -> list[dict]:
+    from handlers.orders import change_record
+
+    def data(seq: int) -> bytes:
+        n = seq - first_seq
+        order = first_order + n
+        return change_record(order, order * 7919 % CUSTOMERS, 5 + order % 97 * 0.5, int(start_ms + n * step_ms))
+
+    return make_records(first_seq, count, data=data, approximate_arrival_timestamp=start_ms)
+
+
+async def _drive(shard, first_seq: int, count: int, first_order: int, start_ms: int, end_ms: int, sent: list[int]):
+    step = (end_ms - start_ms) / count
     for start in range(0, count, BATCH):
         n = min(BATCH, count - start)
-        await shard.process_records(make_records(first + start, n, 100), millis_behind_latest=count - start - n)
+        records = _orders(first_seq + start, n, first_order + start, int(start_ms + start * step), step)
+        await shard.process_records(records, millis_behind_latest=0 if start + n == count else 60_000)
+        sent[0] += n
+
+
+async def _progress(server: Server, sent: list[int], started: float) -> None:
+    coordinator = server.coordinator
+    assert coordinator is not None
+    while True:
+        await asyncio.sleep(2.0)
+        print(
+            f"  {time.perf_counter() - started:5.1f} s  records in {sent[0]:>9,}   "
+            f"windows committed {coordinator.windows_committed:>3}   rows buffered {coordinator.ledger.rows:>8,}",
+            flush=True,
+        )
 
 
 async def run(shards: int, records: int, directory: Path) -> None:
+    _importable_examples()
+    for old in ("state", "output", "server.log"):
+        target = directory / old
+        if target.is_dir():
+            shutil.rmtree(target)
+        elif target.exists():
+            target.unlink()
     directory.mkdir(parents=True, exist_ok=True)
     configure("json", "info", str(directory / "server.log"))
-    settings = Settings(handler="mldserver.demo:CountingHandler", port=0, state_dir=str(directory / "state"))
-    CountingHandler.totals.clear()
-    CountingHandler.sizes.clear()
-    server = Server(settings, CountingHandler)
+    settings = Settings(
+        handler="handlers.orders:Orders",
+        pipeline="handlers.orders:per_customer",
+        sink=f"parquet:{(directory / 'output').resolve()}",
+        port=0,
+        state_dir=str(directory / "state"),
+        window=WINDOW,
+        watermark_margin=1.0,
+        idle_timeout=10.0,
+        checkpoint_interval=2.0,
+    )
+    print("starting the server and its Spark worker (embedded Spark, local[*]) ...", flush=True)
+    server = Server(settings)
     await server.start()
     host, port = server.address
     print(f"server listening on {host}:{port}; relay: mldserver connect {host}:{port}")
-    daemon = FakeDaemon(relay_command(host, port))
+    coordinator = server.coordinator
+    assert coordinator is not None
+
+    now = int(time.time() * 1000)
+    t0 = now - SPAN_MS - 120_000  # orders from about 22 minutes ago until 2 minutes ago
+    t_split = t0 + SPAN_MS * 2 // 3
     per_shard = records // (shards + 1)  # the split's two children share one shard's part
+    half = (records - per_shard * shards) // 2
+    sent = [0]
     started = time.perf_counter()
+    progress = asyncio.create_task(_progress(server, sent, started))
+    daemon = FakeDaemon(relay_command(host, port))
     ids = [f"shardId-{i:012d}" for i in range(shards)]
     conversations = await asyncio.gather(*(daemon.shard(i) for i in ids))
-    await asyncio.gather(*(_drive(s, 10**20 * (n + 1), per_shard) for n, s in enumerate(conversations)))
-    print(f"{shards} shards: {per_shard * shards:,} records processed")
-
     parent = conversations[0]
+    await asyncio.gather(
+        *(
+            _drive(s, 10**20 * (n + 1), per_shard, n * per_shard, t0, t_split if n == 0 else t0 + SPAN_MS, sent)
+            for n, s in enumerate(conversations)
+        )
+    )
     await parent.shard_ended()
-    print(f"split {parent.shard_id}: checkpoint {daemon.checkpoints[parent.shard_id]}")
+    print(f"  split {parent.shard_id}: SHARD_END checkpointed, its uncommitted rows spooled")
     children = await asyncio.gather(*(daemon.shard(f"shardId-{shards + i:012d}") for i in range(2)))
-    half = (records - per_shard * shards) // 2
-    await asyncio.gather(*(_drive(c, 10**20 * (shards + 2 + i), half) for i, c in enumerate(children)))
-    print(f"children {', '.join(c.shard_id for c in children)}: {2 * half:,} records processed")
-
+    await asyncio.gather(
+        *(
+            _drive(c, 10**20 * (shards + 2 + i), half, (shards + i) * per_shard, t_split, t0 + SPAN_MS, sent)
+            for i, c in enumerate(children)
+        )
+    )
     live = conversations[1:] + list(children)
-    await asyncio.gather(*(s.shutdown_requested() for s in live))
+    deadline = time.monotonic() + 120
+    while coordinator.ledger.rows and time.monotonic() < deadline:  # every window closed and committed
+        await asyncio.sleep(0.2)
+    elapsed = time.perf_counter() - started
+    progress.cancel()
+    await asyncio.gather(*(s.shutdown_requested() for s in live))  # checkpoints what is committed
     await asyncio.gather(*(s.lease_lost() for s in live))
     await asyncio.gather(*(s.close() for s in [parent, *live]))
-    elapsed = time.perf_counter() - started
+    sink = coordinator.sink
     await server.shutdown()
 
-    total = sum(CountingHandler.totals.values())
+    output = directory / "output"
     print()
     print("summary")
-    print(f"  records in          {total:,} over {len(CountingHandler.totals)} shards "
-          f"({sum(CountingHandler.sizes.values()) / 1e6:.1f} MB)")
-    print(f"  throughput          {total / elapsed:,.0f} records/s ({elapsed:.2f} s, through the relay)")
-    print(f"  shard end           {parent.shard_id} -> {daemon.checkpoints[parent.shard_id]}")
+    print(f"  records in          {sent[0]:,} over {shards + 2} shards (one split into two)")
+    print(f"  windows committed   {coordinator.windows_committed} ({WINDOW:.0f} s of event time each), "
+          f"{coordinator.rows_committed:,} rows in")
+    print(f"  rows out            {getattr(sink, 'rows_out', 0):,} (orders per customer per window)")
+    print(f"  throughput          {coordinator.rows_committed / elapsed:,.0f} records/s end to end "
+          f"({elapsed:.1f} s, relay to committed Spark output)")
     stored = sum(1 for v in daemon.checkpoints.values() if v != SHARD_END)
-    print(f"  checkpoints stored  {stored} shards at their last record, 1 at SHARD_END")
+    print(f"  checkpoints         {stored} shards at their last committed record, 1 at SHARD_END")
+    if coordinator.ledger.rows:
+        print(f"  NOT COMMITTED       {coordinator.ledger.rows:,} rows (see {directory / 'server.log'})")
+    print(f"  output              {output}  (spark.read.parquet or pyarrow.dataset; commit log in _commits/)")
     print(f"  server log          {directory / 'server.log'}")
-    print(f"  state directory     {directory / 'state'}")
+    print(f"  Spark log           {directory / 'state' / 'spark' / 'spark.log'}")
+    if coordinator.ledger.rows:
+        raise SystemExit(1)
 
 
 def main(args) -> None:

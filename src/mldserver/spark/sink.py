@@ -41,7 +41,7 @@ class SparkSink:
         self.directory = directory
         self.dead_letters = dead_letters
         self.commit_log = CommitLog(directory)
-        self.inputs = state_path(settings, "spark", "windows")
+        self.inputs = state_path(settings, "spark", "windows").resolve()  # the worker runs elsewhere
         self.schema_path = directory / "_schema.arrow"
         self.schema = schemas.declared(settings.schema)  # a ConfigError before the server binds
         self.rows_out = 0
