@@ -161,7 +161,11 @@ def free_port() -> int:
 
 
 async def start_server(
-    state_dir: str, *extra: str, handler: str = "mldserver.bench:TouchHandler", env: dict[str, str] | None = None
+    state_dir: str,
+    *extra: str,
+    handler: str = "mldserver.bench:TouchHandler",
+    env: dict[str, str] | None = None,
+    timeout: float = 30,
 ) -> tuple[subprocess.Popen, int]:
     port = free_port()
     proc = subprocess.Popen(
@@ -170,7 +174,7 @@ async def start_server(
         stdout=subprocess.DEVNULL,
         env={**os.environ, **(env or {})},
     )
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
             _, w = await asyncio.open_connection("127.0.0.1", port)
@@ -296,7 +300,11 @@ async def amain(args) -> None:
             from . import bench_coordinator
 
             await bench_coordinator.run(shard_counts, args.quick, tmp)
-        if args.part == "coordinator":
+        if args.part in ("all", "spark"):
+            from . import bench_spark
+
+            await bench_spark.run(args.quick, tmp)
+        if args.part in ("coordinator", "spark"):
             return
         server, port = await start_server(os.path.join(tmp, "state"))
         try:

@@ -31,7 +31,9 @@ ROOT = Path(__file__).resolve().parents[2]  # the project (editable install): ha
 RECORDS, SIZE = 10_000, 100
 
 
-def lines(batches: int) -> list[tuple[bytes, dict]]:
+def lines(batches: int, ms_per_batch: int = 10_000) -> list[tuple[bytes, dict]]:
+    """``batches`` processRecords lines of RECORDS records, each batch covering
+    ``ms_per_batch`` of event time, starting a day ago."""
     payload = base64.b64encode(os.urandom(SIZE)).decode("ascii")
     start = time.time_ns() // 1_000_000 - 86_400_000  # a day ago: a caught-up watermark passes it all
     out = []
@@ -39,7 +41,7 @@ def lines(batches: int) -> list[tuple[bytes, dict]]:
         recs = [
             {"action": "record", "data": payload, "partitionKey": f"pk-{i}",
              "sequenceNumber": str(10**40 + b * RECORDS + i), "subSequenceNumber": 0,
-             "approximateArrivalTimestamp": start + b * 10_000 + i}
+             "approximateArrivalTimestamp": start + b * ms_per_batch + i * ms_per_batch // RECORDS}
             for i in range(RECORDS)
         ]
         line = orjson.dumps({"action": "processRecords", "records": recs, "millisBehindLatest": 1000}) + b"\n"

@@ -2,7 +2,7 @@
 so a test can check what the real daemon delivered, emits one row per record (for a
 server run with a sink), and checkpoints each batch's last record (which the server
 clamps to what the sink committed). Its shard_ended and shutdown_requested are the
-Handler defaults."""
+Handler defaults. ``pipeline`` runs in the server's Spark worker on each window."""
 
 from __future__ import annotations
 
@@ -55,3 +55,10 @@ class Recording(mldserver.Handler):
     async def shard_ended(self, checkpointer):
         _write({"event": "shard_ended", "shard_id": self.shard_id})
         await super().shard_ended(checkpointer)
+
+
+def pipeline(df, window):
+    """The rows as they are, tagged with their window."""
+    from pyspark.sql import functions as F
+
+    return df.withColumn("window_id", F.lit(window.id))

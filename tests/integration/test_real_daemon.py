@@ -12,8 +12,9 @@ One long test, in the order a deployment lives through:
 4. a restart: each shard resumes after its stored checkpoint (inside an aggregate,
    at the next user record) and nothing already checkpointed is delivered again.
 
-The server runs with the file sink (1 s windows): every record reaches the sink, and
-a shard checkpoints only what the sink committed.
+The server runs the Spark pipeline (embedded Spark, parquet sink, 1 s windows): every
+record is in the committed output exactly once, and a shard checkpoints only what the
+sink committed.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import signal
 import time
 from pathlib import Path
 
+import pyarrow.dataset as ds
 import pytest
 from aws_kinesis_agg.aggregator import RecordAggregator
 
@@ -89,10 +91,17 @@ def put_raw_vector(kinesis: KinesisLocal, name: str, hash_key: int) -> list[tupl
     return [(r["ShardId"], r["SequenceNumber"], 0, pk, vector["kinesis_record"]["data_b64"])]
 
 
+def committed(out: Path) -> list[tuple]:
+    """Every row in the committed Spark output (window partitions; ``_`` names skipped)."""
+    if not out.exists() or not any(p.name.startswith("window=") for p in out.iterdir()):
+        return []
+    rows = ds.dataset(out, format="parquet", partitioning="hive").to_table().to_pylist()
+    return [(r["shard_id"], r["sequence_number"], r["sub_sequence_number"], r["partition_key"], r["data"])
+            for r in rows]
+
+
 def sink_records(out: Path) -> set[tuple]:
-    rows = [json.loads(line) for p in out.glob("*.jsonl") for line in p.read_text().splitlines()]
-    return {(r["shard_id"], r["sequence_number"], r["sub_sequence_number"], r["partition_key"], r["data"])
-            for r in rows}
+    return set(committed(out))
 
 
 def wait_committed(out: Path, expected: list[tuple], timeout: float) -> None:
@@ -114,7 +123,8 @@ def test_real_daemon_end_to_end(tmp_path):
     out = tmp_path / "out"
     config = tmp_path / "mldserver.toml"
     config.write_text("window = 1.0\nwatermark_margin = 1.0\nidle_timeout = 10.0\ncheckpoint_interval = 0.0\n")
-    server = ServerProcess("tests.integration.recording:Recording", tmp_path, "--sink", f"file:{out}",
+    server = ServerProcess("tests.integration.recording:Recording", tmp_path, "--sink", f"parquet:{out}",
+                           "--pipeline", "tests.integration.recording:pipeline",
                            "--config", str(config), env={"MLDSERVER_RECORD_FILE": str(record_file)})
     seen = Seen(record_file)
     executable = f"{MLDSERVER} connect 127.0.0.1:{server.port}"
@@ -193,6 +203,8 @@ def test_real_daemon_end_to_end(tmp_path):
         assert "shardId-000000000001" not in resumed  # ended shards are not leased again
         again = set(seen.records(marker)) & set(expected)
         assert not again, f"delivered again after the restart: {sorted(again)[:3]}"
+        rows = committed(out)
+        assert len(rows) == len(set(rows)) == len(set(expected + more)), "committed output is not exactly once"
 
         errors = [e for e in server.events() if e["level"] == "error"]
         assert not errors, errors[:3]

@@ -1,0 +1,120 @@
+"""``mldserver bench --part spark``: the Spark pipeline end to end against the bare
+handoff, in one run.
+
+- ``bare handoff``  no server: a window's rows, already a pyarrow table, written to a
+                    parquet file, read by Spark with an explicit schema, and written
+                    out as parquet (the identity pipeline's work), one window after
+                    another in this process's own embedded Spark session;
+- ``end to end``    ``mldserver serve`` with the passthrough handler and
+                    ``--sink parquet:DIR`` (identity pipeline, embedded Spark), fed
+                    over direct TCP by the fake daemon in batches of 10,000 records x
+                    100 B; ten batches make one 100,000-row window. The run ends
+                    when the last window's commit-log entry is written.
+
+Both move the same rows (the passthrough handler's seven columns). Reported: rows/s
+for both and their ratio, the p50/p99 time from a window's close (the watermark
+passing its end) to its commit, and the server's worst event-loop lag.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import statistics
+import time
+from pathlib import Path
+
+import orjson
+
+from .bench import start_server
+from .bench_coordinator import RECORDS, ROOT, lines
+from .testing import FakeDaemon, Shard, SocketChild
+
+BATCHES_PER_WINDOW = 10  # 10 x 10,000 records = one 100,000-row window
+
+
+def bare_handoff(tmp: str, windows: int, rows_per_window: int) -> float:
+    """rows/s for pyarrow table -> parquet file -> Spark read -> parquet output."""
+    import pyarrow.parquet as pq
+    from pyspark.sql.pandas.types import from_arrow_schema
+
+    from .spark import schema, session
+
+    work = Path(tmp) / "bare"
+    work.mkdir(parents=True, exist_ok=True)
+    spark = session.build({"work_dir": str(work)})
+    try:
+        line, _ = lines(1)[0]
+        records = orjson.loads(line)["records"]
+        rows = [
+            orjson.dumps({"shard_id": "shardId-000000000000", "sequence_number": r["sequenceNumber"],
+                          "sub_sequence_number": 0, "partition_key": r["partitionKey"],
+                          "approximate_arrival_timestamp": r["approximateArrivalTimestamp"], "data": r["data"]})
+            for r in records
+        ] * (rows_per_window // len(records))
+        table, _ = schema.rows_to_table(rows, None)
+        spark_schema = from_arrow_schema(table.schema)
+        spark.range(1).write.mode("overwrite").parquet(str(work / "warm"))  # JVM warm-up, not timed
+        started = time.perf_counter()
+        for w in range(windows):
+            path = work / f"in-{w}.parquet"
+            pq.write_table(table, path, compression="none")
+            spark.read.schema(spark_schema).parquet(str(path)).write.parquet(str(work / f"out-{w}"))
+        return windows * len(rows) / (time.perf_counter() - started)
+    finally:
+        spark.stop()
+
+
+async def end_to_end(tmp: str, windows: int) -> tuple[float, list[float], float | None]:
+    """rows/s, close-to-commit latencies (ms), and the server's worst loop lag (ms)."""
+    state = os.path.join(tmp, "spark-e2e")
+    log = Path(state) / "server.log"
+    Path(state).mkdir(parents=True, exist_ok=True)
+    server, port = await start_server(
+        state, "--log-file", str(log), "--log-level", "info", "--sink", f"parquet:{state}/out", "--window", "10",
+        handler="handlers.passthrough:Passthrough", env={"PYTHONPATH": str(ROOT)}, timeout=240,
+    )  # fmt: skip
+    batch_lines = lines(windows * BATCHES_PER_WINDOW, ms_per_batch=1_000)
+    total = len(batch_lines) * RECORDS
+    try:
+        daemon = FakeDaemon("", timeout=600)
+        shard = Shard(daemon, "shardId-000000000000", await SocketChild.open("127.0.0.1", port))
+        await shard.initialize("TRIM_HORIZON", 0)
+        started = time.perf_counter()
+        for line, last in batch_lines:
+            await shard.process_line(line, last)
+        await shard.process_records([], millis_behind_latest=0)  # caught up: the last window closes
+        while _committed(log)[0] < total:
+            await asyncio.sleep(0.02)
+        seconds = time.perf_counter() - started
+        await shard.lease_lost()
+        await shard.close(30)
+    finally:
+        server.terminate()
+        server.wait(60)
+    _, latencies = _committed(log)
+    lag = None
+    for line in log.read_bytes().splitlines():
+        if b'"event":"stopped"' in line:
+            lag = orjson.loads(line).get("loop_lag_max_ms")
+    return total / seconds, latencies, lag
+
+
+def _committed(log: Path) -> tuple[int, list[float]]:
+    if not log.exists():
+        return 0, []
+    events = [orjson.loads(line) for line in log.read_bytes().splitlines() if b'"window_committed"' in line]
+    return sum(e["rows"] for e in events), [e["latency_ms"] for e in events]
+
+
+async def run(quick: bool, tmp: str) -> None:
+    windows = 2 if quick else 8
+    rows = RECORDS * BATCHES_PER_WINDOW
+    print(f"\nspark: {windows} windows of {rows:,} rows (passthrough rows, identity pipeline, embedded Spark)")
+    bare = await asyncio.to_thread(bare_handoff, tmp, windows, rows)
+    e2e, latencies, lag = await end_to_end(tmp, windows)
+    q = statistics.quantiles(latencies, n=100, method="inclusive") if len(latencies) > 1 else latencies * 99
+    print(f"  {'bare handoff rows/s':>20} {'end to end rows/s':>18} {'ratio':>6} "
+          f"{'close->commit p50 / p99':>24} {'loop lag max':>13}")
+    print(f"  {bare:20,.0f} {e2e:18,.0f} {100 * e2e / bare:5.0f}% "
+          f"{q[49]:12,.0f} / {q[98]:,.0f} ms {lag if lag is not None else float('nan'):10.1f} ms")
