@@ -34,3 +34,8 @@ def test_a_fixed_schema_survives_a_restart(tmp_path):
     schema.save(fixed, tmp_path / "_schema.arrow")
     assert schema.load(tmp_path / "_schema.arrow") == fixed
     assert schema.load(tmp_path / "missing") is None
+
+
+def test_rows_that_disagree_while_inferring_are_judged_by_the_first_row():
+    table, rejected = schema.rows_to_table([b'{"k":1}', b'{"k":"one"}', b'{"k":2}'], None)
+    assert table.column("k").to_pylist() == [1, 2] and [i for i, _ in rejected] == [1]

@@ -59,13 +59,14 @@ def save(schema: pa.Schema, path: Path) -> None:
 
 
 def rows_to_table(rows: list[bytes], schema: pa.Schema | None) -> tuple[pa.Table, list[tuple[int, str]]]:
-    """The rows as a table; with a schema, rows that do not fit are left out and
-    returned as (index, error). Without one, the schema is inferred."""
+    """The rows as a table; rows that do not fit the schema are left out and
+    returned as (index, error). Without a schema, it is inferred from the rows (from
+    the first row alone if they disagree)."""
     try:
         return _parse(rows, schema), []
     except pa.ArrowInvalid:
-        if schema is None:
-            raise
+        if schema is None:  # the rows disagree among themselves: the first one decides
+            schema = _parse(rows[:1], None).schema
     # Slow path, only when something does not fit: find the rows, keep the others.
     rejected, kept = [], []
     for i, row in enumerate(rows):
