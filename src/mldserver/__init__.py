@@ -30,6 +30,8 @@ _EXPORTS = {
     "MldserverError": "mldserver.errors",
     "Context": "mldserver.context",
     "Settings": "mldserver.config",
+    "WindowInfo": "mldserver.spark.pipeline",
+    "SparkError": "mldserver.spark.process",
 }
 
 __all__ = list(_EXPORTS)
@@ -41,6 +43,8 @@ if TYPE_CHECKING:
     from .errors import CheckpointError, ConfigError, MldserverError
     from .handler import Handler
     from .records import Batch, Record, ShardInfo
+    from .spark.pipeline import WindowInfo
+    from .spark.process import SparkError
 
 
 def __getattr__(name: str) -> Any:
