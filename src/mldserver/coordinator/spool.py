@@ -24,6 +24,7 @@ from pathlib import Path
 
 import orjson
 
+from ..sinks.commitlog import fsync_dir
 from .ordering import Item, Position, Row
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
@@ -57,7 +58,7 @@ class Spool:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-        _fsync_dir(self.directory)
+        fsync_dir(self.directory)
         return path
 
     def read_all(self) -> list[Spooled]:
@@ -84,11 +85,3 @@ class Spool:
             os.unlink(self.path_for(shard_id))
         except FileNotFoundError:
             pass
-
-
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
