@@ -72,6 +72,33 @@ class Stream:
             self.next[shard.shard_id] = start + len(batch)
             batches = None if batches is None else batches - 1
 
+    async def finish(self, shards: dict[str, Shard]) -> None:
+        """Every shard fed to its end, then caught up (millisBehindLatest 0)."""
+        await asyncio.gather(*(self.feed(s) for s in shards.values()))
+        await asyncio.gather(*(s.process_records([], millis_behind_latest=0) for s in shards.values()))
+
+    async def restart(self, checkpoints: dict, port: int) -> tuple[FakeDaemon, dict[str, Shard]]:
+        """A new daemon resumes every shard not ended from its stored checkpoint, as
+        the KCL does after a restart, and reads each to its end."""
+        daemon = FakeDaemon(relay_command(port))
+        daemon.checkpoints = dict(checkpoints)
+        shards = {}
+        for shard_id in sorted(self.records):
+            if daemon.checkpoints.get(shard_id) == SHARD_END:
+                continue
+            self.resume(shard_id, daemon.checkpoints.get(shard_id))
+            shards[shard_id] = await daemon.shard(shard_id)
+        await self.finish(shards)
+        return daemon, shards
+
+    async def shut_down(self, daemon: FakeDaemon, shards: dict[str, Shard]) -> None:
+        """shutdownRequested everywhere: each shard is checkpointed at its last record."""
+        await asyncio.gather(*(s.shutdown_requested() for s in shards.values()))
+        for shard_id, shard in shards.items():
+            last = self.records[shard_id][-1]["sequenceNumber"]
+            assert daemon.checkpoints[shard_id] == (last, 0), shard_id  # everything committed, checkpointed
+            await shard.close()
+
 
 async def until_killed(task) -> None:
     try:
@@ -111,16 +138,7 @@ async def test_every_record_reaches_the_sink_across_a_split_and_a_server_crash(s
     assert any(isinstance(v, tuple) for v in daemon.checkpoints.values())  # progress was checkpointed
 
     server = serve("handlers.passthrough:Passthrough", *args)
-    restarted = FakeDaemon(relay_command(server.port))
-    restarted.checkpoints = dict(daemon.checkpoints)
-    shards = {}
-    for shard_id in ids:
-        if restarted.checkpoints.get(shard_id) == SHARD_END:
-            continue
-        model.resume(shard_id, restarted.checkpoints.get(shard_id))
-        shards[shard_id] = await restarted.shard(shard_id)
-    await asyncio.gather(*(model.feed(s) for s in shards.values()))
-    await asyncio.gather(*(s.process_records([], millis_behind_latest=0) for s in shards.values()))  # caught up
+    restarted, shards = await model.restart(daemon.checkpoints, server.port)
 
     put = {(r["sequenceNumber"]) for records in model.records.values() for r in records}
     deadline = time.monotonic() + 30
@@ -137,11 +155,7 @@ async def test_every_record_reaches_the_sink_across_a_split_and_a_server_crash(s
         record = model.records[row["shard_id"]][0]
         assert row["data"] == record["data"] or base64.b64decode(row["data"]).startswith(b"record ")
 
-    await asyncio.gather(*(s.shutdown_requested() for s in shards.values()))
-    for shard_id, shard in shards.items():
-        last = model.records[shard_id][-1]["sequenceNumber"]
-        assert restarted.checkpoints[shard_id] == (last, 0), shard_id  # everything committed, checkpointed
-        await shard.close()
+    await model.shut_down(restarted, shards)
     assert not list((tmp_path / "state" / "spool").glob("*.jsonl"))  # the parent's spool was committed, deleted
     events = [e["event"] for e in server.events()]
     assert "window_committed" in events

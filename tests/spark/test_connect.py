@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import os
 import socket
 import subprocess
@@ -75,13 +74,9 @@ async def test_windows_are_committed_once_through_spark_connect(serve, tmp_path,
     ids = sorted(model.records)[1:3]
     daemon = FakeDaemon(relay_command(server.port))
     shards = {i: await daemon.shard(i) for i in ids}
-    await asyncio.gather(*(model.feed(s) for s in shards.values()))
-    await asyncio.gather(*(s.process_records([], millis_behind_latest=0) for s in shards.values()))
+    await model.finish(shards)
     put = put_keys(model, ids)
     await wait_for(lambda: put <= set(committed_rows(out)), timeout=120, what="every record committed")
     counts = committed_rows(out)
     assert set(counts) == put and max(counts.values()) == 1
-    await asyncio.gather(*(s.shutdown_requested() for s in shards.values()))
-    for shard_id, shard in shards.items():
-        assert daemon.checkpoints[shard_id] == (model.records[shard_id][-1]["sequenceNumber"], 0)
-        await shard.close()
+    await model.shut_down(daemon, shards)

@@ -13,7 +13,7 @@ from collections import Counter
 
 import pyarrow.dataset as ds
 
-from mldserver.testing import SHARD_END, FakeDaemon
+from mldserver.testing import FakeDaemon
 
 from ..conftest import relay_command
 from ..test_pipeline import CONFIG, Stream, until_killed
@@ -79,16 +79,7 @@ async def test_every_record_is_committed_exactly_once_across_a_split_and_a_serve
 
     server = serve(PASSTHROUGH, *args)
     assert "commit_log_read" in [e["event"] for e in server.events()]
-    restarted = FakeDaemon(relay_command(server.port))
-    restarted.checkpoints = dict(daemon.checkpoints)
-    shards = {}
-    for shard_id in ids:
-        if restarted.checkpoints.get(shard_id) == SHARD_END:
-            continue
-        model.resume(shard_id, restarted.checkpoints.get(shard_id))
-        shards[shard_id] = await restarted.shard(shard_id)
-    await asyncio.gather(*(model.feed(s) for s in shards.values()))
-    await asyncio.gather(*(s.process_records([], millis_behind_latest=0) for s in shards.values()))  # caught up
+    restarted, shards = await model.restart(daemon.checkpoints, server.port)
 
     put = put_keys(model)
     await wait_for(lambda: put <= set(committed_rows(out)), what="every record committed")
@@ -98,10 +89,7 @@ async def test_every_record_is_committed_exactly_once_across_a_split_and_a_serve
     events = [e["event"] for e in server.events()]
     assert "duplicates_dropped" in events  # re-delivered rows were filtered by the commit log
 
-    await asyncio.gather(*(s.shutdown_requested() for s in shards.values()))
-    for shard_id, shard in shards.items():
-        assert restarted.checkpoints[shard_id] == (model.records[shard_id][-1]["sequenceNumber"], 0), shard_id
-        await shard.close()
+    await model.shut_down(restarted, shards)
     assert not list((tmp_path / "state" / "spool").glob("*.jsonl"))
     assert not [p for p in out.iterdir() if p.name.startswith("window=") and not (out / "_commits" / f"{p.name[7:]}.json").exists()]
 
@@ -122,8 +110,7 @@ async def test_a_spark_worker_killed_during_a_commit_is_restarted_and_the_window
     [started] = [e for e in server.events() if e["event"] == "spark_started"]
     os.kill(started["pid"], signal.SIGKILL)
 
-    await asyncio.gather(*(model.feed(s) for s in shards.values()))
-    await asyncio.gather(*(s.process_records([], millis_behind_latest=0) for s in shards.values()))
+    await model.finish(shards)
     put = put_keys(model, ids)
     await wait_for(lambda: put <= set(committed_rows(out)), timeout=150, what="every record committed")
     counts = committed_rows(out)
@@ -136,10 +123,7 @@ async def test_a_spark_worker_killed_during_a_commit_is_restarted_and_the_window
     killed_window = max(by_killed, key=lambda m: m.stat().st_mtime).name.rsplit("-", 1)[0]
     again = [m for m in marks.iterdir() if m.name.startswith(killed_window) and m not in by_killed]
     assert len(again) == 1  # the window in flight was handed over again, to the new worker
-    await asyncio.gather(*(s.shutdown_requested() for s in shards.values()))
-    for shard_id, shard in shards.items():
-        assert daemon.checkpoints[shard_id] == (model.records[shard_id][-1]["sequenceNumber"], 0)
-        await shard.close()
+    await model.shut_down(daemon, shards)
 
 
 async def test_a_pipeline_that_raises_is_retried_and_reported_and_no_checkpoint_passes_its_window(serve, tmp_path):
