@@ -362,7 +362,8 @@ async def test_with_a_sink_no_checkpoint_passes_rows_the_sink_has_not_committed(
                        idle_timeout=3600.0) as (server, cmd):
         daemon = FakeDaemon(cmd)
         shard = await daemon.shard("shardId-1")
-        await shard.process_records(make_records(10, 3))
+        # Behind the stream's tip: the watermark stays at the rows' time, the window open.
+        await shard.process_records(make_records(10, 3), millis_behind_latest=1000)
         await shard.shutdown_requested()
         assert "shardId-1" not in daemon.checkpoints  # the window is still open: nothing is safe
         assert server.coordinator.ledger.rows == 3
@@ -387,7 +388,7 @@ async def test_rows_emitted_by_a_failed_attempt_are_not_kept(tmp_path):
     async with running(FailsOnce, tmp_path, sink=f"file:{tmp_path / 'out'}", window=3600.0) as (server, cmd):
         daemon = FakeDaemon(cmd)
         shard = await daemon.shard("shardId-1")
-        await shard.process_records(make_records(10, 2))
+        await shard.process_records(make_records(10, 2), millis_behind_latest=1000)  # window stays open
         rows = [r[6] for r in server.coordinator.ledger.uncommitted("shardId-1")]
         assert rows == [b'{"seq":"10","attempt":1}', b'{"seq":"11","attempt":1}']
         await shard.lease_lost()
@@ -404,7 +405,7 @@ async def test_a_row_that_is_not_json_dead_letters_its_record_and_keeps_the_othe
     async with running(BytesRow, tmp_path, sink=f"file:{tmp_path / 'out'}", window=3600.0) as (server, cmd):
         daemon = FakeDaemon(cmd)
         shard = await daemon.shard("shardId-1")
-        await shard.process_records(make_records(10, 3))
+        await shard.process_records(make_records(10, 3), millis_behind_latest=1000)  # window stays open
         rows = [r[6] for r in server.coordinator.ledger.uncommitted("shardId-1")]
         assert rows == [b'{"value":"10"}', b'{"value":"12"}']
         [letter] = dead_letters(tmp_path, "shardId-1")
