@@ -15,7 +15,7 @@ import pytest
 from mldserver import testing
 
 ROOT = Path(__file__).resolve().parent.parent
-SHARED = Path(os.environ.get("MLDSERVER_SHARED", ROOT.parent / "shared"))
+DATA = Path(__file__).resolve().parent / "data"  # conformance scenarios and KPL vectors, copied as they are
 BIN = Path(sys.executable).parent
 MLDSERVER = str(BIN / "mldserver")
 

@@ -1,4 +1,4 @@
-"""Every scenario of ../shared/conformance/scenarios.json, through the real relay
+"""Every scenario of tests/data/conformance/scenarios.json, through the real relay
 (spawned as the daemon spawns it) against the real server (``mldserver serve``)."""
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ import pytest
 
 from mldserver.testing import CHECKPOINT_KEYS, STATUS_KEYS, Child
 
-from .conftest import SHARED, relay_command
+from .conftest import DATA, relay_command
 from .handlers import HANDLER_KINDS
 
-SCENARIOS = json.loads((SHARED / "conformance" / "scenarios.json").read_text())["scenarios"]
+SCENARIOS = json.loads((DATA / "conformance" / "scenarios.json").read_text())["scenarios"]
 
 
 def generated_line(spec: dict) -> bytes:

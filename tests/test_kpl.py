@@ -1,4 +1,4 @@
-"""The KPL decoder against every vector of ../shared/kpl-vectors.json (checked
+"""The KPL decoder against every vector of tests/data/kpl-vectors.json (checked
 against the real KCL's AggregatorUtil)."""
 
 import base64
@@ -8,9 +8,9 @@ import pytest
 
 from mldserver.kpl import deaggregate
 
-from .conftest import SHARED
+from .conftest import DATA
 
-VECTORS = json.loads((SHARED / "kpl-vectors.json").read_text())["vectors"]
+VECTORS = json.loads((DATA / "kpl-vectors.json").read_text())["vectors"]
 
 
 def as_expected(users):

@@ -16,7 +16,7 @@ from mldserver.config import Settings
 from mldserver.server import Server
 from mldserver.testing import SHARD_END, Child, DaemonExit, FakeDaemon, errors_in_order, make_records
 
-from .conftest import SHARED, relay_command
+from .conftest import DATA, relay_command
 
 
 @contextlib.asynccontextmanager
@@ -252,7 +252,7 @@ async def test_unicode_partition_keys_survive_byte_exact(tmp_path):
 
 
 async def test_kcl1_daemon_gets_v1_checkpoints_and_deaggregated_records(tmp_path):
-    vectors = {v["name"]: v for v in json.loads((SHARED / "kpl-vectors.json").read_text())["vectors"]}
+    vectors = {v["name"]: v for v in json.loads((DATA / "kpl-vectors.json").read_text())["vectors"]}
     Rec, calls = recorder()
 
     class CheckpointingRec(Rec):

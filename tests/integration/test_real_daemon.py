@@ -29,7 +29,7 @@ import pyarrow.dataset as ds
 import pytest
 from aws_kinesis_agg.aggregator import RecordAggregator
 
-from ..conftest import MLDSERVER, SHARED, ServerProcess
+from ..conftest import MLDSERVER, DATA, ServerProcess
 from .components import DynamoDBLocal, KinesisLocal, MultiLangDaemon, wait_for
 
 pytestmark = pytest.mark.realdaemon
@@ -84,7 +84,7 @@ def put_aggregate(kinesis: KinesisLocal, prefix: str, count: int, hash_key: int)
 
 def put_raw_vector(kinesis: KinesisLocal, name: str, hash_key: int) -> list[tuple]:
     """A kpl-vectors.json record that is not a valid aggregate: delivered unchanged."""
-    vector = next(v for v in json.loads((SHARED / "kpl-vectors.json").read_text())["vectors"] if v["name"] == name)
+    vector = next(v for v in json.loads((DATA / "kpl-vectors.json").read_text())["vectors"] if v["name"] == name)
     data = base64.b64decode(vector["kinesis_record"]["data_b64"])
     pk = vector["kinesis_record"]["partition_key"]
     r = kinesis.client.put_record(StreamName=STREAM, Data=data, PartitionKey=pk, ExplicitHashKey=str(hash_key))

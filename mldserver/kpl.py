@@ -19,7 +19,7 @@ check or is not a valid protobuf message is an ordinary record (``aggregated`` f
 one user record, unchanged). User record ``k`` has sub-sequence ``k``. Like the KCL,
 a bad table index stops the expansion and keeps what came before it (``error`` says
 why, so the caller can dead-letter the original); with a shard hash range, one user
-record outside it drops the whole aggregate. ``../shared/kpl-vectors.json`` holds the
+record outside it drops the whole aggregate. ``tests/data/kpl-vectors.json`` holds the
 vectors this is tested against.
 """
 

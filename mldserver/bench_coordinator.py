@@ -27,7 +27,7 @@ import orjson
 from .bench import Sampler, start_server
 from .testing import FakeDaemon, Shard, SocketChild
 
-ROOT = Path(__file__).resolve().parents[2]  # the project (editable install): handlers/ lives there
+ROOT = Path(__file__).resolve().parents[1]  # the project (editable install): handlers/ lives there
 RECORDS, SIZE = 10_000, 100
 
 

@@ -36,9 +36,9 @@ CUSTOMERS = 500
 
 
 def _importable_examples() -> None:
-    """``handlers`` is a folder of the project, next to ``src/``: make it importable
+    """``handlers`` is a folder of the project, next to ``mldserver/``: make it importable
     from the project root and from a source checkout, as ``serve`` does for users."""
-    root = Path(__file__).resolve().parents[2]
+    root = Path(__file__).resolve().parents[1]
     for path in (Path.cwd(), root):
         if (path / "handlers" / "orders.py").exists() and str(path) not in sys.path:
             sys.path.insert(0, str(path))

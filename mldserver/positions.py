@@ -1,0 +1,59 @@
+"""A shard position: where a record sits in its shard, parsed once at the edge.
+
+The daemon names a record by ``sequenceNumber`` (a string of 20 to 56+ digits, which
+must never pass through a float) and, for a KPL sub-record, ``subSequenceNumber``.
+``Position`` keeps both forms: ``seq`` as an int to compare, ``text`` as the daemon
+wrote it (leading zeros and all) to send back in a checkpoint::
+
+    p = Position.parse("49590338271490256608559692538361571095921575989136588898", 3)
+    p.seq == 49590338271490256608559692538361571095921575989136588898; p.sub == 3
+    p.text == "49590338271490256608559692538361571095921575989136588898"
+    Position.parse("TRIM_HORIZON", None) is None      # a sentinel, not a position
+    Position.parse("12x", 0) is None                   # not digits: a bad record
+    p.to_json() == ["4959...8898", 3]                  # the spool's and commit log's form
+    Position.from_json(["4959...8898", 3]) == p
+
+It is a NamedTuple, so positions sort as plain tuples (by ``seq``, then ``sub``) at C
+speed, and ``max()`` over positions is the highest. A missing sub-sequence number
+counts as 0, as the KCL does.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+
+class Position(NamedTuple):
+    seq: int
+    sub: int
+    text: str
+
+    @classmethod
+    def parse(cls, sequence_number: Any, sub_sequence_number: Any = None) -> Position | None:
+        """The position the daemon's values name, or None when they name none (a
+        sentinel such as ``TRIM_HORIZON`` or ``SHARD_END``, a non-digit string, a
+        non-string, a negative or non-integer sub-sequence number)."""
+        if not isinstance(sequence_number, str) or not sequence_number.isascii() or not sequence_number.isdigit():
+            return None
+        if sub_sequence_number is None:
+            sub = 0
+        elif type(sub_sequence_number) is int and sub_sequence_number >= 0:
+            sub = sub_sequence_number
+        else:
+            return None
+        return cls(int(sequence_number), sub, sequence_number)
+
+    def to_json(self) -> list[Any]:
+        return [self.text, self.sub]
+
+    @classmethod
+    def from_json(cls, value: Any) -> Position:
+        """The inverse of ``to_json``; ValueError for anything else (a corrupt file)."""
+        if isinstance(value, list) and len(value) == 2:
+            position = cls.parse(value[0], value[1])
+            if position is not None:
+                return position
+        raise ValueError(f"not a position: {value!r} (expected [\"<digits>\", <sub>])")
+
+    def __repr__(self) -> str:
+        return f"Position({self.text!r}, {self.sub})"
