@@ -43,7 +43,8 @@ from pathlib import Path
 from typing import Any
 
 from ..importer import import_from_string
-from ..sinks.commitlog import CommitLog, fsync_dir
+from ..durable import fsync_dir
+from ..sinks.commitlog import CommitLog
 from .frames import encode, read_frame
 from .pipeline import WindowInfo, identity
 
