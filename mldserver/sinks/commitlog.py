@@ -14,7 +14,7 @@ commit in order and a shard's event times never decrease), so the highest positi
 over all entries is where its committed rows end: the coordinator filters replays at
 or below it, which makes output exactly once while delivery is at least once.
 
-Pure files, no Spark: the server reads the log at start-up, the Spark worker appends.
+Pure files, no Spark: the server reads the log at start-up, the Spark process appends.
 """
 
 from __future__ import annotations
