@@ -1,7 +1,8 @@
-"""The Spark process (``python -m mldserver.spark.child``), started and supervised
-by the server (``process.py``). It owns the SparkSession and answers frames (``frames.py``) on its
-stdin/stdout, one at a time, in order. Anything else that writes to stdout (the JVM,
-a pipeline's print) is sent to stderr, which the server points at ``spark.log``.
+"""The Spark process (``python -m mldserver.spark.child``), started and supervised by
+the server (``process.py``). It owns the SparkSession and answers frames
+(``frames.py``) on its stdin/stdout, one at a time, in order. Anything else that
+writes to stdout (the JVM, a pipeline's print) is sent to stderr, which the server
+points at ``spark.log``.
 
 The first frame (``frames.StartRequest``) configures it; the reply says it is ready::
 
@@ -12,8 +13,9 @@ The first frame (``frames.StartRequest``) configures it; the reply says it is re
 
 Then:
 
-- ``commit {window, path}`` (``frames.CommitRequest``): if the commit log has the window, answer at once
-  (``already``): a window re-sent after a restart is never committed twice. Else read
+- ``commit {window, path}`` (``frames.CommitRequest``): if the commit log has the
+  window, answer at once (``already``): a window re-sent after a restart is never
+  committed twice. Else read
   the window's Arrow file, run ``pipeline(df, window)``, write what it returns under
   ``DIR/_staging/``, fsync it, rename it to ``DIR/window=<id>`` (replacing a
   half-written one: ``durable.publish_dir``), then append the commit-log entry.
