@@ -62,6 +62,11 @@ def utc_timestamp(now: float | None = None) -> str:
 
 
 def fsync_dir(path: Path) -> None:
+    """Make the names in a folder (files created, renamed, deleted) durable."""
+    _fsync(path)
+
+
+def _fsync(path: Path | str) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -104,11 +109,7 @@ def publish_dir(staging: Path, final: Path) -> Path:
     folder holding ``final``."""
     for root, _, files in os.walk(staging):
         for name in files:
-            fd = os.open(os.path.join(root, name), os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+            _fsync(os.path.join(root, name))
     if final.exists():
         shutil.rmtree(final)
     os.rename(staging, final)
