@@ -1,83 +1,11 @@
-"""Orders per customer per window, from a DynamoDB stream of an orders table.
+"""Orders per customer per window: ``mldserver/examples/orders.py``, under this folder's name.
 
     mldserver serve --handler handlers.orders:Orders --pipeline handlers.orders:per_customer --window 60
 
-The handler turns each change record (the DynamoDB Streams record the KCL adapter
-delivers, with a NEW_IMAGE or NEW_AND_OLD_IMAGES view) into one row::
-
-    {"eventName": "INSERT", "dynamodb": {"ApproximateCreationDateTime": 1763719200.5,
-     "NewImage": {"order_id": {"S": "o-17"}, "customer": {"S": "c-7"}, "amount": {"N": "12.50"}}}}
-    -> {"order_id": "o-17", "customer": "c-7", "amount": 12.5}     event time 1763719200500
-
-Deletes (no new image) and records that are not such JSON emit nothing: the record
-counts as done, and the log says why. The pipeline runs in Spark on every closed
-window and writes one row per customer::
-
-    customer  orders  amount  window_start   window_end
-    c-7       3       41.0    1763719200000  1763719260000
+The example ships inside the package (``mldserver demo`` runs it from an installed
+package); this module only gives it its name among the project's handlers.
 """
 
-from __future__ import annotations
+from mldserver.examples.orders import Orders, change_record, per_customer
 
-import orjson
-
-import mldserver
-
-
-class Orders(mldserver.Handler):
-    async def initialize(self, shard):
-        self.shard_id = shard.shard_id
-        self.skipped = 0
-
-    async def process_records(self, batch, checkpointer):
-        for record in batch.records:
-            try:
-                change = orjson.loads(record.data)
-                image = change["dynamodb"].get("NewImage")
-            except (orjson.JSONDecodeError, KeyError, TypeError, AttributeError):
-                self.skipped += 1
-                continue
-            if not image:
-                continue  # a delete
-            created = change["dynamodb"].get("ApproximateCreationDateTime")
-            batch.emit(
-                record,
-                {
-                    "order_id": image["order_id"]["S"],
-                    "customer": image["customer"]["S"],
-                    "amount": float(image["amount"]["N"]),
-                },
-                event_time_ms=int(created * 1000) if created is not None else None,
-            )
-        if self.skipped:
-            self.context.log.warning("records_skipped", shard_id=self.shard_id, records=self.skipped, reason="not a change record")
-            self.skipped = 0
-
-
-def per_customer(df, window):
-    from pyspark.sql import functions as F
-
-    return (
-        df.groupBy("customer")
-        .agg(F.count("*").alias("orders"), F.round(F.sum("amount"), 2).alias("amount"))
-        .withColumn("window_start", F.lit(window.start))
-        .withColumn("window_end", F.lit(window.end))
-    )
-
-
-def change_record(order_id: int, customer: int, amount: float, created_ms: int) -> bytes:
-    """A DynamoDB Streams INSERT record, as the KCL adapter delivers it (for the demo and tests)."""
-    return orjson.dumps(
-        {
-            "eventName": "INSERT",
-            "dynamodb": {
-                "ApproximateCreationDateTime": created_ms / 1000,
-                "NewImage": {
-                    "order_id": {"S": f"o-{order_id}"},
-                    "customer": {"S": f"c-{customer}"},
-                    "amount": {"N": f"{amount:.2f}"},
-                },
-                "StreamViewType": "NEW_IMAGE",
-            },
-        }
-    )
+__all__ = ["Orders", "change_record", "per_customer"]

@@ -10,7 +10,9 @@ as the fields below, at the top level::
     handler_retries = 2
 
 An unknown key or a value of the wrong type is a ConfigError naming the key, the file
-and what was expected.
+and what was expected. ``--sink`` is read here too, into a ``SinkSpec``::
+
+    SinkSpec.parse("parquet:./out")  ->  SinkSpec(kind="parquet", directory=Path("/abs/out"))
 """
 
 from __future__ import annotations
@@ -19,10 +21,26 @@ import dataclasses
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, NamedTuple
 
 from .errors import ConfigError
 from .protocol.framing import DEFAULT_MAX_LINE_SIZE
+
+
+class SinkSpec(NamedTuple):
+    """Where closed windows go: ``file:DIR`` (JSON lines) or ``parquet:DIR`` (Spark)."""
+
+    kind: Literal["file", "parquet"]
+    directory: Path  # absolute
+
+    @classmethod
+    def parse(cls, spec: str) -> "SinkSpec":
+        kind, _, where = spec.partition(":")
+        if kind not in ("file", "parquet"):
+            raise ConfigError(f"--sink {spec!r}: use file:DIR (JSON lines) or parquet:DIR (Spark)")
+        if not where:
+            raise ConfigError(f"--sink {spec!r}: give a directory, as in {kind}:./out")
+        return cls(kind, Path(where).resolve())  # type: ignore[arg-type]
 
 
 @dataclass(frozen=True)
@@ -70,7 +88,7 @@ class Settings:
     stream: str | None = None
     aws_region: str | None = None
     aws_endpoint_url: str | None = None
-    # Spark (a worker process owns the session; see mldserver.spark)
+    # Spark (a child process, the Spark process, owns the session; see mldserver.spark)
     pipeline: str | None = None  # MODULE:ATTR, pipeline(df, window); implies --sink parquet:<state-dir>/output
     spark_master: str | None = None  # default local[*]
     spark_remote: str | None = None  # sc://host:port (Spark Connect)
@@ -135,16 +153,13 @@ def load(path: str | None = None, **overrides: Any) -> Settings:
     if settings.pipeline and not settings.sink:
         settings = settings.replace(sink=f"parquet:{state_path(settings, 'output')}")
     if settings.sink:
-        from .sinks import sink_dir
-
-        kind, _ = sink_dir(settings.sink)
-        if kind == "file" and settings.pipeline:
+        if SinkSpec.parse(settings.sink).kind == "file" and settings.pipeline:
             raise ConfigError("--pipeline runs in Spark: use --sink parquet:DIR (or leave --sink out)")
     return settings
 
 
 def uses_spark(settings: Settings) -> bool:
-    """Does this server start a Spark worker (for its sink, or for context.sql)?"""
+    """Does this server start the Spark process (for its sink, or for context.sql)?"""
     return bool(
         settings.pipeline
         or (settings.sink or "").startswith("parquet:")

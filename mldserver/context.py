@@ -13,7 +13,7 @@ One per server, shared by all shard connections::
             async for row in rows:             # dicts, fetched from Spark as you iterate
                 ...
 
-``context.sql`` runs in the server's Spark worker (started with ``--pipeline``,
+``context.sql`` runs in the server's Spark process (started with ``--pipeline``,
 ``--sink parquet:DIR``, ``--spark-master`` or ``--spark-remote``). Parameters are
 bound by Spark (``:name`` markers, Spark's own ``args``), never pasted into the text.
 Nothing runs until the first row is asked for; leaving the loop early stops Spark

@@ -1,7 +1,8 @@
 """Dead letters: what could not be processed, kept with its data so nothing is lost.
 
 One JSON line per record (or per unparseable daemon line), appended and fsynced to
-``<state_dir>/dead-letters/<shard_id>.jsonl``::
+``<state_dir>/dead-letters/<shard_id>.jsonl`` (the shard id made a file name by
+``durable.safe_filename``)::
 
     {"ts":"2026-11-21T10:00:00.123Z","shard_id":"shardId-000000000001","reason":"handler failed",
      "error":"ValueError: bad order","attempts":3,"sequence_number":"4959...","sub_sequence_number":0,
@@ -14,20 +15,12 @@ event loop never waits on the disk.
 from __future__ import annotations
 
 import asyncio
-import os
-import re
-import time
 from pathlib import Path
 from typing import Any, Iterable
 
 import orjson
 
-_UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
-
-
-def _ts() -> str:
-    now = time.time()
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now)) + f".{int(now % 1 * 1000):03d}Z"
+from .durable import append_fsync, safe_filename, utc_timestamp
 
 
 class DeadLetters:
@@ -35,12 +28,12 @@ class DeadLetters:
         self.directory = directory
 
     def path_for(self, shard_id: str | None) -> Path:
-        return self.directory / f"{_UNSAFE.sub('_', shard_id or 'unknown-shard')}.jsonl"
+        return self.directory / f"{safe_filename(shard_id or 'unknown-shard')}.jsonl"
 
     async def records(
         self, shard_id: str | None, records: Iterable[dict[str, Any]], reason: str, error: str, **extra: Any
     ) -> Path:
-        ts = _ts()
+        ts = utc_timestamp()
         lines = [
             {
                 "ts": ts,
@@ -60,34 +53,22 @@ class DeadLetters:
 
     async def rows(self, window_id: str, rows: list[tuple[bytes, str]], reason: str) -> Path:
         """Rows a sink could not take (``(row, error)``), to ``rows.jsonl``."""
-        ts = _ts()
+        ts = utc_timestamp()
         entries = [
             {"ts": ts, "window": window_id, "reason": reason, "error": error, "row": row.decode("utf-8", "replace")}
             for row, error in rows
         ]
         path = self.directory / "rows.jsonl"
         data = b"".join(orjson.dumps(e) + b"\n" for e in entries)
-        await asyncio.to_thread(self._write, path, data)
+        await asyncio.to_thread(append_fsync, path, data)
         return path
 
     async def line(self, shard_id: str | None, line: bytes, reason: str) -> Path:
-        entry = {"ts": _ts(), "shard_id": shard_id, "reason": reason, "line": line.decode("utf-8", "replace")}
+        entry = {"ts": utc_timestamp(), "shard_id": shard_id, "reason": reason, "line": line.decode("utf-8", "replace")}
         return await self._append(shard_id, [entry])
 
     async def _append(self, shard_id: str | None, entries: list[dict[str, Any]]) -> Path:
         path = self.path_for(shard_id)
         data = b"".join(orjson.dumps(e, default=str) + b"\n" for e in entries)
-        await asyncio.to_thread(self._write, path, data)
+        await asyncio.to_thread(append_fsync, path, data)
         return path
-
-    @staticmethod
-    def _write(path: Path, data: bytes) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
-            os.fsync(fd)
-        finally:
-            os.close(fd)

@@ -2,7 +2,8 @@
 
 No AWS account, no Kinesis: the fake daemon launches one relay per shard exactly as
 the MultiLangDaemon would and feeds each shard DynamoDB Streams change records of an
-orders table (``handlers/orders.py``). The server runs the ``Orders`` handler on every
+orders table (``mldserver/examples/orders.py``, shipped with the package: the demo
+runs from an installed package, in any folder). The server runs the ``Orders`` handler on every
 shard, merges all shards' rows into one ordered stream, and hands each 60 s event-time
 window to embedded Spark, where ``per_customer`` counts orders per customer; the
 output is committed exactly once. Midway one shard splits: the parent ends with
@@ -20,11 +21,11 @@ from __future__ import annotations
 
 import asyncio
 import shutil
-import sys
 import time
 from pathlib import Path
 
 from .config import Settings
+from .examples.orders import change_record
 from .logs import configure
 from .server import Server
 from .testing import SHARD_END, FakeDaemon, make_records, relay_command
@@ -35,18 +36,7 @@ SPAN_MS = 20 * 60_000  # the event time the demo's orders cover
 CUSTOMERS = 500
 
 
-def _importable_examples() -> None:
-    """``handlers`` is a folder of the project, next to ``mldserver/``: make it importable
-    from the project root and from a source checkout, as ``serve`` does for users."""
-    root = Path(__file__).resolve().parents[1]
-    for path in (Path.cwd(), root):
-        if (path / "handlers" / "orders.py").exists() and str(path) not in sys.path:
-            sys.path.insert(0, str(path))
-
-
 def _orders(first_seq: int, count: int, first_order: int, start_ms: int, step_ms: float) -> list[dict]:
-    from handlers.orders import change_record
-
     def data(seq: int) -> bytes:
         n = seq - first_seq
         order = first_order + n
@@ -77,7 +67,6 @@ async def _progress(server: Server, sent: list[int], started: float) -> None:
 
 
 async def run(shards: int, records: int, directory: Path) -> None:
-    _importable_examples()
     for old in ("state", "output", "server.log"):
         target = directory / old
         if target.is_dir():
@@ -87,8 +76,8 @@ async def run(shards: int, records: int, directory: Path) -> None:
     directory.mkdir(parents=True, exist_ok=True)
     configure("json", "info", str(directory / "server.log"))
     settings = Settings(
-        handler="handlers.orders:Orders",
-        pipeline="handlers.orders:per_customer",
+        handler="mldserver.examples.orders:Orders",
+        pipeline="mldserver.examples.orders:per_customer",
         sink=f"parquet:{(directory / 'output').resolve()}",
         port=0,
         state_dir=str(directory / "state"),
@@ -97,7 +86,7 @@ async def run(shards: int, records: int, directory: Path) -> None:
         idle_timeout=10.0,
         checkpoint_interval=2.0,
     )
-    print("starting the server and its Spark worker (embedded Spark, local[*]) ...", flush=True)
+    print("starting the server and its Spark process (embedded Spark, local[*]) ...", flush=True)
     server = Server(settings)
     await server.start()
     host, port = server.address

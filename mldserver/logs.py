@@ -17,10 +17,11 @@ from __future__ import annotations
 
 import logging
 import sys
-import time
 from typing import Any, TextIO
 
 import orjson
+
+from .durable import utc_timestamp
 
 _LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
 
@@ -61,14 +62,10 @@ def get_logger(name: str) -> EventLogger:
     return EventLogger(logging.getLogger(name))
 
 
-def _ts(created: float) -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(created)) + f".{int(created % 1 * 1000):03d}Z"
-
-
 class JsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         entry: dict[str, Any] = {
-            "ts": _ts(record.created),
+            "ts": utc_timestamp(record.created),
             "level": record.levelname.lower(),
             "event": record.getMessage(),
         }
@@ -81,7 +78,7 @@ class JsonFormatter(logging.Formatter):
 class ConsoleFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         fields = " ".join(f"{k}={v}" for k, v in getattr(record, "fields", {}).items())
-        line = f"{_ts(record.created)} {record.levelname.lower():7} {record.getMessage():24} {fields}".rstrip()
+        line = f"{utc_timestamp(record.created)} {record.levelname.lower():7} {record.getMessage():24} {fields}".rstrip()
         if record.exc_info:
             line += "\n" + self.formatException(record.exc_info)
         return line

@@ -26,7 +26,7 @@ import signal
 import sys
 from typing import Any, Callable
 
-from .config import Settings, state_path, uses_spark
+from .config import Settings, SinkSpec, state_path, uses_spark
 from .coordinator import Coordinator
 from .context import Context
 from .deadletter import DeadLetters
@@ -58,9 +58,7 @@ class Server:
         self.address: tuple[str, int] | str | None = None
         self.spark: SparkProcess | None = None
         if uses_spark(settings):
-            from .sinks import sink_dir
-
-            where = sink_dir(settings.sink)[1] if (settings.sink or "").startswith("parquet:") else None
+            where = SinkSpec.parse(settings.sink).directory if (settings.sink or "").startswith("parquet:") else None
             self.spark = self.context.spark = SparkProcess(settings, sink_dir=where)
         self.coordinator: Coordinator | None = None
         if settings.sink:

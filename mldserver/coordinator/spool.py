@@ -6,7 +6,8 @@ and the parent's last window cannot close until the children report. So on
 SHARD_END is stored; at start-up every spool file is replayed into the coordinator,
 and a file is deleted once all its rows are committed.
 
-``<state_dir>/spool/<shard_id>.jsonl``: a header line, then one line per row::
+``<state_dir>/spool/<shard_id>.jsonl`` (the shard id made a file name by
+``durable.safe_filename``): a header line, then one line per row::
 
     {"shard_id":"shardId-000000000000","last":["4959...",0],"parents":[]}
     [1476889707000,"4959...",0,{"k":"v"}]       # event time, sequence, sub, the row
@@ -18,16 +19,13 @@ spool or the new one, never half of one.
 from __future__ import annotations
 
 import os
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
 import orjson
 
-from ..sinks.commitlog import fsync_dir
+from ..durable import atomic_write, safe_filename
 from .ordering import Item, Position, Row
-
-_UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
 
 
 @dataclass
@@ -41,25 +39,18 @@ class Spooled:
 class Spool:
     def __init__(self, directory: Path) -> None:
         self.directory = directory
+        self._found: dict[str, Path] = {}  # shard -> the file read_all found it in
 
     def path_for(self, shard_id: str) -> Path:
-        return self.directory / f"{_UNSAFE.sub('_', shard_id)}.jsonl"
+        return self.directory / f"{safe_filename(shard_id)}.jsonl"
 
     def write(self, shard_id: str, rows: list[Row], last: Position | None, parents: list[str]) -> Path:
         """Blocking (run it in a thread): the rows are on disk when this returns."""
         header = {"shard_id": shard_id, "last": [last[2], last[1]] if last else None, "parents": parents}
         lines = [orjson.dumps(header)]
         lines += [orjson.dumps([r[0], r[5], r[3], orjson.Fragment(r[6])]) for r in rows]
-        path = self.path_for(shard_id)
-        tmp = path.with_suffix(".tmp")
         self.directory.mkdir(parents=True, exist_ok=True)
-        with open(tmp, "wb") as f:
-            f.write(b"\n".join(lines) + b"\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-        fsync_dir(self.directory)
-        return path
+        return atomic_write(self.path_for(shard_id), b"\n".join(lines) + b"\n")
 
     def read_all(self) -> list[Spooled]:
         """Every spool file (blocking; start-up only). A torn last line is ignored:
@@ -78,10 +69,13 @@ class Spool:
                     items.append((t, int(seq), sub, seq, orjson.dumps(row)))
             position = (int(last[0]), last[1], last[0]) if last else None
             out.append(Spooled(header["shard_id"], position, header.get("parents", []), items))
+            self._found[header["shard_id"]] = path
         return out
 
     def delete(self, shard_id: str) -> None:
-        try:
-            os.unlink(self.path_for(shard_id))
-        except FileNotFoundError:
-            pass
+        # A file found at start-up may carry an older version's name for this shard.
+        for path in {self.path_for(shard_id), self._found.pop(shard_id, None)} - {None}:
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                pass

@@ -17,10 +17,9 @@ once, before any commit: the positions it returns are filtered out of replays.
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
-from ..errors import ConfigError
+from ..config import SinkSpec
 from .commitlog import Committed
 
 if TYPE_CHECKING:
@@ -36,18 +35,9 @@ class Sink(Protocol):
     async def commit(self, window: "Window") -> None: ...
 
 
-def sink_dir(spec: str) -> tuple[str, Path]:
-    kind, _, where = spec.partition(":")
-    if kind not in ("file", "parquet"):
-        raise ConfigError(f"--sink {spec!r}: use file:DIR (JSON lines) or parquet:DIR (Spark)")
-    if not where:
-        raise ConfigError(f"--sink {spec!r}: give a directory, as in {kind}:./out")
-    return kind, Path(where).resolve()
-
-
 def open_sink(settings: "Settings", *, spark: "SparkProcess | None", dead_letters: "DeadLetters") -> Sink:
     assert settings.sink
-    kind, where = sink_dir(settings.sink)
+    kind, where = SinkSpec.parse(settings.sink)
     if kind == "file":
         from .file import FileSink
 

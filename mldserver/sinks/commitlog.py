@@ -14,18 +14,18 @@ commit in order and a shard's event times never decrease), so the highest positi
 over all entries is where its committed rows end: the coordinator filters replays at
 or below it, which makes output exactly once while delivery is at least once.
 
-Pure files, no Spark: the server reads the log at start-up, the Spark worker appends.
+Pure files, no Spark: the server reads the log at start-up, the Spark process appends.
 """
 
 from __future__ import annotations
 
-import os
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import orjson
+
+from ..durable import atomic_write, utc_timestamp
 
 COMMITS = "_commits"
 
@@ -74,26 +74,5 @@ class CommitLog:
     def append(self, entry: dict[str, Any]) -> Path:
         """Write one entry durably: a temporary name, fsync, rename, fsync the folder."""
         self.directory.mkdir(parents=True, exist_ok=True)
-        entry = {**entry, "committed_at": _now()}
-        final = self.path(entry["window"])
-        tmp = self.directory / f"_{final.name}.tmp"
-        with open(tmp, "wb") as f:
-            f.write(orjson.dumps(entry))
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, final)
-        fsync_dir(self.directory)
-        return final
-
-
-def fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _now() -> str:
-    now = time.time()
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now)) + f".{int(now % 1 * 1000):03d}Z"
+        entry = {**entry, "committed_at": utc_timestamp()}
+        return atomic_write(self.path(entry["window"]), orjson.dumps(entry))

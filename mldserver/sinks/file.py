@@ -15,11 +15,11 @@ already has a file (the same window closed again after a restart) gets ``.1``, `
 from __future__ import annotations
 
 import asyncio
-import os
 from pathlib import Path
 
 from ..coordinator.windows import Window
-from .commitlog import Committed, fsync_dir
+from ..durable import atomic_write
+from .commitlog import Committed
 
 
 class FileSink:
@@ -39,7 +39,6 @@ class FileSink:
             self._publish(f"{name}.late.jsonl", rows[: window.late])
         if len(rows) > window.late:
             self._publish(f"{name}.jsonl", rows[window.late :])
-        fsync_dir(self.directory)
 
     def _free_name(self, base: str) -> str:
         name, n = base, 0
@@ -49,9 +48,4 @@ class FileSink:
         return name
 
     def _publish(self, filename: str, rows: list[bytes]) -> None:
-        tmp = self.directory / f"_{filename}.tmp"
-        with open(tmp, "wb") as f:
-            f.write(b"\n".join(rows) + b"\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self.directory / filename)
+        atomic_write(self.directory / filename, b"\n".join(rows) + b"\n")

@@ -1,5 +1,5 @@
 """The pipeline API: ``--pipeline MODULE:ATTR`` names a callable run in the Spark
-worker process once per closed window::
+process once per closed window::
 
     from pyspark.sql import functions as F
 

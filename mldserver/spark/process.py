@@ -1,4 +1,4 @@
-"""The server's side of the Spark worker process: start it, supervise it, send it
+"""The server's side of the Spark process (``child.py``): start it, supervise it, send it
 requests, stop it. All of it is asyncio; the event loop only ever waits on a pipe.
 
 ::
@@ -24,13 +24,13 @@ import itertools
 import os
 import sys
 from pathlib import Path
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Mapping
 
 from ..backoff import Backoff
 from ..config import Settings, state_path
 from ..errors import MldserverError
 from ..logs import EventLogger, get_logger
-from .frames import encode, read_frame_async
+from .frames import StartRequest, encode, read_frame_async
 
 # Rows per SQL fetch: small at first (a caller that stops early leaves most partitions
 # uncomputed), doubling up to the cap (a caller that reads everything pays few round trips).
@@ -70,10 +70,6 @@ class SparkProcess:
         self._stopping = False
         self._supervisor: asyncio.Task[None] | None = None
 
-    @property
-    def pid(self) -> int | None:
-        return self._proc.pid if self._proc else None
-
     # -- lifecycle -----------------------------------------------------------------
 
     async def start(self) -> None:
@@ -103,7 +99,7 @@ class SparkProcess:
         self.work_dir.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as stderr:
             proc = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "mldserver.spark.main",
+                sys.executable, "-m", "mldserver.spark.child",
                 stdin=asyncio.subprocess.PIPE,
                 stdout=asyncio.subprocess.PIPE,
                 stderr=stderr,
@@ -111,7 +107,7 @@ class SparkProcess:
                 start_new_session=True,  # a Ctrl-C in the terminal is the server's to handle
                 limit=PIPE_LIMIT,
             )  # fmt: skip
-        options = {
+        options: StartRequest = {
             "op": "start",
             "id": next(self._ids),
             "master": s.spark_master,
@@ -177,7 +173,7 @@ class SparkProcess:
         while True:
             delay = self.backoff.delay(attempt)
             self.log.error(
-                "spark_worker_exited",
+                "spark_process_exited",
                 pid=self._proc.pid if self._proc else None,
                 returncode=code,
                 restart_in_ms=round(delay * 1000),
@@ -197,7 +193,7 @@ class SparkProcess:
 
     # -- requests ------------------------------------------------------------------
 
-    async def request(self, message: dict[str, Any]) -> dict[str, Any]:
+    async def request(self, message: Mapping[str, Any]) -> dict[str, Any]:
         """Send one request and wait for its reply; SparkError if it failed there."""
         await self._ready.wait()
         proc = self._proc

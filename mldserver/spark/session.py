@@ -1,4 +1,4 @@
-"""The SparkSession of the Spark worker process, with defaults fit for a daemon.
+"""The SparkSession of the Spark process, with defaults fit for a daemon.
 
 ``build(options)`` where ``options`` come from the server's settings::
 
@@ -10,7 +10,7 @@
 - Loopback only (``SPARK_LOCAL_IP=127.0.0.1``), executors run this interpreter
   (``PYSPARK_PYTHON``), no web UI, scratch and warehouse under ``work_dir`` (the
   process runs there too, so no ``metastore_db`` or ``derby.log`` lands where the
-  server was started), and Spark's own logging at WARN to the worker's log file
+  server was started), and Spark's own logging at WARN to the Spark process's log file
   (``work_dir/spark.log``), not to the server's console.
 - ``conf`` (the ``spark_conf`` setting) overrides any of these.
 """

@@ -1,9 +1,9 @@
 """The Spark sink (``--sink parquet:DIR``, the default when a pipeline is given):
-each closed window goes through the user's pipeline in the Spark worker and is
+each closed window goes through the user's pipeline in the Spark process and is
 committed exactly once.
 
 Here, on the server's side, a window's rows become an Arrow table (``schema.py``,
-in a thread) written to ``<state-dir>/spark/windows/<id>.parquet``; the worker reads
+in a thread) written to ``<state-dir>/spark/windows/<id>.parquet``; the Spark process reads
 that file into a DataFrame, runs the pipeline, publishes ``DIR/window=<id>/`` and
 appends ``DIR/_commits/<id>.json`` (``sinks/commitlog.py``)::
 
@@ -30,6 +30,7 @@ from ..deadletter import DeadLetters
 from ..logs import get_logger
 from ..sinks.commitlog import CommitLog, Committed
 from . import schema as schemas
+from .frames import CommitRequest
 from .process import SparkProcess
 
 log = get_logger("mldserver.sink")
@@ -41,7 +42,7 @@ class SparkSink:
         self.directory = directory
         self.dead_letters = dead_letters
         self.commit_log = CommitLog(directory)
-        self.inputs = state_path(settings, "spark", "windows").resolve()  # the worker runs elsewhere
+        self.inputs = state_path(settings, "spark", "windows").resolve()  # the Spark process runs elsewhere
         self.schema_path = directory / "_schema.arrow"
         self.schema = schemas.declared(settings.schema)  # a ConfigError before the server binds
         self.rows_out = 0
@@ -70,20 +71,19 @@ class SparkSink:
                     path=str(where),
                     what_to_do="declare the schema in the config ([schema]) or fix what the handler emits",
                 )
-        reply = await self.spark.request(
-            {
-                "op": "commit",
-                "path": str(path),
-                "window": {
-                    "id": window.id,
-                    "start": window.start,
-                    "end": window.end,
-                    "rows": len(window),
-                    "late": window.late,
-                    "positions": window.positions,
-                },
-            }
-        )
+        request: CommitRequest = {
+            "op": "commit",
+            "path": str(path),
+            "window": {
+                "id": window.id,
+                "start": window.start,
+                "end": window.end,
+                "rows": len(window),
+                "late": window.late,
+                "positions": window.positions,
+            },
+        }
+        reply = await self.spark.request(request)
         await asyncio.to_thread(path.unlink, True)
         self.rows_out += reply.get("rows_out") or 0
         if reply.get("already"):

@@ -24,3 +24,16 @@ def test_sequence_numbers_keep_their_exact_digits(tmp_path):
     spool.write("s", [(1, "s", int(seq), 0, 1, seq, b"{}")], (int(seq), 0, seq), [])
     [spooled] = spool.read_all()
     assert spooled.items[0][3] == seq and spooled.last == (28, 0, seq)
+
+
+def test_a_spool_named_by_an_older_version_is_read_and_deleted(tmp_path):
+    # Older versions replaced unsafe characters with "_"; real shard ids never had any.
+    spool = Spool(tmp_path)
+    spool.write("shardId-000000000001", [], None, [])
+    legacy = tmp_path / "shardId-x_1.jsonl"
+    legacy.write_bytes(b'{"shard_id":"shardId-x/1","last":null,"parents":[]}\n')
+    assert {s.shard_id for s in spool.read_all()} == {"shardId-000000000001", "shardId-x/1"}
+    assert spool.path_for("shardId-000000000001").name == "shardId-000000000001.jsonl"
+    spool.delete("shardId-x/1")
+    assert not legacy.exists()
+    assert [s.shard_id for s in spool.read_all()] == ["shardId-000000000001"]

@@ -2,7 +2,7 @@
 so a test can check what the real daemon delivered, emits one row per record (for a
 server run with a sink), and checkpoints each batch's last record (which the server
 clamps to what the sink committed). Its shard_ended and shutdown_requested are the
-Handler defaults. ``pipeline`` runs in the server's Spark worker on each window."""
+Handler defaults. ``pipeline`` runs in the server's Spark process on each window."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Pipelines for the Spark tests, run in the server's Spark worker process. They read
+"""Pipelines for the Spark tests, run in the server's Spark process. They read
 their switches from the environment the test gives the server."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The Spark worker process seen from the server: SQL through ``context.sql`` (named
+"""The Spark process seen from the server: SQL through ``context.sql`` (named
 parameters bound by Spark, rows streamed as the caller iterates, nothing run before
 the first row is asked for), on a real embedded Spark session."""
 

@@ -1,5 +1,5 @@
 """The Spark sink end to end: ``mldserver serve`` (a real process) with the passthrough
-handler and ``--sink parquet:DIR``, its Spark worker running embedded Spark, driven
+handler and ``--sink parquet:DIR``, its Spark process running embedded Spark, driven
 through the relay by the fake daemon. Output is read back with pyarrow, as a user's
 reader would (names starting with ``_`` skipped)."""
 
@@ -69,7 +69,7 @@ async def test_every_record_is_committed_exactly_once_across_a_split_and_a_serve
     await wait_for(lambda: committed_rows(out), what="a first committed window")
     feeders = [asyncio.ensure_future(model.feed(s)) for s in live.values()]
     await asyncio.sleep(0.3)
-    os.kill(server.proc.pid, signal.SIGKILL)  # mid-stream; the Spark worker dies with it
+    os.kill(server.proc.pid, signal.SIGKILL)  # mid-stream; the Spark process dies with it
     await asyncio.gather(*(until_killed(f) for f in feeders))
     for s in [*parents.values(), *children.values()]:
         await s.child.kill()
@@ -116,13 +116,13 @@ async def test_a_spark_worker_killed_during_a_commit_is_restarted_and_the_window
     counts = committed_rows(out)
     assert set(counts) == put and max(counts.values()) == 1
     events = server.events()
-    exited = [e for e in events if e["event"] == "spark_worker_exited"]
+    exited = [e for e in events if e["event"] == "spark_process_exited"]
     assert exited and exited[0]["returncode"] == -signal.SIGKILL
     assert len([e for e in events if e["event"] == "spark_started"]) == 2
     by_killed = [m for m in marks.iterdir() if m.name.endswith(f"-{started['pid']}")]
     killed_window = max(by_killed, key=lambda m: m.stat().st_mtime).name.rsplit("-", 1)[0]
     again = [m for m in marks.iterdir() if m.name.startswith(killed_window) and m not in by_killed]
-    assert len(again) == 1  # the window in flight was handed over again, to the new worker
+    assert len(again) == 1  # the window in flight was handed over again, to the new Spark process
     await model.shut_down(daemon, shards)
 
 

@@ -1,9 +1,10 @@
-"""The Spark worker process (``python -m mldserver.spark.main``), started and supervised
-by the server. It owns the SparkSession and answers frames (``frames.py``) on its
-stdin/stdout, one at a time, in order. Anything else that writes to stdout (the JVM,
-a pipeline's print) is sent to stderr, which the server points at ``spark.log``.
+"""The Spark process (``python -m mldserver.spark.child``), started and supervised by
+the server (``process.py``). It owns the SparkSession and answers frames
+(``frames.py``) on its stdin/stdout, one at a time, in order. Anything else that
+writes to stdout (the JVM, a pipeline's print) is sent to stderr, which the server
+points at ``spark.log``.
 
-The first frame configures it; the reply says it is ready::
+The first frame (``frames.StartRequest``) configures it; the reply says it is ready::
 
     {"op": "start", "id": 1, "master": "local[*]", "remote": null, "conf": {},
      "work_dir": ".../state/spark", "sink_dir": ".../output", "format": "parquet",
@@ -12,11 +13,12 @@ The first frame configures it; the reply says it is ready::
 
 Then:
 
-- ``commit {window, path}``: if the commit log has the window, answer at once
-  (``already``): a window re-sent after a restart is never committed twice. Else read
+- ``commit {window, path}`` (``frames.CommitRequest``): if the commit log has the
+  window, answer at once (``already``): a window re-sent after a restart is never
+  committed twice. Else read
   the window's Arrow file, run ``pipeline(df, window)``, write what it returns under
   ``DIR/_staging/``, fsync it, rename it to ``DIR/window=<id>`` (replacing a
-  half-written one), then append the commit-log entry.
+  half-written one: ``durable.publish_dir``), then append the commit-log entry.
 - ``sql_fetch {cursor, query, args, n}``: the first fetch of a cursor runs
   ``spark.sql(query, args=args)`` and opens ``toLocalIterator`` (partition by
   partition); each fetch returns up to ``n`` rows as dicts and ``done``.
@@ -24,7 +26,7 @@ Then:
 - ``stop``: answers, stops the session, exits.
 
 The sink folder is locked (``DIR/_lock``) for the life of the process, so two
-workers never write one sink. The process dies with the server (PR_SET_PDEATHSIG).
+Spark processes never write one sink. The process dies with the server (PR_SET_PDEATHSIG).
 """
 
 from __future__ import annotations
@@ -42,16 +44,19 @@ from itertools import islice
 from pathlib import Path
 from typing import Any
 
+from ..durable import publish_dir
 from ..importer import import_from_string
-from ..sinks.commitlog import CommitLog, fsync_dir
-from .frames import encode, read_frame
+from ..sinks.commitlog import CommitLog
+from .frames import CommitRequest, StartRequest, commit_entry, encode, read_frame
 from .pipeline import WindowInfo, identity
 
-LOCK_WAIT = 30.0  # seconds: a worker of a server that just died may still hold the lock
+LOCK_WAIT = 30.0  # seconds: the Spark process of a server that just died may still hold the lock
 
 
-class Worker:
-    def __init__(self, options: dict[str, Any]) -> None:
+class SparkChild:
+    """The session, the sink and the SQL cursors: one method per request."""
+
+    def __init__(self, options: StartRequest) -> None:
         from . import session
 
         self.options = options
@@ -74,7 +79,7 @@ class Worker:
 
     # -- commits ---------------------------------------------------------------------
 
-    def commit(self, request: dict[str, Any]) -> dict[str, Any]:
+    def commit(self, request: CommitRequest) -> dict[str, Any]:
         w = request["window"]
         done = self.commit_log.entry(w["id"])
         if done is not None:
@@ -90,17 +95,7 @@ class Worker:
                     "return a DataFrame to write, or None if it wrote its own output"
                 )
             rows_out = self._publish(out, w["id"])
-        self.commit_log.append(
-            {
-                "window": w["id"],
-                "start": w["start"],
-                "end": w["end"],
-                "rows": w["rows"],
-                "late": w["late"],
-                "rows_out": rows_out,
-                "positions": w["positions"],
-            }
-        )
+        self.commit_log.append(commit_entry(w, rows_out))
         return {"rows_out": rows_out, "spark_ms": round((time.perf_counter() - started) * 1000, 1)}
 
     def _read(self, path: str):
@@ -117,18 +112,8 @@ class Worker:
         assert self.sink_dir is not None
         staging = self.sink_dir / "_staging" / f"{window_id}-{uuid.uuid4().hex[:8]}"
         df.write.format(self.format).save(str(staging))
-        for root, _, files in os.walk(staging):
-            for name in files:
-                fd = os.open(os.path.join(root, name), os.O_RDONLY)
-                try:
-                    os.fsync(fd)
-                finally:
-                    os.close(fd)
-        final = self.sink_dir / f"window={window_id}"
-        if final.exists():
-            shutil.rmtree(final)  # published before a crash but never logged: redone
-        os.rename(staging, final)
-        fsync_dir(self.sink_dir)
+        # A folder already there was published before a crash but never logged: redone.
+        final = publish_dir(staging, self.sink_dir / f"window={window_id}")
         if self.format != "parquet":
             return None
         import pyarrow.parquet as pq
@@ -176,7 +161,7 @@ def _lock(sink_dir: Path) -> int:
             if time.monotonic() > deadline:
                 holder = os.pread(fd, 64, 0).decode(errors="replace").strip()
                 raise RuntimeError(
-                    f"another Spark worker (pid {holder or '?'}) writes to {sink_dir}: "
+                    f"another Spark process (pid {holder or '?'}) writes to {sink_dir}: "
                     "stop that server, or give this one its own --sink directory"
                 ) from None
             time.sleep(0.2)
@@ -221,18 +206,18 @@ def main() -> None:
     options, _ = frame
     sys.path[:0] = [p for p in options.get("sys_path", []) if p not in sys.path]
     try:
-        worker = Worker(options)
+        child = SparkChild(options)  # type: ignore[arg-type]
     except BaseException as exc:
         reply({"id": options["id"], **_error(exc)})
         raise SystemExit(1) from None
-    reply({"id": options["id"], "ok": True, **worker.ready()})
-    ops = {"commit": worker.commit, "sql_fetch": worker.sql_fetch, "sql_close": worker.sql_close}
+    reply({"id": options["id"], "ok": True, **child.ready()})
+    ops = {"commit": child.commit, "sql_fetch": child.sql_fetch, "sql_close": child.sql_close}
     while (frame := read_frame(requests)) is not None:
         request, _ = frame
         op = request.get("op")
         if op == "stop":
             reply({"id": request["id"], "ok": True})
-            worker.stop()
+            child.stop()
             return
         try:
             result = ops[op](request)

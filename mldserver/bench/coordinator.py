@@ -17,36 +17,14 @@ the server's peak PSS against the no-pipeline server's).
 from __future__ import annotations
 
 import asyncio
-import base64
 import os
 import time
 from pathlib import Path
 
 import orjson
 
-from .bench import Sampler, start_server
-from .testing import FakeDaemon, Shard, SocketChild
-
-ROOT = Path(__file__).resolve().parents[1]  # the project (editable install): handlers/ lives there
-RECORDS, SIZE = 10_000, 100
-
-
-def lines(batches: int, ms_per_batch: int = 10_000) -> list[tuple[bytes, dict]]:
-    """``batches`` processRecords lines of RECORDS records, each batch covering
-    ``ms_per_batch`` of event time, starting a day ago."""
-    payload = base64.b64encode(os.urandom(SIZE)).decode("ascii")
-    start = time.time_ns() // 1_000_000 - 86_400_000  # a day ago: a caught-up watermark passes it all
-    out = []
-    for b in range(batches):
-        recs = [
-            {"action": "record", "data": payload, "partitionKey": f"pk-{i}",
-             "sequenceNumber": str(10**40 + b * RECORDS + i), "subSequenceNumber": 0,
-             "approximateArrivalTimestamp": start + b * ms_per_batch + i * ms_per_batch // RECORDS}
-            for i in range(RECORDS)
-        ]
-        line = orjson.dumps({"action": "processRecords", "records": recs, "millisBehindLatest": 1000}) + b"\n"
-        out.append((line, recs[-1]))
-    return out
+from ..testing import FakeDaemon, Shard, SocketChild
+from .common import PASSTHROUGH, RECORDS, SIZE, Sampler, lines, start_server
 
 
 def committed_rows(log: Path) -> int:
@@ -64,8 +42,7 @@ async def run_one(name: str, k: int, batch_lines: list, tmp: str) -> tuple[float
     if name == "file sink":
         extra += ["--sink", f"file:{state}/out", "--window", "10"]
     Path(state).mkdir(parents=True, exist_ok=True)
-    server, port = await start_server(state, *extra, handler="handlers.passthrough:Passthrough",
-                                      env={"PYTHONPATH": str(ROOT)})
+    server, port = await start_server(state, *extra, handler=PASSTHROUGH)
     try:
         daemon = FakeDaemon("", timeout=600)
         shards = []

@@ -26,43 +26,23 @@ from pathlib import Path
 
 import orjson
 
-from .bench import start_server
-from .bench_coordinator import RECORDS, ROOT, lines
-from .testing import FakeDaemon, Shard, SocketChild
+from ..spark.bench import bare_handoff
+from ..testing import FakeDaemon, Shard, SocketChild
+from .common import PASSTHROUGH, RECORDS, lines, start_server
 
 BATCHES_PER_WINDOW = 10  # 10 x 10,000 records = one 100,000-row window
 
 
-def bare_handoff(tmp: str, windows: int, rows_per_window: int) -> float:
-    """rows/s for pyarrow table -> parquet file -> Spark read -> parquet output."""
-    import pyarrow.parquet as pq
-    from pyspark.sql.pandas.types import from_arrow_schema
-
-    from .spark import schema, session
-
-    work = Path(tmp) / "bare"
-    work.mkdir(parents=True, exist_ok=True)
-    spark = session.build({"work_dir": str(work)})
-    try:
-        line, _ = lines(1)[0]
-        records = orjson.loads(line)["records"]
-        rows = [
-            orjson.dumps({"shard_id": "shardId-000000000000", "sequence_number": r["sequenceNumber"],
-                          "sub_sequence_number": 0, "partition_key": r["partitionKey"],
-                          "approximate_arrival_timestamp": r["approximateArrivalTimestamp"], "data": r["data"]})
-            for r in records
-        ] * (rows_per_window // len(records))
-        table, _ = schema.rows_to_table(rows, None)
-        spark_schema = from_arrow_schema(table.schema)
-        spark.range(1).write.mode("overwrite").parquet(str(work / "warm"))  # JVM warm-up, not timed
-        started = time.perf_counter()
-        for w in range(windows):
-            path = work / f"in-{w}.parquet"
-            pq.write_table(table, path, compression="none")
-            spark.read.schema(spark_schema).parquet(str(path)).write.parquet(str(work / f"out-{w}"))
-        return windows * len(rows) / (time.perf_counter() - started)
-    finally:
-        spark.stop()
+def passthrough_rows(rows_per_window: int) -> list[bytes]:
+    """One window of the passthrough handler's rows, as the coordinator hands them over."""
+    line, _ = lines(1)[0]
+    records = orjson.loads(line)["records"]
+    return [
+        orjson.dumps({"shard_id": "shardId-000000000000", "sequence_number": r["sequenceNumber"],
+                      "sub_sequence_number": 0, "partition_key": r["partitionKey"],
+                      "approximate_arrival_timestamp": r["approximateArrivalTimestamp"], "data": r["data"]})
+        for r in records
+    ] * (rows_per_window // len(records))
 
 
 async def end_to_end(tmp: str, windows: int) -> tuple[float, list[float], float | None]:
@@ -72,7 +52,7 @@ async def end_to_end(tmp: str, windows: int) -> tuple[float, list[float], float 
     Path(state).mkdir(parents=True, exist_ok=True)
     server, port = await start_server(
         state, "--log-file", str(log), "--log-level", "info", "--sink", f"parquet:{state}/out", "--window", "10",
-        handler="handlers.passthrough:Passthrough", env={"PYTHONPATH": str(ROOT)}, timeout=240,
+        handler=PASSTHROUGH, timeout=240,
     )  # fmt: skip
     batch_lines = lines(windows * BATCHES_PER_WINDOW, ms_per_batch=1_000)
     total = len(batch_lines) * RECORDS
@@ -111,7 +91,7 @@ async def run(quick: bool, tmp: str) -> None:
     windows = 2 if quick else 8
     rows = RECORDS * BATCHES_PER_WINDOW
     print(f"\nspark: {windows} windows of {rows:,} rows (passthrough rows, identity pipeline, embedded Spark)")
-    bare = await asyncio.to_thread(bare_handoff, tmp, windows, rows)
+    bare = await asyncio.to_thread(bare_handoff, Path(tmp) / "bare", passthrough_rows(rows), windows)
     e2e, latencies, lag = await end_to_end(tmp, windows)
     q = statistics.quantiles(latencies, n=100, method="inclusive") if len(latencies) > 1 else latencies * 99
     print(f"  {'bare handoff rows/s':>20} {'end to end rows/s':>18} {'ratio':>6} "

@@ -1,4 +1,4 @@
-"""``mldserver bench``: throughput, latency and memory, side by side in one run.
+"""``mldserver bench --part relay``: throughput, latency and memory, side by side in one run.
 
 The fake daemon drives K shards in lock-step, the daemon's way (one batch, then wait
 for its status), N batches of R records of B bytes each, against:
@@ -21,18 +21,16 @@ import asyncio
 import base64
 import binascii
 import os
-import socket
-import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import orjson
 
-from .handler import Handler
-from .testing import Child, FakeDaemon, Shard, SocketChild, relay_command
+from ..handler import Handler
+from ..testing import Child, FakeDaemon, Shard, SocketChild, relay_command
+from .common import Sampler, pss_kb, rss_kb, start_server
 
 
 class TouchHandler(Handler):
@@ -64,27 +62,6 @@ class Touch(processor.RecordProcessorBase):
 
 kcl.KCLProcess(Touch()).run()
 """
-
-
-def _proc_kb(pid: int, file: str, key: str) -> int:
-    """One ``Key: N kB`` figure from /proc/<pid>/<file> (0 if the process is gone)."""
-    try:
-        with open(f"/proc/{pid}/{file}") as f:
-            for line in f:
-                if line.startswith(key):
-                    return int(line.split()[1])
-    except OSError:
-        pass
-    return 0
-
-
-def pss_kb(pid: int) -> int:
-    """Proportional set size: shared pages split between the processes mapping them."""
-    return _proc_kb(pid, "smaps_rollup", "Pss:")
-
-
-def rss_kb(pid: int) -> int:
-    return _proc_kb(pid, "status", "VmRSS:")
 
 
 def batch_line(first_seq: int, records: int, size: int) -> tuple[bytes, dict]:
@@ -125,65 +102,6 @@ class Result:
 
 HEADER = (f"  {'variant':13} {'K':>4} {'records/s':>12} {'vs kclpy':>6} {'MB/s':>8} {'p50 ms':>8} {'p99 ms':>8} "
           f"{'MiB/shd':>7} {'MiB all':>8}")
-
-
-class Sampler:
-    """Samples the PSS of a set of processes while a run goes on; keeps the peak."""
-
-    def __init__(self) -> None:
-        self.pids: dict[str, list[int]] = {}
-        self.peak: dict[str, int] = {}
-        self._task: asyncio.Task | None = None
-
-    def start(self) -> None:
-        self._task = asyncio.ensure_future(self._loop())
-
-    def sample(self) -> None:
-        for group, pids in self.pids.items():
-            self.peak[group] = max(self.peak.get(group, 0), sum(pss_kb(p) for p in pids))
-
-    async def _loop(self) -> None:
-        while True:
-            await asyncio.to_thread(self.sample)
-            await asyncio.sleep(0.2)
-
-    async def stop(self) -> None:
-        assert self._task
-        self._task.cancel()
-        await asyncio.gather(self._task, return_exceptions=True)
-        self.sample()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-async def start_server(
-    state_dir: str,
-    *extra: str,
-    handler: str = "mldserver.bench:TouchHandler",
-    env: dict[str, str] | None = None,
-    timeout: float = 30,
-) -> tuple[subprocess.Popen, int]:
-    port = free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "mldserver", "serve", "--handler", handler, "--port",
-         str(port), "--log-level", "warning", "--state-dir", state_dir, *extra],
-        stdout=subprocess.DEVNULL,
-        env={**os.environ, **(env or {})},
-    )
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            _, w = await asyncio.open_connection("127.0.0.1", port)
-            w.close()
-            return proc, port
-        except OSError:
-            await asyncio.sleep(0.05)
-    proc.kill()
-    raise RuntimeError("bench server did not start")
 
 
 async def drive(shards: list[Shard], line: bytes, last: dict, batches: int, result: Result) -> None:
@@ -284,61 +202,36 @@ def batches_for(k: int, records: int, size: int, quick: bool) -> int:
     return max(3, budget // (per_batch * k))
 
 
-async def amain(args) -> None:
+async def run(args, shard_counts: list[int], with_kclpy: bool, tmp: str) -> None:
+    """The relay part: start-up cost, then every load at every shard count."""
     loads = [tuple(int(x) for x in spec.split("x")) for spec in args.load]
-    shard_counts = [1, 2] if args.quick and args.shards == [1, 32] else args.shards
-    with_kclpy = not args.no_kclpy
-    if with_kclpy:
-        try:
-            import amazon_kclpy  # noqa: F401
-        except ImportError:
-            print("amazon_kclpy not installed (pip install kclpy-ext, or scripts/setup --test); "
-                  "skipping it: pass --no-kclpy to silence this")
-            with_kclpy = False
-    with tempfile.TemporaryDirectory(prefix="mldserver-bench-") as tmp:
-        if args.part in ("all", "coordinator"):
-            from . import bench_coordinator
-
-            await bench_coordinator.run(shard_counts, args.quick, tmp)
-        if args.part in ("all", "spark"):
-            from . import bench_spark
-
-            await bench_spark.run(args.quick, tmp)
-        if args.part in ("coordinator", "spark"):
-            return
-        server, port = await start_server(os.path.join(tmp, "state"))
-        try:
-            ms, rss, pss = await relay_startup(port)
-            print(f"relay start-up: {ms:.0f} ms to the first status; RSS {rss / 1024:.1f} MiB, PSS {pss / 1024:.1f} MiB")
-            print(f"server idle: PSS {pss_kb(server.pid) / 1024:.1f} MiB")
-        finally:
-            server.terminate()
-            server.wait(30)
-        for records, size in loads:
-            print(f"\nload: batches of {records:,} records x {size} B (lock-step per shard)")
-            print(HEADER)
-            c = ceiling(records, size, batches_for(1, records, size, args.quick))
-            for k in shard_counts:
-                batches = args.batches or batches_for(k, records, size, args.quick)
-                base = None
-                rows = []
-                if with_kclpy:
-                    base = await run_variant("amazon_kclpy", k, records, size, batches, tmp)
-                    rows.append(base)
-                rows.append(await run_variant("mldserver", k, records, size, batches, tmp))
-                rows.append(await run_variant("direct", k, records, size, batches, tmp))
-                for r in rows:
-                    print(r.row(base))
-                if k == shard_counts[0]:
-                    print(c.row(base))
-                relay, direct = rows[-2], rows[-1]
-                print(f"  relay cost at K={k}: {100 * (1 - relay.rate / direct.rate):+.1f}% records/s vs direct")
-                if base is not None:
-                    share = relay.per_shard_pss_kb / base.per_shard_pss_kb
-                    print(f"  memory per shard at K={k}: {share:.2f}x one amazon_kclpy child")
-
-
-def main(args) -> None:
-    import uvloop
-
-    uvloop.run(amain(args))
+    server, port = await start_server(os.path.join(tmp, "state"))
+    try:
+        ms, rss, pss = await relay_startup(port)
+        print(f"relay start-up: {ms:.0f} ms to the first status; RSS {rss / 1024:.1f} MiB, PSS {pss / 1024:.1f} MiB")
+        print(f"server idle: PSS {pss_kb(server.pid) / 1024:.1f} MiB")
+    finally:
+        server.terminate()
+        server.wait(30)
+    for records, size in loads:
+        print(f"\nload: batches of {records:,} records x {size} B (lock-step per shard)")
+        print(HEADER)
+        c = ceiling(records, size, batches_for(1, records, size, args.quick))
+        for k in shard_counts:
+            batches = args.batches or batches_for(k, records, size, args.quick)
+            base = None
+            rows = []
+            if with_kclpy:
+                base = await run_variant("amazon_kclpy", k, records, size, batches, tmp)
+                rows.append(base)
+            rows.append(await run_variant("mldserver", k, records, size, batches, tmp))
+            rows.append(await run_variant("direct", k, records, size, batches, tmp))
+            for r in rows:
+                print(r.row(base))
+            if k == shard_counts[0]:
+                print(c.row(base))
+            relay, direct = rows[-2], rows[-1]
+            print(f"  relay cost at K={k}: {100 * (1 - relay.rate / direct.rate):+.1f}% records/s vs direct")
+            if base is not None:
+                share = relay.per_shard_pss_kb / base.per_shard_pss_kb
+                print(f"  memory per shard at K={k}: {share:.2f}x one amazon_kclpy child")

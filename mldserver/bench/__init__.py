@@ -1,0 +1,48 @@
+"""``mldserver bench``: what mldserver costs, measured against what it replaces, in one run.
+
+Three parts, each in its own module, all sharing ``common.py`` (a server in its own
+process, PSS sampling, the coordinator and Spark parts' batches)::
+
+    mldserver bench --part relay         # relay.py: throughput, latency, memory vs amazon_kclpy
+    mldserver bench --part coordinator   # coordinator.py: the coordinator's cost (file sink vs none)
+    mldserver bench --part spark         # spark.py: end to end vs the bare Spark hand-off
+    mldserver bench                      # all three
+
+The bare hand-off runs Spark in this process, through ``mldserver.spark.bench``: only
+``mldserver/spark/`` imports pyspark.
+"""
+
+from __future__ import annotations
+
+import tempfile
+
+
+async def amain(args) -> None:
+    shard_counts = [1, 2] if args.quick and args.shards == [1, 32] else args.shards
+    with_kclpy = not args.no_kclpy
+    if with_kclpy:
+        try:
+            import amazon_kclpy  # noqa: F401
+        except ImportError:
+            print("amazon_kclpy not installed (pip install kclpy-ext, or scripts/setup --test); "
+                  "skipping it: pass --no-kclpy to silence this")
+            with_kclpy = False
+    with tempfile.TemporaryDirectory(prefix="mldserver-bench-") as tmp:
+        if args.part in ("all", "coordinator"):
+            from . import coordinator
+
+            await coordinator.run(shard_counts, args.quick, tmp)
+        if args.part in ("all", "spark"):
+            from . import spark
+
+            await spark.run(args.quick, tmp)
+        if args.part in ("all", "relay"):
+            from . import relay
+
+            await relay.run(args, shard_counts, with_kclpy, tmp)
+
+
+def main(args) -> None:
+    import uvloop
+
+    uvloop.run(amain(args))

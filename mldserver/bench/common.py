@@ -1,0 +1,124 @@
+"""What every part of ``mldserver bench`` shares: a server in its own process, memory
+figures from /proc, and the batches the coordinator and Spark parts feed::
+
+    server, port = await start_server(tmp, "--sink", f"file:{tmp}/out", handler=PASSTHROUGH)
+    sampler = Sampler()
+    sampler.pids["server"] = [server.pid]
+    sampler.start()
+    ...                                   # drive the shards
+    await sampler.stop()                  # sampler.peak["server"]: the peak PSS in KiB
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import orjson
+
+# One row per record with everything the record carries (shipped with the package).
+PASSTHROUGH = "mldserver.examples.passthrough:Passthrough"
+RECORDS, SIZE = 10_000, 100  # the coordinator and Spark parts' batches
+
+
+def _proc_kb(pid: int, file: str, key: str) -> int:
+    """One ``Key: N kB`` figure from /proc/<pid>/<file> (0 if the process is gone)."""
+    try:
+        with open(f"/proc/{pid}/{file}") as f:
+            for line in f:
+                if line.startswith(key):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+def pss_kb(pid: int) -> int:
+    """Proportional set size: shared pages split between the processes mapping them."""
+    return _proc_kb(pid, "smaps_rollup", "Pss:")
+
+
+def rss_kb(pid: int) -> int:
+    return _proc_kb(pid, "status", "VmRSS:")
+
+
+class Sampler:
+    """Samples the PSS of a set of processes while a run goes on; keeps the peak."""
+
+    def __init__(self) -> None:
+        self.pids: dict[str, list[int]] = {}
+        self.peak: dict[str, int] = {}
+        self._task: asyncio.Task | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.ensure_future(self._loop())
+
+    def sample(self) -> None:
+        for group, pids in self.pids.items():
+            self.peak[group] = max(self.peak.get(group, 0), sum(pss_kb(p) for p in pids))
+
+    async def _loop(self) -> None:
+        while True:
+            await asyncio.to_thread(self.sample)
+            await asyncio.sleep(0.2)
+
+    async def stop(self) -> None:
+        assert self._task
+        self._task.cancel()
+        await asyncio.gather(self._task, return_exceptions=True)
+        self.sample()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+async def start_server(
+    state_dir: str,
+    *extra: str,
+    handler: str = "mldserver.bench.relay:TouchHandler",
+    env: dict[str, str] | None = None,
+    timeout: float = 30,
+) -> tuple[subprocess.Popen, int]:
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "mldserver", "serve", "--handler", handler, "--port",
+         str(port), "--log-level", "warning", "--state-dir", state_dir, *extra],
+        stdout=subprocess.DEVNULL,
+        env={**os.environ, **(env or {})},
+    )
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            _, w = await asyncio.open_connection("127.0.0.1", port)
+            w.close()
+            return proc, port
+        except OSError:
+            await asyncio.sleep(0.05)
+    proc.kill()
+    raise RuntimeError("bench server did not start")
+
+
+def lines(batches: int, ms_per_batch: int = 10_000) -> list[tuple[bytes, dict]]:
+    """``batches`` processRecords lines of RECORDS records, each batch covering
+    ``ms_per_batch`` of event time, starting a day ago."""
+    payload = base64.b64encode(os.urandom(SIZE)).decode("ascii")
+    start = time.time_ns() // 1_000_000 - 86_400_000  # a day ago: a caught-up watermark passes it all
+    out = []
+    for b in range(batches):
+        recs = [
+            {"action": "record", "data": payload, "partitionKey": f"pk-{i}",
+             "sequenceNumber": str(10**40 + b * RECORDS + i), "subSequenceNumber": 0,
+             "approximateArrivalTimestamp": start + b * ms_per_batch + i * ms_per_batch // RECORDS}
+            for i in range(RECORDS)
+        ]
+        line = orjson.dumps({"action": "processRecords", "records": recs, "millisBehindLatest": 1000}) + b"\n"
+        out.append((line, recs[-1]))
+    return out
