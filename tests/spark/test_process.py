@@ -4,7 +4,6 @@ the first row is asked for), on a real embedded Spark session."""
 
 from __future__ import annotations
 
-
 import pytest
 import pytest_asyncio
 
