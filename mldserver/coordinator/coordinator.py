@@ -86,6 +86,7 @@ class Coordinator:
         self.spooled: set[str] = set()
         self._changed = asyncio.Event()
         self._progress = asyncio.Condition()
+        self._stepping = asyncio.Lock()  # passes never overlap: windows commit in order
         self._tasks: list[asyncio.Task[None]] = []
         self._inflight: asyncio.Task[None] | None = None  # the sink commit under way
         self.sink_backoff = Backoff(first=0.5, cap=30.0)  # between attempts at a failing commit
@@ -251,15 +252,16 @@ class Coordinator:
         """One committer pass at ``clock()``: release children whose parents are done,
         commit every window the global watermark closed (retrying a retriable failure
         until it commits), wake shards waiting in ``admit``. Returns the windows
-        committed."""
-        now = self.clock()
-        for shard_id in self.ordering.release(now):
-            self.log.info("child_released", shard_id=shard_id, parents=list(self.lineage.parents_of(shard_id)))
-        watermark = self.watermarks.minimum(now)
-        closed_at = time.perf_counter()
-        windows = self.ordering.close(watermark)
-        for window in windows:
-            await self._commit(window, watermark, closed_at)
+        committed. A pass waits for one under way (a test's and the committer's)."""
+        async with self._stepping:
+            now = self.clock()
+            for shard_id in self.ordering.release(now):
+                self.log.info("child_released", shard_id=shard_id, parents=list(self.lineage.parents_of(shard_id)))
+            watermark = self.watermarks.minimum(now)
+            closed_at = time.perf_counter()
+            windows = self.ordering.close(watermark)
+            for window in windows:
+                await self._commit(window, watermark, closed_at)
         async with self._progress:
             self._progress.notify_all()
         return len(windows)
