@@ -161,16 +161,16 @@ class Server:
             stopping.cancel()
         for task in done:
             if task is not stopping:
-                self._crashed(task)
+                exc = task.exception() if not task.cancelled() else None
+                self._crashed(task.get_name(), exc or RuntimeError(f"{task.get_name()} ended"))
 
-    def _crashed(self, task: asyncio.Task[Any]) -> None:
-        exc = task.exception() if not task.cancelled() else None
-        if exc is None:
-            exc = RuntimeError(f"{task.get_name()} ended" + (" (cancelled)" if task.cancelled() else ""))
-        self.crashed = exc
+    def _crashed(self, name: str, exc: BaseException) -> None:
+        if exc is self.crashed:
+            return  # a stop() re-raising the crash that started the shutdown
+        self.crashed = self.crashed or exc
         log.error(
             "task_crashed",
-            task=task.get_name(),
+            task=name,
             error=_describe(exc),
             what_to_do="the server shuts down and exits 1 (systemd starts it again); the traceback says why",
             exc_info=exc,
@@ -225,9 +225,7 @@ class Server:
                 if not isinstance(aw, asyncio.Task) or not aw.cancelled():
                     raise
             except Exception as exc:
-                if exc is not self.crashed:
-                    self.crashed = self.crashed or exc
-                    log.error("task_crashed", task=_name(aw), error=_describe(exc), exc_info=exc)
+                self._crashed(_name(aw), exc)
 
     # -- connections -----------------------------------------------------------
 
