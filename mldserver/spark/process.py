@@ -64,7 +64,7 @@ class SparkProcess:
         self._cursors = itertools.count(1)
         self._ready = asyncio.Event()
         self._stopping = False
-        self._gone: BaseException | None = None  # why the supervisor gave up
+        self._gone: Exception | None = None  # why the supervisor gave up
         self.task: asyncio.Task[None] | None = None  # the supervisor, watched by the server
 
     @property
@@ -158,7 +158,7 @@ class SparkProcess:
     async def _supervise(self) -> None:
         try:
             await self._watch()
-        except BaseException as exc:
+        except Exception as exc:
             self._gone = exc
             self._ready.set()  # requests waiting for a restart fail instead of hanging
             raise
