@@ -7,44 +7,66 @@ on uvloop. Lifecycle (uvicorn's shape)::
               with a sink: start the coordinator (replaying the spool),
               bind TCP (loopback by default; the protocol has no authentication)
               and/or a unix socket, log one ``listening`` event with the address
-    serve     each accepted connection gets a Worker task, owned by the server
-    shutdown  on SIGTERM/SIGINT: stop accepting; idle connections are closed; busy
-              ones finish their action (status sent) within ``shutdown_timeout``;
-              then whatever is left is cancelled, the coordinator stopped, and the
-              signal handlers restored
+    serve     each accepted connection gets a Worker task, owned by the server; the
+              server waits on its listeners, the coordinator's tasks (committer,
+              tick) and the Spark supervisor together with the stop signal
+    shutdown  on SIGTERM/SIGINT/SIGHUP (``signal_received``), ``stop()``, or a crash:
+              stop accepting; idle connections are closed; busy ones finish their
+              action (status sent) within ``shutdown_timeout``; then whatever is
+              left is cancelled, the coordinator and Spark stopped, and the signal
+              handlers restored
 
-A worker that crashes is logged with its shard and closed; the others go on.
+A worker that crashes is logged with its shard and closed; the others go on. A task
+the server owns that ends (the committer meeting an error it does not retry, a Spark
+process that cannot be restarted) is logged as ``task_crashed`` with its name, error
+and traceback; the server shuts down in the same order and ``serve()`` raises
+ServerCrashed, which the CLI turns into exit code 1 so that systemd restarts it::
+
+    {"event":"task_crashed","task":"coordinator-committer","error":"TypeError: ...",
+     "traceback":"Traceback ...","what_to_do":"..."}
 """
 
 from __future__ import annotations
 
 import asyncio
-import gc
 import itertools
 import os
 import signal
-import sys
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from .config import Settings, SinkSpec, state_path, uses_spark
 from .coordinator import Coordinator
 from .context import Context
 from .deadletter import DeadLetters
-from .errors import ConfigError
+from .errors import ConfigError, ServerCrashed
 from .importer import import_from_string
 from .logs import get_logger
 from .spark.process import SparkError, SparkProcess
 from .worker import Worker
+
+if TYPE_CHECKING:
+    from .sinks import Sink
 
 log = get_logger("mldserver.server")
 
 # StreamReader pauses reading at twice this: a shard waiting for a slot keeps the rest
 # of its batch in the kernel, not in our memory. Lines are reassembled by the core.
 STREAM_LIMIT = 1 << 18
+# SIGHUP stops in order as SIGTERM does (a later change makes it reload).
+SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 
 class Server:
-    def __init__(self, settings: Settings, factory: Callable[[Any], Any] | None = None) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        factory: Callable[[Any], Any] | None = None,
+        *,
+        clock: Callable[[], float] | None = None,
+        sink: "Sink | None" = None,
+    ) -> None:
+        """``clock`` (epoch ms) goes to the coordinator; ``sink`` replaces the one
+        ``settings.sink`` names (a test's, or an embedder's own)."""
         self.settings = settings
         self.factory = factory or import_from_string(settings.handler, "handler")
         self.context = Context(settings)
@@ -52,7 +74,9 @@ class Server:
         self.workers: dict[asyncio.Task[None], Worker] = {}
         self._ids = itertools.count(1)
         self._servers: list[asyncio.base_events.Server] = []
+        self._listeners: list[asyncio.Task[None]] = []
         self._stop = asyncio.Event()
+        self.crashed: BaseException | None = None  # what ended a task the server owns
         n = settings.max_batches_in_flight
         self.slots = asyncio.Semaphore(n) if n > 0 else None
         self.address: tuple[str, int] | str | None = None
@@ -61,11 +85,12 @@ class Server:
             where = SinkSpec.parse(settings.sink).directory if (settings.sink or "").startswith("parquet:") else None
             self.spark = self.context.spark = SparkProcess(settings, sink_dir=where)
         self.coordinator: Coordinator | None = None
-        if settings.sink:
-            from .sinks import open_sink
+        if settings.sink or sink is not None:
+            if sink is None:
+                from .sinks import open_sink
 
-            sink = open_sink(settings, spark=self.spark, dead_letters=self.dead_letters)
-            self.coordinator = Coordinator(settings, sink)
+                sink = open_sink(settings, spark=self.spark, dead_letters=self.dead_letters)
+            self.coordinator = Coordinator(settings, sink, **({"clock": clock} if clock else {}))
         self.loop_lag = LoopLag()
 
     # -- lifecycle -------------------------------------------------------------
@@ -85,33 +110,72 @@ class Server:
                 os.unlink(s.unix)
             srv = await asyncio.start_unix_server(self._accept, path=s.unix, limit=STREAM_LIMIT)
             self._servers.append(srv)
+            self._listeners.append(asyncio.create_task(srv.serve_forever(), name="listener-unix"))
             self.address = s.unix
             log.info("listening", unix=s.unix, handler=s.handler)
         if s.tcp_port is not None:
             srv = await asyncio.start_server(self._accept, host=s.host, port=s.tcp_port, limit=STREAM_LIMIT)
             self._servers.append(srv)
+            self._listeners.append(asyncio.create_task(srv.serve_forever(), name="listener-tcp"))
             host, port = srv.sockets[0].getsockname()[:2]
             if not s.unix:
                 self.address = (host, port)
             log.info("listening", host=host, port=port, handler=s.handler, pid=os.getpid())
 
     async def serve(self) -> None:
-        """Run until SIGTERM/SIGINT (or ``stop()``), then shut down in order."""
+        """Run until a signal (or ``stop()``), then shut down in order; if a task the
+        server owns dies, shut down the same way and raise ServerCrashed."""
         loop = asyncio.get_running_loop()
-        previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+        previous = {sig: signal.getsignal(sig) for sig in SIGNALS}
         for sig in previous:
             loop.add_signal_handler(sig, self._on_signal, sig)
         try:
             await self.start()
-            await self._stop.wait()
+            await self._watch()
         finally:
             for sig, handler in previous.items():
                 loop.remove_signal_handler(sig)
                 signal.signal(sig, handler)
             await self.shutdown()
+        if self.crashed is not None:
+            raise ServerCrashed(f"{_describe(self.crashed)} (logged as task_crashed)") from self.crashed
+
+    @property
+    def tasks(self) -> list[asyncio.Task[None]]:
+        """What the server owns besides its connections: listeners, the coordinator's
+        committer and tick, the Spark supervisor. None of them ends by itself."""
+        tasks = list(self._listeners)
+        if self.coordinator is not None:
+            tasks += self.coordinator.tasks
+        if self.spark is not None and self.spark.task is not None:
+            tasks.append(self.spark.task)
+        return tasks
+
+    async def _watch(self) -> None:
+        stopping = asyncio.ensure_future(self._stop.wait())
+        try:
+            done, _ = await asyncio.wait([stopping, *self.tasks], return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stopping.cancel()
+        for task in done:
+            if task is not stopping:
+                exc = task.exception() if not task.cancelled() else None
+                self._crashed(task.get_name(), exc or RuntimeError(f"{task.get_name()} ended"))
+
+    def _crashed(self, name: str, exc: BaseException) -> None:
+        if exc is self.crashed:
+            return  # a stop() re-raising the crash that started the shutdown
+        self.crashed = self.crashed or exc
+        log.error(
+            "task_crashed",
+            task=name,
+            error=_describe(exc),
+            what_to_do="the server shuts down and exits 1 (systemd starts it again); the traceback says why",
+            exc_info=exc,
+        )
 
     def _on_signal(self, sig: int) -> None:
-        log.info("shutdown_requested", signal=signal.Signals(sig).name)
+        log.info("signal_received", signal=signal.Signals(sig).name)
         self._stop.set()
 
     def stop(self) -> None:
@@ -135,16 +199,31 @@ class Server:
             if pending:
                 log.warning("shutdown_timeout", cancelled=len(pending), timeout_s=self.settings.shutdown_timeout)
                 await asyncio.wait(pending)
+        for task in self._listeners:
+            task.cancel()
+        await self._stopped(*self._listeners)
         for srv in self._servers:
             await srv.wait_closed()
         if self.coordinator is not None:
-            await self.coordinator.stop()
+            await self._stopped(self.coordinator.stop())
         if self.spark is not None:
-            await self.spark.stop()
+            await self._stopped(self.spark.stop())
         await self.loop_lag.stop()
         if self.settings.unix and os.path.exists(self.settings.unix):
             os.unlink(self.settings.unix)
         log.info("stopped", loop_lag_max_ms=round(self.loop_lag.worst * 1000, 1))
+
+    async def _stopped(self, *stopping: Any) -> None:
+        """Await each (a stop, a cancelled listener); what one re-raises is logged as
+        ``task_crashed`` unless it is the crash already logged, and shutdown goes on."""
+        for aw in stopping:
+            try:
+                await aw
+            except asyncio.CancelledError:
+                if not isinstance(aw, asyncio.Task) or not aw.cancelled():
+                    raise
+            except Exception as exc:
+                self._crashed(_name(aw), exc)
 
     # -- connections -----------------------------------------------------------
 
@@ -208,28 +287,19 @@ class LoopLag:
             self.worst = max(self.worst, loop.time() - before - self.INTERVAL)
 
 
-def tune_gc() -> None:
-    """Fewer, larger young-generation collections.
-
-    A 10,000-record batch decodes into some 60,000 objects; with CPython's default
-    gen0 threshold (700) that is ~90 collections per batch, each walking the young
-    objects: about a third of the decode time. Long-lived start-up objects are
-    frozen out of collection altogether.
-    """
-    gc.collect()
-    gc.freeze()
-    gc.set_threshold(50_000, 20, 100)
+def _describe(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"
 
 
-def run(settings: Settings) -> None:
-    """Serve with uvloop until a signal arrives (the CLI's entry)."""
+def _name(aw: Any) -> str:
+    if isinstance(aw, asyncio.Task):
+        return aw.get_name()
+    return getattr(aw, "__qualname__", type(aw).__name__)  # a coroutine: Coordinator.stop
+
+
+def run(server: Server) -> None:
+    """Serve with uvloop until a signal arrives (the CLI's entry, which builds the
+    server and tunes the process first); ServerCrashed if a task the server owns died."""
     import uvloop
 
-    server = Server(settings)
-    tune_gc()
-    if server.coordinator is not None:
-        # Sink commits run in a thread that needs the GIL between its system calls;
-        # with the loop decoding batches, the default 5 ms hand-over made each commit
-        # wait some 80 ms in all. 0.5 ms keeps commits ahead of the batches.
-        sys.setswitchinterval(0.0005)
     uvloop.run(server.serve())

@@ -15,6 +15,7 @@ import time
 from mldserver.testing import SHARD_END, DaemonExit, FakeDaemon, Shard
 
 from .conftest import relay_command
+from .helpers import eventually
 
 BATCH = 100
 CONFIG = """
@@ -141,13 +142,12 @@ async def test_every_record_reaches_the_sink_across_a_split_and_a_server_crash(s
     restarted, shards = await model.restart(daemon.checkpoints, server.port)
 
     put = {(r["sequenceNumber"]) for records in model.records.values() for r in records}
-    deadline = time.monotonic() + 30
-    while True:
-        seen = {row["sequence_number"] for rows in sink_rows(out).values() for row in rows}
-        if put <= seen or time.monotonic() > deadline:
-            break
-        await asyncio.sleep(0.2)
-    assert not put - seen, f"{len(put - seen)} records never reached the sink"
+
+    def seen():
+        return {row["sequence_number"] for rows in sink_rows(out).values() for row in rows}
+
+    await eventually(lambda: put <= seen(), timeout=30, interval=0.2,
+                     what=f"all {len(put)} records in the sink (missing {len(put - seen())} at the start)")
     for name, rows in sink_rows(out).items():
         keys = [(r["approximate_arrival_timestamp"], r["shard_id"], int(r["sequence_number"])) for r in rows]
         assert keys == sorted(keys), f"{name} holds rows out of order"

@@ -2,16 +2,24 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
 import os
 import signal
 import subprocess
 
 import pytest
 
+import mldserver
+from mldserver.config import Settings
+from mldserver.errors import ServerCrashed
+from mldserver.server import Server
+from mldserver.sinks.file import FileSink
 from mldserver.testing import FakeDaemon, make_records
 
-from .conftest import MLDSERVER, ROOT
+from .conftest import MLDSERVER, ROOT, relay_command
+from .helpers import FakeClock, eventually
 
 
 def run_serve(*args, timeout=20):
@@ -63,7 +71,60 @@ async def test_logs_are_json_lines_and_sigterm_shuts_down_in_order(serve):
     assert {"initialize", "lease_lost", "closed"} <= {e["event"] for e in shard_events}
     assert all("conn" in e for e in shard_events)
     names = [e["event"] for e in events]
-    assert names.index("shutdown_requested") < names.index("shutting_down") < names.index("stopped")
+    assert names.index("signal_received") < names.index("shutting_down") < names.index("stopped")
+    assert next(e for e in events if e["event"] == "signal_received")["signal"] == "SIGTERM"
+
+
+def test_sighup_shuts_down_in_order_too(serve):
+    server = serve("tests.handlers:Noop")
+    server.proc.send_signal(signal.SIGHUP)
+    assert server.proc.wait(20) == 0
+    events = server.events()
+    names = [e["event"] for e in events]
+    assert names.index("signal_received") < names.index("shutting_down") < names.index("stopped")
+    assert next(e for e in events if e["event"] == "signal_received")["signal"] == "SIGHUP"
+
+
+class Emit(mldserver.Handler):
+    async def process_records(self, batch, checkpointer):
+        for record in batch.records:
+            batch.emit(record, {"seq": record.sequence_number})
+
+
+class BuggySink(FileSink):
+    """A sink with a bug: not an error the committer retries."""
+
+    async def commit(self, window):
+        raise TypeError(f"a bug in the sink, window {window.id}")
+
+
+async def test_a_committer_killed_by_an_error_it_does_not_retry_logs_task_crashed_and_shuts_down_in_order(
+    tmp_path, caplog
+):
+    caplog.set_level(logging.INFO, logger="mldserver")
+    settings = Settings(handler="test", port=0, state_dir=str(tmp_path / "state"), window=60.0)
+    clock = FakeClock(1476889707000 + 3_600_000)  # an hour after the records' time: their window closes
+    server = Server(settings, Emit, clock=clock, sink=BuggySink(tmp_path / "out"))
+    serving = asyncio.ensure_future(server.serve())
+    await eventually(lambda: server.address or serving.done(), what="the server listening")
+    daemon = FakeDaemon(relay_command(server.address[1]))
+    shard = await daemon.shard("shardId-1")
+    await shard.process_records(make_records(10, 3), millis_behind_latest=0)
+    with pytest.raises(ServerCrashed, match="TypeError: a bug in the sink"):
+        await asyncio.wait_for(serving, 30)
+    assert await shard.child.read_line(5) is None  # the connection was closed by the shutdown
+    await shard.close()
+    events = [(r.getMessage(), r) for r in caplog.records if r.name.startswith("mldserver")]
+    names = [name for name, _ in events]
+    crashed = next(r for name, r in events if name == "task_crashed")
+    assert crashed.fields["task"] == "coordinator-committer"
+    assert crashed.fields["error"] == "TypeError: a bug in the sink, window 1476889680000-1476889740000"
+    assert crashed.exc_info is not None and crashed.exc_info[0] is TypeError  # the traceback
+    assert "sink_commit_failed" not in names  # not retried
+    assert names.index("task_crashed") < names.index("shutting_down") < names.index("coordinator_stopped")
+    assert names.index("coordinator_stopped") < names.index("stopped")
+    assert names.count("task_crashed") == 1  # coordinator.stop() re-raises the same error: logged once
+    assert not list((tmp_path / "out").glob("*.jsonl"))
 
 
 async def test_serves_a_unix_socket(serve, tmp_path):

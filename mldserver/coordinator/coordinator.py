@@ -10,11 +10,21 @@ What the worker calls, per shard (all on the event loop)::
     coordinator.safe_position(shard_id)                    # what a checkpoint may cover
     await coordinator.shard_ended(shard_id)                # spools, before SHARD_END
 
-Inside, one owned task (the committer) wakes on every change and on a tick, releases
-children whose parents are done, computes the global watermark, and commits the
-windows it closed, one at a time, in order: ``sink.commit`` runs in a thread, and only
-after it returns are the rows marked committed in the ledger. A sink that raises is
-retried with backoff; its rows stay buffered and back-pressure holds.
+Inside, one owned task (the committer) wakes on every change and on a tick and runs
+``step()``: it releases children whose parents are done, computes the global
+watermark at ``clock()``, and commits the windows it closed, one at a time, in order;
+only after ``sink.commit`` returns are the rows marked committed in the ledger. Tests
+call ``step()`` themselves, with a fake clock, instead of waiting for the tick::
+
+    coordinator = Coordinator(settings, sink, clock=clock)   # clock() -> epoch ms
+    clock.now += 600_001
+    await coordinator.step()          # every window the watermark passed is committed
+
+A sink that raises a retriable error (``errors.retriable``: a pipeline's SparkError,
+an OSError) is retried with backoff, ``sink_commit_failed`` logged at every attempt;
+its rows stay buffered and back-pressure holds. Anything else is a bug: it ends the
+committer, and the server, which watches ``coordinator.tasks``, logs ``task_crashed``
+and shuts down.
 
 Back-pressure: past ``max_buffered_rows`` or ``max_buffered_bytes``, ``admit`` makes
 a shard whose watermark is ahead of the global one wait before its status (so the
@@ -31,6 +41,7 @@ from typing import Callable
 
 from ..backoff import Backoff
 from ..config import Settings, state_path
+from ..errors import retriable
 from ..logs import EventLogger, get_logger
 from ..sinks import Sink
 from .ledger import Ledger
@@ -73,9 +84,9 @@ class Coordinator:
         self.ledger = Ledger()
         self.spool = Spool(state_path(settings, "spool"))
         self.spooled: set[str] = set()
-        self._now = clock()
         self._changed = asyncio.Event()
         self._progress = asyncio.Condition()
+        self._stepping = asyncio.Lock()  # passes never overlap: windows commit in order
         self._tasks: list[asyncio.Task[None]] = []
         self._inflight: asyncio.Task[None] | None = None  # the sink commit under way
         self.sink_backoff = Backoff(first=0.5, cap=30.0)  # between attempts at a failing commit
@@ -109,8 +120,9 @@ class Coordinator:
         checkpointed, so the daemon delivers them again after a restart)."""
         for task in self._tasks:
             task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
-        self._tasks = []
+        tasks, self._tasks = self._tasks, []
+        if tasks:
+            await asyncio.wait(tasks)
         if self._inflight is not None and not self._inflight.done():
             await asyncio.wait([self._inflight], timeout=self.settings.shutdown_timeout)
         self.log.info(
@@ -124,6 +136,14 @@ class Coordinator:
             peak_rows=self.peak_rows,
             peak_bytes=self.peak_bytes,
         )
+        for task in tasks:
+            if not task.cancelled() and task.exception() is not None:
+                raise task.exception()  # a crash is not swallowed by stopping
+
+    @property
+    def tasks(self) -> list[asyncio.Task[None]]:
+        """The committer and its tick, for the server to watch: neither ends by itself."""
+        return list(self._tasks)
 
     def _replay(self, shard_id: str, items: list[Item], last: Position | None, parents: list[str]) -> None:
         if parents:
@@ -209,10 +229,10 @@ class Coordinator:
             return False  # it holds the watermark back (or ties): delaying it would stall all
         return not any(self.ordering.shard(c).held for c in self.lineage.children_of(shard_id))
 
-    def _blocks(self, shard_id: str) -> bool:
-        """Can this shard still add rows here (so its children must wait)?"""
+    def _blocks(self, shard_id: str, now: float) -> bool:
+        """Can this shard still add rows here at ``now`` (so its children must wait)?"""
         mark = self.watermarks.shards.get(shard_id)
-        return mark is not None and not mark.ended and self.watermarks.holds(shard_id, self._now)
+        return mark is not None and not mark.ended and self.watermarks.holds(shard_id, now)
 
     # -- the committer -------------------------------------------------------------
 
@@ -226,15 +246,25 @@ class Coordinator:
         while True:
             await self._changed.wait()
             self._changed.clear()
-            self._now = now = self.clock()
-            for shard_id in self.ordering.release():
+            await self.step()
+
+    async def step(self) -> int:
+        """One committer pass at ``clock()``: release children whose parents are done,
+        commit every window the global watermark closed (retrying a retriable failure
+        until it commits), wake shards waiting in ``admit``. Returns the windows
+        committed. A pass waits for one under way (a test's and the committer's)."""
+        async with self._stepping:
+            now = self.clock()
+            for shard_id in self.ordering.release(now):
                 self.log.info("child_released", shard_id=shard_id, parents=list(self.lineage.parents_of(shard_id)))
             watermark = self.watermarks.minimum(now)
             closed_at = time.perf_counter()
-            for window in self.ordering.close(watermark):
+            windows = self.ordering.close(watermark)
+            for window in windows:
                 await self._commit(window, watermark, closed_at)
-            async with self._progress:
-                self._progress.notify_all()
+        async with self._progress:
+            self._progress.notify_all()
+        return len(windows)
 
     async def _commit(self, window: Window, watermark: float, closed_at: float) -> None:
         started = time.perf_counter()
@@ -251,9 +281,11 @@ class Coordinator:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
+                if not retriable(exc):
+                    raise  # a bug, not a failed commit: the committer ends, the server shuts down
                 delay = self.sink_backoff.delay(attempt)
                 attempt += 1
-                remote = getattr(exc, "traceback", "")  # a pipeline's, from the Spark worker
+                remote = getattr(exc, "traceback", "")  # a pipeline's, from the Spark process
                 self.log.error(
                     "sink_commit_failed",
                     window=window.id,

@@ -19,7 +19,7 @@ one shard is never reordered. What keeps that promise where Bloop breaks it:
 A row is the tuple ``(event_time, shard_id, seq, sub, n, seq_str, data)``: ``n``
 numbers a shard's rows so no two keys tie; ``data`` is the row as JSON bytes::
 
-    ordering = Ordering(window_ms=60_000, blocks=lambda parent: False, parents_of=lambda s: ())
+    ordering = Ordering(window_ms=60_000, blocks=lambda parent, now: False, parents_of=lambda s: ())
     rows = ordering.add("s0", [(1_000, 7, 0, "7", b'{"k":1}')], last=(7, 0, "7"), now=now)
     ordering.close(until=60_000)   # [Window(0, 60000) holding that row]
 """
@@ -53,11 +53,11 @@ class Ordering:
         self,
         *,
         window_ms: int,
-        blocks: Callable[[str], bool],
+        blocks: Callable[[str, float], bool],
         parents_of: Callable[[str], Iterable[str]],
     ) -> None:
         self.window_ms = window_ms
-        self.blocks = blocks  # can this (parent) shard still add rows?
+        self.blocks = blocks  # can this (parent) shard still add rows at ``now``?
         self.parents_of = parents_of
         self.shards: dict[str, ShardOrder] = {}
         self.buckets: dict[int, list[Row]] = {}  # window start -> rows
@@ -107,20 +107,20 @@ class Ordering:
             n += 1
             rows.append((t, shard_id, seq, sub, n, seq_str, data))
         state.floor, state.count = floor, n
-        if state.held or self._blocked(shard_id):
+        if state.held or self._blocked(shard_id, now):
             state.held.extend(rows)
         elif rows:
             self._assign(self._after_parents(shard_id, rows))
         return rows
 
-    def _blocked(self, shard_id: str) -> bool:
-        return any(self.blocks(p) for p in self.parents_of(shard_id))
+    def _blocked(self, shard_id: str, now: float) -> bool:
+        return any(self.blocks(p, now) for p in self.parents_of(shard_id))
 
-    def release(self) -> list[str]:
+    def release(self, now: float) -> list[str]:
         """Let children whose parents are done into the windows; returns their ids."""
         released = []
         for shard_id, state in self.shards.items():
-            if state.held and not self._blocked(shard_id):
+            if state.held and not self._blocked(shard_id, now):
                 self._assign(self._after_parents(shard_id, state.held))
                 state.held = []
                 released.append(shard_id)

@@ -13,9 +13,11 @@ written and the state is unchanged.
 
 from __future__ import annotations
 
+from ..errors import MldserverError
 
-class ProtocolError(Exception):
-    """Base of the protocol core's errors."""
+
+class ProtocolError(MldserverError):
+    """Base of the protocol core's errors (not retriable: the same line fails again)."""
 
 
 class RemoteProtocolError(ProtocolError):

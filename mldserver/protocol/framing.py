@@ -19,10 +19,12 @@ that line is then discarded up to its ``\\n`` so the following lines still frame
 
 from __future__ import annotations
 
+from .errors import ProtocolError
+
 DEFAULT_MAX_LINE_SIZE = 256 * 1024 * 1024
 
 
-class LineTooLong(Exception):
+class LineTooLong(ProtocolError):
     """A line grew past ``max_line_size`` bytes; ``prefix`` holds its first bytes."""
 
     def __init__(self, size: int, limit: int, prefix: bytes) -> None:

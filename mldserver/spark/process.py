@@ -11,10 +11,14 @@ requests, stop it. All of it is asyncio; the event loop only ever waits on a pip
     await spark.stop()
 
 Supervision: when the process exits unexpectedly, every request in flight fails with
-:class:`SparkWorkerDied` (retriable: the coordinator hands the window over again, and
+:class:`SparkProcessDied` (retriable: the coordinator hands the window over again, and
 the commit log makes sure it is not committed twice); the process is started again
-with backoff, and new requests wait until it is ready. Its stderr (Spark's own logs,
-a pipeline's prints) goes to ``<state-dir>/spark/spark.log``.
+with backoff, and new requests wait until it is ready. A process that cannot be
+started again (``spark_restart_failed``: it answers with an error or exits, or a time
+out or an OSError ``RESTART_ATTEMPTS`` times in a row) ends the supervisor task with
+that error: the server, which watches ``spark.task``, logs ``task_crashed`` and shuts
+down. Its stderr (Spark's own logs, a pipeline's prints) goes to
+``<state-dir>/spark/spark.log``.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ from typing import Any, AsyncIterator, Mapping
 
 from ..backoff import Backoff
 from ..config import Settings, state_path
-from ..errors import MldserverError
+from ..errors import SparkError, SparkProcessDied, retriable
 from ..logs import EventLogger, get_logger
 from .frames import StartRequest, encode, read_frame_async
 
@@ -37,18 +41,10 @@ from .frames import StartRequest, encode, read_frame_async
 SQL_FIRST_FETCH = 64
 SQL_MAX_FETCH = 8192
 PIPE_LIMIT = 1 << 24
+# Restarts in a row that may time out (or meet an OSError) before the supervisor gives up.
+RESTART_ATTEMPTS = 5
 
-
-class SparkError(MldserverError):
-    """Spark (or the user's pipeline) raised; ``traceback`` is the worker's."""
-
-    def __init__(self, message: str, traceback: str = "") -> None:
-        super().__init__(message)
-        self.traceback = traceback
-
-
-class SparkWorkerDied(SparkError):
-    retriable = True
+__all__ = ["SparkError", "SparkProcess", "SparkProcessDied"]
 
 
 class SparkProcess:
@@ -68,14 +64,15 @@ class SparkProcess:
         self._cursors = itertools.count(1)
         self._ready = asyncio.Event()
         self._stopping = False
-        self._supervisor: asyncio.Task[None] | None = None
+        self._gone: Exception | None = None  # why the supervisor gave up
+        self.task: asyncio.Task[None] | None = None  # the supervisor, watched by the server
 
     # -- lifecycle -----------------------------------------------------------------
 
     async def start(self) -> None:
         """Start the worker and wait for its session; a failure here is raised."""
         await self._spawn()
-        self._supervisor = asyncio.create_task(self._supervise(), name="spark-supervisor")
+        self.task = asyncio.create_task(self._supervise(), name="spark-supervisor")
 
     async def stop(self) -> None:
         self._stopping = True
@@ -89,10 +86,13 @@ class SparkProcess:
         if proc is not None and proc.returncode is None:
             proc.kill()
             await proc.wait()
-        if self._supervisor is not None:
-            self._supervisor.cancel()
-            await asyncio.gather(self._supervisor, return_exceptions=True)
+        task, self.task = self.task, None
+        if task is not None:
+            task.cancel()
+            await asyncio.wait([task])
         self.log.info("spark_stopped", restarts=self.restarts)
+        if task is not None and not task.cancelled() and task.exception() is not None:
+            raise task.exception()  # the supervisor gave up (spark_restart_failed)
 
     async def _spawn(self) -> None:
         s = self.settings
@@ -135,7 +135,10 @@ class SparkProcess:
                 error = f"it exited with code {proc.returncode}"
             else:
                 error = f"no answer within {s.spark_start_timeout:.0f} s"
-            raise SparkError(f"the Spark worker did not start: {error} (its log: {self.log_path})")
+            raise SparkError(
+                f"the Spark process did not start: {error} (its log: {self.log_path})",
+                retriable=frame is None and proc.returncode == -9,  # timed out: it may start next time
+            )
         self._proc = proc
         self.info = frame[0]
         self._ready.set()
@@ -149,6 +152,14 @@ class SparkProcess:
         )
 
     async def _supervise(self) -> None:
+        try:
+            await self._watch()
+        except Exception as exc:
+            self._gone = exc
+            self._ready.set()  # requests waiting for a restart fail instead of hanging
+            raise
+
+    async def _watch(self) -> None:
         while True:
             proc = self._proc
             assert proc is not None and proc.stdout is not None
@@ -162,7 +173,7 @@ class SparkProcess:
             code = await proc.wait()
             for future in self._pending.values():
                 if not future.done():
-                    future.set_exception(SparkWorkerDied(f"the Spark worker exited (code {code})"))
+                    future.set_exception(SparkProcessDied(f"the Spark process exited (code {code})"))
             self._pending.clear()
             if self._stopping:
                 return
@@ -186,8 +197,17 @@ class SparkProcess:
                 await self._spawn()
             except (SparkError, OSError) as exc:
                 code = -1
-                self.log.error("spark_restart_failed", error=str(exc), attempt=attempt)
-                continue
+                again = retriable(exc) and attempt < RESTART_ATTEMPTS
+                self.log.error(
+                    "spark_restart_failed",
+                    error=str(exc),
+                    attempt=attempt,
+                    retrying=again,
+                    what_to_do="tried again" if again else "the server shuts down; see the Spark log, then start it",
+                )
+                if again:
+                    continue
+                raise
             self.restarts += 1
             return
 
@@ -196,6 +216,8 @@ class SparkProcess:
     async def request(self, message: Mapping[str, Any]) -> dict[str, Any]:
         """Send one request and wait for its reply; SparkError if it failed there."""
         await self._ready.wait()
+        if self._gone is not None:
+            raise SparkProcessDied(f"the Spark process could not be started again ({self._gone})")
         proc = self._proc
         assert proc is not None and proc.stdin is not None
         request_id = next(self._ids)
@@ -206,7 +228,7 @@ class SparkProcess:
             await proc.stdin.drain()
         except (BrokenPipeError, ConnectionResetError) as exc:
             self._pending.pop(request_id, None)
-            raise SparkWorkerDied(f"the Spark worker is gone ({exc})") from None
+            raise SparkProcessDied(f"the Spark process is gone ({exc})") from None
         reply = await future
         if not reply.get("ok"):
             raise SparkError(reply.get("error", "unknown error"), reply.get("traceback", ""))

@@ -1,9 +1,12 @@
 """The coordinator on an event loop with a fake clock and the real file sink:
-commits, safe positions, back-pressure, the spool, a failing sink."""
+commits, safe positions, back-pressure, the spool, a failing sink. Tests drive the
+committer with ``step()`` at a clock they move; the background committer may run
+too, but a pass at the same clock finds nothing more to do."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
 
 import orjson
 import pytest
@@ -11,17 +14,12 @@ import pytest
 from mldserver.backoff import Backoff
 from mldserver.config import Settings
 from mldserver.coordinator import Coordinator
+from mldserver.errors import SparkError
 from mldserver.sinks.file import FileSink
 
+from ..helpers import FakeClock
+
 MINUTE = 60_000
-
-
-class Clock:
-    def __init__(self, now=0):
-        self.now = now
-
-    def __call__(self):
-        return self.now
 
 
 def items(first_seq, times):
@@ -32,17 +30,15 @@ def position(seq):
     return (seq, 0, str(seq))
 
 
-async def eventually(check, timeout=5.0):
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while not check():
-        assert loop.time() < deadline, "condition not reached"
-        await asyncio.sleep(0.01)
-
-
 def output(directory):
     return {p.name: [orjson.loads(line)["seq"] for line in p.read_text().splitlines()]
             for p in sorted(directory.glob("*.jsonl"))}
+
+
+async def settle():
+    """Let every task that is ready run (loop turns, not time)."""
+    for _ in range(20):
+        await asyncio.sleep(0)
 
 
 @pytest.fixture
@@ -58,17 +54,18 @@ async def started(settings, tmp_path, clock, sink=None):
 
 
 async def test_closed_windows_reach_the_sink_and_make_positions_safe(settings, tmp_path):
-    clock = Clock(1_000)
+    clock = FakeClock(1_000)
     c = await started(settings, tmp_path, clock)
     try:
         for s in ("A", "B"):
             await c.open_shard(s, "TRIM_HORIZON")
         c.add_batch("A", items(1, [10_000, 20_000, 70_000]), position(3), 100)
         c.add_batch("B", items(100, [15_000]), position(101), 100)
-        await asyncio.sleep(0.05)
+        assert await c.step() == 0
         assert not output(tmp_path / "out")  # B's watermark (15 s) holds window [0, 60 s)
+        assert c.safe_position("A") is None
         c.add_batch("B", items(102, [61_000]), position(102), 100)
-        await eventually(lambda: output(tmp_path / "out"))
+        assert await c.step() == 1
         assert output(tmp_path / "out") == {"0-60000.jsonl": [1, 100, 2]}
         assert c.safe_position("A") == position(2)
         assert c.safe_position("B") == position(101)
@@ -77,7 +74,7 @@ async def test_closed_windows_reach_the_sink_and_make_positions_safe(settings, t
 
 
 async def test_ahead_shard_waits_for_its_status_while_over_the_cap_and_the_holder_does_not(settings, tmp_path):
-    clock = Clock(1_000)
+    clock = FakeClock(1_000)
     c = await started(settings.replace(max_buffered_rows=3), tmp_path, clock)
     try:
         for s in ("slow", "fast"):
@@ -86,9 +83,11 @@ async def test_ahead_shard_waits_for_its_status_while_over_the_cap_and_the_holde
         c.add_batch("fast", items(100, [100_000, 110_000, 120_000, 130_000]), position(103), 100)
         fast = asyncio.create_task(c.admit("fast"))
         await asyncio.wait_for(c.admit("slow"), 1)  # the watermark's shard is never delayed
-        await asyncio.sleep(0.1)
+        assert await c.step() == 0  # a pass wakes the waiters: still over the cap, still ahead
+        await settle()
         assert not fast.done()
         c.add_batch("slow", items(2, [150_000]), position(2), 100)  # the watermark moves on
+        assert await c.step() == 2
         await asyncio.wait_for(fast, 2)
         assert c.ledger.rows <= 3
     finally:
@@ -96,7 +95,7 @@ async def test_ahead_shard_waits_for_its_status_while_over_the_cap_and_the_holde
 
 
 async def test_spooled_rows_of_an_ended_shard_are_replayed_after_a_restart_then_deleted(settings, tmp_path):
-    clock = Clock(1_000)
+    clock = FakeClock(1_000)
     c = await started(settings, tmp_path, clock)
     await c.open_shard("P", "TRIM_HORIZON")
     await c.open_shard("X", "TRIM_HORIZON")
@@ -106,41 +105,78 @@ async def test_spooled_rows_of_an_ended_shard_are_replayed_after_a_restart_then_
     spool = tmp_path / "state" / "spool" / "P.jsonl"
     assert spool.exists()
     await c.stop()  # a crash: nothing was committed
+    assert not output(tmp_path / "out")
 
     c = await started(settings, tmp_path, clock)
     try:
         await c.open_shard("C", "TRIM_HORIZON")
         c.add_batch("C", items(1000, [12_000, 70_000]), position(1001), 100)
-        await asyncio.sleep(0.05)
+        assert await c.step() == 0
         assert spool.exists()  # P holds window [0, 60 s): its children are unknown
-        clock.now += 600_001  # until the idle timeout
-        await eventually(lambda: not spool.exists())
+        clock.advance(600_001)  # until the idle timeout
+        assert await c.step() == 2
+        assert not spool.exists()
         assert output(tmp_path / "out") == {"0-60000.jsonl": [1, 2, 1000], "60000-120000.jsonl": [1001]}
         assert c.ordering.duplicates == 0
     finally:
         await c.stop()
 
 
-async def test_failing_sink_is_retried_and_nothing_is_safe_until_it_commits(settings, tmp_path):
-    class Flaky(FileSink):
-        failures = 2
+class Flaky(FileSink):
+    """The file sink, failing its first ``failures`` commits with ``error``; it notes
+    what the coordinator let shard A checkpoint at each failed attempt."""
 
-        async def commit(self, window):
-            if self.failures:
-                self.failures -= 1
-                raise OSError("disk full")
-            await super().commit(window)
+    def __init__(self, directory, error, failures=2):
+        super().__init__(directory)
+        self.error, self.failures = error, failures
+        self.coordinator = None
+        self.safe_while_failing = []
 
-    clock = Clock(1_000)
-    sink = Flaky(tmp_path / "out")
+    async def commit(self, window):
+        if self.failures:
+            self.failures -= 1
+            self.safe_while_failing.append(self.coordinator.safe_position("A"))
+            raise self.error
+        await super().commit(window)
+
+
+@pytest.mark.parametrize("error", [OSError(28, "No space left on device"), SparkError("ZeroDivisionError: boom")],
+                         ids=["io", "pipeline"])
+async def test_failing_sink_is_retried_and_reported_and_nothing_is_safe_until_it_commits(
+    settings, tmp_path, caplog, error
+):
+    caplog.set_level(logging.INFO, logger="mldserver")
+    clock = FakeClock(1_000)
+    sink = Flaky(tmp_path / "out", error)
     c = await started(settings, tmp_path, clock, sink)
-    c.sink_backoff = Backoff(first=0.05, cap=0.05)
+    sink.coordinator = c
+    c.sink_backoff = Backoff(first=0.01, cap=0.01)
     try:
         await c.open_shard("A", "TRIM_HORIZON")
         c.add_batch("A", items(1, [1_000, 61_000]), position(2), 100)
-        await asyncio.sleep(0.03)
-        assert c.safe_position("A") is None
-        await eventually(lambda: c.safe_position("A") == position(1))
-        assert sink.failures == 0 and output(tmp_path / "out") == {"0-60000.jsonl": [1]}
+        assert await c.step() == 1
+        assert sink.safe_while_failing == [None, None]
+        assert c.safe_position("A") == position(1)
+        assert output(tmp_path / "out") == {"0-60000.jsonl": [1]}
+        failed = [r.fields for r in caplog.records if r.getMessage() == "sink_commit_failed"]
+        assert [f["attempt"] for f in failed] == [1, 2]
+        assert all(f["window"] == "0-60000" and type(error).__name__ in f["error"] for f in failed)
     finally:
         await c.stop()
+
+
+async def test_a_sink_error_that_is_not_retriable_ends_the_committer_and_stop_raises_it(settings, tmp_path):
+    clock = FakeClock(1_000)
+    sink = Flaky(tmp_path / "out", TypeError("a bug in the sink"), failures=1)
+    c = await started(settings, tmp_path, clock, sink)
+    sink.coordinator = c
+    await c.open_shard("A", "TRIM_HORIZON")
+    c.add_batch("A", items(1, [1_000, 61_000]), position(2), 100)
+    done, _ = await asyncio.wait(c.tasks, timeout=10, return_when=asyncio.FIRST_COMPLETED)
+    [committer] = done
+    assert committer.get_name() == "coordinator-committer"
+    assert isinstance(committer.exception(), TypeError)
+    assert sink.failures == 0 and c.safe_position("A") is None and not output(tmp_path / "out")
+    with pytest.raises(TypeError, match="a bug in the sink"):
+        await c.stop()
+    assert c.tasks == []

@@ -3,6 +3,8 @@ aioboto3 against moto's server on loopback (a real HTTP endpoint, not a mock).""
 
 from __future__ import annotations
 
+import urllib.request
+
 import boto3
 import pytest
 from moto.server import ThreadedMotoServer
@@ -15,12 +17,19 @@ AWS = dict(region_name="us-east-1", aws_access_key_id="local", aws_secret_access
 
 
 @pytest.fixture(scope="module")
-def moto_endpoint():
+def moto_server():
     port = free_port()
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
     server.start()
     yield f"http://127.0.0.1:{port}"
     server.stop()
+
+
+@pytest.fixture
+def moto_endpoint(moto_server):
+    """The module's moto server, emptied: each test (and each repetition) starts clean."""
+    urllib.request.urlopen(urllib.request.Request(f"{moto_server}/moto-api/reset", method="POST"), timeout=10).close()
+    return moto_server
 
 
 @pytest.fixture(autouse=True)

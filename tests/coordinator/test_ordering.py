@@ -35,7 +35,7 @@ class Lineage:
 
 def ordering(lineage=None, window_ms=MINUTE):
     lineage = lineage or Lineage()
-    return Ordering(window_ms=window_ms, blocks=lambda s: s in lineage.open, parents_of=lineage.parents_of)
+    return Ordering(window_ms=window_ms, blocks=lambda s, now: s in lineage.open, parents_of=lineage.parents_of)
 
 
 def add(o, shard_id, first_seq, times, tag=""):
@@ -77,13 +77,29 @@ def test_child_records_arriving_while_parent_still_buffers_rows_wait_for_the_par
     lineage.open.add("parent")
     add(o, "parent", 1, [1000, 2000], "parent")
     add(o, "child", 50, [500, 1500], "child")  # earlier times, while the parent is still open
-    assert o.release() == []
+    assert o.release(now=0) == []
     add(o, "parent", 3, [2500], "parent")
     lineage.open.discard("parent")
-    assert o.release() == ["child"]
+    assert o.release(now=0) == ["child"]
     [window] = o.close(until=MINUTE)
     assert contents(window) == [("parent", 1), ("parent", 2), ("parent", 3), ("child", 50), ("child", 51)]
     assert o.clamped == 2  # both child rows moved up to the parent's last time
+
+
+def test_a_parent_blocks_its_child_as_of_the_now_it_is_asked_with():
+    lineage = Lineage({"child": ("parent",)})
+    asked = []
+
+    def blocks(parent, now):
+        asked.append((parent, now))
+        return now < 10_000  # the parent holds until its idle timeout, at 10 s
+
+    o = Ordering(window_ms=MINUTE, blocks=blocks, parents_of=lineage.parents_of)
+    items = rows(50, [500])
+    o.add("child", items, last(items), now=9_000)
+    assert o.release(now=9_999) == []
+    assert o.release(now=10_000) == ["child"]
+    assert asked == [("parent", 9_000), ("parent", 9_999), ("parent", 10_000)]
 
 
 def test_child_whose_id_sorts_before_its_parent_still_follows_it_at_equal_times():
@@ -103,9 +119,9 @@ def test_merge_child_waits_for_both_parents():
     add(o, "P2", 100, [3000], "P2")
     add(o, "C", 200, [2000], "C")
     lineage.open.discard("P1")
-    assert o.release() == []
+    assert o.release(now=0) == []
     lineage.open.discard("P2")
-    assert o.release() == ["C"]
+    assert o.release(now=0) == ["C"]
     [window] = o.close(until=MINUTE)
     assert contents(window) == [("P1", 1), ("P2", 100), ("C", 200)]
 

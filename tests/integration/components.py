@@ -4,18 +4,19 @@ DynamoDB Local and the KCL 3.x MultiLangDaemon (Java). All are installed by
 
 from __future__ import annotations
 
+import asyncio
 import importlib.util
 import os
 import signal
 import socket
 import subprocess
-import time
 import urllib.request
 from pathlib import Path
 
 import boto3
 
 from ..conftest import ROOT
+from ..helpers import eventually
 
 DEPS = ROOT / ".deps"
 AWS = dict(region_name="us-east-1", aws_access_key_id="local", aws_secret_access_key="local")
@@ -28,17 +29,20 @@ def free_port() -> int:
 
 
 def wait_for(check, timeout: float, what: str, interval: float = 0.25):
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
+    """``eventually`` for these synchronous tests; a check that raises is not up yet."""
+    errors: list[Exception] = []
+
+    def up():
         try:
-            result = check()
-            if result:
-                return result
-        except Exception as exc:  # not up yet
-            last = exc
-        time.sleep(interval)
-    raise TimeoutError(f"{what} not ready after {timeout} s (last error: {last})")
+            return check()
+        except Exception as exc:
+            errors[:] = [exc]
+            return False
+
+    try:
+        return asyncio.run(eventually(up, timeout, what=what, interval=interval))
+    except AssertionError as exc:
+        raise TimeoutError(f"{exc} (last error: {errors[0] if errors else None})") from None
 
 
 class Process:

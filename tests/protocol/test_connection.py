@@ -249,20 +249,19 @@ ACTIONS = [
 @given(st.lists(st.sampled_from(ACTIONS), max_size=25))
 def test_any_sequence_of_daemon_lines_keeps_one_status_per_action(lines):
     conn = Connection()
-    statuses = owed = 0
     for line in lines:
         conn.receive_data(line + b"\n")
         try:
             ev = conn.next_event()
         except RemoteProtocolError as exc:
-            if exc.action is not None:
-                owed += 1
-                conn.send(Status(exc.action))
-                statuses += 1
-            continue
-        if hasattr(ev, "reply"):
-            owed += 1
-            conn.send(ev.reply())
-            statuses += 1
+            reply = Status(exc.action) if exc.action is not None else None
+        else:
+            reply = ev.reply() if hasattr(ev, "reply") else None
+        # A status is owed exactly for an action line, accepted or not; never for junk.
+        assert conn.owes_status == (reply.response_for if reply else None)
+        if reply is not None:
+            conn.send(reply)
+            assert conn.owes_status is None
+            with pytest.raises(LocalProtocolError):  # one status per action, not two
+                conn.send(reply)
         assert conn.owes_status is None
-    assert statuses == owed

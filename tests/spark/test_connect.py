@@ -15,8 +15,9 @@ import pytest
 from mldserver.testing import FakeDaemon
 
 from ..conftest import relay_command
+from ..helpers import eventually
 from ..test_pipeline import Stream
-from .test_sink import PASSTHROUGH, committed_rows, config_file, put_keys, wait_for
+from .test_sink import PASSTHROUGH, committed_rows, config_file, put_keys
 
 
 def free_port() -> int:
@@ -76,7 +77,7 @@ async def test_windows_are_committed_once_through_spark_connect(serve, tmp_path,
     shards = {i: await daemon.shard(i) for i in ids}
     await model.finish(shards)
     put = put_keys(model, ids)
-    await wait_for(lambda: put <= set(committed_rows(out)), timeout=120, what="every record committed")
+    await eventually(lambda: put <= set(committed_rows(out)), timeout=120, interval=0.25, what="every record committed")
     counts = committed_rows(out)
     assert set(counts) == put and max(counts.values()) == 1
     await model.shut_down(daemon, shards)

@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import time
 from collections import Counter
 
 import pyarrow.dataset as ds
@@ -16,6 +15,7 @@ import pyarrow.dataset as ds
 from mldserver.testing import FakeDaemon
 
 from ..conftest import relay_command
+from ..helpers import eventually
 from ..test_pipeline import CONFIG, Stream, until_killed
 
 PASSTHROUGH = "handlers.passthrough:Passthrough"
@@ -27,14 +27,6 @@ def committed_rows(out) -> Counter:
         return Counter()
     table = ds.dataset(out, format="parquet", partitioning="hive").to_table(columns=["shard_id", "sequence_number"])
     return Counter(zip(table.column("shard_id").to_pylist(), table.column("sequence_number").to_pylist()))
-
-
-async def wait_for(predicate, timeout=90.0, what="condition"):
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.25)
 
 
 def put_keys(model: Stream, shard_ids=None) -> set[tuple[str, str]]:
@@ -66,7 +58,7 @@ async def test_every_record_is_committed_exactly_once_across_a_split_and_a_serve
     children = {i: await daemon.shard(i) for i in ids[3:]}
     live = {**children, ids[1]: parents[ids[1]], ids[2]: parents[ids[2]]}
     await asyncio.gather(*(model.feed(s, batches=3) for s in live.values()))
-    await wait_for(lambda: committed_rows(out), what="a first committed window")
+    await eventually(lambda: committed_rows(out), timeout=90, interval=0.25, what="a first committed window")
     feeders = [asyncio.ensure_future(model.feed(s)) for s in live.values()]
     await asyncio.sleep(0.3)
     os.kill(server.proc.pid, signal.SIGKILL)  # mid-stream; the Spark process dies with it
@@ -82,7 +74,7 @@ async def test_every_record_is_committed_exactly_once_across_a_split_and_a_serve
     restarted, shards = await model.restart(daemon.checkpoints, server.port)
 
     put = put_keys(model)
-    await wait_for(lambda: put <= set(committed_rows(out)), what="every record committed")
+    await eventually(lambda: put <= set(committed_rows(out)), timeout=90, interval=0.25, what="every record committed")
     counts = committed_rows(out)
     assert set(counts) == put
     assert [key for key, n in counts.items() if n > 1] == []  # exactly once, though records were re-delivered
@@ -106,13 +98,14 @@ async def test_a_spark_worker_killed_during_a_commit_is_restarted_and_the_window
     daemon = FakeDaemon(relay_command(server.port))
     shards = {i: await daemon.shard(i) for i in ids}
     await asyncio.gather(*(model.feed(s, batches=4) for s in shards.values()))
-    await wait_for(lambda: marks.exists() and any(marks.iterdir()), what="a commit under way")
+    await eventually(lambda: marks.exists() and any(marks.iterdir()), timeout=90, what="a commit under way")
     [started] = [e for e in server.events() if e["event"] == "spark_started"]
     os.kill(started["pid"], signal.SIGKILL)
 
     await model.finish(shards)
     put = put_keys(model, ids)
-    await wait_for(lambda: put <= set(committed_rows(out)), timeout=150, what="every record committed")
+    await eventually(lambda: put <= set(committed_rows(out)), timeout=150, interval=0.25,
+                     what="every record committed")
     counts = committed_rows(out)
     assert set(counts) == put and max(counts.values()) == 1
     events = server.events()
@@ -145,7 +138,7 @@ async def test_a_pipeline_that_raises_is_retried_and_reported_and_no_checkpoint_
     def failures():
         return [e for e in server.events() if e["event"] == "sink_commit_failed"]
 
-    await wait_for(lambda: len(failures()) >= 2, what="the window retried")
+    await eventually(lambda: len(failures()) >= 2, timeout=90, interval=0.25, what="the window retried")
     first = failures()[0]
     assert "ValueError: bad window" in first["error"] and first["window"] in first["error"]
     assert "fails_while_flagged" in first["traceback"] and first["what_to_do"]
@@ -155,7 +148,33 @@ async def test_a_pipeline_that_raises_is_retried_and_reported_and_no_checkpoint_
 
     flag.unlink()
     put = put_keys(model, [shard_id]) & {(shard_id, r["sequenceNumber"]) for r in model.records[shard_id][:500]}
-    await wait_for(lambda: put <= set(committed_rows(out)), what="the window committed once the pipeline works")
+    await eventually(lambda: put <= set(committed_rows(out)), timeout=90, interval=0.25,
+                     what="the window committed once the pipeline works")
     await shard.process_records([], millis_behind_latest=0)
     assert daemon.checkpoints[shard_id] == (model.records[shard_id][499]["sequenceNumber"], 0)
     await shard.close()
+
+
+async def test_a_spark_process_that_cannot_start_again_shuts_the_server_down_in_order_with_exit_1(serve, tmp_path):
+    flag = tmp_path / "broken"
+    server = serve(
+        PASSTHROUGH,
+        "--sink", f"parquet:{tmp_path / 'out'}", "--pipeline", "tests.spark.deployable:pipeline",
+        "--config", config_file(tmp_path),
+        env={"MLDSERVER_TEST_FLAG": str(flag)},
+    )  # fmt: skip
+    [started] = [e for e in server.events() if e["event"] == "spark_started"]
+    flag.touch()  # from now on its pipeline does not import
+    os.kill(started["pid"], signal.SIGKILL)
+    assert await asyncio.to_thread(server.proc.wait, 120) == 1
+    events = server.events()
+    names = [e["event"] for e in events]
+    [failed] = [e for e in events if e["event"] == "spark_restart_failed"]  # not retried: it would fail again
+    assert "a broken deploy of the pipeline" in failed["error"] and failed["retrying"] is False
+    [crashed] = [e for e in events if e["event"] == "task_crashed"]
+    assert crashed["task"] == "spark-supervisor" and "a broken deploy of the pipeline" in crashed["error"]
+    assert crashed["traceback"].startswith("Traceback") and crashed["what_to_do"]
+    order = ["spark_process_exited", "spark_restart_failed", "task_crashed", "shutting_down", "coordinator_stopped",
+             "spark_stopped", "stopped"]
+    assert [names.index(name) for name in order] == sorted(names.index(name) for name in order)
+    assert "broken deploy" in server.stderr_path.read_text()  # the CLI's one line
