@@ -10,7 +10,21 @@ from pathlib import Path
 
 import pytest
 
-from .peer import events
+from .peer import Peer, events
+
+
+@pytest.fixture(autouse=True)
+async def close_peers():
+    """Every Peer a test opened is closed when it ends (failed or not)."""
+    yield
+    peers, Peer.opened[:] = list(Peer.opened), []
+    for peer in peers:
+        peer.close()
+    for peer in peers:
+        try:
+            await peer.writer.wait_closed()
+        except (ConnectionError, OSError):
+            pass
 
 
 @pytest.fixture
@@ -50,14 +64,15 @@ class SmallFs:
         reserve = self.path / "reserve"
         if keep:
             reserve.write_bytes(b"r" * keep)
-        with open(self.filler, "ab") as f:
+        fd = os.open(self.filler, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
             chunk = b"f" * 4096
-            try:
-                while True:
-                    f.write(chunk)
-                    f.flush()
-            except OSError:
-                pass
+            while True:
+                os.write(fd, chunk)
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
         if keep:
             reserve.unlink()
 
@@ -101,3 +116,67 @@ def explained(server):
 
 def signal_server(server, sig) -> None:
     os.kill(server.proc.pid, sig)
+
+
+class Launched:
+    """``mldserver serve`` started to see whether it refuses its settings: it either
+    exits (``code``, ``stderr``) or logs ``listening`` (then ``code`` is None)."""
+
+    def __init__(self, code, stderr: str, events: list[dict]) -> None:
+        self.code, self.stderr, self.events = code, stderr, events
+
+    def __repr__(self) -> str:
+        if self.code is None:
+            return "Launched(the server started and listened)"
+        return f"Launched(exit {self.code}, stderr={self.stderr[-600:]!r})"
+
+
+def launch(tmp_path: Path, *args: str, timeout: float = 60.0, cwd=None, env=None) -> Launched:
+    """Run ``mldserver serve ARGS`` until it exits or listens (then stop it)."""
+    import sys
+    import time
+
+    from ..conftest import MLDSERVER, ROOT
+
+    n = len(list(tmp_path.glob("launch-*.log"))) + 1
+    log_path = tmp_path / f"launch-{n}.log"
+    stderr_path = tmp_path / f"launch-{n}.stderr"
+    argv = [MLDSERVER, "serve", *args]
+    if not any(a == "--log-file" or a.startswith("--log-file=") for a in args):
+        argv += ["--log-file", str(log_path)]
+    with open(stderr_path, "wb") as stderr:
+        proc = subprocess.Popen(argv, cwd=cwd or ROOT, env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})},
+                                stdout=subprocess.DEVNULL, stderr=stderr)
+    deadline = time.monotonic() + timeout
+    try:
+        while proc.poll() is None:
+            if any(e.get("event") == "listening" for e in events(log_path)):
+                break
+            if time.monotonic() > deadline:
+                raise AssertionError(f"mldserver serve {' '.join(args)}: neither exited nor listened in {timeout} s")
+            time.sleep(0.05)
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+            code = None
+        else:
+            code = proc.returncode
+    del sys
+    return Launched(code, stderr_path.read_text(errors="replace"), events(log_path))
+
+
+def assert_refused(result: Launched, *names: str) -> None:
+    """The server refused to start: exit 2, one clear line naming each of ``names``,
+    no traceback."""
+    assert result.code is not None, f"the server started and listened: {result}"
+    assert result.code == 2, f"expected exit 2 with a clear message: {result}"
+    assert "Traceback" not in result.stderr, f"a traceback instead of a one-line message: {result}"
+    lines = [l for l in result.stderr.splitlines() if l.strip()]
+    assert len(lines) == 1, f"expected one line on stderr: {result}"
+    for name in names:
+        assert name in lines[0], f"the message does not name {name!r}: {result}"

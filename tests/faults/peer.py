@@ -61,8 +61,11 @@ def encode(message: dict[str, Any] | bytes) -> bytes:
 
 
 class Peer:
+    opened: list["Peer"] = []  # closed after each test by the fixture in conftest.py
+
     def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.reader, self.writer = reader, writer
+        Peer.opened.append(self)
         self.checkpoint_requests: list[dict[str, Any]] = []
 
     @classmethod
