@@ -75,12 +75,14 @@ class EmitSoon(mldserver.Handler):
             batch.emit(record, {"seq": record.sequence_number}, event_time_ms="soon")
 
 
-class EmitFarFuture(mldserver.Handler):
-    """Emits rows whose event time is past 2**63 ms."""
+class EventTimeFromKey(mldserver.Handler):
+    """Emits one row per record; a partition key of digits is the row's event time
+    (epoch ms, any size), else the record's arrival time is."""
 
     async def process_records(self, batch, checkpointer):
         for record in batch.records:
-            batch.emit(record, {"seq": record.sequence_number}, event_time_ms=2**63 + 1000)
+            key = record.partition_key or ""
+            batch.emit(record, {"seq": record.sequence_number}, event_time_ms=int(key) if key.isdigit() else None)
 
 
 class KeepCheckpointer(mldserver.Handler):

@@ -101,7 +101,8 @@ def _errors(log_path: Path) -> str:
     for e in events(log_path):
         if e.get("level") in ("error", "warning"):
             tb = e.get("traceback", "").strip().splitlines()
-            out.append(f"  {e.get('event')} {e.get('error', '')} {tb[-1] if tb else ''}".rstrip())
+            line = f"  {e.get('event')} {e.get('error', '')} {tb[-1] if tb else ''}".rstrip()
+            out.append(line if len(line) < 300 else line[:200] + " ... " + line[-60:])
     return "\n".join(out[-8:]) or "  (none)"
 
 
