@@ -8,7 +8,6 @@ several tests: ``MLDSERVER_TEST_WORK`` (seconds of work before a checkpoint) and
 from __future__ import annotations
 
 import asyncio
-import base64
 import binascii
 import json
 import os
@@ -115,7 +114,7 @@ class SyncProcessRecords(mldserver.Handler):
 
 class Scripted(mldserver.Handler):
     """Does what its plan says. A batch's plan is the JSON in its first record's data;
-    the other callbacks' plans ride in the shard id, ``prop-<base64url JSON>``::
+    the other callbacks' plans are in ``$MLDSERVER_TEST_PLANS/<shard id>.json``::
 
         {"initialize": [...], "shutdown_requested": [...], "shard_ended": [...], "lease_lost": [...]}
 
@@ -152,12 +151,11 @@ class Scripted(mldserver.Handler):
                         raise
 
     async def initialize(self, shard):
-        sid = shard.shard_id or ""
-        if sid.startswith("prop-"):
-            try:
-                self.plans = json.loads(base64.urlsafe_b64decode(sid[5:] + "=" * (-len(sid[5:]) % 4)))
-            except (ValueError, binascii.Error):
-                self.plans = {}
+        folder = os.environ.get("MLDSERVER_TEST_PLANS")
+        path = os.path.join(folder, f"{shard.shard_id}.json") if folder and shard.shard_id else None
+        if path and os.path.exists(path):
+            with open(path) as f:
+                self.plans = json.load(f)
         await self._run(self.plans.get("initialize"), None)
 
     async def process_records(self, batch, checkpointer):

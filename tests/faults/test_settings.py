@@ -220,7 +220,7 @@ async def test_an_event_time_past_64_bits_still_logs_its_window(serve, tmp_path)
                                       millis_behind_latest=10**9))
     await wait_for(lambda: list(out.glob("*.jsonl")), 60, "the first window to be written")
     with explained(server):
-        await wait_event(server, "window_committed", 10)
+        await wait_event(server, "window_committed", 5)
 
 
 @pytest.mark.xfail(strict=True, reason="issue 10: SIGHUP kills the server without a clean shutdown")

@@ -170,7 +170,7 @@ async def test_ended_shards_leave_no_state_behind(tmp_path):
             return _mldserver_bytes(tracemalloc.take_snapshot()) - before
 
         try:
-            await wait_for(lambda: grown() < 400 * 100, 10, "the ended shards' state to be freed")
+            await wait_for(lambda: grown() < 400 * 100, 5, "the ended shards' state to be freed")
         except AssertionError:
             raise AssertionError(f"400 ended shards still hold {grown()} bytes of mldserver state "
                                  f"(~{grown() // 400} bytes each)") from None
