@@ -134,7 +134,6 @@ class Launched:
 
 def launch(tmp_path: Path, *args: str, timeout: float = 60.0, cwd=None, env=None) -> Launched:
     """Run ``mldserver serve ARGS`` until it exits or listens (then stop it)."""
-    import sys
     import time
 
     from ..conftest import MLDSERVER, ROOT
@@ -167,7 +166,6 @@ def launch(tmp_path: Path, *args: str, timeout: float = 60.0, cwd=None, env=None
             code = None
         else:
             code = proc.returncode
-    del sys
     return Launched(code, stderr_path.read_text(errors="replace"), events(log_path))
 
 

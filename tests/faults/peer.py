@@ -20,7 +20,7 @@ import inspect
 import json
 import time
 from pathlib import Path
-from typing import Any, Awaitable, Callable
+from typing import Any, Callable
 
 from mldserver.testing import parse_child_line
 

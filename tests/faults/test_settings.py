@@ -18,7 +18,7 @@ from mldserver.testing import make_records
 
 from ..conftest import MLDSERVER, ROOT
 from .conftest import assert_refused, explained, launch
-from .peer import Peer, events, initialize, process_records, wait_event, wait_exit, wait_for
+from .peer import Peer, initialize, process_records, wait_event, wait_exit, wait_for
 
 SHARD = "shardId-000000000001"
 
@@ -116,8 +116,8 @@ def test_a_setting_out_of_range_is_refused_naming_it(tmp_path, config_file, case
 
 # -- defect 15: unclear errors ------------------------------------------------------------
 
-def _start_up_case(case: str, tmp_path, config_file) -> tuple[list[str], str]:
-    """(serve arguments, what the one-line message must name)"""
+def _start_up_case(case: str, tmp_path, config_file, held: list) -> tuple[list[str], str]:
+    """(serve arguments, what the one-line message must name); sockets it holds go in ``held``"""
     state = ["--state-dir", str(tmp_path / "state")]
     noop = ["--handler", "tests.handlers:Noop"]
     if case == "config_not_utf8":
@@ -130,7 +130,7 @@ def _start_up_case(case: str, tmp_path, config_file) -> tuple[list[str], str]:
         sock = socket.socket()
         sock.bind(("127.0.0.1", 0))
         sock.listen()
-        _start_up_case.held = sock  # type: ignore[attr-defined]
+        held.append(sock)
         port = str(sock.getsockname()[1])
         return [*noop, "--port", port, *state], port
     if case == "port_negative":
@@ -151,14 +151,13 @@ def _start_up_case(case: str, tmp_path, config_file) -> tuple[list[str], str]:
 @pytest.mark.parametrize("case", ["config_not_utf8", "log_level_verbose", "port_in_use", "port_negative",
                                   "host_unknown", "unix_in_a_missing_folder", "log_file_in_a_missing_folder"])
 def test_a_start_up_mistake_is_one_line_naming_the_setting_or_path(tmp_path, config_file, case):
-    args, named = _start_up_case(case, tmp_path, config_file)
+    held: list[socket.socket] = []
     try:
+        args, named = _start_up_case(case, tmp_path, config_file, held)
         assert_refused(launch(tmp_path, *args), named)
     finally:
-        held = getattr(_start_up_case, "held", None)
-        if held is not None:
-            held.close()
-            del _start_up_case.held  # type: ignore[attr-defined]
+        for sock in held:
+            sock.close()
 
 
 @pytest.mark.xfail(strict=True, reason="issue 10: the relay given port 99999 dies with a traceback")

@@ -5,7 +5,6 @@ The full disk is a real one: a 1 MiB tmpfs."""
 
 from __future__ import annotations
 
-import asyncio
 import gc
 import json
 import signal
@@ -19,7 +18,7 @@ from mldserver.server import Server
 from mldserver.testing import make_records
 
 from .conftest import assert_refused, explained, launch
-from .peer import NoStatus, Peer, events, initialize, process_records, wait_event, wait_for
+from .peer import NoStatus, Peer, initialize, process_records, wait_event, wait_for
 
 SHARD = "shardId-000000000001"
 

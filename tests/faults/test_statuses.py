@@ -6,7 +6,6 @@ over raw sockets by the strict ``Peer``."""
 from __future__ import annotations
 
 import asyncio
-import base64
 import json
 import signal
 
@@ -15,7 +14,7 @@ import pytest
 from mldserver.testing import make_records
 
 from .conftest import explained
-from .peer import NoStatus, Peer, events, initialize, ok_reply, process_records, wait_exit, wait_for
+from .peer import Peer, initialize, ok_reply, process_records, wait_exit, wait_for
 
 SHARD = "shardId-000000000001"
 
