@@ -18,8 +18,8 @@ import asyncio
 import os
 from pathlib import Path
 
-from ..coordinator.windows import Window
-from .commitlog import Committed, fsync_dir
+from ..coordinator.handoff import Committed, Window
+from .commitlog import fsync_dir
 
 
 class FileSink:
@@ -35,10 +35,10 @@ class FileSink:
     def _write(self, window: Window, rows: list[bytes]) -> None:
         self.directory.mkdir(parents=True, exist_ok=True)
         name = self._free_name(window.id)
-        if window.late:
-            self._publish(f"{name}.late.jsonl", rows[: window.late])
-        if len(rows) > window.late:
-            self._publish(f"{name}.jsonl", rows[window.late :])
+        if window.late_rows:
+            self._publish(f"{name}.late.jsonl", rows[: window.late_rows])
+        if len(rows) > window.late_rows:
+            self._publish(f"{name}.jsonl", rows[window.late_rows :])
         fsync_dir(self.directory)
 
     def _free_name(self, base: str) -> str:
