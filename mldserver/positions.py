@@ -20,6 +20,7 @@ counts as 0, as the KCL does.
 
 from __future__ import annotations
 
+from itertools import repeat
 from typing import Any, NamedTuple
 
 _DIGITS = "0123456789"
@@ -36,6 +37,29 @@ class Position(NamedTuple):
         sentinel such as ``TRIM_HORIZON`` or ``SHARD_END``, a non-digit string, a
         non-string, a negative or non-integer sub-sequence number)."""
         return _parse(sequence_number, sub_sequence_number)
+
+    @classmethod
+    def parse_all(cls, sequence_numbers: list[Any], sub_sequence_numbers: list[Any]) -> list[Position | None]:
+        """``parse`` over a batch, at a fraction of the cost when every value is good
+        (the usual case): checked together, converted in C."""
+        try:
+            joined = "".join(sequence_numbers)
+        except TypeError:  # some value is not a string
+            joined = ""
+        if (
+            joined.isascii()
+            and joined.encode("ascii").isdigit()  # bytes.isdigit is a byte table; str's walks Unicode
+            and "" not in sequence_numbers
+            and set(sub_sequence_numbers) <= _ZERO_SUBS
+            and set(map(type, sub_sequence_numbers)) <= _SUB_TYPES  # not False, which equals 0
+        ):
+            try:
+                seqs = list(map(int, sequence_numbers))
+            except ValueError:  # past int's digit limit
+                pass
+            else:
+                return list(map(_new, repeat(cls), zip(seqs, repeat(0), sequence_numbers)))
+        return list(map(_parse, sequence_numbers, sub_sequence_numbers))
 
     def to_json(self) -> list[Any]:
         return [self.text, self.sub]
@@ -54,6 +78,8 @@ class Position(NamedTuple):
 
 
 _new = tuple.__new__
+_ZERO_SUBS = frozenset({0, None})  # what a record that is not a KPL sub-record carries
+_SUB_TYPES = frozenset({int, type(None)})
 
 
 def _parse(text: Any, sub: Any) -> Position | None:

@@ -47,3 +47,13 @@ def test_the_json_form_round_trips_and_refuses_anything_else():
 
 def test_its_repr_shows_the_daemons_form():
     assert repr(Position.parse("42", 1)) == "Position('42', 1)"
+
+
+def test_a_batch_parses_as_each_value_would_alone():
+    texts = ["7", "8", LONG, "000000000000000000028"]
+    assert Position.parse_all(texts, [0, None, 0, None]) == [Position.parse(t) for t in texts]
+    odd = ["7", "8x", "", 9, "10", "11", "12"]
+    subs = [0, 0, 0, 0, 3, False, -1]
+    assert Position.parse_all(odd, subs) == [Position.parse(t, s) for t, s in zip(odd, subs)]
+    assert Position.parse_all(odd, subs) == [Position(7, 0, "7"), None, None, None, Position(10, 3, "10"), None, None]
+    assert Position.parse_all([], []) == []

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
-from operator import attrgetter
+from operator import itemgetter
 
 from ..positions import Position
 from .ordering import Row
@@ -95,4 +95,4 @@ def _max(a: Position | None, b: Position) -> Position:
     return b if a is None or b > a else a
 
 
-_data = attrgetter("data")
+_data = itemgetter(Row._fields.index("data"))  # for map(), in C

@@ -3,7 +3,7 @@
 emitted encoded into the coordinator's items. What cannot be used is returned, with
 why, for the driver to dead-letter; nothing here does I/O::
 
-    records, bad = decode_records(event.records, deaggregate=True)
+    records, bad = decode_records(event.records, deaggregate_kpl=True, positions=True)
     # a KCL 1.x aggregate at "100" -> Records 100/0, 100/1, 100/2 (positions set);
     # an aggregate whose MD5 fails -> one Record, unchanged;
     # one that breaks half-way -> the records before the break, and
@@ -15,12 +15,16 @@ why, for the driver to dead-letter; nothing here does I/O::
 
 A batch whose last record is not an object with a sequence number of digits is
 malformed whole (its position would be the shard's delivered one): no records, one
-``BadRecords`` with all of it. Elsewhere a record's position is parsed when first
-needed (``Record.position``, kept); with a sink, that is when its rows are encoded.
+``BadRecords`` with all of it. With ``positions`` (a sink is downstream: every row
+needs its record's position) every record's position is parsed here, at once, and a
+record without one is returned as malformed; otherwise a record's position is parsed
+when first read (``Record.position``, kept), and a server without a sink never pays
+for it.
 """
 
 from __future__ import annotations
 
+from itertools import repeat
 from typing import Any, Iterable, NamedTuple
 
 import orjson
@@ -52,19 +56,39 @@ def encode(row: Any) -> bytes:
     return bytes(memoryview(orjson.dumps(row)))
 
 
-def decode_records(raws: list[Any], *, deaggregate_kpl: bool) -> tuple[list[Record], list[BadRecords]]:
+NO_POSITION = "a record is not an object with a sequenceNumber of digits"
+
+
+def decode_records(
+    raws: list[Any], *, deaggregate_kpl: bool, positions: bool = False
+) -> tuple[list[Record], list[BadRecords]]:
     """The handler's records, and what could not be made into records."""
     if not raws:
         return [], []
     last = raws[-1]
     position = Position.parse(last.get("sequenceNumber"), last.get("subSequenceNumber")) if type(last) is dict else None
     if position is None:
-        return [], [BadRecords(raws, MALFORMED, "a record is not an object with a sequenceNumber of digits")]
-    if not deaggregate_kpl:
+        return [], [BadRecords(raws, MALFORMED, NO_POSITION)]
+    if deaggregate_kpl:
+        return _deaggregated(raws)
+    if not positions:
         records = list(map(Record, raws))
         records[-1]._position = position
         return records, []
-    return _deaggregated(raws)
+    if set(map(type, raws)) == {dict}:
+        parsed = Position.parse_all([r.get("sequenceNumber") for r in raws], [r.get("subSequenceNumber") for r in raws])
+    else:
+        parsed = [Position.parse(r.get("sequenceNumber"), r.get("subSequenceNumber")) if type(r) is dict else None
+                  for r in raws]
+    if None not in parsed:
+        return list(map(Record, raws, repeat(None), parsed)), []
+    records, bad = [], []
+    for raw, p in zip(raws, parsed):
+        if p is None:
+            bad.append(BadRecords([raw], MALFORMED, NO_POSITION))
+        else:
+            records.append(Record(raw, None, p))
+    return records, bad
 
 
 def _deaggregated(raws: list[Any]) -> tuple[list[Record], list[BadRecords]]:
@@ -99,8 +123,10 @@ def encode_rows(emitted: Iterable[Emitted]) -> tuple[list[Item], list[BadRecords
     cannot be items (their records, to dead-letter)."""
     emitted = list(emitted)
     try:
+        # ``_position``: the decoder's, read without a call (``position`` parses it if unset)
         items = [
-            _new(Item, (record.approximate_arrival_timestamp if t is None else t, record.position, encode(row)))
+            _new(Item, (record.approximate_arrival_timestamp if t is None else t,
+                        record._position or record.position, encode(row)))
             for record, row, t in emitted
         ]
         return items, []

@@ -214,7 +214,7 @@ class Worker:
         started = time.perf_counter()
         mode = self.settings.deaggregate
         kpl = mode == "always" or (mode == "auto" and self.conn.dialect is Dialect.V1)
-        records, bad = decode_records(event.records, deaggregate_kpl=kpl)
+        records, bad = decode_records(event.records, deaggregate_kpl=kpl, positions=self.downstream.collects_rows)
         await self._dead_letter_all(bad)
         if not records and bad:
             return

@@ -142,3 +142,12 @@ def test_a_row_that_cannot_be_an_item_is_returned_with_its_record():
     assert [i.data for i in items] == [b'{"k":1}']
     assert [(b.raws[0]["sequenceNumber"], b.reason) for b in bad] == [("7", BAD_ROW), ("seven", BAD_ROW)]
     assert "not JSON-encodable" in bad[0].error and "not a position" in bad[1].error
+
+
+def test_with_a_sink_every_position_is_parsed_at_once_and_a_record_without_one_is_bad():
+    raws = [{"sequenceNumber": "7"}, {"sequenceNumber": "7x"}, "not an object", {"sequenceNumber": "9"}]
+    records, bad = decode_records(raws, deaggregate_kpl=False, positions=True)
+    assert [r._position for r in records] == [Position(7, 0, "7"), Position(9, 0, "9")]
+    assert [(b.raws, b.reason) for b in bad] == [([raws[1]], MALFORMED), ([raws[2]], MALFORMED)]
+    records, bad = decode_records(raws[:1] + raws[3:], deaggregate_kpl=False, positions=True)
+    assert bad == [] and [r.position for r in records] == [Position(7, 0, "7"), Position(9, 0, "9")]
