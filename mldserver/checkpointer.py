@@ -16,20 +16,29 @@ number delivered so far under that sequence number is sent (0 if none), never nu
 the daemon reads null as 0, which re-delivers the rest of a KPL aggregate after a
 restart and is refused once a later sub-sequence was stored.
 
-With a sink configured, the worker passes a ``clamp``: a checkpoint never goes past
-what the sink has committed (invariant 3). ``checkpoint()`` then means "everything
-that is safe", and a call with nothing new to store sends nothing.
+The shard's :class:`~mldserver.shard.progress.ShardProgress` gives those defaults
+and learns what was stored. With a sink configured, the worker also passes ``safe``
+(what the sink has committed): a checkpoint never goes past it (invariant 3).
+``checkpoint()`` then means "everything that is safe", and a call with nothing new to
+store sends nothing.
+
+Every refusal is reported to ``on_refused(error, delay)`` once: with the delay before
+the next attempt, or ``None`` when the checkpoint gives up and raises.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from typing import Awaitable, Callable
+from typing import TYPE_CHECKING, Awaitable, Callable, NoReturn
 
 from .backoff import Backoff
 from .errors import CheckpointError
+from .positions import Position
 from .protocol import Checkpoint, CheckpointReply
+
+if TYPE_CHECKING:
+    from .shard.progress import ShardProgress
 
 Roundtrip = Callable[[Checkpoint], Awaitable[CheckpointReply]]
 
@@ -42,60 +51,75 @@ class Checkpointer:
         backoff: Backoff,
         retries: int,
         budget: float | None = None,
-        delivered_sub: Callable[[str], int] = lambda sequence_number: 0,
+        progress: ShardProgress | None = None,
+        safe: Callable[[], Position | None] | None = None,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
         clock: Callable[[], float] = time.monotonic,
-        on_retry: Callable[[CheckpointError, float], None] | None = None,
-        clamp: Callable[[str | None, int | None], tuple[str, int] | None] | None = None,
+        on_refused: Callable[[CheckpointError, float | None], None] | None = None,
     ) -> None:
+        assert safe is None or progress is not None, "clamping needs the shard's progress"
         self._roundtrip = roundtrip
         self._backoff = backoff
         self._retries = retries
         self._budget = budget
-        self._delivered_sub = delivered_sub
+        self._progress = progress
+        self._safe = safe
         self._sleep = sleep
         self._clock = clock
-        self._on_retry = on_retry
-        self._clamp = clamp
+        self._on_refused = on_refused
         self.lease_lost = False
         self.stored_all = False  # a null checkpoint succeeded (SHARD_END during a shard end)
-        self.last_stored: tuple[str | None, int | None] | None = None
 
     async def checkpoint(self, sequence_number: str | None = None, sub_sequence_number: int | None = None) -> None:
+        progress = self._progress
+        position = None
         if sequence_number is not None:
             sequence_number = str(sequence_number)
             if sub_sequence_number is None:
-                sub_sequence_number = self._delivered_sub(sequence_number)
+                sub_sequence_number = 0 if progress is None else progress.default_sub(sequence_number)
+            position = Position.parse(sequence_number, sub_sequence_number)  # None: the daemon judges it
         else:
             sub_sequence_number = None
-        if self._clamp is not None:
-            safe = self._clamp(sequence_number, sub_sequence_number)
-            if safe is None:
+        if self._safe is not None:
+            # (an unparseable wanted position counts as "everything safe")
+            position = progress.clamp(position, self._safe())  # type: ignore[union-attr]
+            if position is None:
                 return  # nothing committed beyond what is stored
-            sequence_number, sub_sequence_number = safe
+            sequence_number, sub_sequence_number = position.text, position.sub
         if self.lease_lost:
-            raise CheckpointError("ShutdownException", sequence_number, sub_sequence_number, "lease already lost")
+            self._refused(CheckpointError("ShutdownException", sequence_number, sub_sequence_number,
+                                          "lease already lost"), None)
         started = self._clock()
         attempt = 0
         while True:
-            reply = await self._roundtrip(Checkpoint(sequence_number, sub_sequence_number))
+            try:
+                reply = await self._roundtrip(Checkpoint(sequence_number, sub_sequence_number))
+            except CheckpointError as exc:  # the conversation cannot carry it (closed, wrong state)
+                self._refused(exc, None)
             if reply.error is None:
-                self.last_stored = (sequence_number, sub_sequence_number)
                 if sequence_number is None:
                     self.stored_all = True
+                elif position is not None and progress is not None:
+                    progress.checkpointed(position)
                 return
             error = CheckpointError(reply.error, sequence_number, sub_sequence_number)
             if reply.error == "ShutdownException":
                 self.lease_lost = True
             if not error.retriable:
-                raise error
+                self._refused(error, None)
             delay = self._backoff.delay(attempt)
             attempt += 1
             if self._budget is not None:
                 if self._clock() - started + delay > self._budget:
-                    raise error
+                    self._refused(error, None)
             elif attempt > self._retries:
-                raise error
-            if self._on_retry is not None:
-                self._on_retry(error, delay)
+                self._refused(error, None)
+            if self._on_refused is not None:
+                self._on_refused(error, delay)
             await self._sleep(delay)
+
+    def _refused(self, error: CheckpointError, delay: None) -> NoReturn:
+        """Report a refusal the checkpoint gives up on, and raise it."""
+        if self._on_refused is not None:
+            self._on_refused(error, delay)
+        raise error

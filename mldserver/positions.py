@@ -20,7 +20,10 @@ counts as 0, as the KCL does.
 
 from __future__ import annotations
 
+from itertools import repeat
 from typing import Any, NamedTuple
+
+_DIGITS = "0123456789"
 
 
 class Position(NamedTuple):
@@ -33,15 +36,30 @@ class Position(NamedTuple):
         """The position the daemon's values name, or None when they name none (a
         sentinel such as ``TRIM_HORIZON`` or ``SHARD_END``, a non-digit string, a
         non-string, a negative or non-integer sub-sequence number)."""
-        if not isinstance(sequence_number, str) or not sequence_number.isascii() or not sequence_number.isdigit():
-            return None
-        if sub_sequence_number is None:
-            sub = 0
-        elif type(sub_sequence_number) is int and sub_sequence_number >= 0:
-            sub = sub_sequence_number
-        else:
-            return None
-        return cls(int(sequence_number), sub, sequence_number)
+        return _parse(sequence_number, sub_sequence_number)
+
+    @classmethod
+    def parse_all(cls, sequence_numbers: list[Any], sub_sequence_numbers: list[Any]) -> list[Position | None]:
+        """``parse`` over a batch, at a fraction of the cost when every value is good
+        (the usual case): checked together, converted in C."""
+        try:
+            joined = "".join(sequence_numbers)
+        except TypeError:  # some value is not a string
+            joined = ""
+        if (
+            joined.isascii()
+            and joined.encode("ascii").isdigit()  # bytes.isdigit is a byte table; str's walks Unicode
+            and "" not in sequence_numbers
+            and set(sub_sequence_numbers) <= _ZERO_SUBS
+            and set(map(type, sub_sequence_numbers)) <= _SUB_TYPES  # not False, which equals 0
+        ):
+            try:
+                seqs = list(map(int, sequence_numbers))
+            except ValueError:  # past int's digit limit
+                pass
+            else:
+                return list(map(_new, repeat(cls), zip(seqs, repeat(0), sequence_numbers)))
+        return list(map(_parse, sequence_numbers, sub_sequence_numbers))
 
     def to_json(self) -> list[Any]:
         return [self.text, self.sub]
@@ -57,3 +75,27 @@ class Position(NamedTuple):
 
     def __repr__(self) -> str:
         return f"Position({self.text!r}, {self.sub})"
+
+
+_new = tuple.__new__
+_ZERO_SUBS = frozenset({0, None})  # what a record that is not a KPL sub-record carries
+_SUB_TYPES = frozenset({int, type(None)})
+
+
+def _parse(text: Any, sub: Any) -> Position | None:
+    # On the hot path (every record a sink sees): ``str.isdigit`` walks 56 characters
+    # through the Unicode tables (about 350 ns); ``int`` already refuses all but digits,
+    # signs, underscores and surrounding spaces, which the ASCII and end checks rule out.
+    if type(text) is not str or not text or not text.isascii() or "_" in text:
+        return None
+    if text[0] not in _DIGITS or text[-1] not in _DIGITS:
+        return None
+    try:
+        seq = int(text)
+    except ValueError:  # inner spaces, or past int's digit limit
+        return None
+    if sub is None:
+        sub = 0
+    elif type(sub) is not int or sub < 0:
+        return None
+    return _new(Position, (seq, sub, text))

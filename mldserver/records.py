@@ -8,17 +8,22 @@ nothing for payloads::
      "subSequenceNumber":0,"approximateArrivalTimestamp":1476889707000,"action":"record"}
     record.data == b"meow"; record.partition_key == "cat"
     record.sequence_number == "4959...8898"   # a string: 56+ digits, never a float
-    record.position == (4959...8898, 0)       # (int, int), for ordering
+    record.position == Position(4959...8898, 0, "4959...8898")   # parsed once, then kept
 
-Sequence numbers stay strings; ``position`` compares them as integers where order
-matters. Any field but ``sequenceNumber`` may be null.
+Sequence numbers stay strings; ``position`` (a :class:`~mldserver.positions.Position`)
+compares them as integers where order matters. It is parsed on first use (or given by
+the decoder) and kept: a record whose ``sequenceNumber`` is not digits has none, and
+reading it raises ``ValueError`` (the server treats such a record as a bad record).
+Any field but ``sequenceNumber`` may be null.
 """
 
 from __future__ import annotations
 
 import binascii
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, NamedTuple, Sequence
+
+from .positions import Position
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,11 +36,12 @@ class ShardInfo:
 
 
 class Record:
-    __slots__ = ("_raw", "_data")
+    __slots__ = ("_raw", "_data", "_position")
 
-    def __init__(self, raw: dict[str, Any], data: bytes | None = None) -> None:
+    def __init__(self, raw: dict[str, Any], data: bytes | None = None, position: Position | None = None) -> None:
         self._raw = raw
         self._data = data
+        self._position = position
 
     @property
     def data(self) -> bytes:
@@ -70,8 +76,17 @@ class Record:
         return self._raw.get("explicitHashKey")
 
     @property
-    def position(self) -> tuple[int, int]:
-        return int(self._raw["sequenceNumber"]), self._raw.get("subSequenceNumber") or 0
+    def position(self) -> Position:
+        position = self._position
+        if position is None:
+            raw = self._raw
+            position = self._position = Position.parse(raw.get("sequenceNumber"), raw.get("subSequenceNumber"))
+            if position is None:
+                raise ValueError(
+                    f"not a position: sequenceNumber {raw.get('sequenceNumber')!r}, "
+                    f"subSequenceNumber {raw.get('subSequenceNumber')!r}"
+                )
+        return position
 
     def to_json(self) -> dict[str, Any]:
         """The record as the daemon wrote it (data base64), e.g. for a dead letter."""
@@ -85,6 +100,17 @@ class Record:
             f"Record(sequence_number={self.sequence_number!r}, "
             f"sub_sequence_number={self.sub_sequence_number!r}, partition_key={self.partition_key!r})"
         )
+
+
+class Emitted(NamedTuple):
+    """One ``batch.emit``: the record a row is attributed to, the row, its event time."""
+
+    record: Record
+    row: dict[str, Any]
+    event_time_ms: int | None
+
+
+_new = tuple.__new__
 
 
 class Batch:
@@ -108,16 +134,16 @@ class Batch:
         records: Sequence[Record],
         millis_behind_latest: int | None,
         shard: ShardInfo,
-        rows: list[Any] | None = None,
+        rows: list[Emitted] | None = None,
     ) -> None:
         self.records = records
         self.millis_behind_latest = millis_behind_latest
         self.shard = shard
-        self.rows = rows  # (record, row, event_time_ms), or None when nothing collects rows
+        self.rows = rows  # what emit collected, or None when nothing collects rows
 
     def emit(self, record: Record, row: dict[str, Any], event_time_ms: int | None = None) -> None:
         if self.rows is not None:
-            self.rows.append((record, row, event_time_ms))
+            self.rows.append(_new(Emitted, (record, row, event_time_ms)))  # C speed: once a row
 
     def __len__(self) -> int:
         return len(self.records)

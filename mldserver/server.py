@@ -37,12 +37,12 @@ from typing import TYPE_CHECKING, Any, Callable
 from .config import Settings, SinkSpec, state_path, uses_spark
 from .coordinator import Coordinator
 from .context import Context
-from .deadletter import DeadLetters
+from .deadletters import DeadLetters
 from .errors import ConfigError, ServerCrashed
 from .importer import import_from_string
 from .logs import get_logger
 from .spark.process import SparkError, SparkProcess
-from .worker import Worker
+from .shard import CoordinatorLink, NoSink, Worker
 
 if TYPE_CHECKING:
     from .sinks import Sink
@@ -243,7 +243,8 @@ class Server:
             dead_letters=self.dead_letters,
             log=get_logger("mldserver.worker").bind(conn=conn_id),
             slots=self.slots,
-            coordinator=self.coordinator,
+            downstream=NoSink() if self.coordinator is None
+            else CoordinatorLink(self.coordinator, interval=self.settings.checkpoint_interval),
         )
         task = asyncio.current_task()
         assert task is not None

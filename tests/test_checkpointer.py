@@ -5,7 +5,10 @@ import pytest
 from mldserver.backoff import Backoff
 from mldserver.checkpointer import Checkpointer
 from mldserver.errors import CheckpointError
+from mldserver.positions import Position
 from mldserver.protocol import CheckpointReply
+from mldserver.records import Record
+from mldserver.shard.progress import ShardProgress
 
 
 class Daemon:
@@ -94,11 +97,38 @@ async def test_after_shutdown_exception_no_more_requests_are_sent():
 
 async def test_explicit_sequence_gets_the_delivered_sub_sequence_never_null():
     daemon = Daemon()
-    cp, _ = make(daemon, delivered_sub=lambda seq: {"7": 4}.get(seq, 0))
+    progress = ShardProgress()
+    progress.batch([Record({"sequenceNumber": "7", "subSequenceNumber": sub}) for sub in range(5)])
+    cp, _ = make(daemon, progress=progress)
     await cp.checkpoint("7")
     await cp.checkpoint("8")
     await cp.checkpoint(None, 3)
     assert daemon.requests == [("7", 4), ("8", 0), (None, None)]
+    assert progress.stored == Position(8, 0, "8")
+
+
+async def test_with_a_safe_position_a_checkpoint_goes_no_further_and_never_back():
+    daemon = Daemon()
+    progress = ShardProgress()
+    progress.initialized(Position.parse("3"))
+    progress.batch([Record({"sequenceNumber": str(seq)}) for seq in range(4, 10)])
+    safe = Position(6, 0, "6")
+    cp, _ = make(daemon, progress=progress, safe=lambda: safe)
+    await cp.checkpoint()  # everything: what is safe
+    await cp.checkpoint("9", 0)  # past what is safe: kept to it, nothing new, nothing sent
+    safe = Position(8, 0, "8")
+    await cp.checkpoint("7", 0)  # short of what is safe: as asked
+    assert daemon.requests == [("6", 0), ("7", 0)]
+    assert progress.stored == Position(7, 0, "7")
+
+
+async def test_every_refusal_is_reported_once_with_its_delay_or_none_when_given_up():
+    reports = []
+    cp, _ = make(Daemon("ThrottlingException", "InvalidStateException"),
+                 on_refused=lambda error, delay: reports.append((error.error, delay)))
+    with pytest.raises(CheckpointError):
+        await cp.checkpoint("5", 0)
+    assert reports == [("ThrottlingException", 0.1), ("InvalidStateException", None)]
 
 
 async def test_null_checkpoint_success_is_remembered():

@@ -4,8 +4,8 @@ passes them, hands each to the sink, and tells each shard how far it may checkpo
 
 What the worker calls, per shard (all on the event loop)::
 
-    await coordinator.open_shard(shard_id, checkpoint)     # initialize
-    coordinator.add_batch(shard_id, items, last, millis_behind_latest)  # after the handler
+    await coordinator.open_shard(shard_id, checkpoint)     # initialize (a Position, or None)
+    coordinator.add_batch(shard_id, items, last, millis_behind_latest)  # Items, the last Position
     await coordinator.admit(shard_id)                      # back-pressure, before the status
     coordinator.safe_position(shard_id)                    # what a checkpoint may cover
     await coordinator.shard_ended(shard_id)                # spools, before SHARD_END
@@ -43,13 +43,13 @@ from ..backoff import Backoff
 from ..config import Settings, state_path
 from ..errors import retriable
 from ..logs import EventLogger, get_logger
-from ..sinks import Sink
+from ..positions import Position
+from .handoff import Sink
 from .ledger import Ledger
 from .lineage import Lineage, StreamShards
-from .ordering import Item, Ordering, Position, seal
+from .ordering import Item, Ordering, WindowRows, seal
 from .spool import Spool
 from .watermarks import Watermarks
-from .windows import Window
 
 
 def wall_clock_ms() -> int:
@@ -102,7 +102,7 @@ class Coordinator:
         and its tick."""
         committed = await self.sink.start()
         for shard_id, position in committed.positions.items():
-            self.ordering.delivered(shard_id, position[:2])  # replays at or below are dropped
+            self.ordering.delivered(shard_id, position)  # replays at or below are dropped
         if committed.end is not None:
             self.ordering.resume(committed.end)
             self.log.info(
@@ -132,7 +132,7 @@ class Coordinator:
             buffered_rows=self.ledger.rows,
             clamped=self.ordering.clamped,
             duplicates=self.ordering.duplicates,
-            late=self.ordering.late,
+            late=self.ordering.late_rows,
             peak_rows=self.peak_rows,
             peak_bytes=self.peak_bytes,
         )
@@ -159,7 +159,7 @@ class Coordinator:
 
     # -- what workers call ---------------------------------------------------------
 
-    async def open_shard(self, shard_id: str, checkpoint: str | None) -> None:
+    async def open_shard(self, shard_id: str, checkpoint: Position | None) -> None:
         await self.lineage.started(shard_id, checkpoint)
         self.watermarks.open(shard_id, self.clock())
         parents = self.lineage.parents_of(shard_id)
@@ -172,7 +172,7 @@ class Coordinator:
         dropped, clamped = self.ordering.duplicates, self.ordering.clamped
         rows = self.ordering.add(shard_id, items, last, now)
         self.ledger.add(shard_id, rows, last)
-        self.watermarks.batch(shard_id, rows[-1][0] if rows else None, millis_behind == 0, now)
+        self.watermarks.batch(shard_id, rows[-1].time if rows else None, millis_behind == 0, now)
         if self.ledger.rows > self.peak_rows:
             self.peak_rows = self.ledger.rows
         if self.ledger.bytes > self.peak_bytes:
@@ -266,11 +266,11 @@ class Coordinator:
             self._progress.notify_all()
         return len(windows)
 
-    async def _commit(self, window: Window, watermark: float, closed_at: float) -> None:
+    async def _commit(self, closed: WindowRows, watermark: float, closed_at: float) -> None:
         started = time.perf_counter()
         # On the loop: about 0.4 us a row (a sort of presorted runs, in C). In a thread it
         # would wait for the GIL behind the batches being decoded, and commits would lag.
-        counts = seal(window)
+        window, counts = seal(closed)
         attempt = 0
         while True:
             try:
@@ -310,7 +310,7 @@ class Coordinator:
             "window_committed",
             window=window.id,
             rows=len(window),
-            late=window.late,
+            late=window.late_rows,
             shards=len(counts),
             watermark=_ms(watermark),
             duration_ms=round((time.perf_counter() - started) * 1000, 3),

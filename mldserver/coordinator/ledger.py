@@ -8,12 +8,12 @@ done once their batch is processed. A shard's rows commit in its own order (wind
 close in order, a shard's event times never decrease, late rows go to a later
 hand-off), so committing is popping from the front of the shard's pending rows::
 
-    ledger.add("s0", rows, last=(12, 0, "12"))   # a processed batch: rows at 10, 11
-    ledger.safe("s0")                             # None: nothing committed yet
-    ledger.commit("s0", 1)                        # the window holding row 10 committed
-    ledger.safe("s0")                             # (10, 0, "10")
-    ledger.commit("s0", 1)                        # row 11 too: the whole batch is done
-    ledger.safe("s0")                             # (12, 0, "12")
+    ledger.add("s0", rows, last=Position(12, 0, "12"))   # a processed batch: rows at 10, 11
+    ledger.safe("s0")                  # None: nothing committed yet
+    ledger.commit("s0", 1)             # the window holding row 10 committed
+    ledger.safe("s0")                  # Position(10, 0, "10")
+    ledger.commit("s0", 1)             # row 11 too: the whole batch is done
+    ledger.safe("s0")                  # Position(12, 0, "12")
 
 It also keeps the count and size of buffered (uncommitted) rows: the memory the
 back-pressure cap applies to. A row's size is its JSON plus a fixed overhead.
@@ -25,7 +25,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from operator import itemgetter
 
-from .ordering import Position, Row
+from ..positions import Position
+from .ordering import Row
 
 ROW_OVERHEAD = 120  # bytes of the tuple and the bytes object around a row's JSON
 
@@ -51,7 +52,7 @@ class Ledger:
         if rows:
             state.pending.extend(rows)
             self.rows += len(rows)
-            self.bytes += sum(len(r[6]) for r in rows) + ROW_OVERHEAD * len(rows)
+            self.bytes += sum(map(len, map(_data, rows))) + ROW_OVERHEAD * len(rows)
         if last is not None:
             state.ends.append(last)
         self._advance(state, None)
@@ -62,19 +63,18 @@ class Ledger:
         pending = state.pending
         done = [pending.popleft() for _ in range(count)]
         row = done[-1] if done else None
-        size = sum(map(len, map(itemgetter(6), done)))
+        size = sum(map(len, map(_data, done)))
         self.rows -= count
         self.bytes -= size + ROW_OVERHEAD * count
         self._advance(state, row)
 
     def _advance(self, state: ShardLedger, committed: Row | None) -> None:
-        head = state.pending[0] if state.pending else None
-        head_pos = (head[2], head[3]) if head is not None else None
+        head = state.pending[0].position if state.pending else None
         best = state.safe
-        if committed is not None and (head_pos is None or (committed[2], committed[3]) < head_pos):
-            best = _max(best, (committed[2], committed[3], committed[5]))
+        if committed is not None and (head is None or committed.position < head):
+            best = _max(best, committed.position)
         ends = state.ends
-        while ends and (head_pos is None or ends[0][:2] < head_pos):
+        while ends and (head is None or ends[0] < head):
             best = _max(best, ends.popleft())
         state.safe = best
 
@@ -92,4 +92,7 @@ class Ledger:
 
 
 def _max(a: Position | None, b: Position) -> Position:
-    return b if a is None or b[:2] > a[:2] else a
+    return b if a is None or b > a else a
+
+
+_data = itemgetter(Row._fields.index("data"))  # for map(), in C

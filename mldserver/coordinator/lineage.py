@@ -11,7 +11,7 @@ Two sources, the second winning where it answers:
   aioboto3, cached, and refreshed when a shard unknown to the cache starts::
 
     lineage = Lineage(StreamShards("orders", endpoint_url="http://127.0.0.1:4567"))
-    await lineage.started("shardId-000000000002", checkpoint="TRIM_HORIZON")
+    await lineage.started("shardId-000000000002", checkpoint=None)   # from TRIM_HORIZON
     lineage.parents_of("shardId-000000000002")   # ("shardId-000000000000",)
 
 The calls are asynchronous (the event loop never waits on them) and bounded by a
@@ -24,6 +24,7 @@ import asyncio
 from typing import Any
 
 from ..logs import get_logger
+from ..positions import Position
 
 log = get_logger("mldserver.lineage")
 
@@ -100,8 +101,9 @@ class Lineage:
         for p in parents:
             self.children.setdefault(p, []).append(shard_id)
 
-    async def started(self, shard_id: str, checkpoint: str | None) -> None:
-        """A shard initialized here, from this stored checkpoint."""
+    async def started(self, shard_id: str, checkpoint: Position | None) -> None:
+        """A shard initialized here, from this stored checkpoint (None: from the
+        stream's edge, TRIM_HORIZON or LATEST or AT_TIMESTAMP)."""
         first_time = shard_id not in self.seen
         self.seen.add(shard_id)
         if self.stream is not None:
@@ -110,7 +112,7 @@ class Lineage:
             if shard_id in self._fetched:
                 self.learn(shard_id, self._fetched[shard_id])
                 return
-        if first_time and shard_id not in self.parents and not (checkpoint or "").isdigit():
+        if first_time and shard_id not in self.parents and checkpoint is None:
             parent = next((p for p in self._ended if p != shard_id), None)
             if parent is not None:
                 self.learn(shard_id, (parent,))

@@ -14,14 +14,18 @@ one shard is never reordered. What keeps that promise where Bloop breaks it:
   last rows (one millisecond later where the child's id sorts before a parent's, so
   the merge key itself puts parents first);
 - **late rows**: a row whose window has closed goes with the next window to close,
-  counted in ``late``; never dropped.
+  counted in ``late_rows``; never dropped.
 
-A row is the tuple ``(event_time, shard_id, seq, sub, n, seq_str, data)``: ``n``
-numbers a shard's rows so no two keys tie; ``data`` is the row as JSON bytes::
+What a shard hands over is an ``Item(time, position, data)``: the event time (None: the
+shard's previous one), the record's :class:`~mldserver.positions.Position` and the row
+as JSON bytes. Inside, it becomes a ``Row(time, shard_id, position, n, data)``, whose
+order as a tuple is the merge key: ``n`` numbers a shard's rows so no two keys tie::
 
     ordering = Ordering(window_ms=60_000, blocks=lambda parent, now: False, parents_of=lambda s: ())
-    rows = ordering.add("s0", [(1_000, 7, 0, "7", b'{"k":1}')], last=(7, 0, "7"), now=now)
-    ordering.close(until=60_000)   # [Window(0, 60000) holding that row]
+    seven = Position.parse("7", 0)
+    rows = ordering.add("s0", [Item(1_000, seven, b'{"k":1}')], last=seven, now=now)
+    [closed] = ordering.close(until=60_000)   # WindowRows(0, 60000) holding that row
+    window, counts = seal(closed)             # Window(0, 60000, rows=[b'{"k":1}']), {"s0": 1}
 """
 
 from __future__ import annotations
@@ -29,21 +33,52 @@ from __future__ import annotations
 import math
 from collections import Counter
 from dataclasses import dataclass, field
+from itertools import repeat
 from operator import itemgetter
-from typing import Callable, Iterable
+from typing import Callable, Iterable, NamedTuple
 
-from .windows import Window
+from ..positions import Position
+from .handoff import Window
 
-# (event time or None, sequence number as int, sub-sequence number, sequence number, row as JSON)
-Item = tuple[float | None, int, int, str, bytes]
-Row = tuple  # (event_time, shard_id, seq, sub, n, seq_str, data)
-Position = tuple[int, int, str]  # (seq, sub, seq_str): compares as integers
+
+class Item(NamedTuple):
+    """One row as a shard hands it over, in record order."""
+
+    time: float | None  # event time in ms; None: the shard's previous row's
+    position: Position  # of the record the row came from
+    data: bytes  # the row, as JSON
+
+
+class Row(NamedTuple):
+    """One row inside the coordinator; as a tuple, its order is the merge key."""
+
+    time: float  # effective event time (clamped) in ms
+    shard_id: str
+    position: Position
+    n: int  # the row's number in its shard: no two keys tie
+    data: bytes
+
+
+# Rows and items are made by the million: ``tuple.__new__`` builds them in C, where
+# ``Row(...)`` would run a Python-level ``__new__`` for each.
+_new = tuple.__new__
+
+
+@dataclass(slots=True)
+class WindowRows:
+    """A closed window's rows as ordering gathered them, unsorted; ``seal`` makes the
+    :class:`~mldserver.coordinator.handoff.Window` a sink gets."""
+
+    start: int
+    end: int
+    rows: list[Row] = field(default_factory=list, repr=False)
+    late_rows: int = 0  # the first ``late_rows`` rows are late
 
 
 @dataclass(slots=True)
 class ShardOrder:
     floor: float = -math.inf  # the effective event time of the shard's last row
-    high: tuple[int, int] | None = None  # the highest position delivered here
+    high: Position | None = None  # the highest position delivered here
     held: list[Row] = field(default_factory=list)  # waiting for parents to finish
     count: int = 0
 
@@ -61,11 +96,11 @@ class Ordering:
         self.parents_of = parents_of
         self.shards: dict[str, ShardOrder] = {}
         self.buckets: dict[int, list[Row]] = {}  # window start -> rows
-        self.late_rows: list[Row] = []
+        self.pending_late: list[Row] = []  # rows whose window had closed, for the next to close
         self.closed_until = -math.inf  # end of the last closed window
         self.clamped = 0
         self.duplicates = 0
-        self.late = 0
+        self.late_rows = 0
 
     def shard(self, shard_id: str) -> ShardOrder:
         state = self.shards.get(shard_id)
@@ -73,7 +108,7 @@ class Ordering:
             state = self.shards[shard_id] = ShardOrder()
         return state
 
-    def delivered(self, shard_id: str, position: tuple[int, int]) -> None:
+    def delivered(self, shard_id: str, position: Position) -> None:
         """Positions up to here count as delivered (a commit log, a stored checkpoint)."""
         state = self.shard(shard_id)
         if state.high is None or position > state.high:
@@ -88,25 +123,27 @@ class Ordering:
         """One processed batch's rows, in record order; returns the rows kept."""
         state = self.shard(shard_id)
         high = state.high
-        if high is not None and items and (items[0][1], items[0][2]) <= high:
-            kept = [it for it in items if (it[1], it[2]) > high]
+        if high is not None and items and items[0].position <= high:
+            kept = [it for it in items if it.position > high]
             self.duplicates += len(items) - len(kept)
             items = kept
-        if last is not None and (high is None or last[:2] > high):
-            state.high = last[:2]
-        rows: list[Row] = []
+        if last is not None and (high is None or last > high):
+            state.high = last
+        times: list[float] = []
         floor = state.floor
-        n = state.count
-        for t, seq, sub, seq_str, data in items:
+        for t in map(_time, items):
             if t is None:
                 t = floor if floor != -math.inf else now
             elif t < floor:
                 t = floor
                 self.clamped += 1
             floor = t
-            n += 1
-            rows.append((t, shard_id, seq, sub, n, seq_str, data))
-        state.floor, state.count = floor, n
+            times.append(t)
+        n = state.count
+        numbers = range(n + 1, n + 1 + len(items))
+        fields = zip(times, repeat(shard_id), map(_position, items), numbers, map(_data, items))
+        rows: list[Row] = list(map(_new, repeat(Row), fields))
+        state.floor, state.count = floor, n + len(items)
         if state.held or self._blocked(shard_id, now):
             state.held.extend(rows)
         elif rows:
@@ -133,12 +170,12 @@ class Ordering:
             p = self.shards.get(parent)
             if p is not None and p.floor != -math.inf:
                 start = max(start, p.floor + (1 if shard_id < parent else 0))
-        if rows[0][0] >= start:
+        if rows[0].time >= start:
             return rows
         out = []
         for row in rows:
-            if row[0] < start:
-                row = (start,) + row[1:]
+            if row.time < start:
+                row = row._replace(time=start)
                 self.clamped += 1
             out.append(row)
         state = self.shards[shard_id]
@@ -147,54 +184,62 @@ class Ordering:
 
     def _assign(self, rows: list[Row]) -> None:
         size = self.window_ms
-        first = rows[0][0] - rows[0][0] % size
-        if first + size > rows[-1][0] and first + size > self.closed_until:
+        first = rows[0].time - rows[0].time % size
+        if first + size > rows[-1].time and first + size > self.closed_until:
             self.buckets.setdefault(int(first), []).extend(rows)  # the usual case: one open window
             return
         bucket_start = None
         bucket: list[Row] = []
         for row in rows:
-            start = row[0] - row[0] % size
+            start = row.time - row.time % size
             if start != bucket_start:
                 if start + size <= self.closed_until:
-                    self.late_rows.append(row)
-                    self.late += 1
+                    self.pending_late.append(row)
+                    self.late_rows += 1
                     continue
                 bucket_start = start
                 bucket = self.buckets.setdefault(int(start), [])
             bucket.append(row)
 
-    def close(self, until: float) -> list[Window]:
+    def close(self, until: float) -> list[WindowRows]:
         """The windows whose end is at or below the watermark ``until``, in order.
-        Rows stay tuples: :func:`seal` sorts them (off the event loop)."""
+        Their rows are not sorted yet: :func:`seal` does it, one window at a time."""
         windows = []
         for start in sorted(s for s in self.buckets if s + self.window_ms <= until):
             rows = self.buckets.pop(start)
-            windows.append(Window(start, start + self.window_ms, rows))
+            windows.append(WindowRows(start, start + self.window_ms, rows))
             self.closed_until = max(self.closed_until, start + self.window_ms)
-        if self.late_rows and (windows or until == math.inf):
+        if self.pending_late and (windows or until == math.inf):
             if not windows:  # late rows alone: the window after the last closed one
                 end = int(self.closed_until)
-                windows.append(Window(end, end + self.window_ms, []))
+                windows.append(WindowRows(end, end + self.window_ms, []))
                 self.closed_until = end + self.window_ms
             first = windows[0]
-            first.rows = self.late_rows + first.rows
-            first.late = len(self.late_rows)
-            self.late_rows = []
+            first.rows = self.pending_late + first.rows
+            first.late_rows = len(self.pending_late)
+            self.pending_late = []
         return windows
 
     def buffered_windows(self) -> int:
         return len(self.buckets)
 
 
-def seal(window: Window) -> dict[str, int]:
-    """Sort a closed window's rows by the merge key and turn them into JSON bytes;
-    fills ``window.positions``; returns how many rows each shard had in it."""
-    rows = window.rows
+def seal(closed: WindowRows) -> tuple[Window, dict[str, int]]:
+    """Sort a closed window's rows by the merge key: the window a sink gets (rows as
+    JSON bytes, each shard's highest position), and how many rows each shard had in it."""
+    rows = closed.rows
     rows.sort()
-    counts = Counter(map(itemgetter(1), rows))
-    last = {row[1]: row for row in rows}  # a shard's rows are in its order: its last is its highest
-    window.rows = list(map(itemgetter(6), rows))
-    window.positions = {s: (row[5], row[3]) for s, row in last.items()}
-    return counts
+    counts = Counter(map(_row_shard_id, rows))
+    # A shard's rows are in its order: its last is its highest.
+    last = dict(zip(map(_row_shard_id, rows), map(_row_position, rows)))
+    window = Window(closed.start, closed.end, list(map(_row_data, rows)), closed.late_rows, last)
+    closed.rows = []
+    return window, counts
+
+
+# Field readers for map(), in C (an itemgetter by the field's index).
+_time, _position, _data = (itemgetter(Item._fields.index(name)) for name in ("time", "position", "data"))
+_row_shard_id, _row_position, _row_data = (
+    itemgetter(Row._fields.index(name)) for name in ("shard_id", "position", "data")
+)
 

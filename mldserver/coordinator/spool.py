@@ -25,7 +25,8 @@ from pathlib import Path
 import orjson
 
 from ..durable import atomic_write, safe_filename
-from .ordering import Item, Position, Row
+from ..positions import Position
+from .ordering import Item, Row
 
 
 @dataclass
@@ -46,9 +47,9 @@ class Spool:
 
     def write(self, shard_id: str, rows: list[Row], last: Position | None, parents: list[str]) -> Path:
         """Blocking (run it in a thread): the rows are on disk when this returns."""
-        header = {"shard_id": shard_id, "last": [last[2], last[1]] if last else None, "parents": parents}
+        header = {"shard_id": shard_id, "last": last.to_json() if last else None, "parents": parents}
         lines = [orjson.dumps(header)]
-        lines += [orjson.dumps([r[0], r[5], r[3], orjson.Fragment(r[6])]) for r in rows]
+        lines += [orjson.dumps([r.time, *r.position.to_json(), orjson.Fragment(r.data)]) for r in rows]
         self.directory.mkdir(parents=True, exist_ok=True)
         return atomic_write(self.path_for(shard_id), b"\n".join(lines) + b"\n")
 
@@ -66,8 +67,8 @@ class Spool:
             for line in lines[1:]:
                 if line.strip():
                     t, seq, sub, row = orjson.loads(line)
-                    items.append((t, int(seq), sub, seq, orjson.dumps(row)))
-            position = (int(last[0]), last[1], last[0]) if last else None
+                    items.append(Item(t, Position.from_json([seq, sub]), orjson.dumps(row)))
+            position = Position.from_json(last) if last else None
             out.append(Spooled(header["shard_id"], position, header.get("parents", []), items))
             self._found[header["shard_id"]] = path
         return out

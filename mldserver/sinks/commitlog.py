@@ -8,8 +8,8 @@ its entry exists; output without an entry is a half-written window, redone.
      "rows": 812, "late": 3, "rows_out": 41, "committed_at": "2026-11-21T10:01:05.120Z",
      "positions": {"shardId-000000000001": ["49590338271490256608559692538361571095921575989136588898", 0]}}
 
-``positions`` holds, per shard, the highest (sequence number, sub-sequence number) the
-window covers. A shard's committed rows are always a prefix of its rows (windows
+``positions`` holds, per shard, the highest position the window covers, in its JSON
+form (``Position.to_json()``: the sequence number's exact digits, the sub-sequence). A shard's committed rows are always a prefix of its rows (windows
 commit in order and a shard's event times never decrease), so the highest position
 over all entries is where its committed rows end: the coordinator filters replays at
 or below it, which makes output exactly once while delivery is at least once.
@@ -19,24 +19,16 @@ Pure files, no Spark: the server reads the log at start-up, the Spark process ap
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import orjson
 
+from ..coordinator.handoff import Committed
 from ..durable import atomic_write, utc_timestamp
+from ..positions import Position
 
 COMMITS = "_commits"
-
-
-@dataclass
-class Committed:
-    """What the log says, read at start-up."""
-
-    positions: dict[str, tuple[int, int, str]] = field(default_factory=dict)  # shard -> (seq, sub, seq_str)
-    end: int | None = None  # the end of the last committed window
-    windows: int = 0
 
 
 class CommitLog:
@@ -64,10 +56,10 @@ class CommitLog:
             committed.windows += 1
             if committed.end is None or entry["end"] > committed.end:
                 committed.end = entry["end"]
-            for shard_id, (seq_str, sub) in entry["positions"].items():
-                position = (int(seq_str), sub or 0, seq_str)
+            for shard_id, value in entry["positions"].items():
+                position = Position.from_json(value)
                 known = committed.positions.get(shard_id)
-                if known is None or position[:2] > known[:2]:
+                if known is None or position > known:
                     committed.positions[shard_id] = position
         return committed
 

@@ -17,9 +17,8 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from ..coordinator.windows import Window
+from ..coordinator.handoff import Committed, Window
 from ..durable import atomic_write
-from .commitlog import Committed
 
 
 class FileSink:
@@ -35,10 +34,10 @@ class FileSink:
     def _write(self, window: Window, rows: list[bytes]) -> None:
         self.directory.mkdir(parents=True, exist_ok=True)
         name = self._free_name(window.id)
-        if window.late:
-            self._publish(f"{name}.late.jsonl", rows[: window.late])
-        if len(rows) > window.late:
-            self._publish(f"{name}.jsonl", rows[window.late :])
+        if window.late_rows:
+            self._publish(f"{name}.late.jsonl", rows[: window.late_rows])
+        if len(rows) > window.late_rows:
+            self._publish(f"{name}.jsonl", rows[window.late_rows :])
 
     def _free_name(self, base: str) -> str:
         name, n = base, 0

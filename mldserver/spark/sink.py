@@ -25,10 +25,10 @@ from pathlib import Path
 import pyarrow.parquet as pq
 
 from ..config import Settings, state_path
-from ..coordinator.windows import Window
-from ..deadletter import DeadLetters
+from ..coordinator.handoff import Committed, Window
+from ..deadletters import DeadLetters
 from ..logs import get_logger
-from ..sinks.commitlog import CommitLog, Committed
+from ..sinks.commitlog import CommitLog
 from . import schema as schemas
 from .frames import CommitRequest
 from .process import SparkProcess
@@ -79,8 +79,8 @@ class SparkSink:
                 "start": window.start,
                 "end": window.end,
                 "rows": len(window),
-                "late": window.late,
-                "positions": window.positions,
+                "late": window.late_rows,
+                "positions": {shard_id: p.to_json() for shard_id, p in window.positions.items()},
             },
         }
         reply = await self.spark.request(request)

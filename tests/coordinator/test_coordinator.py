@@ -14,7 +14,9 @@ import pytest
 from mldserver.backoff import Backoff
 from mldserver.config import Settings
 from mldserver.coordinator import Coordinator
+from mldserver.coordinator.ordering import Item
 from mldserver.errors import SparkError
+from mldserver.positions import Position
 from mldserver.sinks.file import FileSink
 
 from ..helpers import FakeClock
@@ -23,11 +25,11 @@ MINUTE = 60_000
 
 
 def items(first_seq, times):
-    return [(t, first_seq + i, 0, str(first_seq + i), orjson.dumps({"seq": first_seq + i})) for i, t in enumerate(times)]
+    return [Item(t, position(first_seq + i), orjson.dumps({"seq": first_seq + i})) for i, t in enumerate(times)]
 
 
 def position(seq):
-    return (seq, 0, str(seq))
+    return Position(seq, 0, str(seq))
 
 
 def output(directory):

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 from mldserver.coordinator.ledger import ROW_OVERHEAD, Ledger
+from mldserver.coordinator.ordering import Row
+from mldserver.positions import Position
 
 
 def row(seq, sub=0, data=b"{}"):
-    return (1000, "A", seq, sub, seq, str(seq), data)
+    return Row(1000, "A", pos(seq, sub), seq, data)
 
 
 def pos(seq, sub=0):
-    return (seq, sub, str(seq))
+    return Position(seq, sub, str(seq))
 
 
 def test_nothing_is_safe_until_rows_commit_then_the_prefix_is():

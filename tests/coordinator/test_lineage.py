@@ -10,6 +10,7 @@ import pytest
 from moto.server import ThreadedMotoServer
 
 from mldserver.coordinator.lineage import Lineage, StreamShards
+from mldserver.positions import Position
 
 from ..integration.components import free_port
 
@@ -41,13 +42,13 @@ def credentials(monkeypatch):
 
 async def test_seen_split_makes_the_next_two_new_shards_children_of_the_ended_one():
     lineage = Lineage()
-    await lineage.started("s0", "TRIM_HORIZON")
-    await lineage.started("s1", "TRIM_HORIZON")
+    await lineage.started("s0", None)
+    await lineage.started("s1", None)
     lineage.ended("s0")
-    await lineage.started("s1", "12345")  # a restart of a known shard is not a child
-    await lineage.started("s2", "TRIM_HORIZON")
-    await lineage.started("s3", "TRIM_HORIZON")
-    await lineage.started("s4", "TRIM_HORIZON")  # s0 has its two children already
+    await lineage.started("s1", Position.parse("12345"))  # a restart of a known shard is not a child
+    await lineage.started("s2", None)
+    await lineage.started("s3", None)
+    await lineage.started("s4", None)  # s0 has its two children already
     assert lineage.parents_of("s2") == ("s0",) and lineage.parents_of("s3") == ("s0",)
     assert lineage.parents_of("s4") == () and lineage.parents_of("s1") == ()
     assert lineage.children_of("s0") == ["s2", "s3"]
@@ -67,12 +68,12 @@ async def test_kinesis_list_shards_gives_split_and_merge_parents(moto_endpoint):
     kinesis.merge_shards(StreamName="orders", ShardToMerge=children[1], AdjacentShardToMerge=s1)
 
     lineage = Lineage(StreamShards("orders", region="us-east-1", endpoint_url=moto_endpoint))
-    await lineage.started(s0, "TRIM_HORIZON")
-    await lineage.started(children[0], "TRIM_HORIZON")
+    await lineage.started(s0, None)
+    await lineage.started(children[0], None)
     assert lineage.parents_of(children[0]) == (s0,)
     merged = [i for i, s in {s["ShardId"]: s for s in kinesis.list_shards(StreamName="orders")["Shards"]}.items()
               if s.get("AdjacentParentShardId")]
-    await lineage.started(merged[0], "TRIM_HORIZON")  # unknown at the last fetch: refreshed
+    await lineage.started(merged[0], None)  # unknown at the last fetch: refreshed
     assert set(lineage.parents_of(merged[0])) == {children[1], s1}
     assert merged[0] in lineage.children_of(s1)
 
@@ -96,5 +97,5 @@ async def test_dynamodb_streams_describe_stream_gives_the_shards(moto_endpoint):
 async def test_unreachable_stream_api_falls_back_to_what_was_seen():
     lineage = Lineage(StreamShards("orders", region="us-east-1", endpoint_url=f"http://127.0.0.1:{free_port()}"))
     lineage.ended("s0")
-    await lineage.started("s1", "TRIM_HORIZON")
+    await lineage.started("s1", None)
     assert lineage.parents_of("s1") == ("s0",)

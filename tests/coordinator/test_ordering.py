@@ -5,21 +5,21 @@ from __future__ import annotations
 
 import orjson
 
-from mldserver.coordinator.ordering import Ordering, seal
+from mldserver.coordinator.ordering import Item, Ordering, seal
+from mldserver.positions import Position
 
 MINUTE = 60_000
 
 
-def rows(first_seq: int, times: list[int | None], tag: str = "") -> list[tuple]:
+def rows(first_seq: int, times: list[int | None], tag: str = "") -> list[Item]:
     return [
-        (t, first_seq + i, 0, str(first_seq + i), orjson.dumps({"seq": str(first_seq + i), "tag": tag}))
+        Item(t, Position.parse(str(first_seq + i)), orjson.dumps({"seq": str(first_seq + i), "tag": tag}))
         for i, t in enumerate(times)
     ]
 
 
 def last(items):
-    t, seq, sub, seq_str, _ = items[-1]
-    return (seq, sub, seq_str)
+    return items[-1].position
 
 
 class Lineage:
@@ -43,8 +43,8 @@ def add(o, shard_id, first_seq, times, tag=""):
     return o.add(shard_id, items, last(items), now=0)
 
 
-def contents(window):
-    seal(window)
+def contents(closed):
+    window, _ = seal(closed)
     return [(orjson.loads(r)["tag"], int(orjson.loads(r)["seq"])) for r in window.rows]
 
 
@@ -130,7 +130,7 @@ def test_redelivered_records_after_a_daemon_restart_are_dropped_and_counted():
     o = ordering()
     add(o, "A", 1, [1000, 1001, 1002], "first")
     kept = add(o, "A", 2, [1001, 1002, 1003, 1004], "again")  # resumed from a checkpoint at 1
-    assert [r[2] for r in kept] == [4, 5]
+    assert [r.position.seq for r in kept] == [4, 5]
     assert o.duplicates == 2
     [window] = o.close(until=MINUTE)
     assert contents(window) == [("first", 1), ("first", 2), ("first", 3), ("again", 4), ("again", 5)]
@@ -138,9 +138,9 @@ def test_redelivered_records_after_a_daemon_restart_are_dropped_and_counted():
 
 def test_records_without_rows_still_count_as_delivered():
     o = ordering()
-    o.add("A", [], (7, 0, "7"), now=0)  # a batch whose rows the handler filtered out
+    o.add("A", [], Position.parse("7"), now=0)  # a batch whose rows the handler filtered out
     kept = add(o, "A", 7, [1000, 1001], "x")
-    assert [r[2] for r in kept] == [8] and o.duplicates == 1
+    assert [r.position.seq for r in kept] == [8] and o.duplicates == 1
 
 
 def test_merge_key_breaks_ties_by_shard_id_then_sequence_number_as_integer():
@@ -158,10 +158,10 @@ def test_late_rows_go_to_the_next_window_flagged_and_counted():
     [first] = o.close(until=MINUTE)
     assert contents(first) == [("A", 1)]
     add(o, "B", 1, [20_000, 30_000], "B")  # its window has closed
-    assert o.late == 2
+    assert o.late_rows == 2
     assert o.close(until=MINUTE + 30_000) == []  # late rows wait for the next window
     [second] = o.close(until=2 * MINUTE)
-    assert (second.start, second.late) == (MINUTE, 2)
+    assert (second.start, second.late_rows) == (MINUTE, 2)
     assert contents(second) == [("B", 1), ("B", 2), ("A", 2)]
 
 
@@ -171,7 +171,7 @@ def test_late_rows_are_handed_over_alone_when_every_shard_is_idle():
     o.close(until=MINUTE)
     add(o, "B", 1, [20_000], "B")
     [window] = o.close(until=float("inf"))
-    assert window.late == 1 and contents(window) == [("B", 1)]
+    assert window.late_rows == 1 and contents(window) == [("B", 1)]
     assert window.start == MINUTE  # its own id: the window after the one closed
 
 
@@ -188,14 +188,16 @@ def test_rows_without_event_time_take_the_shards_last_time_or_now():
     o = ordering()
     items = rows(1, [None, 5000, None])
     kept = o.add("A", items, last(items), now=4000)
-    assert [r[0] for r in kept] == [4000, 5000, 5000]
+    assert [r.time for r in kept] == [4000, 5000, 5000]
 
 
 def test_seal_records_each_shards_highest_position():
     o = ordering()
     add(o, "A", 5, [1000, 2000])
     add(o, "B", 1, [1500])
-    [window] = o.close(until=MINUTE)
-    counts = seal(window)
+    [closed] = o.close(until=MINUTE)
+    window, counts = seal(closed)
     assert counts == {"A": 2, "B": 1}
-    assert window.positions == {"A": ("6", 0), "B": ("1", 0)}
+    assert window.positions == {"A": Position(6, 0, "6"), "B": Position(1, 0, "1")}
+    assert (window.start, window.end, window.late_rows, len(window)) == (0, MINUTE, 0, 3)
+    assert all(type(row) is bytes for row in window.rows)

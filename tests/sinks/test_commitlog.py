@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from mldserver.positions import Position
 from mldserver.sinks.commitlog import CommitLog
 
 
@@ -16,7 +17,8 @@ def test_read_gives_each_shards_highest_position_and_the_last_end(tmp_path):
     log.append(entry(10, {"A": ["999", 0]}))  # lower as an integer, higher as a string
     log.append(entry(20, {"A": ["1000000000000000000000", 5]}))
     committed = log.read()
-    assert committed.positions == {"A": (10**21, 5, "1000000000000000000000"), "B": (7, 0, "7")}
+    assert committed.positions == {"A": Position(10**21, 5, "1000000000000000000000"), "B": Position(7, 0, "7")}
+    assert all(type(p) is Position for p in committed.positions.values())
     assert committed.end == 30 and committed.windows == 3
 
 
@@ -26,4 +28,4 @@ def test_an_entry_is_published_whole_and_names_its_window(tmp_path):
     log.append(entry(0, {"A": ["1", None]}))
     assert log.has("0-10") and log.entry("0-10")["committed_at"].endswith("Z")
     assert [p.name for p in (tmp_path / "_commits").iterdir()] == ["0-10.json"]  # no temporary left
-    assert log.read().positions == {"A": (1, 0, "1")}
+    assert log.read().positions == {"A": Position(1, 0, "1")}

@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from mldserver.kpl import deaggregate
+from mldserver.shard.kpl import deaggregate
 
-from .conftest import DATA
+from ..conftest import DATA
 
 VECTORS = json.loads((DATA / "kpl-vectors.json").read_text())["vectors"]
 

@@ -30,7 +30,6 @@ from dataclasses import dataclass, field
 
 MAGIC = b"\xf3\x89\x9a\xc2"
 _DIGEST = 16
-MAX_HASH_KEY = 2**128 - 1
 
 
 @dataclass(frozen=True, slots=True)

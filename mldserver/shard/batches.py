@@ -1,0 +1,143 @@
+"""A batch in and out of the handler, pure: the daemon's records decoded into
+:class:`~mldserver.records.Record` (KPL aggregates expanded), and what the handler
+emitted encoded into the coordinator's items. What cannot be used is returned, with
+why, for the driver to dead-letter; nothing here does I/O::
+
+    records, bad = decode_records(event.records, deaggregate_kpl=True, positions=True)
+    # a KCL 1.x aggregate at "100" -> Records 100/0, 100/1, 100/2 (positions set);
+    # an aggregate whose MD5 fails -> one Record, unchanged;
+    # one that breaks half-way -> the records before the break, and
+    #   BadRecords([raw], "invalid KPL aggregate", "partition key index 7 out of range")
+
+    items, bad = encode_rows(batch_rows)    # [Item(time, position, b'{"k":1}'), ...]
+    # a row orjson cannot encode, or a record with no valid position ->
+    #   BadRecords([record.to_json()], "bad row", "row not JSON-encodable: ...")
+
+A batch whose last record is not an object with a sequence number of digits is
+malformed whole (its position would be the shard's delivered one): no records, one
+``BadRecords`` with all of it. With ``positions`` (a sink is downstream: every row
+needs its record's position) every record's position is parsed here, at once, and a
+record without one is returned as malformed; otherwise a record's position is parsed
+when first read (``Record.position``, kept), and a server without a sink never pays
+for it.
+"""
+
+from __future__ import annotations
+
+from itertools import repeat
+from typing import Any, Iterable, NamedTuple
+
+import orjson
+
+from ..coordinator.ordering import Item
+from ..positions import Position
+from ..records import Emitted, Record
+from .kpl import deaggregate, is_aggregate
+
+MALFORMED = "malformed records"
+INVALID_AGGREGATE = "invalid KPL aggregate"
+BAD_ROW = "bad row"
+
+_new = tuple.__new__
+
+
+class BadRecords(NamedTuple):
+    """Records to dead-letter, as the daemon sent them, and why."""
+
+    raws: list[Any]
+    reason: str
+    error: str
+
+
+def encode(row: Any) -> bytes:
+    # A right-sized copy: orjson's own result sits in an over-allocated, shrunk malloc
+    # block; kept by the thousand until their window commits, those fragment the heap
+    # (5x slower, several times the memory).
+    return bytes(memoryview(orjson.dumps(row)))
+
+
+NO_POSITION = "a record is not an object with a sequenceNumber of digits"
+
+
+def decode_records(
+    raws: list[Any], *, deaggregate_kpl: bool, positions: bool = False
+) -> tuple[list[Record], list[BadRecords]]:
+    """The handler's records, and what could not be made into records."""
+    if not raws:
+        return [], []
+    last = raws[-1]
+    position = Position.parse(last.get("sequenceNumber"), last.get("subSequenceNumber")) if type(last) is dict else None
+    if position is None:
+        return [], [BadRecords(raws, MALFORMED, NO_POSITION)]
+    if deaggregate_kpl:
+        return _deaggregated(raws)
+    if not positions:
+        records = list(map(Record, raws))
+        records[-1]._position = position
+        return records, []
+    if set(map(type, raws)) == {dict}:
+        parsed = Position.parse_all([r.get("sequenceNumber") for r in raws], [r.get("subSequenceNumber") for r in raws])
+    else:
+        parsed = [Position.parse(r.get("sequenceNumber"), r.get("subSequenceNumber")) if type(r) is dict else None
+                  for r in raws]
+    if None not in parsed:
+        return list(map(Record, raws, repeat(None), parsed)), []
+    records, bad = [], []
+    for raw, p in zip(raws, parsed):
+        if p is None:
+            bad.append(BadRecords([raw], MALFORMED, NO_POSITION))
+        else:
+            records.append(Record(raw, None, p))
+    return records, bad
+
+
+def _deaggregated(raws: list[Any]) -> tuple[list[Record], list[BadRecords]]:
+    out: list[Record] = []
+    bad: list[BadRecords] = []
+    for raw in raws:
+        record = Record(raw)
+        if type(raw) is not dict or not is_aggregate(record.data):
+            out.append(record)
+            continue
+        base = Position.parse(raw.get("sequenceNumber"), None)
+        if base is None:
+            bad.append(BadRecords([raw], MALFORMED, "an aggregate without a sequenceNumber of digits"))
+            continue
+        users = deaggregate(record.data, raw.get("partitionKey"), raw.get("explicitHashKey"))
+        if users.error:
+            bad.append(BadRecords([raw], INVALID_AGGREGATE, users.error))
+        for user in users.records:
+            if not users.aggregated:
+                out.append(record)
+                continue
+            fields = dict(raw, partitionKey=user.partition_key, subSequenceNumber=user.sub_sequence_number)
+            fields["data"] = None
+            if user.explicit_hash_key is not None:
+                fields["explicitHashKey"] = user.explicit_hash_key
+            out.append(Record(fields, user.data, Position(base.seq, user.sub_sequence_number, base.text)))
+    return out, bad
+
+
+def encode_rows(emitted: Iterable[Emitted]) -> tuple[list[Item], list[BadRecords]]:
+    """The coordinator's items for what a batch emitted, in order, and the rows that
+    cannot be items (their records, to dead-letter)."""
+    emitted = list(emitted)
+    try:
+        # ``_position``: the decoder's, read without a call (``position`` parses it if unset)
+        items = [
+            _new(Item, (record.approximate_arrival_timestamp if t is None else t,
+                        record._position or record.position, encode(row)))
+            for record, row, t in emitted
+        ]
+        return items, []
+    except (TypeError, ValueError):  # some row is not JSON, or its record has no position
+        pass
+    items, bad = [], []
+    for record, row, t in emitted:
+        try:
+            items.append(Item(record.approximate_arrival_timestamp if t is None else t, record.position, encode(row)))
+        except TypeError as exc:
+            bad.append(BadRecords([record.to_json()], BAD_ROW, f"row not JSON-encodable: {exc}"))
+        except ValueError as exc:
+            bad.append(BadRecords([record.to_json()], BAD_ROW, str(exc)))
+    return items, bad

@@ -1,0 +1,119 @@
+"""What happens downstream of a shard's batches: erlmld's batch-processor role.
+One interface, two implementations, chosen once per connection by the server::
+
+    NoSink()                                  # no --sink: rows are not collected, and
+                                              # what the handler checkpoints is sent as is
+    CoordinatorLink(coordinator, interval=10.0)
+
+    await downstream.open(shard_id, checkpoint)          # initialize (a Position or None)
+    if await downstream.batch(shard_id, items, last, millis_behind, release):
+        ...                                              # checkpoint what is safe, now
+    downstream.safe(shard_id)                            # how far a checkpoint may go
+    await downstream.shard_ended(shard_id)               # before SHARD_END is stored
+
+With the coordinator, every checkpoint waits for the sink (``holds_checkpoints``): it
+is clamped to what the sink has committed (``safe``), and the server checkpoints that
+itself, at most every ``checkpoint_interval`` on a batch and on ``shutdownRequested``.
+``batch`` hands the rows over, gives up the shard's in-flight slot (``release``) and
+waits out back-pressure before the batch's status goes back; ``shard_ended`` spools the
+shard's uncommitted rows, so SHARD_END may be stored before they commit.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Callable, Protocol
+
+from ..coordinator.ordering import Item
+from ..positions import Position
+
+if TYPE_CHECKING:
+    from ..coordinator import Coordinator
+
+
+class Downstream(Protocol):
+    collects_rows: bool  # does ``batch.emit`` keep rows?
+    holds_checkpoints: bool  # are checkpoints clamped to ``safe`` and made by the server?
+
+    async def open(self, shard_id: str, checkpoint: Position | None) -> None: ...
+
+    async def batch(
+        self,
+        shard_id: str,
+        items: list[Item],
+        last: Position | None,
+        millis_behind: int | None,
+        release: Callable[[], None],
+    ) -> bool: ...
+
+    def safe(self, shard_id: str) -> Position | None: ...
+
+    async def shard_ended(self, shard_id: str) -> None: ...
+
+
+class NoSink:
+    """Nothing downstream: everything delivered is safe, the handler checkpoints."""
+
+    collects_rows = False
+    holds_checkpoints = False
+
+    async def open(self, shard_id: str, checkpoint: Position | None) -> None:
+        pass
+
+    async def batch(
+        self,
+        shard_id: str,
+        items: list[Item],
+        last: Position | None,
+        millis_behind: int | None,
+        release: Callable[[], None],
+    ) -> bool:
+        return False
+
+    def safe(self, shard_id: str) -> Position | None:
+        return None
+
+    async def shard_ended(self, shard_id: str) -> None:
+        pass
+
+
+class CoordinatorLink:
+    """The shared coordinator, as one shard connection sees it."""
+
+    collects_rows = True
+    holds_checkpoints = True
+
+    def __init__(
+        self, coordinator: Coordinator, *, interval: float, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.coordinator = coordinator
+        self.interval = interval
+        self.clock = clock
+        self._last_checkpoint = clock()
+
+    async def open(self, shard_id: str, checkpoint: Position | None) -> None:
+        await self.coordinator.open_shard(shard_id, checkpoint)
+
+    async def batch(
+        self,
+        shard_id: str,
+        items: list[Item],
+        last: Position | None,
+        millis_behind: int | None,
+        release: Callable[[], None],
+    ) -> bool:
+        """Hand the rows over, wait out back-pressure; True when a checkpoint is due."""
+        self.coordinator.add_batch(shard_id, items, last, millis_behind)
+        release()  # a delayed shard must not hold a slot the watermark's shard needs
+        await self.coordinator.admit(shard_id)
+        now = self.clock()
+        if now - self._last_checkpoint < self.interval:
+            return False
+        self._last_checkpoint = now
+        return True
+
+    def safe(self, shard_id: str) -> Position | None:
+        return self.coordinator.safe_position(shard_id)
+
+    async def shard_ended(self, shard_id: str) -> None:
+        await self.coordinator.shard_ended(shard_id)  # spooled before SHARD_END

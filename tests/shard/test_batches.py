@@ -1,0 +1,153 @@
+"""Decoding a batch (KPL aggregates on a KCL 1.x daemon, records kept byte-exact) and
+encoding what the handler emitted; through the server, and with plain calls."""
+
+from __future__ import annotations
+
+import base64
+import json
+
+import mldserver
+from mldserver.positions import Position
+from mldserver.records import Emitted, Record
+from mldserver.shard.batches import BAD_ROW, INVALID_AGGREGATE, MALFORMED, decode_records, encode_rows
+from mldserver.testing import SHARD_END, FakeDaemon, make_records
+
+from ..conftest import DATA
+from .serving import dead_letters, recorder, running
+
+VECTORS = {v["name"]: v for v in json.loads((DATA / "kpl-vectors.json").read_text())["vectors"]}
+
+
+async def test_unicode_partition_keys_survive_byte_exact(tmp_path):
+    Rec, calls = recorder()
+    key = "a\u2028b\u2029c\u0085d\U0001F600"
+    async with running(Rec, tmp_path) as (_, cmd):
+        daemon = FakeDaemon(cmd)
+        shard = await daemon.shard("s")
+        await shard.child.write(
+            ('{"action":"processRecords","records":[{"data":"eA==","partitionKey":"' + key +
+             '","sequenceNumber":"1","subSequenceNumber":0}],"millisBehindLatest":0}\n').encode()
+        )
+        assert (await shard.child.read_message())["responseFor"] == "processRecords"
+        await shard.lease_lost()
+        await shard.close()
+    assert calls[1][1][0][2] == key
+
+
+async def test_kcl1_daemon_gets_v1_checkpoints_and_deaggregated_records(tmp_path):
+    vectors = {v["name"]: v for v in json.loads((DATA / "kpl-vectors.json").read_text())["vectors"]}
+    Rec, calls = recorder()
+
+    class CheckpointingRec(Rec):
+        async def process_records(self, batch, checkpointer):
+            await super().process_records(batch, checkpointer)
+            await checkpointer.checkpoint(batch.records[-1].sequence_number)
+
+    async with running(CheckpointingRec, tmp_path) as (_, cmd):
+        daemon = FakeDaemon(cmd, v1=True)
+        shard = await daemon.shard("s")
+        records = [
+            {"data": vectors[name]["kinesis_record"]["data_b64"], "partitionKey": vectors[name]["kinesis_record"]["partition_key"],
+             "sequenceNumber": str(100 + i), "approximateArrivalTimestamp": 1}
+            for i, name in enumerate(["agg_3_records", "agg_bad_md5", "agg_bad_partition_key_index"])
+        ]
+        await shard.process_records(records)
+        await shard.shutdown("TERMINATE")
+        await shard.close()
+    seen = calls[1][1]
+    assert [(s, sub, pk, d) for s, sub, pk, d in seen[:3]] == [
+        ("100", 0, "alpha", b"one"), ("100", 1, "beta", b"two"), ("100", 2, "alpha", b"three")]
+    assert seen[3][:3] == ("101", None, "alpha")  # corrupt aggregate passes through whole
+    assert seen[3][3] == base64.b64decode(vectors["agg_bad_md5"]["kinesis_record"]["data_b64"])
+    assert [s[:2] for s in seen[4:]] == [("102", 0)]
+    assert shard.checkpoint_requests[0] == ("102", None)  # the v1 "checkpoint" form
+    assert daemon.checkpoints["s"] == SHARD_END
+    [letter] = dead_letters(tmp_path, "s")  # the partly expanded aggregate is kept whole
+    assert letter["sequence_number"] == "102" and letter["reason"] == "invalid KPL aggregate"
+
+
+async def test_a_row_that_is_not_json_dead_letters_its_record_and_keeps_the_others(tmp_path):
+    class BytesRow(mldserver.Handler):
+        async def process_records(self, batch, checkpointer):
+            for record in batch.records:
+                value = record.data if record.sequence_number == "11" else record.sequence_number
+                batch.emit(record, {"value": value})
+
+    async with running(BytesRow, tmp_path, sink=f"file:{tmp_path / 'out'}", window=3600.0) as (server, cmd):
+        daemon = FakeDaemon(cmd)
+        shard = await daemon.shard("shardId-1")
+        await shard.process_records(make_records(10, 3), millis_behind_latest=1000)  # window stays open
+        rows = [r.data for r in server.coordinator.ledger.uncommitted("shardId-1")]
+        assert rows == [b'{"value":"10"}', b'{"value":"12"}']
+        [letter] = dead_letters(tmp_path, "shardId-1")
+        assert letter["sequence_number"] == "11" and letter["reason"] == "bad row"
+        assert "not JSON-encodable" in letter["error"] and base64.b64decode(letter["data"]) == b"11111111"
+        await shard.lease_lost()
+        await shard.close()
+
+
+# -- with plain calls ------------------------------------------------------------
+
+
+def kinesis_record(name, seq):
+    record = VECTORS[name]["kinesis_record"]
+    return {"data": record["data_b64"], "partitionKey": record["partition_key"], "sequenceNumber": seq,
+            "approximateArrivalTimestamp": 1}
+
+
+def test_records_are_decoded_lazily_with_the_last_ones_position_parsed():
+    raws = [{"sequenceNumber": "7", "data": "eA=="}, {"sequenceNumber": "8", "subSequenceNumber": 2, "data": "eQ=="}]
+    records, bad = decode_records(raws, deaggregate_kpl=False)
+    assert bad == [] and [r.data for r in records] == [b"x", b"y"]
+    assert [r.position for r in records] == [Position(7, 0, "7"), Position(8, 2, "8")]
+
+
+def test_a_batch_whose_last_record_has_no_position_is_malformed_whole():
+    for last in [{"data": "eA=="}, {"sequenceNumber": "12x"}, {"sequenceNumber": 12}, "not an object"]:
+        raws = [{"sequenceNumber": "7"}, last]
+        records, bad = decode_records(raws, deaggregate_kpl=False)
+        assert records == [] and bad == [(raws, MALFORMED, bad[0].error)]
+
+
+def test_aggregates_expand_into_records_with_their_sub_sequence_positions():
+    records, bad = decode_records([kinesis_record("agg_3_records", "100")], deaggregate_kpl=True)
+    assert bad == []
+    assert [r.position for r in records] == [Position(100, sub, "100") for sub in range(3)]
+    assert [(r.partition_key, r.data) for r in records] == [("alpha", b"one"), ("beta", b"two"), ("alpha", b"three")]
+
+
+def test_an_aggregate_that_breaks_half_way_is_returned_to_dead_letter_not_fired_off():
+    raw = kinesis_record("agg_bad_partition_key_index", "102")
+    records, bad = decode_records([kinesis_record("agg_1_record", "101"), raw], deaggregate_kpl=True)
+    [(raws, reason, error)] = bad
+    assert raws == [raw] and reason == INVALID_AGGREGATE and error
+    assert [r.position for r in records][:1] == [Position(101, 0, "101")]
+    assert all(r.sequence_number in ("101", "102") for r in records)
+
+
+def test_rows_become_items_at_their_records_position_and_event_time():
+    a = Record({"sequenceNumber": "7", "approximateArrivalTimestamp": 1000})
+    b = Record({"sequenceNumber": "8", "subSequenceNumber": 1, "approximateArrivalTimestamp": 2000})
+    items, bad = encode_rows([Emitted(a, {"k": 1}, None), Emitted(b, {"k": 2}, 5000)])
+    assert bad == []
+    assert [(i.time, i.position, i.data) for i in items] == [
+        (1000, Position(7, 0, "7"), b'{"k":1}'), (5000, Position(8, 1, "8"), b'{"k":2}')]
+
+
+def test_a_row_that_cannot_be_an_item_is_returned_with_its_record():
+    good = Record({"sequenceNumber": "7"})
+    unparsable = Record({"sequenceNumber": "seven", "data": "eA=="})
+    items, bad = encode_rows([Emitted(good, {"k": b"bytes"}, 1), Emitted(good, {"k": 1}, 1),
+                              Emitted(unparsable, {"k": 2}, 1)])
+    assert [i.data for i in items] == [b'{"k":1}']
+    assert [(b.raws[0]["sequenceNumber"], b.reason) for b in bad] == [("7", BAD_ROW), ("seven", BAD_ROW)]
+    assert "not JSON-encodable" in bad[0].error and "not a position" in bad[1].error
+
+
+def test_with_a_sink_every_position_is_parsed_at_once_and_a_record_without_one_is_bad():
+    raws = [{"sequenceNumber": "7"}, {"sequenceNumber": "7x"}, "not an object", {"sequenceNumber": "9"}]
+    records, bad = decode_records(raws, deaggregate_kpl=False, positions=True)
+    assert [r._position for r in records] == [Position(7, 0, "7"), Position(9, 0, "9")]
+    assert [(b.raws, b.reason) for b in bad] == [([raws[1]], MALFORMED), ([raws[2]], MALFORMED)]
+    records, bad = decode_records(raws[:1] + raws[3:], deaggregate_kpl=False, positions=True)
+    assert bad == [] and [r.position for r in records] == [Position(7, 0, "7"), Position(9, 0, "9")]

@@ -1,0 +1,172 @@
+"""Calling the handler: retries, time-outs, a checkpoint error ending the action, a
+factory that fails; through the fake daemon and the real relay, and with plain objects."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+
+import mldserver
+from mldserver.backoff import Backoff
+from mldserver.errors import CheckpointError
+from mldserver.logs import get_logger
+from mldserver.records import Batch, Record, ShardInfo
+from mldserver.shard.calls import CHECKPOINT_FAILED, FAILED, OK, HandlerCalls
+from mldserver.testing import SHARD_END, FakeDaemon, make_records
+
+from .serving import dead_letters, running
+
+
+async def test_failing_batch_is_retried_then_dead_lettered_with_its_data(tmp_path):
+    attempts = []
+
+    class Flaky(mldserver.Handler):
+        async def process_records(self, batch, checkpointer):
+            attempts.append(batch.records[0].sequence_number)
+            if batch.records[0].sequence_number == "10":
+                raise ValueError("bad order")
+            await checkpointer.checkpoint()
+
+    async with running(Flaky, tmp_path, handler_retries=2) as (_, cmd):
+        daemon = FakeDaemon(cmd)
+        shard = await daemon.shard("shardId-1")
+        await shard.process_records(make_records(10, 2, partition_key="cust-{i}"))
+        await shard.process_records(make_records(12, 1))
+        await shard.lease_lost()
+        assert await shard.close() == 0
+    assert attempts == ["10", "10", "10", "12"]
+    letters = dead_letters(tmp_path, "shardId-1")
+    assert [(d["sequence_number"], d["partition_key"]) for d in letters] == [("10", "cust-0"), ("11", "cust-1")]
+    assert letters[0]["error"] == "ValueError: bad order" and letters[0]["attempts"] == 3
+    assert base64.b64decode(letters[0]["data"]) == b"10101010"
+    assert daemon.checkpoints["shardId-1"] == ("12", 0)
+
+
+async def test_execution_timeout_counts_as_a_failure(tmp_path):
+    class Slow(mldserver.Handler):
+        async def process_records(self, batch, checkpointer):
+            await asyncio.sleep(10)
+
+    async with running(Slow, tmp_path, execution_timeout=0.1, handler_retries=1) as (_, cmd):
+        daemon = FakeDaemon(cmd)
+        shard = await daemon.shard("s")
+        await shard.process_records(make_records(1, 1))
+        await shard.lease_lost()
+        await shard.close()
+    [letter] = dead_letters(tmp_path, "s")
+    assert "execution_timeout" in letter["error"]
+
+
+async def test_checkpoint_error_escaping_the_handler_ends_the_action_without_retry(tmp_path):
+    calls = []
+
+    class Strict(mldserver.Handler):
+        async def process_records(self, batch, checkpointer):
+            calls.append(1)
+            await checkpointer.checkpoint("99999", 0)  # beyond what was delivered
+
+    async with running(Strict, tmp_path) as (_, cmd):
+        daemon = FakeDaemon(cmd)
+        shard = await daemon.shard("s")
+        await shard.process_records(make_records(1, 1))
+        await shard.lease_lost()
+        await shard.close()
+    assert calls == [1]
+    assert shard.checkpoint_requests == [("99999", 0)]
+    assert dead_letters(tmp_path, "s") == []
+
+
+async def test_handler_factory_failure_dead_letters_batches_but_answers(tmp_path):
+    def factory(context):
+        raise RuntimeError("cannot connect to the database")
+
+    async with running(factory, tmp_path) as (_, cmd):
+        daemon = FakeDaemon(cmd)
+        shard = await daemon.shard("s")
+        await shard.process_records(make_records(1, 2))
+        await shard.shard_ended()
+        await shard.close()
+    assert len(dead_letters(tmp_path, "s")) == 2
+    assert daemon.checkpoints["s"] == SHARD_END
+
+
+# -- with plain objects ----------------------------------------------------------
+
+
+def calls_for(handler_class, retries=2, timeout=5.0):
+    calls = HandlerCalls(handler_class, None, retries=retries, timeout=timeout,
+                         backoff=Backoff(first=0.001, cap=0.001), log=get_logger("test.calls"))
+    assert calls.create() is None
+    return calls
+
+
+def a_batch():
+    records = [Record({"sequenceNumber": str(seq), "data": "eA=="}) for seq in (1, 2)]
+    return Batch(records, 0, ShardInfo("s", None, None))
+
+
+async def test_the_outcome_carries_the_rows_of_the_attempt_that_succeeded():
+    attempts = []
+
+    class FailsOnce(mldserver.Handler):
+        async def process_records(self, batch, checkpointer):
+            for record in batch.records:
+                batch.emit(record, {"seq": record.sequence_number, "attempt": len(attempts)})
+            attempts.append(1)
+            if len(attempts) == 1:
+                raise RuntimeError("flaky")
+
+    batch = a_batch()
+    outcome = await calls_for(FailsOnce).call("process_records", batch, lambda: None, collect_rows=True)
+    assert (outcome.result, outcome.ok, outcome.error) == (OK, True, None)
+    assert [(e.record.sequence_number, e.row["attempt"]) for e in outcome.rows] == [("1", 1), ("2", 1)]
+    assert batch.rows is None  # the batch no longer collects once the call is over
+
+
+async def test_every_attempt_failing_gives_the_last_error_and_no_rows():
+    class Broken(mldserver.Handler):
+        async def process_records(self, batch, checkpointer):
+            batch.emit(batch.records[0], {"k": 1})
+            raise ValueError("bad order")
+
+    outcome = await calls_for(Broken, retries=1).call("process_records", a_batch(), lambda: None, collect_rows=True)
+    assert (outcome.result, outcome.ok, outcome.error, outcome.rows) == (FAILED, False, "ValueError: bad order", None)
+
+
+async def test_a_checkpoint_error_ends_the_call_at_once_keeping_what_was_emitted():
+    tries = []
+
+    class Throttled(mldserver.Handler):
+        async def process_records(self, batch, checkpointer):
+            tries.append(1)
+            batch.emit(batch.records[0], {"k": 1})
+            raise CheckpointError("ThrottlingException", "1", 0)
+
+    outcome = await calls_for(Throttled).call("process_records", a_batch(), lambda: None, collect_rows=True)
+    assert (outcome.result, outcome.ok, outcome.error) == (CHECKPOINT_FAILED, True, "ThrottlingException")
+    assert [e.row for e in outcome.rows] == [{"k": 1}] and tries == [1]
+
+
+async def test_a_call_past_the_time_out_fails_and_each_attempt_gets_a_fresh_checkpointer():
+    given = []
+
+    class Slow(mldserver.Handler):
+        async def shutdown_requested(self, checkpointer):
+            given.append(checkpointer)
+            await asyncio.sleep(10)
+
+    handed = iter(["first", "second"])
+    outcome = await calls_for(Slow, retries=1, timeout=0.01).call("shutdown_requested", None, lambda: next(handed))
+    assert outcome.result == FAILED and "execution_timeout" in outcome.error
+    assert given == ["first", "second"]
+
+
+async def test_without_a_handler_every_call_fails_without_running():
+    def factory(context):
+        raise RuntimeError("cannot connect to the database")
+
+    calls = HandlerCalls(factory, None, retries=2, timeout=1.0, backoff=Backoff(first=0.001, cap=0.001),
+                         log=get_logger("test.calls"))
+    assert calls.create() == "RuntimeError: cannot connect to the database"
+    outcome = await calls.call("lease_lost", None, lambda: None)
+    assert (outcome.result, outcome.error) == (FAILED, "no handler (its creation failed)")

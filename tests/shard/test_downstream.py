@@ -1,0 +1,98 @@
+"""Downstream of a batch: with a sink, rows go to the coordinator and checkpoints wait
+for what it committed; without one, nothing waits."""
+
+from __future__ import annotations
+
+import mldserver
+from mldserver.config import Settings
+from mldserver.coordinator import Coordinator
+from mldserver.coordinator.ordering import Item
+from mldserver.positions import Position
+from mldserver.shard.downstream import CoordinatorLink, NoSink
+from mldserver.sinks.file import FileSink
+from mldserver.testing import SHARD_END, FakeDaemon, make_records
+
+from .serving import running
+
+
+class EmitAndCheckpoint(mldserver.Handler):
+    async def process_records(self, batch, checkpointer):
+        for record in batch.records:
+            batch.emit(record, {"seq": record.sequence_number})
+        await checkpointer.checkpoint()  # "everything": the server keeps it to what is committed
+
+
+async def test_with_a_sink_no_checkpoint_passes_rows_the_sink_has_not_committed(tmp_path):
+    out = tmp_path / "out"
+    async with running(EmitAndCheckpoint, tmp_path, sink=f"file:{out}", window=3600.0, checkpoint_interval=0.0,
+                       idle_timeout=3600.0) as (server, cmd):
+        daemon = FakeDaemon(cmd)
+        shard = await daemon.shard("shardId-1")
+        # Behind the stream's tip: the watermark stays at the rows' time, the window open.
+        await shard.process_records(make_records(10, 3), millis_behind_latest=1000)
+        await shard.shutdown_requested()
+        assert "shardId-1" not in daemon.checkpoints  # the window is still open: nothing is safe
+        assert server.coordinator.ledger.rows == 3
+        await shard.shard_ended()  # the rows are spooled, so SHARD_END may be stored
+        assert daemon.checkpoints["shardId-1"] == SHARD_END
+        spooled = (tmp_path / "state" / "spool" / "shardId-1.jsonl").read_text().splitlines()
+        assert len(spooled) == 4  # a header and the three rows
+        await shard.close()
+
+
+async def test_rows_emitted_by_a_failed_attempt_are_not_kept(tmp_path):
+    attempts = []
+
+    class FailsOnce(mldserver.Handler):
+        async def process_records(self, batch, checkpointer):
+            for record in batch.records:
+                batch.emit(record, {"seq": record.sequence_number, "attempt": len(attempts)})
+            attempts.append(1)
+            if len(attempts) == 1:
+                raise RuntimeError("flaky")
+
+    async with running(FailsOnce, tmp_path, sink=f"file:{tmp_path / 'out'}", window=3600.0) as (server, cmd):
+        daemon = FakeDaemon(cmd)
+        shard = await daemon.shard("shardId-1")
+        await shard.process_records(make_records(10, 2), millis_behind_latest=1000)  # window stays open
+        rows = [r.data for r in server.coordinator.ledger.uncommitted("shardId-1")]
+        assert rows == [b'{"seq":"10","attempt":1}', b'{"seq":"11","attempt":1}']
+        await shard.lease_lost()
+        await shard.close()
+
+
+# -- with plain objects ----------------------------------------------------------
+
+
+class Clock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+
+async def test_without_a_sink_nothing_is_collected_clamped_or_checkpointed_by_the_server():
+    released = []
+    downstream = NoSink()
+    assert not downstream.collects_rows and not downstream.holds_checkpoints
+    assert await downstream.batch("s", [], Position(1, 0, "1"), 0, lambda: released.append(1)) is False
+    assert downstream.safe("s") is None and released == []
+
+
+async def test_the_coordinator_gets_the_rows_and_a_checkpoint_is_due_at_most_every_interval(tmp_path):
+    settings = Settings(state_dir=str(tmp_path / "state"), sink=f"file:{tmp_path / 'out'}", window=3600.0)
+    coordinator = Coordinator(settings, FileSink(tmp_path / "out"))
+    clock = Clock()
+    link = CoordinatorLink(coordinator, interval=10.0, clock=clock)
+    released = []
+    await link.open("s", None)
+    seven = Position(7, 0, "7")
+    due = await link.batch("s", [Item(1000, seven, b'{"k":1}')], seven, 1000, lambda: released.append(1))
+    assert due is False and released == [1]
+    assert [row.position for row in coordinator.ledger.uncommitted("s")] == [seven]
+    assert link.safe("s") is None  # not committed yet
+    clock.now = 10.0
+    assert await link.batch("s", [], Position(8, 0, "8"), 1000, lambda: None) is True
+    clock.now = 15.0
+    assert await link.batch("s", [], Position(9, 0, "9"), 1000, lambda: None) is False

@@ -1,0 +1,59 @@
+"""The position type: parsed once from the daemon's strings, ordered as integers,
+written to files in one JSON form."""
+
+from __future__ import annotations
+
+import orjson
+import pytest
+
+from mldserver.positions import Position
+
+LONG = "49590338271490256608559692538361571095921575989136588898"
+
+
+def test_a_sequence_number_keeps_its_exact_digits_and_compares_as_an_integer():
+    p = Position.parse(LONG, 3)
+    assert (p.seq, p.sub, p.text) == (int(LONG), 3, LONG)
+    padded = Position.parse("000000000000000000028")
+    assert padded.seq == 28 and padded.text == "000000000000000000028"
+    assert Position.parse("9") < Position.parse("10") < Position.parse("10", 1) < Position.parse(LONG)
+    assert max([Position.parse("10", 1), Position.parse("9", 7)]) == Position(10, 1, "10")
+
+
+def test_a_missing_sub_sequence_number_counts_as_zero():
+    assert Position.parse("7") == Position.parse("7", None) == Position(7, 0, "7")
+
+
+@pytest.mark.parametrize("value", ["TRIM_HORIZON", "LATEST", "AT_TIMESTAMP", "SHARD_END", "", "12x", " 12", "12 ",
+                                   "+12", "-12", "1_2", "1 2", "\u0661\u0662", None, 12, 1.5, ["12"]])
+def test_what_is_not_digits_is_no_position(value):
+    assert Position.parse(value, 0) is None
+
+
+@pytest.mark.parametrize("sub", [-1, "0", 1.0, True])
+def test_a_sub_sequence_number_must_be_a_non_negative_int(sub):
+    assert Position.parse("12", sub) is None
+
+
+def test_the_json_form_round_trips_and_refuses_anything_else():
+    p = Position.parse(LONG, 2)
+    assert p.to_json() == [LONG, 2]
+    assert Position.from_json(orjson.loads(orjson.dumps(p.to_json()))) == p
+    assert Position.from_json([LONG, None]) == Position(int(LONG), 0, LONG)
+    for bad in [[LONG], ["x", 0], {"seq": LONG}, LONG, None, [int(LONG), 0]]:
+        with pytest.raises(ValueError, match="not a position"):
+            Position.from_json(bad)
+
+
+def test_its_repr_shows_the_daemons_form():
+    assert repr(Position.parse("42", 1)) == "Position('42', 1)"
+
+
+def test_a_batch_parses_as_each_value_would_alone():
+    texts = ["7", "8", LONG, "000000000000000000028"]
+    assert Position.parse_all(texts, [0, None, 0, None]) == [Position.parse(t) for t in texts]
+    odd = ["7", "8x", "", 9, "10", "11", "12"]
+    subs = [0, 0, 0, 0, 3, False, -1]
+    assert Position.parse_all(odd, subs) == [Position.parse(t, s) for t, s in zip(odd, subs)]
+    assert Position.parse_all(odd, subs) == [Position(7, 0, "7"), None, None, None, Position(10, 3, "10"), None, None]
+    assert Position.parse_all([], []) == []

@@ -1,0 +1,51 @@
+"""What a handler sees: records decoded lazily, positions parsed once, rows emitted."""
+
+from __future__ import annotations
+
+import pytest
+
+from mldserver.positions import Position
+from mldserver.records import Batch, Emitted, Record, ShardInfo
+
+RAW = {"data": "bWVvdw==", "partitionKey": "cat", "sequenceNumber": "4959", "subSequenceNumber": 2,
+       "approximateArrivalTimestamp": 1476889707000, "action": "record"}
+
+
+def test_a_record_reads_the_daemons_fields_and_decodes_data_on_first_use():
+    record = Record(RAW)
+    assert (record.partition_key, record.sequence_number, record.sub_sequence_number) == ("cat", "4959", 2)
+    assert record.approximate_arrival_timestamp == 1476889707000 and record.explicit_hash_key is None
+    assert record.raw_data == "bWVvdw==" and record.data == b"meow"
+    assert Record({"sequenceNumber": "1", "data": None}).data == b""
+
+
+def test_the_position_is_parsed_once_and_kept():
+    record = Record(dict(RAW))
+    assert record.position == Position(4959, 2, "4959")
+    assert record.position is record.position
+    given = Position(7, 1, "7")
+    assert Record({"sequenceNumber": "9"}, None, given).position is given  # the decoder's, as is
+
+
+def test_a_record_without_a_valid_sequence_number_has_no_position():
+    for raw in [{"sequenceNumber": "TRIM_HORIZON"}, {"data": "eA=="}, {"sequenceNumber": "1", "subSequenceNumber": -1}]:
+        with pytest.raises(ValueError, match="not a position"):
+            Record(raw).position
+
+
+def test_a_de_aggregated_record_writes_its_data_back_as_base64():
+    record = Record({"sequenceNumber": "5", "subSequenceNumber": 1, "data": None}, b"meow")
+    assert record.raw_data is None and record.to_json()["data"] == "bWVvdw=="
+
+
+def test_emitted_rows_are_kept_only_when_something_collects_them():
+    record = Record(RAW)
+    shard = ShardInfo("shardId-1", "TRIM_HORIZON", None)
+    ignored = Batch([record], 0, shard)
+    ignored.emit(record, {"k": 1})
+    assert ignored.rows is None and len(ignored) == 1
+    collected = Batch([record], 0, shard, rows=[])
+    collected.emit(record, {"k": 1})
+    collected.emit(record, {"k": 2}, event_time_ms=1763719200000)
+    assert collected.rows == [Emitted(record, {"k": 1}, None), Emitted(record, {"k": 2}, 1763719200000)]
+    assert collected.rows[1].event_time_ms == 1763719200000 and type(collected.rows[0]) is Emitted
