@@ -110,8 +110,6 @@ async def test_a_torn_dead_letter_line_never_swallows_the_next_record(serve, sma
     assert "2" in seqs
 
 
-@pytest.mark.xfail(strict=True, reason="issue 10: spool file names collide for shard ids that clean up alike "
-                                       "(shardId-x_1, shardId-x/1): one shard's spooled rows are lost")
 async def test_each_shard_id_spools_to_its_own_file_and_both_replay_after_a_restart(serve, config_file, tmp_path):
     out = tmp_path / "out"
     server = serve("tests.faulty_handlers:EmitRows", "--sink", f"file:{out}")
