@@ -82,7 +82,7 @@ class Coordinator:
             window_ms=int(settings.window * 1000), blocks=self._blocks, parents_of=self.lineage.parents_of
         )
         self.ledger = Ledger()
-        self.spool = Spool(state_path(settings, "spool"))
+        self.spool = Spool(state_path(settings, "spool"), self.log)
         self.spooled: set[str] = set()
         self._changed = asyncio.Event()
         self._progress = asyncio.Condition()
@@ -194,9 +194,7 @@ class Coordinator:
         if rows:
             state = self.ledger.shards[shard_id]
             last = state.ends[-1] if state.ends else None
-            path = await asyncio.to_thread(
-                self.spool.write, shard_id, rows, last, list(self.lineage.parents_of(shard_id))
-            )
+            path = await self.spool.store(shard_id, rows, last, list(self.lineage.parents_of(shard_id)))
             self.spooled.add(shard_id)
             self.log.info("spooled", shard_id=shard_id, rows=len(rows), path=str(path))
         self._changed.set()

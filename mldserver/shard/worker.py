@@ -39,6 +39,7 @@ from ..backoff import Backoff
 from ..checkpointer import Checkpointer
 from ..config import Settings
 from ..deadletters import DeadLetters
+from ..durable import on_blocked
 from ..errors import CheckpointError
 from ..logs import EventLogger
 from ..positions import Position
@@ -114,6 +115,7 @@ class Worker:
     # -- the loop ----------------------------------------------------------------
 
     async def run(self) -> None:
+        on_blocked(self._release)  # a write waiting out a full disk gives the slot back
         try:
             while not self.stopping:
                 event = await self._next_event()
