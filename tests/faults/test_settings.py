@@ -48,13 +48,7 @@ MALFORMED = {
 }
 
 
-CRASHES = pytest.mark.xfail(strict=True, reason="issue 10: malformed values crash the connection instead of being "
-                                                "dead-lettered")
-
-
-@pytest.mark.parametrize("case", [pytest.param(case, marks=CRASHES) if case in ("arrival_time_yesterday_with_a_sink",
-                                                                                 "emitted_event_time_soon") else case
-                                  for case in MALFORMED])
+@pytest.mark.parametrize("case", list(MALFORMED))
 async def test_a_malformed_value_is_dead_lettered_and_the_batch_answered(serve, tmp_path, case):
     handler, sink, shard_id, records, seq = MALFORMED[case]
     server = serve(handler, *(["--sink", f"file:{tmp_path / 'out'}"] if sink else []))
