@@ -133,6 +133,7 @@ class Worker:
                     self._release()
         finally:
             self._release()
+            self.downstream.close()  # the coordinator may forget the shard once it is done
             self.log.info("closed", batches=self.batches, records=self.records, state=self.conn.state.name)
             self.writer.close()
 
