@@ -23,12 +23,13 @@
       safe_filename("shardId-x_1")           -> "shardId-x_5f1"
       safe_filename("x" * 5000)              -> "xxx...xxx~<sha256 hex>"   (185 characters)
 
-All of the above blocks: the event loop calls it through ``until_written``, which runs
-it in a thread and waits out a failing disk (ENOSPC, EIO, EFBIG...): the failure is
-logged once with the path, the errno and what to do, the write is retried with backoff
-until it succeeds, and the caller (a shard's status) waits for it: nothing is lost, the
-daemon waits. A task that holds something others need while it waits (a worker's
-in-flight slot) says so once with ``on_blocked(give_back)``::
+All of the above blocks (the event loop runs it in a thread). ``until_written`` is how
+the state directory's writers (dead letters, the spool) do that and wait out a failing
+disk (ENOSPC, EIO, EFBIG...): the failure is logged once with the path, the errno and
+what to do, the write is retried with backoff until it succeeds, and the caller (a
+shard's status) waits for it: nothing is lost, the daemon waits. A task that holds
+something others need while it waits (a worker's in-flight slot) says so once with
+``on_blocked(give_back)``::
 
     on_blocked(self._release)     # in the worker's task
     await until_written(lambda: append_fsync(path, data), path, log, what="dead letter")
