@@ -46,14 +46,20 @@ import re
 import shutil
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, TypeVar
+from typing import Any, Callable, Protocol, TypeVar
 
 from .backoff import Backoff
 
-if TYPE_CHECKING:
-    from .logs import EventLogger
-
 T = TypeVar("T")
+
+
+class Log(Protocol):
+    """What ``until_written`` logs through (a ``logs.EventLogger``; ``logs`` imports this
+    module for its timestamps, so it is not imported here)."""
+
+    def error(self, event: str, exc_info: Any = None, **fields: Any) -> None: ...
+
+    def warning(self, event: str, **fields: Any) -> None: ...
 
 # A name made by safe_filename is at most this long, leaving room for a prefix and a
 # suffix ("_", ".late.jsonl", ".tmp") under the usual 255-byte limit of a file name.
@@ -177,7 +183,7 @@ def on_blocked(give_back: Callable[[], None] | None) -> None:
 
 
 async def until_written(
-    write: Callable[[], T], path: Path, log: EventLogger, *, what: str, backoff: Backoff = RETRY, **fields: object
+    write: Callable[[], T], path: Path, log: Log, *, what: str, backoff: Backoff = RETRY, **fields: object
 ) -> T:
     """Run the blocking ``write`` in a thread until it succeeds; return its result.
     An OSError is logged once (``state_write_failed``: path, errno, what to do), the
