@@ -35,7 +35,6 @@ def no_space_logged(server) -> bool:
     return "No space left on device" in server.log_path.read_text() if server.log_path.exists() else False
 
 
-@pytest.mark.xfail(strict=True, reason="issue 10: an unwritable --state-dir is accepted at start-up without a check")
 @pytest.mark.parametrize("where", ["a_regular_file", "under_proc"])
 def test_a_state_dir_that_cannot_be_written_is_refused_at_start_up(tmp_path, where):
     if where == "a_regular_file":
@@ -110,8 +109,6 @@ async def test_a_torn_dead_letter_line_never_swallows_the_next_record(serve, sma
     assert "2" in seqs
 
 
-@pytest.mark.xfail(strict=True, reason="issue 10: spool file names collide for shard ids that clean up alike "
-                                       "(shardId-x_1, shardId-x/1): one shard's spooled rows are lost")
 async def test_each_shard_id_spools_to_its_own_file_and_both_replay_after_a_restart(serve, config_file, tmp_path):
     out = tmp_path / "out"
     server = serve("tests.faulty_handlers:EmitRows", "--sink", f"file:{out}")
