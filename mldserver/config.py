@@ -14,7 +14,9 @@ the file and the flags are checked against, here and by ``mldserver check``. A m
 is a ConfigError naming the setting, the value, where it came from and what is allowed::
 
     load(window=0.0)  ->  ConfigError("--window (command line): window = 0.0 is out of
-                                       range: use 0.1 to 86400 seconds") ``--sink`` is read here too, into a ``SinkSpec``::
+                                       range: use 0.1 to 86400 seconds")
+
+``--sink`` is read here too, into a ``SinkSpec``::
 
     SinkSpec.parse("parquet:./out")  ->  SinkSpec(kind="parquet", directory=Path("/abs/out"))
 """
@@ -155,7 +157,8 @@ class Settings:
     aws_region: str | None = setting(None, str, empty=False)
     aws_endpoint_url: str | None = setting(None, str, empty=False)
     # Spark (a child process, the Spark process, owns the session; see mldserver.spark)
-    pipeline: str | None = setting(None, str)  # MODULE:ATTR, pipeline(df, window); implies --sink parquet:<state-dir>/output
+    # MODULE:ATTR, pipeline(df, window); implies --sink parquet:<state-dir>/output
+    pipeline: str | None = setting(None, str)
     spark_master: str | None = setting(None, str)  # default local[*]
     spark_remote: str | None = setting(None, str)  # sc://host:port (Spark Connect)
     spark_conf: dict | None = setting(None, dict)  # extra Spark settings, {"spark.driver.memory" = "2g"}

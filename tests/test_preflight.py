@@ -23,7 +23,8 @@ def test_a_state_dir_that_is_a_regular_file_is_refused_naming_it(tmp_path):
     path.write_text("not a directory\n")
     with pytest.raises(ConfigError) as caught:
         writable_state_dir(path)
-    assert str(caught.value) == f"--state-dir {path}: exists and is not a directory: remove it or choose another --state-dir"
+    assert str(caught.value) == (f"--state-dir {path}: exists and is not a directory: "
+                                 "remove it or choose another --state-dir")
 
 
 def test_a_state_dir_that_cannot_be_created_is_refused_naming_it():
