@@ -2,8 +2,9 @@
 
 The same code path as ``serve``: the settings through ``config.load`` (every value
 against its Rule), the handler and the pipeline through the importer, the state
-directory created and probed by ``preflight``. It neither binds nor starts Spark, so
-it can run beside a live server (before a restart, in a deploy script)::
+directory created and probed by ``preflight``, the log file opened as ``logs`` opens
+it. It neither binds nor starts Spark, so it can run beside a live server (before a
+restart, in a deploy script)::
 
     $ mldserver check --config /etc/mldserver.toml
     config      /etc/mldserver.toml (execution_timeout=30.0, handler_retries=4)
@@ -26,7 +27,7 @@ import inspect
 from pathlib import Path
 from typing import Any, Callable, TextIO
 
-from . import preflight
+from . import logs, preflight
 from .config import Settings
 from .importer import import_from_string
 
@@ -55,6 +56,13 @@ def state_dir(settings: Settings, source: str | None) -> tuple[str, str]:
     return "state_dir", f"{path.resolve()} (writable)"
 
 
+def log_file(settings: Settings, source: str | None) -> tuple[str, str] | None:
+    if not settings.log_file:
+        return None
+    logs.file_handler(settings.log_file).close()
+    return "log_file", f"{settings.log_file} (appendable)"
+
+
 def listen(settings: Settings, source: str | None) -> tuple[str, str]:
     where = [f"unix:{settings.unix}"] if settings.unix else []
     if settings.tcp_port is not None:
@@ -67,7 +75,7 @@ def sink(settings: Settings, source: str | None) -> tuple[str, str]:
 
 
 CHECKS: list[Callable[[Settings, str | None], tuple[str, str] | None]] = [
-    config, handler, pipeline, state_dir, listen, sink,
+    config, handler, pipeline, state_dir, log_file, listen, sink,
 ]
 
 

@@ -109,18 +109,20 @@ def configure(fmt: str = "json", level: str = "info", file: str | None = None, s
     if level not in _LEVELS:
         raise ConfigError(f"log_level must be one of {', '.join(map(repr, _LEVELS))}, got {level!r}")
     handler: logging.Handler
-    if file:
-        try:
-            handler = logging.FileHandler(file)
-        except OSError as exc:
-            raise ConfigError(
-                f"--log-file {file}: cannot open it for appending ({exc.strerror}): "
-                f"create its folder or fix the permissions, or choose another path"
-            ) from None
-    else:
-        handler = logging.StreamHandler(stream or sys.stderr)
+    handler = file_handler(file) if file else logging.StreamHandler(stream or sys.stderr)
     handler.setFormatter(JsonFormatter() if fmt == "json" else ConsoleFormatter())
     root = logging.getLogger("mldserver")
     root.handlers[:] = [handler]
     root.setLevel(_LEVELS[level])
     root.propagate = False
+
+
+def file_handler(file: str) -> logging.FileHandler:
+    """``file`` opened for appending (created if need be), or a ConfigError naming it."""
+    try:
+        return logging.FileHandler(file)
+    except OSError as exc:
+        raise ConfigError(
+            f"--log-file {file}: cannot open it for appending ({exc.strerror}): "
+            f"create its folder or fix the permissions, or choose another path"
+        ) from None

@@ -91,3 +91,10 @@ def test_a_mistake_stops_the_checks_at_the_first_one_that_fails(tmp_path):
     with pytest.raises(ConfigError, match='Could not import module "tests.nosuch"'):
         check.run(settings, None, out)
     assert out.getvalue().startswith("config      (no file) (") and "ok" not in out.getvalue()
+
+
+def test_a_log_file_serve_could_not_open_is_named(tmp_path):
+    path = tmp_path / "missing" / "server.log"
+    done = run("check", "--config", config(tmp_path, f'log_file = "{path}"\n'))
+    assert done.returncode == 2
+    assert done.stderr.startswith(f"mldserver: --log-file {path}: cannot open it for appending")
