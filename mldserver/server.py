@@ -4,9 +4,13 @@
 on uvloop. Lifecycle (uvicorn's shape)::
 
     startup   load the handler factory (a ConfigError stops us before binding),
-              with a sink: start the coordinator (replaying the spool),
-              bind TCP (loopback by default; the protocol has no authentication)
-              and/or a unix socket, log one ``listening`` event with the address
+              create and probe the state directory (preflight), with a sink:
+              start the coordinator (replaying the spool), bind TCP (loopback by
+              default; the protocol has no authentication: any other host is a
+              ``listening_beyond_loopback`` warning) and/or a unix socket (only a
+              stale socket is replaced), log one ``listening`` event with the
+              address. What the machine refuses (a port in use, a host that does
+              not resolve, a path taken) is a ConfigError naming the setting.
     serve     each accepted connection gets a Worker task, owned by the server; the
               server waits on its listeners, the coordinator's tasks (committer,
               tick) and the Spark supervisor together with the stop signal
