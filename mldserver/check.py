@@ -16,14 +16,15 @@ restart, in a deploy script)::
     ok
 
 Exit 0 when all is well; a mistake is the ConfigError ``serve`` would stop on: one line
-on stderr, exit 2. Each check is one function of ``CHECKS``: more (the daemon's
-properties file) join them there.
+on stderr, exit 2. Each check is one function of ``CHECKS`` taking what was ``Given``:
+more (the daemon's properties file, ``--properties``) join them there.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import inspect
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, TextIO
 
@@ -32,58 +33,70 @@ from .config import Settings
 from .importer import import_from_string
 
 
-def config(settings: Settings, source: str | None) -> tuple[str, str]:
+@dataclass(frozen=True)
+class Given:
+    """What the command line gave ``check``: a later ``--properties FILE`` (the
+    daemon's) joins here, and its check joins CHECKS."""
+
+    settings: Settings
+    config: str | None  # the --config file
+
+
+def config(given: Given) -> tuple[str, str]:
+    s = given.settings
     changed = [
-        f"{f.name}={getattr(settings, f.name)!r}"
+        f"{f.name}={getattr(s, f.name)!r}"
         for f in dataclasses.fields(Settings)
-        if f.name != "handler" and getattr(settings, f.name) != f.default
+        if f.name != "handler" and getattr(s, f.name) != f.default
     ]
-    return "config", f"{source or '(no file)'}" + (f" ({', '.join(changed)})" if changed else " (all defaults)")
+    return "config", (given.config or "(no file)") + (f" ({', '.join(changed)})" if changed else " (all defaults)")
 
 
-def handler(settings: Settings, source: str | None) -> tuple[str, str]:
-    return "handler", f"{settings.handler} ({_kind(import_from_string(settings.handler, 'handler'))})"
+def handler(given: Given) -> tuple[str, str]:
+    spec = given.settings.handler
+    return "handler", f"{spec} ({_kind(import_from_string(spec, 'handler'))})"
 
 
-def pipeline(settings: Settings, source: str | None) -> tuple[str, str] | None:
-    if not settings.pipeline:
-        return None
-    return "pipeline", f"{settings.pipeline} ({_kind(import_from_string(settings.pipeline, 'pipeline'))})"
+def pipeline(given: Given) -> tuple[str, str] | None:
+    spec = given.settings.pipeline
+    return None if not spec else ("pipeline", f"{spec} ({_kind(import_from_string(spec, 'pipeline'))})")
 
 
-def state_dir(settings: Settings, source: str | None) -> tuple[str, str]:
-    path = preflight.writable_state_dir(Path(settings.state_dir))
+def state_dir(given: Given) -> tuple[str, str]:
+    path = preflight.writable_state_dir(Path(given.settings.state_dir))
     return "state_dir", f"{path.resolve()} (writable)"
 
 
-def log_file(settings: Settings, source: str | None) -> tuple[str, str] | None:
-    if not settings.log_file:
+def log_file(given: Given) -> tuple[str, str] | None:
+    path = given.settings.log_file
+    if not path:
         return None
-    logs.file_handler(settings.log_file).close()
-    return "log_file", f"{settings.log_file} (appendable)"
+    logs.file_handler(path).close()
+    return "log_file", f"{path} (appendable)"
 
 
-def listen(settings: Settings, source: str | None) -> tuple[str, str]:
-    where = [f"unix:{settings.unix}"] if settings.unix else []
-    if settings.tcp_port is not None:
-        where.append(f"{settings.host}:{settings.tcp_port}")
+def listen(given: Given) -> tuple[str, str]:
+    s = given.settings
+    where = [f"unix:{s.unix}"] if s.unix else []
+    if s.tcp_port is not None:
+        where.append(f"{s.host}:{s.tcp_port}")
     return "listen", " and ".join(where)
 
 
-def sink(settings: Settings, source: str | None) -> tuple[str, str]:
-    return "sink", settings.sink or "(none: rows are not collected)"
+def sink(given: Given) -> tuple[str, str]:
+    return "sink", given.settings.sink or "(none: rows are not collected)"
 
 
-CHECKS: list[Callable[[Settings, str | None], tuple[str, str] | None]] = [
+CHECKS: list[Callable[[Given], tuple[str, str] | None]] = [
     config, handler, pipeline, state_dir, log_file, listen, sink,
 ]
 
 
-def run(settings: Settings, source: str | None, out: TextIO) -> None:
+def run(given: Given, out: TextIO) -> None:
     """Run every check, printing what each found; the first that fails raises its
     ConfigError (the CLI prints it and exits 2)."""
     for check in CHECKS:
-        found = check(settings, source)
+        found = check(given)
         if found is not None:
             out.write(f"{found[0]:<11} {found[1]}\n")
     out.write("ok\n")

@@ -89,7 +89,7 @@ def _main(argv: list[str]) -> None:
 
             settings = _settings(args)
             _importable_cwd()
-            check.run(settings, args.config, sys.stdout)
+            check.run(check.Given(settings, args.config), sys.stdout)
         elif args.command == "bench":
             from . import bench
 

@@ -77,7 +77,7 @@ def test_a_state_dir_that_cannot_be_written_is_named(tmp_path):
 def test_a_pipeline_and_a_unix_socket_are_reported(tmp_path):
     settings = load(config(tmp_path), pipeline="tests.handlers:Noop", unix=str(tmp_path / "mld.sock"))
     out = io.StringIO()
-    check.run(settings, "mld.toml", out)
+    check.run(check.Given(settings, "mld.toml"), out)
     found = dict(line.split(None, 1) for line in out.getvalue().splitlines()[:-1])
     assert found["pipeline"] == "tests.handlers:Noop (class)"
     assert found["listen"] == f"unix:{tmp_path / 'mld.sock'}"
@@ -89,7 +89,7 @@ def test_a_mistake_stops_the_checks_at_the_first_one_that_fails(tmp_path):
     settings = load(config(tmp_path), handler="tests.nosuch:H")
     out = io.StringIO()
     with pytest.raises(ConfigError, match='Could not import module "tests.nosuch"'):
-        check.run(settings, None, out)
+        check.run(check.Given(settings, None), out)
     assert out.getvalue().startswith("config      (no file) (") and "ok" not in out.getvalue()
 
 
