@@ -4,9 +4,13 @@
 on uvloop. Lifecycle (uvicorn's shape)::
 
     startup   load the handler factory (a ConfigError stops us before binding),
-              with a sink: start the coordinator (replaying the spool),
-              bind TCP (loopback by default; the protocol has no authentication)
-              and/or a unix socket, log one ``listening`` event with the address
+              create and probe the state directory (preflight), with a sink:
+              start the coordinator (replaying the spool), bind TCP (loopback by
+              default; the protocol has no authentication: any other host is a
+              ``listening_beyond_loopback`` warning) and/or a unix socket (only a
+              stale socket is replaced), log one ``listening`` event with the
+              address. What the machine refuses (a port in use, a host that does
+              not resolve, a path taken) is a ConfigError naming the setting.
     serve     each accepted connection gets a Worker task, owned by the server; the
               server waits on its listeners, the coordinator's tasks (committer,
               tick) and the Spark supervisor together with the stop signal
@@ -29,11 +33,16 @@ ServerCrashed, which the CLI turns into exit code 1 so that systemd restarts it:
 from __future__ import annotations
 
 import asyncio
+import errno
+import ipaddress
 import itertools
 import os
 import signal
+import socket
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
+from . import preflight
 from .config import Settings, SinkSpec, state_path, uses_spark
 from .coordinator import Coordinator
 from .context import Context
@@ -80,6 +89,7 @@ class Server:
         n = settings.max_batches_in_flight
         self.slots = asyncio.Semaphore(n) if n > 0 else None
         self.address: tuple[str, int] | str | None = None
+        self._unix_socket: tuple[str, int, int] | None = None  # (path, device, inode) of the one we bound
         self.spark: SparkProcess | None = None
         if uses_spark(settings):
             where = SinkSpec.parse(settings.sink).directory if (settings.sink or "").startswith("parquet:") else None
@@ -96,7 +106,11 @@ class Server:
     # -- lifecycle -------------------------------------------------------------
 
     async def start(self) -> None:
+        """Check the state directory, start Spark and the coordinator, then listen.
+        A setting the machine refuses (a state directory it cannot write, a port in
+        use, a host it cannot resolve, a path taken) is a ConfigError naming it."""
         s = self.settings
+        await asyncio.to_thread(preflight.writable_state_dir, Path(s.state_dir))
         self.loop_lag.start()
         if self.spark is not None:
             try:
@@ -105,22 +119,78 @@ class Server:
                 raise ConfigError(str(exc)) from None
         if self.coordinator is not None:
             await self.coordinator.start()  # commit log read, spool replayed, before any shard connects
-        if s.unix:
-            if os.path.exists(s.unix):
-                os.unlink(s.unix)
-            srv = await asyncio.start_unix_server(self._accept, path=s.unix, limit=STREAM_LIMIT)
-            self._servers.append(srv)
-            self._listeners.append(asyncio.create_task(srv.serve_forever(), name="listener-unix"))
+        # Bind everything before announcing anything: a refused port is not logged as listening.
+        unix = await self._listen_unix(s.unix) if s.unix else None
+        if unix is not None:
+            self._servers.append(unix)  # closed by shutdown() should the TCP bind fail
+        tcp = await self._listen_tcp(s.host, s.tcp_port) if s.tcp_port is not None else None
+        if unix is not None:
+            self._listeners.append(asyncio.create_task(unix.serve_forever(), name="listener-unix"))
             self.address = s.unix
             log.info("listening", unix=s.unix, handler=s.handler)
-        if s.tcp_port is not None:
-            srv = await asyncio.start_server(self._accept, host=s.host, port=s.tcp_port, limit=STREAM_LIMIT)
-            self._servers.append(srv)
-            self._listeners.append(asyncio.create_task(srv.serve_forever(), name="listener-tcp"))
-            host, port = srv.sockets[0].getsockname()[:2]
-            if not s.unix:
+        if tcp is not None:
+            self._servers.append(tcp)
+            self._listeners.append(asyncio.create_task(tcp.serve_forever(), name="listener-tcp"))
+            host, port = tcp.sockets[0].getsockname()[:2]
+            if unix is None:
                 self.address = (host, port)
+            exposed = sorted({a for a in (sock.getsockname()[0] for sock in tcp.sockets) if not _loopback(a)})
+            if exposed:
+                log.warning(
+                    "listening_beyond_loopback",
+                    host=s.host,
+                    addresses=exposed,
+                    what_to_do="the protocol has no authentication: whoever reaches this port can pose as the "
+                    "daemon; bind 127.0.0.1 (the default) or firewall the port",
+                )
             log.info("listening", host=host, port=port, handler=s.handler, pid=os.getpid())
+
+    async def _listen_unix(self, path: str) -> asyncio.base_events.Server:
+        await asyncio.to_thread(preflight.free_unix_path, Path(path))
+        try:
+            srv = await asyncio.start_unix_server(self._accept, path=path, limit=STREAM_LIMIT)
+        except (OSError, ValueError) as exc:
+            raise ConfigError(f"--unix {path}: cannot listen there ({_reason(exc)}): choose another path") from None
+        st = os.stat(path)
+        self._unix_socket = (path, st.st_dev, st.st_ino)
+        return srv
+
+    async def _listen_tcp(self, host: str, port: int) -> asyncio.base_events.Server:
+        try:
+            return await asyncio.start_server(self._accept, host=host, port=port, limit=STREAM_LIMIT)
+        except socket.gaierror as exc:
+            raise ConfigError(
+                f"--host {host}: cannot resolve it ({_reason(exc)}): give an IP address or a name this machine "
+                f"resolves (default 127.0.0.1)"
+            ) from None
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                what_to_do = "stop what listens there, or choose another --port (0 picks a free one)"
+                raise ConfigError(f"--port {port}: {host}:{port} is already in use: {what_to_do}") from None
+            if exc.errno == errno.EADDRNOTAVAIL:
+                raise ConfigError(
+                    f"--host {host}: not an address of this machine: bind one of its addresses, or 127.0.0.1"
+                ) from None
+            if exc.errno in (errno.EACCES, errno.EPERM):
+                raise ConfigError(
+                    f"--port {port}: not allowed to listen on {host}:{port} ({_reason(exc)}): ports below 1024 "
+                    f"need privileges; choose a higher --port"
+                ) from None
+            raise ConfigError(f"--host {host} --port {port}: cannot listen there ({_reason(exc)})") from None
+
+    def _remove_unix_socket(self) -> None:
+        """Unlink the socket this server bound, only if it is still that socket (not
+        a file someone put there since)."""
+        if self._unix_socket is None:
+            return
+        path, dev, ino = self._unix_socket
+        self._unix_socket = None
+        try:
+            st = os.lstat(path)
+            if (st.st_dev, st.st_ino) == (dev, ino):
+                os.unlink(path)
+        except FileNotFoundError:
+            pass
 
     async def serve(self) -> None:
         """Run until a signal (or ``stop()``), then shut down in order; if a task the
@@ -209,8 +279,7 @@ class Server:
         if self.spark is not None:
             await self._stopped(self.spark.stop())
         await self.loop_lag.stop()
-        if self.settings.unix and os.path.exists(self.settings.unix):
-            os.unlink(self.settings.unix)
+        self._remove_unix_socket()
         log.info("stopped", loop_lag_max_ms=round(self.loop_lag.worst * 1000, 1))
 
     async def _stopped(self, *stopping: Any) -> None:
@@ -286,6 +355,14 @@ class LoopLag:
             before = loop.time()
             await asyncio.sleep(self.INTERVAL)
             self.worst = max(self.worst, loop.time() - before - self.INTERVAL)
+
+
+def _loopback(address: str) -> bool:
+    return ipaddress.ip_address(address.partition("%")[0]).is_loopback
+
+
+def _reason(exc: BaseException) -> str:
+    return (exc.strerror if isinstance(exc, OSError) else None) or str(exc)
 
 
 def _describe(exc: BaseException) -> str:
