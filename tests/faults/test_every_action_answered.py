@@ -190,9 +190,6 @@ async def _converse(server, plans: dict, initialize_first: bool, steps: list, re
         peer.close()
 
 
-@pytest.mark.xfail(strict=True, reason="issue 10: invariant 1 does not hold: a time-out or a cancellation during "
-                                       "a checkpoint, a malformed checkpoint reply, a record with a malformed "
-                                       "sequence number end a conversation without its status or with an unowed one")
 @settings(max_examples=60, deadline=None, database=None, derandomize=True,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture,
                                  HealthCheck.data_too_large])
