@@ -27,6 +27,26 @@ sits beside it, one job a module::
 - Every checkpoint the daemon refuses is logged once, as ``checkpoint`` with an
   ``outcome``: ``retry`` (with ``delay_ms``) or ``failed``.
 - Nothing here touches another connection: every failure stays on its shard.
+
+Every action read is answered, whatever the handler, the disk or the conversation did
+(invariant 1):
+
+- The checkpoint round trip is the worker's (``_roundtrip``): one outstanding at a
+  time, in its own task, so a caller that is cancelled (``execution_timeout``, the
+  handler's own ``wait_for``) leaves it running; it is settled (its reply read,
+  within ``REPLY_TIMEOUT_S``) before the next checkpoint and before any status. A reply
+  that cannot be read is a failed checkpoint (the protocol core's ``MALFORMED_REPLY``).
+- The action's checkpointers are closed before its status (``_answer``).
+- A line over ``max_line_size`` is answered when its first bytes name an action, and
+  streamed whole to its own dead-letter file as it arrives.
+- A peer that resets or goes away is ``disconnected``, not a crash.
+- In-flight slots (``Slots``): only a batch takes one (an action named in a line's first
+  bytes as anything else never does); a holder whose line stops growing for
+  ``STALL_S`` gives it back (``peer_stalled``); waiting longer than ``SLOT_WAIT_LOG_S``
+  logs ``slots_held`` with who holds them, for how long, in which callback.
+- ``stop()`` (the server stops) lets an action that has arrived, even partly, be
+  answered, and closes an idle worker at once; ``abort()`` (past ``shutdown_timeout``)
+  cancels the handler call so the action is answered as failed.
 """
 
 from __future__ import annotations
