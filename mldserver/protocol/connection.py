@@ -96,6 +96,11 @@ class Connection:
         """Bytes received that are not yet a whole line (for back-pressure)."""
         return self._lines.pending
 
+    @property
+    def overflowing(self) -> bool:
+        """Inside a line over ``max_line_size`` not yet read to its end."""
+        return self._lines.overflowing
+
     def peek(self, n: int) -> bytes:
         """The first ``n`` bytes received of the line not yet whole (its action name)."""
         return self._lines.peek(n)

@@ -214,10 +214,12 @@ class Worker:
         self._aborted = asyncio.Event()
         self._task: asyncio.Task[Any] | None = None
         self._idle = False  # reading, with nothing of the next action received
+        self._reading: asyncio.Task[Any] | None = None  # the task in _read, if any
         self._cp_lock = asyncio.Lock()  # one checkpoint round trip at a time; none across a status
         self._outstanding: asyncio.Task[CheckpointReply] | None = None
         self._issued: list[Checkpointer] = []  # this action's checkpointers, closed before its status
-        self._lost: BaseException | None = None
+        self._lost: BaseException | None = None  # the peer went away (a reset, a broken pipe)
+        self._owed: str | None = None  # the action being answered
         self._grew = time.monotonic()  # when the line being read last grew
         self._checkpoint_backoff = Backoff(first=settings.checkpoint_backoff, cap=settings.checkpoint_backoff_cap)
         self.batches = 0
@@ -226,7 +228,7 @@ class Worker:
     @property
     def busy(self) -> bool:
         """Inside an action, or part of the next one received."""
-        return self.conn.owes_status is not None or self.conn.buffered > 0
+        return self.conn.owes_status is not None or self.conn.buffered > 0 or self.conn.overflowing
 
     def describe(self, now: float, since: float) -> dict[str, Any]:
         """For ``slots_held``: who this is and what it does with its slot."""
@@ -250,10 +252,13 @@ class Worker:
 
     def abort(self) -> None:
         """The server will not wait longer: cancel the handler call (the action is
-        answered as failed), stop waiting for a slot, call no handler again."""
+        answered as failed), stop waiting for a slot, call no handler again, and stop
+        reading an action that has not arrived whole."""
         self.stop()
         self._aborted.set()
         self.calls.abort("the server is shutting down (shutdown_timeout passed)")
+        if self._reading is not None and self._reading is self._task and not self._idle:
+            self._task.cancel()
 
     # -- the loop ----------------------------------------------------------------
 
@@ -272,20 +277,22 @@ class Worker:
                 if isinstance(event, CheckpointReply):
                     self.log.error("unexpected_line", error="checkpoint reply with no checkpoint outstanding")
                     continue
+                self._owed = event.action if isinstance(event, Action) else None
                 try:
                     await self._dispatch(event)
                 finally:
                     del event  # a batch must not stay alive while the shard waits for the next
+                    self._owed = None
                     self._release()
         except _Lost as exc:
-            owed = self.conn.owes_status
-            (self.log.warning if owed else self.log.info)("disconnected", error=str(exc), owed=owed)
+            self.log.warning("disconnected", error=str(exc), owed=self._owed)
+        else:
+            if self._lost is not None:
+                self.log.info("disconnected", error=f"{type(self._lost).__name__}: {self._lost}")
         finally:
             if self._outstanding is not None and not self._outstanding.done():
                 self._outstanding.cancel()
             self._release()
-            if self._lost is not None and not self.conn.owes_status:
-                self.log.info("disconnected", error=f"{type(self._lost).__name__}: {self._lost}")
             self.log.info("closed", batches=self.batches, records=self.records, state=self.conn.state.name)
             self.writer.close()
 
@@ -331,10 +338,11 @@ class Worker:
     async def _read(self) -> bytes:
         """The next bytes from the daemon (b"" at the end). A slot holder whose line
         stops growing gives the slot back; an idle worker can be stopped here."""
-        idle = self.conn.state in BETWEEN_ACTIONS and self.conn.buffered == 0
+        idle = self.conn.state in BETWEEN_ACTIONS and self.conn.buffered == 0 and not self.conn.overflowing
         if idle and self.stopping and not _unread(self.reader):
             raise _Stopped
         self._idle = idle
+        self._reading = asyncio.current_task()
         try:
             if self._holding and not idle:
                 try:
@@ -351,15 +359,24 @@ class Worker:
                     self._release()
             return await self._received(self.reader.read(READ_CHUNK))
         except asyncio.CancelledError:
-            if not (self._idle and self.stopping and self._task is not None):
+            task = self._task
+            if task is None or asyncio.current_task() is not task or not self.stopping:
                 raise
-            self._task.uncancel()
+            if self._aborted.is_set() and not self._idle:  # past shutdown_timeout, the action still arriving
+                task.uncancel()
+                self.log.warning("unanswered_at_shutdown", line_bytes=self.conn.buffered,
+                                 what_to_do="the daemon's side had not sent the whole action by shutdown_timeout")
+                raise _Stopped from None
+            if not self._idle:
+                raise
+            task.uncancel()
             if not _unread(self.reader):
                 raise _Stopped from None
             self._idle = False
             return await self._received(self.reader.read(READ_CHUNK))
         finally:
             self._idle = False
+            self._reading = None
 
     async def _received(self, read: Any) -> bytes:
         try:
@@ -386,11 +403,13 @@ class Worker:
         self._issued.clear()
         async with self._cp_lock:
             await self._settle()
+            if self._lost is not None:
+                raise _Lost(f"no status for {action!r}: {type(self._lost).__name__}: {self._lost}")
+            if self.conn.state is State.CLOSED:
+                raise _Lost(f"no status for {action!r}: the daemon closed the connection first")
             if self.conn.state is State.CHECKPOINTING and self.conn.owes_status is None:
                 raise _Lost(f"no status for {action!r}: the daemon never answered the checkpoint "
                             f"within {REPLY_TIMEOUT_S} s")
-            if self._lost is not None:
-                raise _Lost(f"no status for {action!r}: {type(self._lost).__name__}: {self._lost}")
             data = self.conn.send(Status(response_for=action))
             await self._write(data)
 
@@ -591,8 +610,17 @@ class Worker:
         elif exc.line and (exc.action is None or exc.action == "processRecords"):
             path = await self.dead_letters.line(self.conn.shard_id, exc.line, reason=str(exc))
             self.log.error("dead_lettered", reason="bad line", path=str(path))
+        if asyncio.current_task() is self._outstanding:
+            # Inside a checkpoint round trip (the daemon never sends an action there):
+            # the status goes out at once, the round trip's lock being held by its caller.
+            if exc.action is not None:
+                await self._write(self.conn.send(Status(response_for=exc.action)))
+            return
         if exc.action is not None:
+            self._owed = exc.action
             await self._answer(exc.action)
+            self._owed = None
+        self._release()  # nothing of it stays in memory: the slot goes back
 
     async def _dead_letter_overlong(self, error: str) -> Path | None:
         """Stream a line over ``max_line_size`` to its own dead-letter file as it
