@@ -282,8 +282,8 @@ class Worker:
                     await self._dispatch(event)
                 finally:
                     del event  # a batch must not stay alive while the shard waits for the next
-                    self._owed = None
                     self._release()
+                self._owed = None
         except _Lost as exc:
             self.log.warning("disconnected", error=str(exc), owed=self._owed)
         else:
@@ -408,18 +408,21 @@ class Worker:
             if self.conn.state is State.CLOSED:
                 raise _Lost(f"no status for {action!r}: the daemon closed the connection first")
             if self.conn.state is State.CHECKPOINTING and self.conn.owes_status is None:
-                raise _Lost(f"no status for {action!r}: the daemon never answered the checkpoint "
-                            f"within {REPLY_TIMEOUT_S} s")
+                raise _Lost(f"no status for {action!r}: a checkpoint is still outstanding (no reply "
+                            f"within {REPLY_TIMEOUT_S} s)")
             data = self.conn.send(Status(response_for=action))
             await self._write(data)
 
     async def _settle(self) -> None:
         """Wait for the outstanding checkpoint's reply (bounded by its round trip)."""
-        task, self._outstanding = self._outstanding, None
-        if task is not None and task is not asyncio.current_task():
-            await asyncio.wait((task,))
-            if not task.cancelled():
-                task.exception()  # its caller, if still there, has it; nobody else needs it
+        task = self._outstanding
+        if task is None or task is asyncio.current_task():
+            return
+        await asyncio.wait((task,))  # (a caller cancelled here leaves it outstanding)
+        if self._outstanding is task:
+            self._outstanding = None
+        if not task.cancelled():
+            task.exception()  # its caller, if still there, has it; nobody else needs it
 
     async def _roundtrip(self, request: Checkpoint) -> CheckpointReply:
         """One checkpoint, owned by the worker: the request out, the daemon's reply
