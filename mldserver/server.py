@@ -11,9 +11,11 @@ on uvloop. Lifecycle (uvicorn's shape)::
               server waits on its listeners, the coordinator's tasks (committer,
               tick) and the Spark supervisor together with the stop signal
     shutdown  on SIGTERM/SIGINT/SIGHUP (``signal_received``), ``stop()``, or a crash:
-              stop accepting; idle connections are closed; busy ones finish their
-              action (status sent) within ``shutdown_timeout``; then whatever is
-              left is cancelled, the coordinator and Spark stopped, and the signal
+              stop accepting; idle connections are closed; busy ones (an action
+              arrived, even partly, even waiting for a slot) finish it (status sent)
+              within ``shutdown_timeout``; then their handler calls are cancelled
+              and their actions answered as failed, what is left is cancelled (each
+              wait bounded), the coordinator and Spark stopped, and the signal
               handlers restored
 
 A worker that crashes is logged with its shard and closed; the others go on. A task
@@ -201,7 +203,7 @@ class Server:
             if pending:
                 # Past shutdown_timeout: their handler calls are cancelled and their
                 # actions answered as failed; then whatever is left is cancelled.
-                log.warning("shutdown_timeout", aborted=len(pending), timeout_s=self.settings.shutdown_timeout)
+                log.warning("shutdown_timeout", cancelled=len(pending), timeout_s=self.settings.shutdown_timeout)
                 for task in pending:
                     worker = self.workers.get(task)
                     if worker is not None:
