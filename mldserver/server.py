@@ -15,9 +15,11 @@ on uvloop. Lifecycle (uvicorn's shape)::
               server waits on its listeners, the coordinator's tasks (committer,
               tick) and the Spark supervisor together with the stop signal
     shutdown  on SIGTERM/SIGINT/SIGHUP (``signal_received``), ``stop()``, or a crash:
-              stop accepting; idle connections are closed; busy ones finish their
-              action (status sent) within ``shutdown_timeout``; then whatever is
-              left is cancelled, the coordinator and Spark stopped, and the signal
+              stop accepting; idle connections are closed; busy ones (an action
+              arrived, even partly, even waiting for a slot) finish it (status sent)
+              within ``shutdown_timeout``; then their handler calls are cancelled
+              and their actions answered as failed, what is left is cancelled (each
+              wait bounded), the coordinator and Spark stopped, and the signal
               handlers restored
 
 A worker that crashes is logged with its shard and closed; the others go on. A task
@@ -52,6 +54,8 @@ from .importer import import_from_string
 from .logs import get_logger
 from .spark.process import SparkError, SparkProcess
 from .shard import CoordinatorLink, NoSink, Worker
+from .shard.calls import check_factory, reap_abandoned
+from .shard.worker import Slots
 
 if TYPE_CHECKING:
     from .sinks import Sink
@@ -63,6 +67,8 @@ log = get_logger("mldserver.server")
 STREAM_LIMIT = 1 << 18
 # SIGHUP stops in order as SIGTERM does (a later change makes it reload).
 SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+# Past shutdown_timeout: how long workers get to answer once their calls are cancelled.
+ABORT_WAIT_S = 5.0
 
 
 class Server:
@@ -78,6 +84,7 @@ class Server:
         ``settings.sink`` names (a test's, or an embedder's own)."""
         self.settings = settings
         self.factory = factory or import_from_string(settings.handler, "handler")
+        check_factory(self.factory)  # callbacks that are not ``async def``: refused at load
         self.context = Context(settings)
         self.dead_letters = DeadLetters(state_path(settings, "dead-letters"))
         self.workers: dict[asyncio.Task[None], Worker] = {}
@@ -87,7 +94,7 @@ class Server:
         self._stop = asyncio.Event()
         self.crashed: BaseException | None = None  # what ended a task the server owns
         n = settings.max_batches_in_flight
-        self.slots = asyncio.Semaphore(n) if n > 0 else None
+        self.slots = Slots(n) if n > 0 else None
         self.address: tuple[str, int] | str | None = None
         self._unix_socket: tuple[str, int, int] | None = None  # (path, device, inode) of the one we bound
         self.spark: SparkProcess | None = None
@@ -254,21 +261,33 @@ class Server:
     async def shutdown(self) -> None:
         for srv in self._servers:
             srv.close()
+        # Every worker is asked to finish: one whose action has arrived (even partly,
+        # even waiting for a slot) answers it; an idle one closes at once.
         busy = 0
-        for task, worker in self.workers.items():
-            worker.stopping = True
-            if worker.busy:
-                busy += 1
-            else:
-                task.cancel()
+        for worker in list(self.workers.values()):
+            busy += worker.busy
+            worker.stop()
         log.info("shutting_down", connections=len(self.workers), busy=busy)
         if self.workers:
-            done, pending = await asyncio.wait(list(self.workers), timeout=self.settings.shutdown_timeout)
-            for task in pending:
-                task.cancel()
+            _, pending = await asyncio.wait(list(self.workers), timeout=self.settings.shutdown_timeout)
             if pending:
+                # Past shutdown_timeout: their handler calls are cancelled and their
+                # actions answered as failed; then whatever is left is cancelled.
                 log.warning("shutdown_timeout", cancelled=len(pending), timeout_s=self.settings.shutdown_timeout)
-                await asyncio.wait(pending)
+                for task in pending:
+                    worker = self.workers.get(task)
+                    if worker is not None:
+                        worker.abort()
+                _, pending = await asyncio.wait(pending, timeout=ABORT_WAIT_S)
+                for task in pending:
+                    task.cancel()
+                if pending:
+                    log.warning("shutdown_cancelled", cancelled=len(pending))
+                    await asyncio.wait(pending, timeout=ABORT_WAIT_S)
+        stuck = await reap_abandoned()
+        if stuck:
+            log.warning("handler_calls_ended", count=stuck,
+                        what_to_do="handler calls that swallowed their cancellation were closed at shutdown")
         for task in self._listeners:
             task.cancel()
         await self._stopped(*self._listeners)

@@ -168,8 +168,6 @@ def test_the_relay_refuses_an_impossible_port_in_one_line():
     assert len(lines) == 1 and "99999" in lines[0], done.stderr
 
 
-@pytest.mark.xfail(strict=True, reason="issue 10: an ordinary peer reset is logged as worker_crashed with a "
-                                       "traceback")
 async def test_a_peer_reset_is_logged_as_a_disconnect_not_a_crash(serve):
     server = serve("tests.handlers:Noop")
     peer = await Peer.open(server.port)
@@ -184,8 +182,6 @@ async def test_a_peer_reset_is_logged_as_a_disconnect_not_a_crash(serve):
     assert not crashed, f"a reset peer was logged as a crash: {[(e['event'], e.get('traceback', '')[-80:]) for e in crashed]}"
 
 
-@pytest.mark.xfail(strict=True, reason="issue 10: a synchronous process_records (missing async) is run three "
-                                       "times before failing, with no hint")
 async def test_a_handler_method_missing_async_is_named_and_not_retried(serve):
     try:
         server = serve("tests.faulty_handlers:SyncProcessRecords")
