@@ -63,8 +63,6 @@ async def test_a_malformed_value_is_dead_lettered_and_the_batch_answered(serve, 
 
 # -- defect 10: --unix never deletes what is at its path --------------------------------
 
-@pytest.mark.xfail(strict=True, reason="issue 10: --unix PATH deletes whatever is at the path (a file, or a "
-                                       "running server's socket)")
 @pytest.mark.parametrize("there", ["a_regular_file", "a_running_servers_socket"])
 async def test_unix_never_deletes_what_is_at_its_path(serve, tmp_path, there):
     path = tmp_path / "mld.sock"
@@ -101,7 +99,6 @@ OUT_OF_RANGE = {
 }
 
 
-@pytest.mark.xfail(strict=True, reason="issue 10: no range checks on settings")
 @pytest.mark.parametrize("case", list(OUT_OF_RANGE))
 def test_a_setting_out_of_range_is_refused_naming_it(tmp_path, config_file, case):
     name, values, flags = OUT_OF_RANGE[case]
@@ -144,8 +141,6 @@ def _start_up_case(case: str, tmp_path, config_file, held: list) -> tuple[list[s
     raise AssertionError(case)
 
 
-@pytest.mark.xfail(strict=True, reason="issue 10: start-up mistakes end in a traceback or an unnamed error, "
-                                       "not one line naming the setting or path")
 @pytest.mark.parametrize("case", ["config_not_utf8", "log_level_verbose", "port_in_use", "port_negative",
                                   "host_unknown", "unix_in_a_missing_folder", "log_file_in_a_missing_folder"])
 def test_a_start_up_mistake_is_one_line_naming_the_setting_or_path(tmp_path, config_file, case):
@@ -158,7 +153,6 @@ def test_a_start_up_mistake_is_one_line_naming_the_setting_or_path(tmp_path, con
             sock.close()
 
 
-@pytest.mark.xfail(strict=True, reason="issue 10: the relay given port 99999 dies with a traceback")
 def test_the_relay_refuses_an_impossible_port_in_one_line():
     done = subprocess.run([MLDSERVER, "connect", "127.0.0.1:99999", "--connect-timeout", "1"], cwd=ROOT,
                           stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=30)
@@ -168,8 +162,6 @@ def test_the_relay_refuses_an_impossible_port_in_one_line():
     assert len(lines) == 1 and "99999" in lines[0], done.stderr
 
 
-@pytest.mark.xfail(strict=True, reason="issue 10: an ordinary peer reset is logged as worker_crashed with a "
-                                       "traceback")
 async def test_a_peer_reset_is_logged_as_a_disconnect_not_a_crash(serve):
     server = serve("tests.handlers:Noop")
     peer = await Peer.open(server.port)
@@ -184,8 +176,6 @@ async def test_a_peer_reset_is_logged_as_a_disconnect_not_a_crash(serve):
     assert not crashed, f"a reset peer was logged as a crash: {[(e['event'], e.get('traceback', '')[-80:]) for e in crashed]}"
 
 
-@pytest.mark.xfail(strict=True, reason="issue 10: a synchronous process_records (missing async) is run three "
-                                       "times before failing, with no hint")
 async def test_a_handler_method_missing_async_is_named_and_not_retried(serve):
     try:
         server = serve("tests.faulty_handlers:SyncProcessRecords")
@@ -235,7 +225,6 @@ async def test_sighup_never_kills_the_server_without_a_clean_shutdown(serve):
         f"SIGHUP ended the server with exit code {code}, without the 'stopped' event of a clean shutdown")
 
 
-@pytest.mark.xfail(strict=True, reason="issue 10: --host 0.0.0.0 binds every interface without a warning")
 async def test_binding_every_interface_is_warned_about(serve):
     server = serve("tests.handlers:Noop", "--host", "0.0.0.0")
     warned = [e for e in server.events() if e.get("level") == "warning" and "0.0.0.0" in json.dumps(e)]

@@ -35,7 +35,6 @@ def no_space_logged(server) -> bool:
     return "No space left on device" in server.log_path.read_text() if server.log_path.exists() else False
 
 
-@pytest.mark.xfail(strict=True, reason="issue 10: an unwritable --state-dir is accepted at start-up without a check")
 @pytest.mark.parametrize("where", ["a_regular_file", "under_proc"])
 def test_a_state_dir_that_cannot_be_written_is_refused_at_start_up(tmp_path, where):
     if where == "a_regular_file":
