@@ -10,13 +10,16 @@ One interface, two implementations, chosen once per connection by the server::
         ...                                              # checkpoint what is safe, now
     downstream.safe(shard_id)                            # how far a checkpoint may go
     await downstream.shard_ended(shard_id)               # before SHARD_END is stored
+    downstream.close()                                   # the connection ended
 
 With the coordinator, every checkpoint waits for the sink (``holds_checkpoints``): it
 is clamped to what the sink has committed (``safe``), and the server checkpoints that
 itself, at most every ``checkpoint_interval`` on a batch and on ``shutdownRequested``.
 ``batch`` hands the rows over, gives up the shard's in-flight slot (``release``) and
 waits out back-pressure before the batch's status goes back; ``shard_ended`` spools the
-shard's uncommitted rows, so SHARD_END may be stored before they commit.
+shard's uncommitted rows, so SHARD_END may be stored before they commit; ``close``
+tells the coordinator the connection is gone, so it can forget the shard once its rows
+are committed.
 """
 
 from __future__ import annotations
@@ -50,6 +53,8 @@ class Downstream(Protocol):
 
     async def shard_ended(self, shard_id: str) -> None: ...
 
+    def close(self) -> None: ...
+
 
 class NoSink:
     """Nothing downstream: everything delivered is safe, the handler checkpoints."""
@@ -76,6 +81,9 @@ class NoSink:
     async def shard_ended(self, shard_id: str) -> None:
         pass
 
+    def close(self) -> None:
+        pass
+
 
 class CoordinatorLink:
     """The shared coordinator, as one shard connection sees it."""
@@ -90,9 +98,13 @@ class CoordinatorLink:
         self.interval = interval
         self.clock = clock
         self._last_checkpoint = clock()
+        self._opened: str | None = None  # the shard this connection opened
 
     async def open(self, shard_id: str, checkpoint: Position | None) -> None:
+        if self._opened is not None:  # a second initialize on one connection
+            self.close()
         await self.coordinator.open_shard(shard_id, checkpoint)
+        self._opened = shard_id
 
     async def batch(
         self,
@@ -117,3 +129,9 @@ class CoordinatorLink:
 
     async def shard_ended(self, shard_id: str) -> None:
         await self.coordinator.shard_ended(shard_id)  # spooled before SHARD_END
+
+    def close(self) -> None:
+        """The connection ended: once, whatever ended it."""
+        shard_id, self._opened = self._opened, None
+        if shard_id is not None:
+            self.coordinator.shard_closed(shard_id)

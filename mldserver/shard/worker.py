@@ -65,7 +65,7 @@ from ..backoff import Backoff
 from ..checkpointer import Checkpointer
 from ..config import Settings
 from ..deadletters import DeadLetters
-from ..durable import utc_timestamp
+from ..durable import on_blocked, utc_timestamp
 from ..errors import CheckpointError
 from ..logs import EventLogger
 from ..positions import Position
@@ -264,6 +264,7 @@ class Worker:
 
     async def run(self) -> None:
         self._task = asyncio.current_task()
+        on_blocked(self._release)  # a write waiting out a full disk gives the slot back
         try:
             while True:
                 if self.stopping and not self.conn.buffered and not _unread(self.reader):
@@ -293,6 +294,7 @@ class Worker:
             if self._outstanding is not None and not self._outstanding.done():
                 self._outstanding.cancel()
             self._release()
+            self.downstream.close()  # the coordinator may forget the shard once it is done
             self.log.info("closed", batches=self.batches, records=self.records, state=self.conn.state.name)
             self.writer.close()
 

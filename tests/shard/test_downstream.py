@@ -96,3 +96,20 @@ async def test_the_coordinator_gets_the_rows_and_a_checkpoint_is_due_at_most_eve
     assert await link.batch("s", [], Position(8, 0, "8"), 1000, lambda: None) is True
     clock.now = 15.0
     assert await link.batch("s", [], Position(9, 0, "9"), 1000, lambda: None) is False
+
+
+async def test_a_connection_that_ends_tells_the_coordinator_once_and_only_if_it_opened_its_shard(tmp_path):
+    settings = Settings(state_dir=str(tmp_path / "state"), sink=f"file:{tmp_path / 'out'}", window=3600.0)
+    coordinator = Coordinator(settings, FileSink(tmp_path / "out"))
+    never_opened = CoordinatorLink(coordinator, interval=10.0)
+    never_opened.close()
+    assert not coordinator.gone
+    first, second = CoordinatorLink(coordinator, interval=10.0), CoordinatorLink(coordinator, interval=10.0)
+    await first.open("s", None)
+    await second.open("s", None)  # the shard on a second connection before the first ends
+    first.close()
+    first.close()
+    assert coordinator.connections == {"s": 1} and not coordinator.gone
+    second.close()
+    assert coordinator.connections == {} and coordinator.gone == {"s"}
+    NoSink().close()
