@@ -1,5 +1,6 @@
 """The command line: ``mldserver serve``, ``mldserver check``, ``mldserver connect``,
-``mldserver bench``, ``mldserver demo``. The only module that exits the process or
+``mldserver bench``, ``mldserver demo``, and ``mldserver status|pause|resume|reload``
+(clients of the admin endpoint). The only module that exits the process or
 configures logging. A mistake in the arguments or the settings is one line on stderr
 and exit status 2.
 
@@ -48,6 +49,18 @@ def _parser():
     serve.add_argument("--pipeline", help="Spark pipeline, MODULE:ATTR")
     serve.add_argument("--spark-master", help="Spark master URL (default local[*])")
     serve.add_argument("--spark-remote", help="Spark Connect URL sc://host:port")
+    serve.add_argument("--admin", help="admin endpoint HOST:PORT: /metrics, /healthz, /readyz, /status, "
+                                       "POST /pause /resume /reload (default 127.0.0.1:7071; off disables it)")
+
+    for name, what in (("status", "the server's shards, coordinator and Spark as a table (GET /status)"),
+                       ("pause", "hold every shard before its next handler call (POST /pause)"),
+                       ("resume", "go on from where the pause stopped (POST /resume)"),
+                       ("reload", "reload the handler module, as SIGHUP does (POST /reload)")):
+        admin = sub.add_parser(name, help=what)
+        admin.add_argument("--admin", help="the admin endpoint's URL (default http://127.0.0.1:7071)")
+        if name == "status":
+            admin.add_argument("--watch", action="store_true", help="redraw every --interval seconds")
+            admin.add_argument("--interval", type=float, default=1.0, help="seconds between redraws (default 1)")
 
     check = sub.add_parser("check", help="load the settings, the handler and the pipeline as serve would, "
                                          "probe the state directory, print what was found (exit 2 on a mistake)")
@@ -81,6 +94,14 @@ def _main(argv: list[str]) -> None:
     from . import logs
     from .errors import ConfigError, ServerCrashed
 
+    if args.command in ("status", "pause", "resume", "reload"):
+        from . import status
+
+        try:
+            sys.exit(status.main(args))
+        except status.Unreachable as exc:
+            sys.stderr.write(f"mldserver {args.command}: {exc}\n")
+            sys.exit(1)
     try:
         if args.command == "serve":
             _serve(args, logs)
@@ -134,7 +155,11 @@ def _importable_cwd() -> None:
 def _serve(args, logs) -> None:
     from . import server
 
+    from .config import DEFAULT_ADMIN
+
     settings = _settings(args)
+    if settings.admin is None:
+        settings = settings.replace(admin=DEFAULT_ADMIN)  # on by default for `serve` (an embedded Server: off)
     logs.configure(settings.log_format, settings.log_level, settings.log_file)
     _importable_cwd()
     serving = server.Server(settings)
