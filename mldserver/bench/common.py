@@ -86,11 +86,14 @@ async def start_server(
     handler: str = "mldserver.bench.relay:TouchHandler",
     env: dict[str, str] | None = None,
     timeout: float = 30,
+    admin: str = "off",
 ) -> tuple[subprocess.Popen, int]:
+    """``mldserver serve`` in its own process; ``admin`` off unless asked for (a bench
+    run must not take the default admin port from a server running beside it)."""
     port = free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "mldserver", "serve", "--handler", handler, "--port",
-         str(port), "--log-level", "warning", "--state-dir", state_dir, *extra],
+         str(port), "--log-level", "warning", "--state-dir", state_dir, "--admin", admin, *extra],
         stdout=subprocess.DEVNULL,
         env={**os.environ, **(env or {})},
     )
