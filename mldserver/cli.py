@@ -88,6 +88,8 @@ def _parser():
     demo.add_argument("--shards", type=int, default=4)
     demo.add_argument("--records", type=int, default=300_000)
     demo.add_argument("--dir", default="./mldserver-demo")
+    demo.add_argument("--admin", default="127.0.0.1:7071",
+                      help="the demo server's admin endpoint (default 127.0.0.1:7071; off disables it)")
     return p
 
 

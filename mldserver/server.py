@@ -11,6 +11,11 @@ on uvloop. Lifecycle (uvicorn's shape)::
               stale socket is replaced), log one ``listening`` event with the
               address. What the machine refuses (a port in use, a host that does
               not resolve, a path taken) is a ConfigError naming the setting.
+    admin     with ``Settings.admin`` (``mldserver serve``: 127.0.0.1:7071 unless
+              ``--admin off``), the admin endpoint (mldserver.admin) is bound first,
+              so /readyz answers 503 while Spark starts; it reads the server's
+              metrics (mldserver.metrics), ``unhealthy()``, ``not_ready()``, and
+              calls ``pause()`` / ``resume()`` (the gate in mldserver.pausing)
     serve     each accepted connection gets a Worker task, owned by the server; the
               server waits on its listeners, the coordinator's tasks (committer,
               tick) and the Spark supervisor together with the stop signal

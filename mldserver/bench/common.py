@@ -47,6 +47,17 @@ def rss_kb(pid: int) -> int:
     return _proc_kb(pid, "status", "VmRSS:")
 
 
+def cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) the process has used: less sensitive than
+    throughput to what else a shared machine runs."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rpartition(")")[2].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except OSError:
+        return 0.0
+
+
 class Sampler:
     """Samples the PSS of a set of processes while a run goes on; keeps the peak."""
 

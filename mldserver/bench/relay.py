@@ -33,7 +33,7 @@ import orjson
 
 from ..handler import Handler
 from ..testing import Child, FakeDaemon, Shard, SocketChild, relay_command
-from .common import Sampler, free_port, pss_kb, rss_kb, start_server
+from .common import Sampler, cpu_s, free_port, pss_kb, rss_kb, start_server
 
 
 class TouchHandler(Handler):
@@ -88,6 +88,11 @@ class Result:
     round_trips: list[float] = field(default_factory=list)
     per_shard_pss_kb: float = 0.0
     total_pss_kb: int = 0
+    server_cpu_s: float = 0.0  # the server's CPU seconds during the run
+
+    @property
+    def cpu_us_per_record(self) -> float:
+        return self.server_cpu_s / self.records * 1e6 if self.records else 0.0
 
     @property
     def rate(self) -> float:
@@ -183,7 +188,9 @@ async def _run_variant(name: str, k: int, records: int, size: int, batches: int,
         sampler.pids["server"] = [server_pid]
     result = Result(name, k, records * batches * k, len(line) * batches * k)
     sampler.start()
+    cpu = cpu_s(server_pid) if server_pid else 0.0
     await drive(shards, line, last, batches, result)
+    result.server_cpu_s = cpu_s(server_pid) - cpu if server_pid else 0.0
     await sampler.stop()
     for shard in shards:
         await shard.lease_lost()
@@ -265,7 +272,9 @@ async def run(args, shard_counts: list[int], with_kclpy: bool, tmp: str) -> None
             if scrape:
                 scraped = next(r for r in rows if r.name == SCRAPED)
                 print(f"  /metrics every {scrape:g} s at K={k}: {scraped.rate:,.0f} vs {relay.rate:,.0f} records/s "
-                      f"({100 * (scraped.rate / relay.rate - 1):+.1f}%)")
+                      f"({100 * (scraped.rate / relay.rate - 1):+.1f}%); server CPU "
+                      f"{scraped.cpu_us_per_record:.2f} vs {relay.cpu_us_per_record:.2f} us/record "
+                      f"({100 * (scraped.cpu_us_per_record / relay.cpu_us_per_record - 1):+.1f}%)")
             print(f"  relay cost at K={k}: {100 * (1 - relay.rate / direct.rate):+.1f}% records/s vs direct")
             if base is not None:
                 share = relay.per_shard_pss_kb / base.per_shard_pss_kb
