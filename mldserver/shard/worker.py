@@ -538,7 +538,7 @@ class Worker:
         items, bad = encode_rows(outcome.rows or ())
         await self._dead_letter_all(bad)
         assert self.shard is not None
-        if await self.downstream.batch(self.shard.shard_id, items, last, event.millis_behind_latest, self._release):
+        if await self.downstream.batch(items, last, event.millis_behind_latest, self._release):
             await self._checkpoint_safe()
         self.batches += 1
         self.records += len(records)
@@ -574,7 +574,7 @@ class Worker:
     async def _shard_ended(self) -> None:
         self.log.info("shard_ended")
         if self.shard is not None:
-            await self.downstream.shard_ended(self.shard.shard_id)  # spooled before SHARD_END
+            await self.downstream.shard_ended()  # spooled before SHARD_END
         cp = self._checkpointer("shard_ended", budget=self.settings.shard_end_budget, clamped=False)
         await self._call("shard_ended", None, lambda: cp)
         if cp.stored_all:
@@ -630,8 +630,7 @@ class Worker:
 
         safe = None
         if clamped and self.downstream.holds_checkpoints and self.shard is not None:
-            shard_id, downstream = self.shard.shard_id, self.downstream
-            safe = lambda: downstream.safe(shard_id)  # noqa: E731
+            safe = self.downstream.safe
         cp = Checkpointer(
             self._roundtrip,
             backoff=self._checkpoint_backoff,
