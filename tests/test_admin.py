@@ -242,3 +242,23 @@ async def test_pause_holds_every_shards_next_handler_call_and_resume_loses_nothi
         await s.close()
     server.stop()
     await asyncio.wait_for(serving, 30)
+
+
+def test_serve_with_its_admin_port_in_use_is_one_line_and_exit_2(tmp_path):
+    import socket
+    import subprocess
+
+    from .conftest import MLDSERVER, ROOT
+
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        result = subprocess.run(
+            [MLDSERVER, "serve", "--handler", "tests.handlers:Noop", "--port", "0", "--state-dir", str(tmp_path),
+             "--admin", f"127.0.0.1:{port}"],
+            cwd=ROOT, capture_output=True, text=True, timeout=30)
+    assert result.returncode == 2
+    assert result.stderr.splitlines()[-1] + "\n" == (f"mldserver: --admin 127.0.0.1:{port}: 127.0.0.1:{port} is already in use: stop what "
+                             f"listens there, or choose another --admin HOST:PORT (port 0 picks one; off disables)\n")
+    assert "Traceback" not in result.stderr
