@@ -50,7 +50,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 from . import preflight
-from .admin import Admin
 from .config import Settings, SinkSpec, state_path, uses_spark
 from .coordinator import Coordinator
 from .context import Context
@@ -66,6 +65,7 @@ from .shard.calls import check_factory, reap_abandoned
 from .shard.worker import Slots
 
 if TYPE_CHECKING:
+    from .admin import Admin
     from .sinks import Sink
 
 log = get_logger("mldserver.server")
@@ -124,7 +124,11 @@ class Server:
             self.coordinator.metrics = self.metrics
         self.loop_lag = LoopLag(observe=self.metrics.loop_lag.observe)
         self.pause_gate = Pause()
-        self.admin = Admin(self, settings.admin) if settings.admin else None  # parsed here: a typo stops us early
+        self.admin: Admin | None = None
+        if settings.admin:  # parsed here: a typo stops us early
+            from .admin import Admin  # aiohttp (about 20 MiB) only where the endpoint is on
+
+            self.admin = Admin(self, settings.admin)
 
     # -- lifecycle -------------------------------------------------------------
 
