@@ -36,6 +36,8 @@ def _parser():
     serve.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
     serve.add_argument("--state-dir", help="spool, commit log, dead letters (default ./mldserver-state)")
     serve.add_argument("--execution-timeout", type=float, help="seconds per handler call (default 60)")
+    serve.add_argument("--workers", type=int,
+                       help="handler processes (default 2; 0: handlers run in the server's own loop)")
     serve.add_argument("--max-line-size", type=int, help="largest daemon line in bytes (default 256 MiB)")
     serve.add_argument("--window", type=float, help="tumbling window size in seconds")
     serve.add_argument("--sink", help="file:DIR or parquet:DIR")
@@ -109,6 +111,7 @@ def _serve(args, logs) -> None:
         log_level=args.log_level,
         state_dir=args.state_dir,
         execution_timeout=args.execution_timeout,
+        workers=args.workers,
         max_line_size=args.max_line_size,
         window=args.window,
         sink=args.sink,

@@ -59,6 +59,12 @@ class Settings:
     execution_timeout: float = 60.0
     handler_retries: int = 2
     handler_backoff: float = 0.1
+    # handler processes (mldserver.pool): how many (0: handlers run in the server's loop),
+    # the memory (MiB, 0: no limit) past which one is replaced between actions, and how
+    # long a handler may block its process's loop before its stack is logged (seconds)
+    workers: int = 2
+    max_handler_memory: int = 0
+    handler_block_warning: float = 1.0
     # checkpoints: retriable daemon errors retried with jittered exponential backoff
     checkpoint_retries: int = 6
     checkpoint_backoff: float = 0.1

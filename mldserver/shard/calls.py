@@ -88,6 +88,9 @@ class HandlerCalls:
             return error
         return None
 
+    def close(self) -> None:
+        """The connection is over (nothing to release in this loop)."""
+
     async def call(
         self, action: str, arg: Any, checkpointer: Callable[[], Checkpointer], *, collect_rows: bool = False
     ) -> Outcome:

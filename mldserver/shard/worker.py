@@ -85,7 +85,10 @@ class Worker:
         log: EventLogger,
         slots: asyncio.Semaphore | None = None,
         downstream: Downstream | None = None,
+        calls: Callable[[EventLogger], Any] | None = None,
     ) -> None:
+        """``calls`` makes the shard's handler calls (the shard/calls.py seam) from the
+        worker's logger: the server's handler processes; default: in this loop."""
         self.reader = reader
         self.writer = writer
         self.settings = settings
@@ -95,7 +98,7 @@ class Worker:
         self._holding = False
         self.downstream: Downstream = downstream or NoSink()
         self.conn = Connection(settings.max_line_size)
-        self.calls = HandlerCalls(
+        self.calls = calls(log) if calls is not None else HandlerCalls(
             factory,
             context,
             retries=settings.handler_retries,
@@ -131,6 +134,7 @@ class Worker:
                     self._release()
         finally:
             self._release()
+            self.calls.close()
             self.log.info("closed", batches=self.batches, records=self.records, state=self.conn.state.name)
             self.writer.close()
 

@@ -1,0 +1,258 @@
+"""``ProcessCalls``: the shard/calls.py seam (``create()``, ``call(...) -> Outcome``),
+with the handler in a handler process of the pool. The worker cannot tell the two
+apart; what changes is what a failure can be::
+
+    calls = ProcessCalls(pool, context, retries=2, timeout=60.0, backoff=backoff, log=log)
+    outcome = await calls.call("process_records", batch, checkpointer, collect_rows=True)
+
+- the handler raised: ``handler_failed`` (with the child's traceback), retried with
+  backoff, then ``Outcome(FAILED)`` (the worker dead-letters the batch);
+- the call ran past ``execution_timeout``: the process's stack is logged
+  (``handler_timed_out``), the process killed (the pool replaces it), and that counts
+  as a failed attempt;
+- the process died while the call was running (a fault in C, ``os._exit``, a kill
+  during a blocking call): a failed attempt, redone in a fresh process; a call of
+  another shard that was only waiting in that process is redone without counting
+  (``handler_redone``);
+- before the first call in a new process (after a death, a memory replacement or a
+  reload), the shard gets a fresh handler instance there: ``initialize`` again with
+  the shard's current position (``shard_moved``).
+
+One call is one ``call`` frame and one ``done`` frame; the rows come back columnar
+(``frames.decode_rows``) and are handed to the worker as ``Emitted`` rows whose row is
+the child's JSON (``orjson.Fragment``): never decoded in the server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from typing import Any, AsyncIterator, Callable
+
+import orjson
+
+from ..backoff import Backoff
+from ..checkpointer import Checkpointer
+from ..context import Context
+from ..errors import CheckpointError, ConfigError
+from ..logs import EventLogger
+from ..records import Batch, Emitted, ShardInfo
+from ..shard.calls import FAILED, Outcome
+from . import frames
+from .pool import HandlerPool
+from .process import HandlerProcess, ProcessDied
+
+# A call redone because its process died while another call was running, at most this
+# often before the deaths count against it too.
+UNBLAMED_REDOS = 10
+
+_keys = itertools.count(1)
+
+
+class Unencodable:
+    """A row the handler process could not encode: the worker dead-letters its record."""
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: str) -> None:
+        self.error = error
+
+    def __repr__(self) -> str:
+        return self.error
+
+
+class _InitializeFailed(Exception):
+    pass
+
+
+class ProcessCalls:
+    def __init__(
+        self,
+        pool: HandlerPool,
+        context: Context,
+        *,
+        retries: int,
+        timeout: float,
+        backoff: Backoff,
+        log: EventLogger,
+    ) -> None:
+        self.pool = pool
+        self.context = context
+        self.retries = retries
+        self.timeout = timeout
+        self.backoff = backoff
+        self.log = log
+        self.key = next(_keys)
+        self.proc: HandlerProcess | None = None
+        self.shard: ShardInfo | None = None
+        self._cursors: dict[int, AsyncIterator[dict[str, Any]]] = {}
+        self._stored: Any = None  # the position the daemon stored last (a Position)
+
+    def create(self) -> str | None:
+        """The instance is made in the handler process, with ``initialize``."""
+        return None
+
+    def close(self) -> None:
+        """The connection is over: the process forgets the shard's instance."""
+        if self.proc is not None:
+            self.pool.release(self.proc, self.key)
+            self.proc = None
+
+    async def call(
+        self, action: str, arg: Any, checkpointer: Callable[[], Checkpointer], *, collect_rows: bool = False
+    ) -> Outcome:
+        if action == "initialize":
+            self.shard = arg
+        if self.shard is None:
+            return Outcome(FAILED, "no shard: initialize came first and failed")
+        attempts = self.retries + 1
+        attempt = redone = 0
+        error = ""
+        while attempt < attempts:
+            traceback = None
+            proc = frame = None
+            try:
+                async with asyncio.timeout(self.timeout):
+                    proc = await self._process(action)
+                    cp = checkpointer()
+                    frame, body = self._frame(action, arg, collect_rows)
+                    message, rows = await proc.call(frame, body, self._requests(cp), (self.shard.shard_id, action))
+            except TimeoutError:
+                error = f"timed out after {self.timeout} s (execution_timeout): its process was killed"
+                if proc is not None and proc.alive:
+                    proc.killed_for = frame["id"] if frame is not None else -1
+                    stack = await proc.stack()
+                    self.log.error("handler_timed_out", callback=action, pid=proc.pid, timeout_s=self.timeout,
+                                   stack=stack, what_to_do="the stack shows where it was; the process is replaced")
+                    proc.kill()
+                self.proc = None
+            except ProcessDied as exc:
+                self.proc = None
+                if not exc.blamed and redone < UNBLAMED_REDOS:
+                    redone += 1
+                    self.log.warning("handler_redone", callback=action, error=str(exc))
+                    continue
+                error = str(exc)
+            except _InitializeFailed as exc:
+                error = str(exc)
+            else:
+                if message["result"] != FAILED:
+                    return Outcome(message["result"], message["error"],
+                                   self._rows(arg, message, rows) if collect_rows else None)
+                error, traceback = message["error"], message.get("traceback")
+            attempt += 1
+            retry = attempt < attempts
+            self.log.error("handler_failed", callback=action, error=error, attempt=attempt, attempts=attempts,
+                           retry=retry, traceback=traceback)
+            if retry:
+                await asyncio.sleep(self.backoff.delay(attempt - 1))
+        return Outcome(FAILED, error)
+
+    # -- where the shard's instance lives -------------------------------------------
+
+    async def _process(self, action: str) -> HandlerProcess:
+        proc = self.proc
+        if proc is not None and proc.alive and not proc.retiring:
+            return proc
+        assert self.shard is not None
+        moved_from = None
+        if proc is not None:
+            moved_from = proc.pid
+            self.pool.release(proc, self.key)
+            self.proc = None
+        proc = await self.pool.assign(self.key, self.shard.shard_id)
+        self.proc = proc
+        if action != "initialize":
+            info = self._position()
+            self.log.info("shard_moved", pid=proc.pid, from_pid=moved_from, sequence_number=info.sequence_number,
+                          sub_sequence_number=info.sub_sequence_number)
+            message, _ = await proc.call(self._frame("initialize", info, False)[0], b"", self._requests(None),
+                                         (self.shard.shard_id, "initialize"))
+            if message["result"] == FAILED:
+                self.proc = None
+                self.pool.release(proc, self.key)
+                raise _InitializeFailed(f"initialize in a new handler process failed: {message['error']}")
+        return proc
+
+    def _position(self) -> ShardInfo:
+        """The shard as a new instance sees it: the checkpoint stored since, if any."""
+        assert self.shard is not None
+        stored = self._stored
+        if stored is None:
+            return self.shard
+        return ShardInfo(self.shard.shard_id, stored.text, stored.sub)
+
+    def _frame(self, action: str, arg: Any, collect: bool) -> tuple[dict[str, Any], bytes]:
+        assert self.shard is not None
+        s = self.shard
+        frame: dict[str, Any] = {"op": "call", "id": next(self.pool.call_ids), "shard": self.key, "action": action,
+                                 "info": (s.shard_id, s.sequence_number, s.sub_sequence_number)}
+        body = b""
+        if action == "initialize":
+            frame["info"] = (arg.shard_id, arg.sequence_number, arg.sub_sequence_number)
+        elif action == "process_records":
+            batch: Batch = arg
+            frame["millis_behind_latest"] = batch.millis_behind_latest
+            frame["collect"] = collect
+            body = frames.encode_records(batch.records)
+        return frame, body
+
+    def _rows(self, batch: Batch, message: dict[str, Any], body: bytes) -> list[Emitted]:
+        records = batch.records
+        idx, times, data = frames.decode_rows(message["rows"], body)
+        fragment, new = orjson.Fragment, tuple.__new__
+        rows = [new(Emitted, (records[i], fragment(d), t)) for i, t, d in zip(idx, times, data)]
+        for i, error in message["bad"]:
+            rows.append(Emitted(records[i], Unencodable(error), None))  # type: ignore[arg-type]
+        return rows
+
+    # -- what the handler asks during a call ---------------------------------------------
+
+    def _requests(self, cp: Checkpointer | None):
+        async def answer(message: dict[str, Any]) -> dict[str, Any]:
+            op = message["op"]
+            if op == "checkpoint":
+                return await self._checkpoint(cp, message)
+            if op == "sql_fetch":
+                return await self._sql_fetch(message)
+            if op == "sql_close":
+                cursor = self._cursors.pop(message["cursor"], None)
+                if cursor is not None:
+                    await cursor.aclose()  # type: ignore[attr-defined]
+                return {}
+            return {"error": f"unknown request {op!r}"}
+
+        return answer
+
+    async def _checkpoint(self, cp: Checkpointer | None, message: dict[str, Any]) -> dict[str, Any]:
+        if cp is None:
+            return {"error": "InvalidStateException", "detail": "no checkpointer here"}
+        try:
+            await cp.checkpoint(message.get("sequence_number"), message.get("sub_sequence_number"))
+        except CheckpointError as exc:
+            return {"error": exc.error, "sequence_number": exc.sequence_number,
+                    "sub_sequence_number": exc.sub_sequence_number}
+        progress = cp._progress  # what the daemon stored: where a fresh instance starts
+        if progress is not None and progress.stored is not None:
+            self._stored = progress.stored
+        return {"error": None}
+
+    async def _sql_fetch(self, message: dict[str, Any]) -> dict[str, Any]:
+        cursor = self._cursors.get(message["cursor"])
+        try:
+            if cursor is None:
+                cursor = self._cursors[message["cursor"]] = await self.context.sql(message["query"],
+                                                                                   **message["params"])
+            rows = []
+            done = False
+            for _ in range(message["n"]):
+                try:
+                    rows.append(await anext(cursor))
+                except StopAsyncIteration:
+                    done = True
+                    break
+            return {"rows": rows, "done": done}
+        except ConfigError as exc:
+            return {"error": str(exc), "config": True}
+        except Exception as exc:
+            return {"error": f"{type(exc).__name__}: {exc}"}

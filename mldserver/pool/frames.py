@@ -1,0 +1,143 @@
+"""Frames between the server and a handler process (``child.py``): the one module
+both sides speak, built on the Spark pipe's framing (``spark/frames.py``: an 8-byte
+header, a JSON object, an optional binary body).
+
+What crosses, and how often (one shard's action is one ``call`` and one ``done``)::
+
+    server -> child
+      {"op":"start","handler":"pkg.mod:Attr","settings":{...},"sys_path":[...],"state":"/x/h-1"}
+      {"op":"call","id":7,"shard":3,"action":"process_records",
+       "info":["shardId-0","TRIM_HORIZON",0],"millis_behind_latest":0,"collect":true} | records JSON
+      {"op":"reply","req":2,"error":null}                      (a checkpoint's answer)
+      {"op":"reply","req":3,"rows":[{...}],"done":false}       (context.sql rows)
+      {"op":"drop","shard":3}                                  (the shard left this process)
+      {"op":"stop"}
+    child -> server
+      {"op":"ready","pid":4242}  or  {"op":"import_failed","error":"Could not import ..."}
+      {"op":"checkpoint","id":7,"req":2,"sequence_number":"49..","sub_sequence_number":0}
+      {"op":"sql_fetch","id":7,"req":3,"cursor":1,"query":"SELECT ..","params":{},"n":64}
+      {"op":"sql_close","id":7,"req":4,"cursor":1}
+      {"op":"done","id":7,"result":"ok","error":null,"rows":2,"bad":[]} | rows, columnar
+
+The records of a batch cross as one JSON array of the daemon's record objects
+(``encode_records``, orjson in C; the child wraps them in lazy ``Record``s as the
+server does). The rows a batch emitted come back as one columnar body per batch, never
+a frame per row (``encode_rows`` / ``decode_rows``)::
+
+    n x u32 record index | n x f64 event time (NaN: none given) | n x u64 end offset | row JSON...
+
+A row that orjson cannot encode is not in the body: ``bad`` holds ``[index, error]``.
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+from array import array
+from typing import Any, Iterable, Literal, Sequence, TypedDict
+
+import orjson
+
+from ..records import Record
+from ..spark.frames import encode, read_frame, read_frame_async
+
+__all__ = [
+    "CallFrame",
+    "DoneFrame",
+    "StartFrame",
+    "decode_rows",
+    "encode",
+    "encode_records",
+    "encode_rows",
+    "read_frame",
+    "read_frame_async",
+    "records_from",
+]
+
+# The state file a child keeps the running call's id in (shared memory, little-endian i64).
+RUN = struct.Struct("<q")
+
+ACTIONS = ("initialize", "process_records", "shutdown_requested", "shard_ended", "lease_lost")
+
+
+class StartFrame(TypedDict):
+    op: Literal["start"]
+    handler: str  # MODULE:ATTR, imported once by the child
+    settings: dict[str, Any]  # the server's Settings, as fields
+    sys_path: list[str]
+    state: str  # the process's state file prefix (which call runs, stack dumps)
+
+
+class CallFrame(TypedDict, total=False):
+    op: Literal["call"]
+    id: int
+    shard: int  # the server's key for the shard's connection
+    action: str  # one of ACTIONS
+    info: tuple[str, str | None, int | None]  # ShardInfo: shard id, sequence number, sub-sequence
+    millis_behind_latest: int | None
+    collect: bool  # process_records: does the server want the rows?
+
+
+class DoneFrame(TypedDict):
+    op: Literal["done"]
+    id: int
+    result: str  # "ok", "checkpoint_failed", "failed"
+    error: str | None
+    traceback: str | None
+    rows: int
+    bad: list[tuple[int, str]]
+
+
+def encode_records(records: Sequence[Record]) -> bytes:
+    """The batch's records as the daemon wrote them (a de-aggregated record carries
+    its user record's data, base64)."""
+    return orjson.dumps([r._raw if r._data is None or r._raw.get("data") is not None else r.to_json()
+                         for r in records])
+
+
+def records_from(body: bytes) -> list[Record]:
+    return list(map(Record, orjson.loads(body))) if body else []
+
+
+_U32, _F64, _U64 = "I", "d", "Q"
+
+
+def encode_rows(emitted: Iterable[tuple[Record, Any, int | float | None]],
+                index: dict[int, int]) -> tuple[int, bytes, list[tuple[int, str]]]:
+    """One body for a batch's rows: ``index`` maps ``id(record)`` to its place in the
+    batch. Returns the row count, the body and the rows that could not be encoded."""
+    idx, times, ends = array(_U32), array(_F64), array(_U64)
+    chunks: list[bytes] = []
+    bad: list[tuple[int, str]] = []
+    end = 0
+    dumps, nan = orjson.dumps, math.nan
+    for record, row, t in emitted:
+        i = index[id(record)]
+        try:
+            data = dumps(row)
+        except TypeError as exc:
+            bad.append((i, f"row not JSON-encodable: {exc}"))
+            continue
+        idx.append(i)
+        times.append(nan if t is None else t)
+        end += len(data)
+        ends.append(end)
+        chunks.append(data)
+    return len(idx), idx.tobytes() + times.tobytes() + ends.tobytes() + b"".join(chunks), bad
+
+
+def decode_rows(n: int, body: bytes) -> tuple[list[int], list[float | None], list[bytes]]:
+    """Record indexes, event times (None: not given) and row JSON of ``encode_rows``."""
+    view = memoryview(body)
+    idx = array(_U32)
+    idx.frombytes(view[: 4 * n])
+    times = array(_F64)
+    times.frombytes(view[4 * n : 12 * n])
+    ends = array(_U64)
+    ends.frombytes(view[12 * n : 20 * n])
+    data = view[20 * n :]
+    out, start = [], 0
+    for end in ends:
+        out.append(bytes(data[start:end]))
+        start = end
+    return idx.tolist(), [None if t != t else t for t in times], out
