@@ -137,7 +137,8 @@ class Server:
             host, port = srv.sockets[0].getsockname()[:2]
             if not s.unix:
                 self.address = (host, port)
-            log.info("listening", host=host, port=port, handler=s.handler, pid=os.getpid())
+            log.info("listening", host=host, port=port, handler=s.handler, pid=os.getpid(),
+                     workers=None if self.pool is None else [p.pid for p in self.pool.processes])
 
     async def serve(self) -> None:
         """Run until a signal (or ``stop()``), then shut down in order; if a task the

@@ -58,7 +58,8 @@ class HandlerPool:
     # -- lifecycle --------------------------------------------------------------------
 
     async def start(self) -> None:
-        started = await asyncio.gather(*(self._spawn() for _ in range(self.size)), return_exceptions=True)
+        started = await asyncio.gather(*(self._spawn(initial=True) for _ in range(self.size)),
+                                       return_exceptions=True)
         failed = [r for r in started if isinstance(r, BaseException)]
         if failed:
             await asyncio.gather(*(p.stop() for p in started if isinstance(p, HandlerProcess)))
@@ -76,11 +77,13 @@ class HandlerPool:
         await asyncio.gather(*(p.stop() for p in self.processes))
         self.log.info("handler_pool_stopped", deaths=self.deaths, replaced=self.replaced)
 
-    async def _spawn(self, generation: int | None = None) -> HandlerProcess:
+    async def _spawn(self, generation: int | None = None, initial: bool = False) -> HandlerProcess:
         proc = HandlerProcess(self.settings, log=self.log, generation=generation or self.generation)
         proc.on_death = self._died
         await proc.start()
-        self.log.info("handler_process_started", pid=proc.pid, process=proc.number, generation=proc.generation)
+        # The first ones are in ``listening`` (``workers``); a replacement is news.
+        (self.log.debug if initial else self.log.info)(
+            "handler_process_started", pid=proc.pid, process=proc.number, generation=proc.generation)
         return proc
 
     # -- shards -----------------------------------------------------------------------
