@@ -26,6 +26,7 @@ the child's JSON (``orjson.Fragment``): never decoded in the server.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 from typing import Any, AsyncIterator, Callable
 
@@ -86,6 +87,7 @@ class ProcessCalls:
         self.proc: HandlerProcess | None = None
         self.shard: ShardInfo | None = None
         self._cursors: dict[int, AsyncIterator[dict[str, Any]]] = {}
+        self._left = 0  # the shard moves to a process numbered above this (see _leave)
         self._stored: Any = None  # the position the daemon stored last (a Position)
 
     def create(self) -> str | None:
@@ -114,20 +116,27 @@ class ProcessCalls:
             try:
                 async with asyncio.timeout(self.timeout):
                     proc = await self._process(action)
-                    cp = checkpointer()
-                    frame, body = self._frame(action, arg, collect_rows)
-                    message, rows = await proc.call(frame, body, self._requests(cp), (self.shard.shard_id, action))
+                cp = checkpointer()
+                frame, body = self._frame(action, arg, collect_rows)
+                message, rows = await self._wait(proc, frame, body, cp, action)
             except TimeoutError:
                 error = f"timed out after {self.timeout} s (execution_timeout): its process was killed"
                 if proc is not None and proc.alive:
                     proc.killed_for = frame["id"] if frame is not None else -1
+                    proc.killed_what = (self.shard.shard_id, action)
+                    proc.floor = self.pool.newest
                     stack = await proc.stack()
                     self.log.error("handler_timed_out", callback=action, pid=proc.pid, timeout_s=self.timeout,
                                    stack=stack, what_to_do="the stack shows where it was; the process is replaced")
                     proc.kill()
-                self.proc = None
+                    await proc.died.wait()  # the death is logged with this shard among its shards
+                self._leave()
             except ProcessDied as exc:
-                self.proc = None
+                if self.proc is not None:  # a broken pipe may come before the reader sees the death
+                    with contextlib.suppress(TimeoutError):
+                        async with asyncio.timeout(5):
+                            await self.proc.died.wait()
+                self._leave()
                 if not exc.blamed and redone < UNBLAMED_REDOS:
                     redone += 1
                     self.log.warning("handler_redone", callback=action, error=str(exc))
@@ -148,6 +157,26 @@ class ProcessCalls:
                 await asyncio.sleep(self.backoff.delay(attempt - 1))
         return Outcome(FAILED, error)
 
+    async def _wait(self, proc: HandlerProcess, frame: dict[str, Any], body: bytes, cp: Checkpointer,
+                    action: str) -> tuple[dict[str, Any], bytes]:
+        """The call's ``done``, or TimeoutError after ``execution_timeout`` of its own:
+        time during which another shard's call held the process's loop (blocking it)
+        does not count; that call's own time-out kills the process."""
+        assert self.shard is not None
+        call = asyncio.ensure_future(proc.call(frame, body, self._requests(cp), (self.shard.shard_id, action)))
+        try:
+            while True:
+                done, _ = await asyncio.wait({call}, timeout=self.timeout)
+                if done:
+                    return call.result()
+                running = proc.running()
+                if proc.alive and running not in (0, frame["id"]):
+                    continue  # a bystander: another call blocks the loop
+                raise TimeoutError
+        finally:
+            if not call.done():
+                call.cancel()
+
     # -- where the shard's instance lives -------------------------------------------
 
     async def _process(self, action: str) -> HandlerProcess:
@@ -158,9 +187,8 @@ class ProcessCalls:
         moved_from = None
         if proc is not None:
             moved_from = proc.pid
-            self.pool.release(proc, self.key)
-            self.proc = None
-        proc = await self.pool.assign(self.key, self.shard.shard_id)
+            self._leave()
+        proc = await self.pool.assign(self.key, self.shard.shard_id, newer_than=self._left)
         self.proc = proc
         if action != "initialize":
             info = self._position()
@@ -173,6 +201,13 @@ class ProcessCalls:
                 self.pool.release(proc, self.key)
                 raise _InitializeFailed(f"initialize in a new handler process failed: {message['error']}")
         return proc
+
+    def _leave(self) -> None:
+        """Off the shard's process (dead, killed or retiring): the next goes to a newer one."""
+        if self.proc is not None:
+            self._left = max(self._left, self.proc.floor)
+            self.pool.release(self.proc, self.key)
+            self.proc = None
 
     def _position(self) -> ShardInfo:
         """The shard as a new instance sees it: the checkpoint stored since, if any."""

@@ -53,6 +53,7 @@ class HandlerPool:
         self._stopping = False
         self._reloading = asyncio.Lock()
         self.deaths = 0
+        self.newest = 0  # the highest process number made so far
         self.replaced = 0
 
     # -- lifecycle --------------------------------------------------------------------
@@ -79,6 +80,7 @@ class HandlerPool:
 
     async def _spawn(self, generation: int | None = None, initial: bool = False) -> HandlerProcess:
         proc = HandlerProcess(self.settings, log=self.log, generation=generation or self.generation)
+        self.newest = max(self.newest, proc.number)
         proc.on_death = self._died
         await proc.start()
         # The first ones are in ``listening`` (``workers``); a replacement is news.
@@ -91,11 +93,13 @@ class HandlerPool:
     def serving(self) -> list[HandlerProcess]:
         return [p for p in self.processes if p.alive and not p.retiring]
 
-    async def assign(self, key: int, shard_id: str) -> HandlerProcess:
-        """The least loaded live process of the current generation (waiting for a
-        respawn if there is none), with the shard counted on it."""
+    async def assign(self, key: int, shard_id: str, newer_than: int = 0) -> HandlerProcess:
+        """The least loaded live process of the current generation numbered above
+        ``newer_than`` (a shard leaving a dead or killed process goes to one started
+        after the death: ``HandlerProcess.floor``), waiting for a respawn if there is
+        none; the shard is counted on it."""
         while True:
-            live = self.serving()
+            live = [p for p in self.serving() if p.number > newer_than]
             if live:
                 proc = min(live, key=lambda p: (p.load, p.number))
                 proc.shards[key] = shard_id
@@ -115,11 +119,12 @@ class HandlerPool:
         """Called by the process's reader when the pipe closes (before its calls fail)."""
         if proc.stopping:
             return
+        proc.floor = proc.floor or self.newest
         self.deaths += 1
         how = describe_exit(proc.returncode)
         lived = time.monotonic() - proc.started
         fatal = "signal" in how and how["signal"] in ("SIGSEGV", "SIGBUS", "SIGABRT", "SIGFPE", "SIGILL")
-        running = proc.in_flight.get(proc.last_running)
+        running = proc.in_flight.get(proc.last_running) or proc.killed_what
         self.log.error(
             "handler_process_died",
             pid=proc.pid,

@@ -81,6 +81,10 @@ class HandlerProcess:
         self._map: mmap.mmap | None = None
         self.last_running = 0  # the call id running when it died (0: none was)
         self.killed_for = 0  # the call id whose time-out killed it
+        self.killed_what: tuple[str, str] | None = None  # its (shard id, action)
+        # Once it died (or was killed): the newest process number then; its shards go
+        # to a process started after that, never to a sibling that shared the failure.
+        self.floor = 0
         self.stopping = False
         self.on_death: Callable[["HandlerProcess"], None] | None = None
 
@@ -196,6 +200,12 @@ class HandlerProcess:
         finally:
             self._calls.pop(frame["id"], None)
             self.in_flight.pop(frame["id"], None)
+            if future.done() and not future.cancelled():
+                future.exception()  # retrieved: the caller has its answer or its error already
+
+    def running(self) -> int:
+        """The id of the call whose handler code is executing now (0: none is)."""
+        return frames.RUN.unpack_from(self._map)[0] if self._map is not None else 0
 
     def drop(self, key: int) -> None:
         self.shards.pop(key, None)
