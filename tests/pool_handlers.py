@@ -69,6 +69,6 @@ class Hog(mldserver.Handler):
 
     async def process_records(self, batch, checkpointer):
         if any(r.partition_key == "poison" for r in batch.records):
-            self.leak.append(bytearray(int(os.environ.get("MLDSERVER_TEST_HOG", "64")) << 20))
+            self.leak.append(b"x" * (int(os.environ.get("MLDSERVER_TEST_HOG", "64")) << 20))  # resident
         for record in batch.records:
-            batch.emit(record, {"seq": record.sequence_number, "pid": os.getpid()})
+            batch.emit(record, {"seq": record.sequence_number, "shard": batch.shard.shard_id, "pid": os.getpid()})
