@@ -55,6 +55,8 @@ def _parser():
     bench.add_argument("--load", nargs="+", default=["10000x100", "1000x1024"], help="RECORDSxBYTES per batch")
     bench.add_argument("--quick", action="store_true", help="a short run (for tests)")
     bench.add_argument("--no-kclpy", action="store_true", help="skip the amazon_kclpy baseline")
+    bench.add_argument("--workers", type=int, nargs="+", default=None,
+                       help="handler processes of the servers measured, side by side (default: the default and 0)")
     bench.add_argument("--part", choices=["all", "relay", "coordinator", "spark"], default="all",
                        help="relay: against amazon_kclpy; coordinator: with a sink against none; "
                             "spark: end to end into Spark against the bare handoff")

@@ -30,7 +30,7 @@ import orjson
 
 from ..handler import Handler
 from ..testing import Child, FakeDaemon, Shard, SocketChild, relay_command
-from .common import Sampler, pss_kb, rss_kb, start_server
+from .common import Sampler, descendants, pss_kb, rss_kb, start_server
 
 
 class TouchHandler(Handler):
@@ -116,14 +116,19 @@ async def drive(shards: list[Shard], line: bytes, last: dict, batches: int, resu
     result.seconds = time.perf_counter() - started
 
 
-async def run_variant(name: str, k: int, records: int, size: int, batches: int, tmp: str) -> Result:
-    """One run on a fresh server (memory left by an earlier run must not count)."""
+async def run_variant(name: str, k: int, records: int, size: int, batches: int, tmp: str,
+                      workers: int | None = None) -> Result:
+    """One run on a fresh server (memory left by an earlier run must not count);
+    ``workers``: its handler processes (their memory counts as the server's)."""
     server = None
     if name != "amazon_kclpy":
-        server, port = await start_server(os.path.join(tmp, f"state-{name}-{k}"))
+        server, port = await start_server(os.path.join(tmp, f"state-{name}-{k}-{workers}"), workers=workers)
     try:
-        return await _run_variant(name, k, records, size, batches, port if server else None,
-                                  server.pid if server else None, tmp)
+        result = await _run_variant(name, k, records, size, batches, port if server else None,
+                                    server.pid if server else None, tmp)
+        if workers is not None:
+            result.name = f"{name} w{workers}"
+        return result
     finally:
         if server is not None:
             server.terminate()
@@ -152,7 +157,7 @@ async def _run_variant(name: str, k: int, records: int, size: int, batches: int,
     if name != "direct":
         sampler.pids["children"] = [s.child.proc.pid for s in shards]
     if server_pid and name != "amazon_kclpy":
-        sampler.pids["server"] = [server_pid]
+        sampler.trees["server"] = server_pid  # with its handler processes
     result = Result(name, k, records * batches * k, len(line) * batches * k)
     sampler.start()
     await drive(shards, line, last, batches, result)
@@ -205,11 +210,12 @@ def batches_for(k: int, records: int, size: int, quick: bool) -> int:
 async def run(args, shard_counts: list[int], with_kclpy: bool, tmp: str) -> None:
     """The relay part: start-up cost, then every load at every shard count."""
     loads = [tuple(int(x) for x in spec.split("x")) for spec in args.load]
-    server, port = await start_server(os.path.join(tmp, "state"))
+    server, port = await start_server(os.path.join(tmp, "state"), workers=args.workers[0])
     try:
         ms, rss, pss = await relay_startup(port)
         print(f"relay start-up: {ms:.0f} ms to the first status; RSS {rss / 1024:.1f} MiB, PSS {pss / 1024:.1f} MiB")
-        print(f"server idle: PSS {pss_kb(server.pid) / 1024:.1f} MiB")
+        idle = sum(pss_kb(p) for p in descendants(server.pid))
+        print(f"server idle (--workers {args.workers[0]}, with its handler processes): PSS {idle / 1024:.1f} MiB")
     finally:
         server.terminate()
         server.wait(30)
@@ -224,14 +230,17 @@ async def run(args, shard_counts: list[int], with_kclpy: bool, tmp: str) -> None
             if with_kclpy:
                 base = await run_variant("amazon_kclpy", k, records, size, batches, tmp)
                 rows.append(base)
-            rows.append(await run_variant("mldserver", k, records, size, batches, tmp))
-            rows.append(await run_variant("direct", k, records, size, batches, tmp))
+            pairs = []
+            for w in args.workers:
+                relay = await run_variant("mldserver", k, records, size, batches, tmp, w)
+                direct = await run_variant("direct", k, records, size, batches, tmp, w)
+                rows += [relay, direct]
+                pairs.append((w, relay, direct))
             for r in rows:
                 print(r.row(base))
             if k == shard_counts[0]:
                 print(c.row(base))
-            relay, direct = rows[-2], rows[-1]
-            print(f"  relay cost at K={k}: {100 * (1 - relay.rate / direct.rate):+.1f}% records/s vs direct")
-            if base is not None:
-                share = relay.per_shard_pss_kb / base.per_shard_pss_kb
-                print(f"  memory per shard at K={k}: {share:.2f}x one amazon_kclpy child")
+            for w, relay, direct in pairs:
+                print(f"  --workers {w}, K={k}: relay cost {100 * (1 - relay.rate / direct.rate):+.1f}% records/s "
+                      f"vs direct" + (f"; memory per shard {relay.per_shard_pss_kb / base.per_shard_pss_kb:.2f}x "
+                                      f"one amazon_kclpy child" if base is not None else ""))
