@@ -2,7 +2,7 @@
 
 A record whose partition key is ``poison`` misbehaves as ``MLDSERVER_TEST_POISON``
 says, in the handler process: ``segv`` (a fault in C, through ctypes), ``exit``
-(``os._exit(3)``), ``block`` (``time.sleep`` for a minute: the test SIGKILLs the
+(``os._exit(3)``), ``badrow`` (emits a row orjson cannot encode), ``block`` (``time.sleep`` for a minute: the test SIGKILLs the
 process, or ``execution_timeout`` does), ``raise``. Every row carries the module's
 ``VERSION`` and the process's pid, so a test can tell which code handled a batch.
 """
@@ -39,6 +39,9 @@ class Emit(mldserver.Handler):
     async def process_records(self, batch, checkpointer):
         for record in batch.records:
             if record.partition_key == "poison":
+                if os.environ.get("MLDSERVER_TEST_POISON") == "badrow":
+                    batch.emit(record, {"not json": {1, 2}})
+                    continue
                 misbehave()
             batch.emit(record, {"seq": record.sequence_number, "shard": batch.shard.shard_id,
                                 "version": VERSION, "pid": os.getpid()})

@@ -19,8 +19,9 @@ apart; what changes is what a failure can be::
   the shard's current position (``shard_moved``).
 
 One call is one ``call`` frame and one ``done`` frame; the rows come back columnar
-(``frames.decode_rows``) and are handed to the worker as ``Emitted`` rows whose row is
-the child's JSON (``orjson.Fragment``): never decoded in the server.
+(``frames.decode_rows``) and are handed to the worker as the coordinator's items
+(``batches.EncodedRows``): each row the child's JSON bytes, never decoded or encoded
+again in the server.
 """
 
 from __future__ import annotations
@@ -30,14 +31,14 @@ import contextlib
 import itertools
 from typing import Any, AsyncIterator, Callable
 
-import orjson
-
 from ..backoff import Backoff
 from ..checkpointer import Checkpointer
 from ..context import Context
 from ..errors import CheckpointError, ConfigError
 from ..logs import EventLogger
-from ..records import Batch, Emitted, ShardInfo
+from ..coordinator.ordering import Item
+from ..records import Batch, ShardInfo
+from ..shard.batches import BAD_ROW, BadRecords, EncodedRows
 from ..shard.calls import FAILED, Outcome
 from . import frames
 from .pool import HandlerPool
@@ -48,18 +49,6 @@ from .process import HandlerProcess, ProcessDied
 UNBLAMED_REDOS = 10
 
 _keys = itertools.count(1)
-
-
-class Unencodable:
-    """A row the handler process could not encode: the worker dead-letters its record."""
-
-    __slots__ = ("error",)
-
-    def __init__(self, error: str) -> None:
-        self.error = error
-
-    def __repr__(self) -> str:
-        return self.error
 
 
 class _InitializeFailed(Exception):
@@ -232,14 +221,26 @@ class ProcessCalls:
             body = frames.encode_records(batch.records)
         return frame, body
 
-    def _rows(self, batch: Batch, message: dict[str, Any], body: bytes) -> list[Emitted]:
+    def _rows(self, batch: Batch, message: dict[str, Any], body: bytes) -> EncodedRows:
+        """The coordinator's items straight from the columnar body: each row stays the
+        child's JSON bytes; the record gives its position (and the event time if the
+        handler gave none)."""
         records = batch.records
         idx, times, data = frames.decode_rows(message["rows"], body)
-        fragment, new = orjson.Fragment, tuple.__new__
-        rows = [new(Emitted, (records[i], fragment(d), t)) for i, t, d in zip(idx, times, data)]
-        for i, error in message["bad"]:
-            rows.append(Emitted(records[i], Unencodable(error), None))  # type: ignore[arg-type]
-        return rows
+        bad = [BadRecords([records[i].to_json()], BAD_ROW, error) for i, error in message["bad"]]
+        new = tuple.__new__
+        try:
+            items = [new(Item, (r.approximate_arrival_timestamp if t is None else t, r._position or r.position, d))
+                     for r, t, d in zip(map(records.__getitem__, idx), times, data)]
+        except ValueError:  # a record without a position (no sink parsed them): its rows are bad rows
+            items = []
+            for i, t, d in zip(idx, times, data):
+                r = records[i]
+                try:
+                    items.append(Item(r.approximate_arrival_timestamp if t is None else t, r.position, d))
+                except ValueError as exc:
+                    bad.append(BadRecords([r.to_json()], BAD_ROW, str(exc)))
+        return EncodedRows(items, bad)
 
     # -- what the handler asks during a call ---------------------------------------------
 

@@ -118,9 +118,18 @@ def _deaggregated(raws: list[Any]) -> tuple[list[Record], list[BadRecords]]:
     return out, bad
 
 
-def encode_rows(emitted: Iterable[Emitted]) -> tuple[list[Item], list[BadRecords]]:
+class EncodedRows(NamedTuple):
+    """What a batch emitted, already items (a handler process encoded the rows)."""
+
+    items: list[Item]
+    bad: list[BadRecords]
+
+
+def encode_rows(emitted: Iterable[Emitted] | EncodedRows) -> tuple[list[Item], list[BadRecords]]:
     """The coordinator's items for what a batch emitted, in order, and the rows that
     cannot be items (their records, to dead-letter)."""
+    if isinstance(emitted, EncodedRows):
+        return emitted.items, emitted.bad
     emitted = list(emitted)
     try:
         # ``_position``: the decoder's, read without a call (``position`` parses it if unset)

@@ -73,3 +73,22 @@ async def test_a_handler_that_kills_its_process_costs_a_respawn_and_a_dead_lette
     assert letters[2]["partition_key"] == "poison" and all(letter["data"] for letter in letters)
     assert {letter["reason"] for letter in letters} == {"handler failed"}
     assert all("handler process died" in letter["error"] for letter in letters)
+
+
+async def test_a_row_a_handler_process_cannot_encode_is_dead_lettered_and_the_others_go_on(tmp_path, caplog,
+                                                                                           monkeypatch):
+    caplog.set_level(logging.INFO, logger="mldserver")
+    monkeypatch.setenv("MLDSERVER_TEST_POISON", "badrow")
+    async with running(tmp_path, "Emit") as (server, sink, daemon):
+        shards = await drive(daemon, 2, 2, {1: {1}})
+        want = expected(2, 2) - {("shardId-000000000001", "2002")}
+        await eventually(lambda: seen(sink) >= want, timeout=20, what="every other row in the sink")
+        assert seen(sink) == want
+        for shard in shards:
+            await shard.shard_ended()
+            assert await shard.close() == 0
+    [letter] = dead_letters(tmp_path, "shardId-000000000001")
+    assert (letter["reason"], letter["sequence_number"]) == ("bad row", "2002")
+    assert letter["error"] == "row not JSON-encodable: Type is not JSON serializable: set"
+    assert letter["partition_key"] == "poison" and letter["data"]
+    assert not events(caplog, "handler_failed")
