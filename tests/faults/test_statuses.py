@@ -110,8 +110,6 @@ async def test_a_malformed_checkpoint_reply_is_a_failed_checkpoint_not_a_status(
         assert await peer.finish() == b""
 
 
-@pytest.mark.xfail(strict=True, reason="issue 10: a handler that swallows CancelledError hangs its shard "
-                                       "(no status) and the shutdown")
 async def test_a_handler_that_swallows_cancellation_cannot_hold_its_status_or_the_shutdown(serve, config_file):
     server = serve("tests.faulty_handlers:SwallowCancel", "--execution-timeout", "1",
                    "--config", config_file(handler_retries=0, shutdown_timeout=3.0))
