@@ -75,3 +75,19 @@ class Hog(mldserver.Handler):
             self.leak.append(b"x" * (int(os.environ.get("MLDSERVER_TEST_HOG", "64")) << 20))  # resident
         for record in batch.records:
             batch.emit(record, {"seq": record.sequence_number, "shard": batch.shard.shard_id, "pid": os.getpid()})
+
+
+class Sql(mldserver.Handler):
+    """Asks Spark, through the server, per batch: a parameter bound by Spark, and the
+    first rows of a longer query (leaving the loop early closes the cursor)."""
+
+    async def process_records(self, batch, checkpointer):
+        [row] = [r async for r in await self.context.sql("SELECT :n + 1 AS m, :s AS s", n=len(batch.records),
+                                                          s="x' OR '1'='1")]
+        first = []
+        async for r in await self.context.sql("SELECT id FROM range(0, 100000, 1, 8)"):
+            first.append(r["id"])
+            if len(first) == 3:
+                break
+        for record in batch.records:
+            batch.emit(record, {"shard": batch.shard.shard_id, "seq": record.sequence_number, **row, "first": first})
