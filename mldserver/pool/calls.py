@@ -218,7 +218,8 @@ class ProcessCalls:
             batch: Batch = arg
             frame["millis_behind_latest"] = batch.millis_behind_latest
             frame["collect"] = collect
-            body = frames.encode_records(batch.records)
+            frame["line"] = batch.line is not None
+            body = batch.line if batch.line is not None else frames.encode_records(batch.records)
         return frame, body
 
     def _rows(self, batch: Batch, message: dict[str, Any], body: bytes) -> EncodedRows:

@@ -34,6 +34,7 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import faulthandler
+import gc
 import mmap
 import os
 import signal
@@ -210,7 +211,7 @@ class Child:
                 raise RuntimeError(f"no handler for shard {info.shard_id} in this process")
             cp = ProxyCheckpointer(Proxy(self, call_id))
             if action == "process_records":
-                batch = Batch(frames.records_from(body), frame.get("millis_behind_latest"), info,
+                batch = Batch(frames.records_from(body, bool(frame.get("line"))), frame.get("millis_behind_latest"), info,
                               [] if frame.get("collect") else None)
                 coro = handler.process_records(batch, cp)
             elif action == "initialize":
@@ -275,6 +276,11 @@ async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> N
         writer.write(frames.encode({"op": "import_failed", "error": str(exc)}))
         await writer.drain()
         return
+    # As the server does (cli.tune): a batch decodes into tens of thousands of objects;
+    # fewer, larger young collections, and the imported code frozen out of them.
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(50_000, 20, 100)
     stack = open(start["state"] + ".stack", "w")
     faulthandler.enable(stack, all_threads=True)
     faulthandler.register(signal.SIGUSR1, stack, all_threads=True)

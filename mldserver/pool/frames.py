@@ -6,8 +6,8 @@ What crosses, and how often (one shard's action is one ``call`` and one ``done``
 
     server -> child
       {"op":"start","handler":"pkg.mod:Attr","settings":{...},"sys_path":[...],"state":"/x/h-1"}
-      {"op":"call","id":7,"shard":3,"action":"process_records",
-       "info":["shardId-0","TRIM_HORIZON",0],"millis_behind_latest":0,"collect":true} | records JSON
+      {"op":"call","id":7,"shard":3,"action":"process_records","line":true,
+       "info":["shardId-0","TRIM_HORIZON",0],"millis_behind_latest":0,"collect":true} | the line
       {"op":"reply","req":2,"error":null}                      (a checkpoint's answer)
       {"op":"reply","req":3,"rows":[{...}],"done":false}       (context.sql rows)
       {"op":"drop","shard":3}                                  (the shard left this process)
@@ -19,9 +19,10 @@ What crosses, and how often (one shard's action is one ``call`` and one ``done``
       {"op":"sql_close","id":7,"req":4,"cursor":1}
       {"op":"done","id":7,"result":"ok","error":null,"rows":2,"bad":[]} | rows, columnar
 
-The records of a batch cross as one JSON array of the daemon's record objects
-(``encode_records``, orjson in C; the child wraps them in lazy ``Record``s as the
-server does). The rows a batch emitted come back as one columnar body per batch, never
+The records of a batch cross as the daemon's processRecords line, the bytes that
+arrived (``"line": true``), or, when the server changed them (KPL aggregates expanded,
+malformed records taken out), as one JSON array of record objects (``encode_records``);
+the child wraps them in lazy ``Record``s as the server does. The rows a batch emitted come back as one columnar body per batch, never
 a frame per row (``encode_rows`` / ``decode_rows``)::
 
     n x u32 record index | n x f64 event time (NaN: none given) | n x u64 end offset | row JSON...
@@ -76,6 +77,7 @@ class CallFrame(TypedDict, total=False):
     info: tuple[str, str | None, int | None]  # ShardInfo: shard id, sequence number, sub-sequence
     millis_behind_latest: int | None
     collect: bool  # process_records: does the server want the rows?
+    line: bool  # process_records: the body is the daemon's line (else a records array)
 
 
 class DoneFrame(TypedDict):
@@ -95,8 +97,18 @@ def encode_records(records: Sequence[Record]) -> bytes:
                          for r in records])
 
 
-def records_from(body: bytes) -> list[Record]:
-    return list(map(Record, orjson.loads(body))) if body else []
+def records_from(body: bytes, line: bool = False) -> list[Record]:
+    """The batch's records from a ``call`` body: the daemon's whole processRecords
+    line (``line``), or the array ``encode_records`` made."""
+    if not body:
+        return []
+    if not line:
+        return list(map(Record, orjson.loads(body)))
+    try:
+        message = orjson.loads(body)
+    except orjson.JSONDecodeError:  # not UTF-8: decoded tolerantly, as the protocol core does
+        message = orjson.loads(body.decode("utf-8", "replace"))
+    return list(map(Record, message.get("records") or ()))
 
 
 _U32, _F64, _U64 = "I", "d", "Q"

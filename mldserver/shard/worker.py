@@ -225,6 +225,8 @@ class Worker:
         self.progress.batch(records)
         last = records[-1].position if records else None
         batch = Batch(records, event.millis_behind_latest, self.shard)  # type: ignore[arg-type]
+        if not kpl and len(records) == len(event.records):
+            batch.line = event.line  # the records as they arrived, for a handler process
         try:
             outcome = await self.calls.call(
                 "process_records", batch, self._checkpointers("process_records"),
