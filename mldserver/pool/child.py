@@ -159,6 +159,7 @@ class Child:
         self.reqs = 0
         self.tasks: set[asyncio.Task[None]] = set()
         self.calls: dict[asyncio.Task[Any], int] = {}
+        self.what: dict[int, dict[str, str]] = {}  # call id -> shard id and action, for the watchdog
         self.beat = time.monotonic()
 
     def send(self, message: dict[str, Any], body: bytes = b"") -> None:
@@ -181,6 +182,7 @@ class Child:
         if op == "call":
             task = asyncio.get_running_loop().create_task(self.call(message, body))
             self.calls[task] = message["id"]
+            self.what[message["id"]] = {"shard_id": message["info"][0], "action": message["action"]}
             self.tasks.add(task)
             task.add_done_callback(self._finished)
         elif op == "reply":
@@ -195,7 +197,7 @@ class Child:
 
     def _finished(self, task: asyncio.Task[None]) -> None:
         self.tasks.discard(task)
-        self.calls.pop(task, None)
+        self.what.pop(self.calls.pop(task, 0), None)
 
     async def call(self, frame: frames.CallFrame, body: bytes) -> None:
         call_id, action, shard = frame["id"], frame["action"], frame["shard"]
@@ -255,7 +257,7 @@ class Child:
             frame = sys._current_frames().get(main)
             stack = "".join(traceback.format_stack(frame)) if frame is not None else ""
             log.warning("handler_blocked", pid=os.getpid(), blocked_ms=round(blocked * 1000),
-                        calls=sorted(self.calls.values()), stack=stack,
+                        in_flight=list(self.what.values()), stack=stack,
                         what_to_do="a handler blocks its loop (and every shard of this process): "
                                    "await asyncio.to_thread(...) for blocking work")
 
