@@ -19,7 +19,7 @@ apart; what changes is what a failure can be::
   the shard's current position (``shard_moved``).
 
 One call is one ``call`` frame and one ``done`` frame; the rows come back columnar
-(``frames.decode_rows``) and are handed to the worker as the coordinator's items
+(``decode_rows``) and are handed to the worker as the coordinator's items
 (``batches.EncodedRows``): each row the child's JSON bytes, never decoded or encoded
 again in the server.
 """
@@ -40,7 +40,7 @@ from ..coordinator.ordering import Item
 from ..records import Batch, ShardInfo
 from ..shard.batches import BAD_ROW, BadRecords, EncodedRows
 from ..shard.calls import FAILED, Outcome
-from . import frames
+from .frames import decode_rows, encode_records
 from .pool import HandlerPool
 from .process import HandlerProcess, ProcessDied
 
@@ -219,7 +219,7 @@ class ProcessCalls:
             frame["millis_behind_latest"] = batch.millis_behind_latest
             frame["collect"] = collect
             frame["line"] = batch.line is not None
-            body = batch.line if batch.line is not None else frames.encode_records(batch.records)
+            body = batch.line if batch.line is not None else encode_records(batch.records)
         return frame, body
 
     def _rows(self, batch: Batch, message: dict[str, Any], body: bytes) -> EncodedRows:
@@ -227,7 +227,7 @@ class ProcessCalls:
         child's JSON bytes; the record gives its position (and the event time if the
         handler gave none)."""
         records = batch.records
-        idx, times, data = frames.decode_rows(message["rows"], body)
+        idx, times, data = decode_rows(message["rows"], body)
         bad = [BadRecords([records[i].to_json()], BAD_ROW, error) for i, error in message["bad"]]
         new = tuple.__new__
         try:

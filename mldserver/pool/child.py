@@ -50,7 +50,7 @@ from ..errors import CheckpointError, ConfigError
 from ..importer import import_from_string
 from ..logs import configure, get_logger
 from ..records import Batch, ShardInfo
-from . import frames
+from .frames import RUN, CallFrame, StartFrame, encode, encode_rows, read_frame_async, records_from
 
 log = get_logger("mldserver.handler")
 WATCH_INTERVAL = 0.05
@@ -61,11 +61,11 @@ class Running:
 
     def __init__(self, path: str) -> None:
         fd = os.open(path, os.O_RDWR)
-        self.map = mmap.mmap(fd, frames.RUN.size)
+        self.map = mmap.mmap(fd, RUN.size)
         os.close(fd)
 
     def set(self, call_id: int) -> None:
-        frames.RUN.pack_into(self.map, 0, call_id)
+        RUN.pack_into(self.map, 0, call_id)
 
 
 class Tracked:
@@ -143,7 +143,7 @@ class SparkProxy:
 
 
 class Child:
-    def __init__(self, start: frames.StartFrame, writer: asyncio.StreamWriter) -> None:
+    def __init__(self, start: StartFrame, writer: asyncio.StreamWriter) -> None:
         self.writer = writer
         self.settings = Settings(**start["settings"])
         self.state = start["state"]
@@ -163,7 +163,7 @@ class Child:
         self.beat = time.monotonic()
 
     def send(self, message: dict[str, Any], body: bytes = b"") -> None:
-        self.writer.write(frames.encode(message, body))
+        self.writer.write(encode(message, body))
 
     async def request(self, message: dict[str, Any]) -> dict[str, Any]:
         self.reqs += 1
@@ -199,7 +199,7 @@ class Child:
         self.tasks.discard(task)
         self.what.pop(self.calls.pop(task, 0), None)
 
-    async def call(self, frame: frames.CallFrame, body: bytes) -> None:
+    async def call(self, frame: CallFrame, body: bytes) -> None:
         call_id, action, shard = frame["id"], frame["action"], frame["shard"]
         info = ShardInfo(*frame["info"])
         batch = None
@@ -213,7 +213,7 @@ class Child:
                 raise RuntimeError(f"no handler for shard {info.shard_id} in this process")
             cp = ProxyCheckpointer(Proxy(self, call_id))
             if action == "process_records":
-                batch = Batch(frames.records_from(body, bool(frame.get("line"))), frame.get("millis_behind_latest"), info,
+                batch = Batch(records_from(body, bool(frame.get("line"))), frame.get("millis_behind_latest"), info,
                               [] if frame.get("collect") else None)
                 coro = handler.process_records(batch, cp)
             elif action == "initialize":
@@ -232,7 +232,7 @@ class Child:
         n, rows, bad = 0, b"", []
         if batch is not None and batch.rows and result != "failed":
             index = {id(r): i for i, r in enumerate(batch.records)}
-            n, rows, bad = frames.encode_rows(batch.rows, index)
+            n, rows, bad = encode_rows(batch.rows, index)
         self.send({"op": "done", "id": call_id, "result": result, "error": error, "traceback": tb,
                    "rows": n, "bad": bad}, rows)
 
@@ -263,10 +263,10 @@ class Child:
 
 
 async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-    first = await frames.read_frame_async(reader)
+    first = await read_frame_async(reader)
     if first is None:
         return
-    start: frames.StartFrame = first[0]  # type: ignore[assignment]
+    start: StartFrame = first[0]  # type: ignore[assignment]
     s = start["settings"]
     configure(s["log_format"], s["log_level"], s["log_file"])
     for p in reversed(start["sys_path"]):
@@ -275,7 +275,7 @@ async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> N
     try:
         child = Child(start, writer)
     except ConfigError as exc:
-        writer.write(frames.encode({"op": "import_failed", "error": str(exc)}))
+        writer.write(encode({"op": "import_failed", "error": str(exc)}))
         await writer.drain()
         return
     # As the server does (cli.tune): a batch decodes into tens of thousands of objects;
@@ -291,7 +291,7 @@ async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> N
     beat = asyncio.get_running_loop().create_task(child.heartbeat())
     child.send({"op": "ready", "pid": os.getpid()})
     while True:
-        frame = await frames.read_frame_async(reader)
+        frame = await read_frame_async(reader)
         if frame is None or not child.on_frame(*frame):
             break
     beat.cancel()

@@ -22,8 +22,9 @@ What crosses, and how often (one shard's action is one ``call`` and one ``done``
 The records of a batch cross as the daemon's processRecords line, the bytes that
 arrived (``"line": true``), or, when the server changed them (KPL aggregates expanded,
 malformed records taken out), as one JSON array of record objects (``encode_records``);
-the child wraps them in lazy ``Record``s as the server does. The rows a batch emitted come back as one columnar body per batch, never
-a frame per row (``encode_rows`` / ``decode_rows``)::
+the child wraps them in lazy ``Record``s as the server does. The rows a batch emitted
+come back as one columnar body per batch, never a frame per row (``encode_rows`` /
+``decode_rows``)::
 
     n x u32 record index | n x f64 event time (NaN: none given) | n x u64 end offset | row JSON...
 

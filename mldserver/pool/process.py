@@ -30,7 +30,7 @@ from typing import Any, Awaitable, Callable
 from ..config import Settings, state_path
 from ..errors import MldserverError
 from ..logs import EventLogger
-from . import frames
+from .frames import RUN, StartFrame, encode, read_frame_async
 
 PIPE_LIMIT = 1 << 24
 START_TIMEOUT = 60.0
@@ -98,9 +98,9 @@ class HandlerProcess:
 
     async def start(self) -> None:
         with open(self.state + ".run", "wb") as f:
-            f.write(b"\0" * frames.RUN.size)
+            f.write(b"\0" * RUN.size)
         fd = os.open(self.state + ".run", os.O_RDWR)
-        self._map = mmap.mmap(fd, frames.RUN.size)
+        self._map = mmap.mmap(fd, RUN.size)
         os.close(fd)
         self.proc = proc = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "mldserver.pool.child",
@@ -108,7 +108,7 @@ class HandlerProcess:
             start_new_session=True, limit=PIPE_LIMIT,
         )  # fmt: skip
         self.pid = proc.pid
-        start: frames.StartFrame = {
+        start: StartFrame = {
             "op": "start",
             "handler": self.settings.handler,
             "settings": dataclasses.asdict(self.settings),
@@ -116,9 +116,9 @@ class HandlerProcess:
             "state": self.state,
         }
         assert proc.stdin is not None and proc.stdout is not None
-        proc.stdin.write(frames.encode(start))
+        proc.stdin.write(encode(start))
         try:
-            frame = await asyncio.wait_for(frames.read_frame_async(proc.stdout), START_TIMEOUT)
+            frame = await asyncio.wait_for(read_frame_async(proc.stdout), START_TIMEOUT)
         except asyncio.TimeoutError:
             frame = None
         if frame is None or frame[0].get("op") != "ready":
@@ -137,7 +137,7 @@ class HandlerProcess:
         proc = self.proc
         assert proc is not None and proc.stdout is not None
         while True:
-            frame = await frames.read_frame_async(proc.stdout)
+            frame = await read_frame_async(proc.stdout)
             if frame is None:
                 break
             message, body = frame
@@ -152,7 +152,7 @@ class HandlerProcess:
                 task = asyncio.create_task(self._answer(message, entry[1] if entry else None))
                 self._serving.add(task)
                 task.add_done_callback(self._serving.discard)
-        running = frames.RUN.unpack_from(self._map)[0] if self._map is not None else 0
+        running = RUN.unpack_from(self._map)[0] if self._map is not None else 0
         self.returncode = await proc.wait()
         self.last_running = running = self.killed_for or running
         self.died.set()
@@ -181,7 +181,7 @@ class HandlerProcess:
         if proc is None or proc.stdin is None or self.died.is_set():
             raise ProcessDied("already gone", blamed=False)
         try:
-            proc.stdin.write(frames.encode(message, body))
+            proc.stdin.write(encode(message, body))
         except (BrokenPipeError, ConnectionResetError) as exc:
             raise ProcessDied(str(exc), blamed=False) from None
 
@@ -205,7 +205,7 @@ class HandlerProcess:
 
     def running(self) -> int:
         """The id of the call whose handler code is executing now (0: none is)."""
-        return frames.RUN.unpack_from(self._map)[0] if self._map is not None else 0
+        return RUN.unpack_from(self._map)[0] if self._map is not None else 0
 
     def drop(self, key: int) -> None:
         self.shards.pop(key, None)

@@ -143,8 +143,6 @@ async def test_a_line_over_max_line_size_is_answered_and_dead_lettered_whole(ser
     assert record[0]["data"] in kept, "the over-long line was not dead-lettered whole"
 
 
-@pytest.mark.xfail(strict=True, reason="issue 10: a checkpointer kept past its action still checkpoints "
-                                       "during a later action")
 async def test_a_checkpointer_kept_past_its_action_no_longer_checkpoints(serve):
     server = serve("tests.faulty_handlers:KeepCheckpointer")
     peer = await Peer.open(server.port)

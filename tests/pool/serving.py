@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import logging
 
 import orjson
 
@@ -16,7 +15,7 @@ from mldserver.server import Server
 from mldserver.testing import FakeDaemon, make_records
 
 from ..conftest import relay_command
-from ..helpers import FakeClock, eventually
+from ..helpers import FakeClock
 
 T0 = 1476889707000
 
@@ -106,5 +105,3 @@ def expected(shards: int, batches: int, skip: dict[int, set[int]] | None = None)
 def seen(sink: MemorySink) -> set[tuple[str, str]]:
     return {(r["shard"], r["seq"]) for r in sink.rows}
 
-
-__all__ = ["FakeClock", "MemorySink", "batch", "drive", "eventually", "events", "logging", "running"]
