@@ -2,13 +2,15 @@
 
 A record whose partition key is ``poison`` misbehaves as ``MLDSERVER_TEST_POISON``
 says, in the handler process: ``segv`` (a fault in C, through ctypes), ``exit``
-(``os._exit(3)``), ``badrow`` (emits a row orjson cannot encode), ``block`` (``time.sleep`` for a minute: the test SIGKILLs the
+(``os._exit(3)``), ``badrow`` (emits a row orjson cannot encode), ``checkpoint-exit`` (exits while its
+checkpoint request is being answered), ``block`` (``time.sleep`` for a minute: the test SIGKILLs the
 process, or ``execution_timeout`` does), ``raise``. Every row carries the module's
 ``VERSION`` and the process's pid, so a test can tell which code handled a batch.
 """
 
 from __future__ import annotations
 
+import asyncio
 import ctypes
 import os
 import time
@@ -42,6 +44,12 @@ class Emit(mldserver.Handler):
                 if os.environ.get("MLDSERVER_TEST_POISON") == "badrow":
                     batch.emit(record, {"not json": {1, 2}})
                     continue
+                if os.environ.get("MLDSERVER_TEST_POISON") == "checkpoint-exit":
+                    # dies while its checkpoint request is with the server (and the daemon)
+                    asyncio.ensure_future(checkpointer.checkpoint(record.sequence_number, 0))
+                    await asyncio.sleep(0)
+                    await asyncio.sleep(0)
+                    os._exit(3)
                 misbehave()
             batch.emit(record, {"seq": record.sequence_number, "shard": batch.shard.shard_id,
                                 "version": VERSION, "pid": os.getpid()})

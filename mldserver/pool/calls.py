@@ -78,6 +78,7 @@ class ProcessCalls:
         self._cursors: dict[int, AsyncIterator[dict[str, Any]]] = {}
         self._left = 0  # the shard moves to a process numbered above this (see _leave)
         self._stored: Any = None  # the position the daemon stored last (a Position)
+        self._answering: set[asyncio.Task[Any]] = set()  # the handler's requests being answered
 
     def create(self) -> str | None:
         """The instance is made in the handler process, with ``initialize``."""
@@ -127,6 +128,7 @@ class ProcessCalls:
                             await self.proc.died.wait()
                 self._leave()
                 if not exc.blamed and redone < UNBLAMED_REDOS:
+                    await self._settled()
                     redone += 1
                     self.log.warning("handler_redone", callback=action, error=str(exc))
                     continue
@@ -138,6 +140,7 @@ class ProcessCalls:
                     return Outcome(message["result"], message["error"],
                                    self._rows(arg, message, rows) if collect_rows else None)
                 error, traceback = message["error"], message.get("traceback")
+            await self._settled()
             attempt += 1
             retry = attempt < attempts
             self.log.error("handler_failed", callback=action, error=error, attempt=attempt, attempts=attempts,
@@ -145,6 +148,12 @@ class ProcessCalls:
             if retry:
                 await asyncio.sleep(self.backoff.delay(attempt - 1))
         return Outcome(FAILED, error)
+
+    async def _settled(self) -> None:
+        """Before an action is redone: the requests of the attempt that failed are
+        answered (a checkpoint round trip with the daemon is never cut in two)."""
+        while self._answering:
+            await asyncio.gather(*list(self._answering), return_exceptions=True)
 
     async def _wait(self, proc: HandlerProcess, frame: dict[str, Any], body: bytes, cp: Checkpointer,
                     action: str) -> tuple[dict[str, Any], bytes]:
@@ -247,6 +256,10 @@ class ProcessCalls:
 
     def _requests(self, cp: Checkpointer | None):
         async def answer(message: dict[str, Any]) -> dict[str, Any]:
+            task = asyncio.current_task()
+            assert task is not None
+            self._answering.add(task)
+            task.add_done_callback(self._answering.discard)
             op = message["op"]
             if op == "checkpoint":
                 return await self._checkpoint(cp, message)

@@ -166,15 +166,18 @@ class HandlerProcess:
                 # awaited): each call in flight may be the culprit.
                 future.set_exception(ProcessDied(text, blamed=call_id == running or running == 0))
         self._calls.clear()
-        for task in list(self._serving):
-            task.cancel()
+        # Requests being answered are not cancelled: a checkpoint round trip with the
+        # daemon must finish (the call's owner waits for it before it redoes the action).
 
     async def _answer(self, message: dict[str, Any], requests: Requests | None) -> None:
         if requests is None:
             reply: dict[str, Any] = {"error": "InvalidStateException", "detail": "the action is over"}
         else:
             reply = await requests(message)
-        self._write({"op": "reply", "req": message["req"], **reply})
+        try:
+            self._write({"op": "reply", "req": message["req"], **reply})
+        except ProcessDied:
+            pass  # nobody is left to read it
 
     def _write(self, message: dict[str, Any], body: bytes = b"") -> None:
         proc = self.proc

@@ -92,3 +92,21 @@ async def test_a_row_a_handler_process_cannot_encode_is_dead_lettered_and_the_ot
     assert letter["error"] == "row not JSON-encodable: Type is not JSON serializable: set"
     assert letter["partition_key"] == "poison" and letter["data"]
     assert not events(caplog, "handler_failed")
+
+
+async def test_a_process_that_dies_during_a_checkpoint_round_trip_leaves_the_conversation_whole(
+        tmp_path, caplog, monkeypatch):
+    """The daemon's reply to a checkpoint the dead process asked for is read before the
+    action is redone: the conversation never holds two round trips, or a status between."""
+    caplog.set_level(logging.INFO, logger="mldserver")
+    monkeypatch.setenv("MLDSERVER_TEST_POISON", "checkpoint-exit")
+    async with running(tmp_path, "EmitCheckpoint", sink=False) as (server, _, daemon):
+        shards = await drive(daemon, SHARDS, BATCHES, {POISONED: {1}}, last=False)
+        for shard in shards:
+            await shard.shard_ended()
+            assert await shard.close() == 0
+    attempts = server.settings.handler_retries + 1
+    asked = [c for c in shards[POISONED].checkpoint_requests if c == ("2002", 0)]
+    assert len(asked) == attempts  # each attempt died with its checkpoint at the daemon
+    assert len(dead_letters(tmp_path, "shardId-000000000003")) == 5
+    assert all(daemon.checkpoints[s.shard_id] == "SHARD_END" for s in shards)
