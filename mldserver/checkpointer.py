@@ -5,6 +5,12 @@ A ``Checkpointer`` lives for one action (a batch, a shutdown request, a shard en
     await checkpointer.checkpoint()                              # all delivered / SHARD_END
     await checkpointer.checkpoint(r.sequence_number, r.sub_sequence_number)
 
+and is valid only inside it: the worker closes it before it answers the action, and
+a later call (a checkpointer kept for the next batch) raises ``CheckpointError``
+without asking the daemon. A sequence number that is not a string (or an int), or a
+sub-sequence number that is not an int, raises ``CheckpointError``
+(``IllegalArgumentException``) without asking the daemon either.
+
 Each call is one round trip: the checkpoint line goes to the daemon, and the daemon's
 reply comes back before anything else happens on the shard. ``ThrottlingException``
 and ``KinesisClientLibDependencyException`` are retried with jittered exponential
@@ -69,8 +75,27 @@ class Checkpointer:
         self._on_refused = on_refused
         self.lease_lost = False
         self.stored_all = False  # a null checkpoint succeeded (SHARD_END during a shard end)
+        self.closed = False
+
+    def close(self) -> None:
+        """The action is answered: any later ``checkpoint()`` raises."""
+        self.closed = True
 
     async def checkpoint(self, sequence_number: str | None = None, sub_sequence_number: int | None = None) -> None:
+        if self.closed:
+            raise CheckpointError(
+                "InvalidStateException", _text(sequence_number), None,
+                "checkpointer used outside its action: the action it was given for has been answered; "
+                "use the checkpointer passed to the current callback",
+            )
+        if not (sequence_number is None or isinstance(sequence_number, str) or _is_int(sequence_number)):
+            self._refused(CheckpointError(
+                "IllegalArgumentException", _text(sequence_number), None,
+                f"sequence_number must be a string, got {type(sequence_number).__name__}"), None)
+        if not (sub_sequence_number is None or _is_int(sub_sequence_number)):
+            self._refused(CheckpointError(
+                "IllegalArgumentException", _text(sequence_number), None,
+                f"sub_sequence_number must be an int, got {type(sub_sequence_number).__name__}"), None)
         progress = self._progress
         position = None
         if sequence_number is not None:
@@ -123,3 +148,11 @@ class Checkpointer:
         if self._on_refused is not None:
             self._on_refused(error, delay)
         raise error
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _text(value: object) -> str | None:
+    return None if value is None else str(value)[:100]

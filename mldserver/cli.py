@@ -1,5 +1,7 @@
-"""The command line: ``mldserver serve``, ``mldserver connect``, ``mldserver bench``,
-``mldserver demo``. The only module that exits the process or configures logging.
+"""The command line: ``mldserver serve``, ``mldserver check``, ``mldserver connect``,
+``mldserver bench``, ``mldserver demo``. The only module that exits the process or
+configures logging. A mistake in the arguments or the settings is one line on stderr
+and exit status 2.
 
 ``connect`` is dispatched before anything else is imported: the daemon starts one
 relay per shard and each must start fast and stay small.
@@ -22,7 +24,11 @@ def main(argv: list[str] | None = None) -> None:
 def _parser():
     import argparse
 
-    p = argparse.ArgumentParser(prog="mldserver", description="Serve KCL MultiLangDaemon shards over TCP.")
+    class Parser(argparse.ArgumentParser):
+        def error(self, message: str):  # one line, as every other mistake (not usage + error)
+            self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")
+
+    p = Parser(prog="mldserver", description="Serve KCL MultiLangDaemon shards over TCP.")
     sub = p.add_subparsers(dest="command", required=True)
 
     serve = sub.add_parser("serve", help="run the server until SIGTERM/SIGINT")
@@ -44,6 +50,12 @@ def _parser():
     serve.add_argument("--pipeline", help="Spark pipeline, MODULE:ATTR")
     serve.add_argument("--spark-master", help="Spark master URL (default local[*])")
     serve.add_argument("--spark-remote", help="Spark Connect URL sc://host:port")
+
+    check = sub.add_parser("check", help="load the settings, the handler and the pipeline as serve would, "
+                                         "probe the state directory, print what was found (exit 2 on a mistake)")
+    check.add_argument("--config", required=True, help="TOML file of settings (see mldserver.config)")
+    check.add_argument("--handler", help="the handler factory, MODULE:ATTR (else the config's)")
+    check.add_argument("--pipeline", help="Spark pipeline, MODULE:ATTR (else the config's)")
 
     connect = sub.add_parser("connect", help="the relay the daemon launches: HOST:PORT or unix:PATH")
     connect.add_argument("target")
@@ -76,6 +88,12 @@ def _main(argv: list[str]) -> None:
     try:
         if args.command == "serve":
             _serve(args, logs)
+        elif args.command == "check":
+            from . import check
+
+            settings = _settings(args)
+            _importable_cwd()
+            check.run(check.Given(settings, args.config), sys.stdout)
         elif args.command == "bench":
             from . import bench
 
@@ -96,37 +114,33 @@ def _main(argv: list[str]) -> None:
         sys.exit(130)
 
 
-def _serve(args, logs) -> None:
-    import os
-
-    from . import config, server
+def _settings(args):
+    """The settings from ``--config`` and the flags the command has (one code path for
+    ``serve`` and ``check``: every value checked against its Rule in config.load)."""
+    from . import config
     from .errors import ConfigError
 
-    settings = config.load(
-        args.config,
-        handler=args.handler,
-        host=args.host,
-        port=args.port,
-        unix=args.unix,
-        log_format=args.log_format,
-        log_file=args.log_file,
-        log_level=args.log_level,
-        state_dir=args.state_dir,
-        execution_timeout=args.execution_timeout,
-        workers=args.workers,
-        max_line_size=args.max_line_size,
-        window=args.window,
-        sink=args.sink,
-        pipeline=args.pipeline,
-        spark_master=args.spark_master,
-        spark_remote=args.spark_remote,
-    )
+    flags = {name: getattr(args, name) for name in config.RULES if hasattr(args, name)}
+    settings = config.load(args.config, **flags)
     if not settings.handler:
         raise ConfigError("no handler: pass --handler MODULE:ATTR (or set handler in --config)")
-    logs.configure(settings.log_format, settings.log_level, settings.log_file)
-    # Handlers named relative to where the server starts, as `python -m` would find them.
+    return settings
+
+
+def _importable_cwd() -> None:
+    """Handlers named relative to where the server starts, as `python -m` would find them."""
+    import os
+
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
+
+
+def _serve(args, logs) -> None:
+    from . import server
+
+    settings = _settings(args)
+    logs.configure(settings.log_format, settings.log_level, settings.log_file)
+    _importable_cwd()
     serving = server.Server(settings)
     tune(sink=serving.coordinator is not None)
     server.run(serving)

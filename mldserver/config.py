@@ -9,8 +9,14 @@ as the fields below, at the top level::
     execution_timeout = 30.0
     handler_retries = 2
 
-An unknown key or a value of the wrong type is a ConfigError naming the key, the file
-and what was expected. ``--sink`` is read here too, into a ``SinkSpec``::
+Each field carries its Rule (type, range, choices; floats finite), the one table both
+the file and the flags are checked against, here and by ``mldserver check``. A mistake
+is a ConfigError naming the setting, the value, where it came from and what is allowed::
+
+    load(window=0.0)  ->  ConfigError("--window (command line): window = 0.0 is out of
+                                       range: use 0.1 to 86400 seconds")
+
+``--sink`` is read here too, into a ``SinkSpec``::
 
     SinkSpec.parse("parquet:./out")  ->  SinkSpec(kind="parquet", directory=Path("/abs/out"))
 """
@@ -18,6 +24,7 @@ and what was expected. ``--sink`` is read here too, into a ``SinkSpec``::
 from __future__ import annotations
 
 import dataclasses
+import math
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,65 +50,127 @@ class SinkSpec(NamedTuple):
         return cls(kind, Path(where).resolve())  # type: ignore[arg-type]
 
 
+MINUTE, HOUR, DAY = 60.0, 3600.0, 86400.0
+
+
+@dataclass(frozen=True)
+class Rule:
+    """What one setting accepts: its type, a range (inclusive; for a string, whether it
+    may be empty) or a set of choices, and the unit the message quotes. Floats are
+    always finite. ``check`` returns the value (an int given for a float, as a float)
+    or raises a ConfigError naming the setting, the value, where it came from and what
+    is allowed."""
+
+    kind: type
+    low: float | None = None
+    high: float | None = None
+    choices: tuple[str, ...] = ()
+    unit: str = ""
+    empty: bool = True  # may a string be ""?
+
+    def check(self, name: str, value: Any, where: str) -> Any:
+        kind = self.kind
+        if kind is float and isinstance(value, int) and not isinstance(value, bool):
+            value = float(value)
+        if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+            raise ConfigError(f"{where}: {name} must be {_KIND_NAMES.get(kind, kind.__name__)}, got {value!r}")
+        if kind is float and not math.isfinite(value):
+            raise ConfigError(f"{where}: {name} must be a finite number, got {value!r}: use {self.allowed()}")
+        if self.choices and value not in self.choices:
+            raise ConfigError(f"{where}: {name} must be one of {', '.join(map(repr, self.choices))}, got {value!r}")
+        if kind is str and not self.empty and not value:
+            raise ConfigError(f"{where}: {name} must not be empty")
+        if kind in (int, float) and not (
+            (self.low is None or value >= self.low) and (self.high is None or value <= self.high)
+        ):
+            raise ConfigError(f"{where}: {name} = {value!r} is out of range: use {self.allowed()}")
+        return value
+
+    def allowed(self) -> str:
+        unit = f" {self.unit}" if self.unit else ""
+        if self.high is None:
+            return f"at least {_number(self.low)}{unit}"
+        return f"{_number(self.low)} to {_number(self.high)}{unit}"
+
+
+_KIND_NAMES = {int: "an integer", float: "a number", str: "a string", dict: "a table"}
+
+
+def _number(x: float | None) -> str:
+    return f"{x:g}" if isinstance(x, float) else str(x)
+
+
+def setting(default: Any, kind: type | None = None, **rule: Any) -> Any:
+    """A Settings field and its Rule (in the field's metadata): the range sits next
+    to the field it constrains."""
+    rule_ = Rule(kind or type(default), **rule)
+    if default is not None:
+        rule_.check("default", default, "Settings")  # a default out of its own range is a bug here
+    return dataclasses.field(default=default, metadata={"rule": rule_})
+
+
 @dataclass(frozen=True)
 class Settings:
-    handler: str = ""
-    host: str = "127.0.0.1"
-    port: int | None = None  # 7070 unless only --unix is given; 0 picks a free port
-    unix: str | None = None
-    log_format: str = "json"
-    log_file: str | None = None
-    log_level: str = "info"
-    state_dir: str = "./mldserver-state"
-    # protocol
-    max_line_size: int = DEFAULT_MAX_LINE_SIZE
+    """Every setting with its range: what ``load`` accepts from a file and from flags."""
+
+    handler: str = setting("")  # MODULE:ATTR (checked by importing it)
+    host: str = setting("127.0.0.1", empty=False)  # 0.0.0.0 for every interface (logged as a warning)
+    port: int | None = setting(None, int, low=0, high=65535)  # 7070 unless only --unix; 0: a free port
+    unix: str | None = setting(None, str, empty=False)
+    log_format: str = setting("json", choices=("json", "console"))
+    log_file: str | None = setting(None, str, empty=False)
+    log_level: str = setting("info", choices=("debug", "info", "warning", "error"))
+    state_dir: str = setting("./mldserver-state", empty=False)  # created and probed at start-up
+    # protocol: the longest line from the daemon (a 10,000-record batch is some 15 MB)
+    max_line_size: int = setting(DEFAULT_MAX_LINE_SIZE, low=4096, high=1 << 32, unit="bytes")
     # handler calls: time-out per call, then retries with backoff before a dead letter
-    execution_timeout: float = 60.0
-    handler_retries: int = 2
-    handler_backoff: float = 0.1
+    execution_timeout: float = setting(60.0, low=0.01, high=DAY, unit="seconds")
+    handler_retries: int = setting(2, low=0, high=100)
+    handler_backoff: float = setting(0.1, low=0.0, high=MINUTE, unit="seconds")
     # handler processes (mldserver.pool): how many (0: handlers run in the server's loop),
     # the memory (MiB, 0: no limit) past which one is replaced between actions, and how
     # long a handler may block its process's loop before its stack is logged (seconds)
-    workers: int = 2
-    max_handler_memory: int = 0
-    handler_block_warning: float = 1.0
+    workers: int = setting(2, low=0, high=256)
+    max_handler_memory: int = setting(0, low=0, high=1 << 24, unit="MiB")
+    handler_block_warning: float = setting(1.0, low=0.01, high=DAY, unit="seconds")
     # checkpoints: retriable daemon errors retried with jittered exponential backoff
-    checkpoint_retries: int = 6
-    checkpoint_backoff: float = 0.1
-    checkpoint_backoff_cap: float = 2.0
+    checkpoint_retries: int = setting(6, low=0, high=100)
+    checkpoint_backoff: float = setting(0.1, low=0.0, high=MINUTE, unit="seconds")
+    checkpoint_backoff_cap: float = setting(2.0, low=0.0, high=HOUR, unit="seconds")  # at least checkpoint_backoff
     # shard end: SHARD_END is retried for up to this many seconds before giving up loudly
-    shard_end_budget: float = 300.0
+    shard_end_budget: float = setting(300.0, low=0.0, high=DAY, unit="seconds")
     # de-aggregate KPL records: "auto" (only from v1 daemons), "always", "never"
-    deaggregate: str = "auto"
+    deaggregate: str = setting("auto", choices=("auto", "always", "never"))
     # memory: actions being decoded or handled at once, across all shards; the others
     # wait with their bytes still in the kernel's socket buffers (0: no limit)
-    max_batches_in_flight: int = 8
+    max_batches_in_flight: int = setting(8, low=0, high=1_000_000)
     # shutdown: how long in-flight actions get to finish after SIGTERM
-    shutdown_timeout: float = 30.0
+    shutdown_timeout: float = setting(30.0, low=0.0, high=HOUR, unit="seconds")
     # pipeline (coordinator and Spark; see DESIGN.md). With no sink, rows are not collected.
-    window: float = 60.0  # tumbling event-time windows, seconds
-    sink: str | None = None  # file:DIR (JSON lines) or parquet:DIR (Spark)
-    # watermarks: a caught-up shard stands at the wall clock minus this margin (seconds)
-    watermark_margin: float = 5.0
-    # a shard silent this long (seconds) stops holding the watermark back
-    idle_timeout: float = 60.0
-    # a shard checkpoints what is committed at most this often (seconds), sparing the lease table
-    checkpoint_interval: float = 10.0
+    window: float = setting(60.0, low=0.1, high=DAY, unit="seconds")  # tumbling event-time windows
+    sink: str | None = setting(None, str)  # file:DIR (JSON lines) or parquet:DIR (Spark)
+    # watermarks: a caught-up shard stands at the wall clock minus this margin
+    watermark_margin: float = setting(5.0, low=0.0, high=DAY, unit="seconds")
+    # a shard silent this long stops holding the watermark back
+    idle_timeout: float = setting(60.0, low=0.1, high=DAY, unit="seconds")
+    # a shard checkpoints what is committed at most this often, sparing the lease table (0: at once)
+    checkpoint_interval: float = setting(10.0, low=0.0, high=DAY, unit="seconds")
     # back-pressure: past either cap, shards running ahead of the watermark wait
-    max_buffered_rows: int = 1_000_000
-    max_buffered_bytes: int = 512 * 1024 * 1024
+    max_buffered_rows: int = setting(1_000_000, low=1)
+    max_buffered_bytes: int = setting(512 * 1024 * 1024, low=1, unit="bytes")
     # lineage from the stream itself: a Kinesis stream name or ARN, or a DynamoDB stream ARN
-    stream: str | None = None
-    aws_region: str | None = None
-    aws_endpoint_url: str | None = None
+    stream: str | None = setting(None, str, empty=False)
+    aws_region: str | None = setting(None, str, empty=False)
+    aws_endpoint_url: str | None = setting(None, str, empty=False)
     # Spark (a child process, the Spark process, owns the session; see mldserver.spark)
-    pipeline: str | None = None  # MODULE:ATTR, pipeline(df, window); implies --sink parquet:<state-dir>/output
-    spark_master: str | None = None  # default local[*]
-    spark_remote: str | None = None  # sc://host:port (Spark Connect)
-    spark_conf: dict | None = None  # extra Spark settings, {"spark.driver.memory" = "2g"}
-    spark_start_timeout: float = 180.0  # seconds for the session to come up
-    sink_format: str = "parquet"  # what Spark writes per window: parquet, json, orc, csv
-    schema: dict | None = None  # row schema, field = Arrow type name; default: inferred, then fixed
+    # MODULE:ATTR, pipeline(df, window); implies --sink parquet:<state-dir>/output
+    pipeline: str | None = setting(None, str)
+    spark_master: str | None = setting(None, str)  # default local[*]
+    spark_remote: str | None = setting(None, str)  # sc://host:port (Spark Connect)
+    spark_conf: dict | None = setting(None, dict)  # extra Spark settings, {"spark.driver.memory" = "2g"}
+    spark_start_timeout: float = setting(180.0, low=1.0, high=HOUR, unit="seconds")  # for the session to come up
+    sink_format: str = setting("parquet", empty=False)  # what Spark writes per window: parquet, json, orc, csv
+    schema: dict | None = setting(None, dict)  # row schema, field = Arrow type name; default: inferred, then fixed
 
     @property
     def tcp_port(self) -> int | None:
@@ -114,47 +183,24 @@ class Settings:
         return dataclasses.replace(self, **changes)
 
 
-_FIELDS = {f.name: f for f in dataclasses.fields(Settings)}
-
-
-_NONE_DEFAULT_TYPES = {"port": int, "spark_conf": dict, "schema": dict}
+RULES: dict[str, Rule] = {f.name: f.metadata["rule"] for f in dataclasses.fields(Settings)}
 DEFAULT_PORT = 7070
 
 
-def _check(name: str, value: Any, where: str) -> Any:
-    default = getattr(Settings, name, None)
-    kind = type(default) if default is not None else _NONE_DEFAULT_TYPES.get(name, str)
-    if kind is float and isinstance(value, int) and not isinstance(value, bool):
-        value = float(value)
-    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
-        raise ConfigError(f"{where}: {name} must be {kind.__name__}, got {value!r}")
-    if name == "log_format" and value not in ("json", "console"):
-        raise ConfigError(f"{where}: log_format must be 'json' or 'console', got {value!r}")
-    if name == "deaggregate" and value not in ("auto", "always", "never"):
-        raise ConfigError(f"{where}: deaggregate must be 'auto', 'always' or 'never', got {value!r}")
-    return value
-
-
 def load(path: str | None = None, **overrides: Any) -> Settings:
-    """Defaults, then the TOML file at ``path``, then ``overrides`` (None means unset)."""
+    """Defaults, then the TOML file at ``path``, then ``overrides`` (the command line's
+    flags; None means unset), each value checked against its Rule."""
     values: dict[str, Any] = {}
     if path:
-        try:
-            with open(path, "rb") as f:
-                data = tomllib.load(f)
-        except OSError as exc:
-            raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from None
-        except tomllib.TOMLDecodeError as exc:
-            raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
-        for key, value in data.items():
+        for key, value in _read(path).items():
             name = key.replace("-", "_")
-            if name not in _FIELDS:
-                known = ", ".join(sorted(_FIELDS))
+            if name not in RULES:
+                known = ", ".join(sorted(RULES))
                 raise ConfigError(f"{path}: unknown setting {key!r} (known: {known})")
-            values[name] = _check(name, value, path)
+            values[name] = RULES[name].check(name, value, path)
     for name, value in overrides.items():
         if value is not None:
-            values[name] = _check(name, value, "command line")
+            values[name] = RULES[name].check(name, value, f"--{name.replace('_', '-')} (command line)")
     settings = Settings(**values)
     if settings.pipeline and not settings.sink:
         settings = settings.replace(sink=f"parquet:{state_path(settings, 'output')}")
@@ -162,6 +208,21 @@ def load(path: str | None = None, **overrides: Any) -> Settings:
         if SinkSpec.parse(settings.sink).kind == "file" and settings.pipeline:
             raise ConfigError("--pipeline runs in Spark: use --sink parquet:DIR (or leave --sink out)")
     return settings
+
+
+def _read(path: str) -> dict[str, Any]:
+    try:
+        with open(path, "rb") as f:
+            return tomllib.load(f)
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(
+            f"config file {path} is not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at offset {exc.start}): "
+            f"save it as UTF-8, as TOML requires"
+        ) from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
 
 
 def uses_spark(settings: Settings) -> bool:

@@ -8,24 +8,27 @@ One JSON line per record (or per unparseable daemon line), appended and fsynced 
      "error":"ValueError: bad order","attempts":3,"sequence_number":"4959...","sub_sequence_number":0,
      "partition_key":"cust-7","approximate_arrival_timestamp":1476889707000,"data":"bWVvdw=="}
 
-``data`` is the record's base64 as the daemon sent it. Writes run in a thread: the
-event loop never waits on the disk.
+``data`` is the record's base64 as the daemon sent it. Lines are whole or absent
+(``durable.append_fsync``). Writes run in a thread: the event loop never waits on the
+disk. A write that fails (a full disk) is logged once and retried until it succeeds
+(``durable.until_written``): the caller, and so the shard's status, waits for it.
 """
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 from typing import Any, Iterable
 
 import orjson
 
-from .durable import append_fsync, safe_filename, utc_timestamp
+from .durable import append_fsync, safe_filename, until_written, utc_timestamp
+from .logs import EventLogger, get_logger
 
 
 class DeadLetters:
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, log: EventLogger | None = None) -> None:
         self.directory = directory
+        self.log = log or get_logger("mldserver.deadletters")
 
     def path_for(self, shard_id: str | None) -> Path:
         return self.directory / f"{safe_filename(shard_id or 'unknown-shard')}.jsonl"
@@ -60,8 +63,9 @@ class DeadLetters:
         ]
         path = self.directory / "rows.jsonl"
         data = b"".join(orjson.dumps(e) + b"\n" for e in entries)
-        await asyncio.to_thread(append_fsync, path, data)
-        return path
+        return await until_written(
+            lambda: append_fsync(path, data), path, self.log, what="dead letter", window=window_id
+        )
 
     async def line(self, shard_id: str | None, line: bytes, reason: str) -> Path:
         entry = {"ts": utc_timestamp(), "shard_id": shard_id, "reason": reason, "line": line.decode("utf-8", "replace")}
@@ -70,5 +74,6 @@ class DeadLetters:
     async def _append(self, shard_id: str | None, entries: list[dict[str, Any]]) -> Path:
         path = self.path_for(shard_id)
         data = b"".join(orjson.dumps(e, default=str) + b"\n" for e in entries)
-        await asyncio.to_thread(append_fsync, path, data)
-        return path
+        return await until_written(
+            lambda: append_fsync(path, data), path, self.log, what="dead letter", shard_id=shard_id
+        )

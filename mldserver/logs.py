@@ -22,6 +22,7 @@ from typing import Any, TextIO
 import orjson
 
 from .durable import utc_timestamp
+from .errors import ConfigError
 
 _LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
 
@@ -72,7 +73,25 @@ class JsonFormatter(logging.Formatter):
         entry.update(getattr(record, "fields", {}))
         if record.exc_info:
             entry["traceback"] = self.formatException(record.exc_info)
-        return orjson.dumps(entry, default=str).decode()
+        try:
+            return orjson.dumps(entry, default=str).decode()
+        except TypeError:  # orjson refuses what JSON allows: an int past 64 bits, a non-str key
+            return orjson.dumps(_encodable(entry), default=str).decode()
+
+
+_INT64 = range(-(1 << 63), 1 << 64)  # what orjson encodes as a number
+
+
+def _encodable(value: Any) -> Any:
+    """``value`` with what orjson cannot encode made a string (an event time of
+    2**64 ms logs as "18446744073709551616"), so the line is still written."""
+    if isinstance(value, int) and not isinstance(value, bool) and value not in _INT64:
+        return str(value)
+    if isinstance(value, dict):
+        return {str(k): _encodable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_encodable(v) for v in value]
+    return value
 
 
 class ConsoleFormatter(logging.Formatter):
@@ -85,11 +104,25 @@ class ConsoleFormatter(logging.Formatter):
 
 
 def configure(fmt: str = "json", level: str = "info", file: str | None = None, stream: TextIO | None = None) -> None:
-    """Send mldserver's logs to ``file`` (appended) or stderr, as JSON lines or console text."""
+    """Send mldserver's logs to ``file`` (appended) or stderr, as JSON lines or console text.
+    A file that cannot be opened, or an unknown level, is a ConfigError naming it."""
+    if level not in _LEVELS:
+        raise ConfigError(f"log_level must be one of {', '.join(map(repr, _LEVELS))}, got {level!r}")
     handler: logging.Handler
-    handler = logging.FileHandler(file) if file else logging.StreamHandler(stream or sys.stderr)
+    handler = file_handler(file) if file else logging.StreamHandler(stream or sys.stderr)
     handler.setFormatter(JsonFormatter() if fmt == "json" else ConsoleFormatter())
     root = logging.getLogger("mldserver")
     root.handlers[:] = [handler]
     root.setLevel(_LEVELS[level])
     root.propagate = False
+
+
+def file_handler(file: str) -> logging.FileHandler:
+    """``file`` opened for appending (created if need be), or a ConfigError naming it."""
+    try:
+        return logging.FileHandler(file)
+    except OSError as exc:
+        raise ConfigError(
+            f"--log-file {file}: cannot open it for appending ({exc.strerror}): "
+            f"create its folder or fix the permissions, or choose another path"
+        ) from None

@@ -102,6 +102,20 @@ class Record:
         )
 
 
+# Event times are epoch milliseconds from 1970 up to the end of year 9999: what a
+# timestamp in Python (datetime), Arrow and Spark can hold, with room for a window's end
+# in 64 bits. Anything else (a string, a float, a bool, microseconds by mistake, 2**64)
+# makes its row a bad row, dead-lettered with its record, not a crash or a window in
+# the year 57000 that would close every other.
+MAX_EVENT_TIME_MS = 253_402_300_800_000  # 10000-01-01T00:00:00Z
+EVENT_TIME = f"epoch milliseconds (an int in [0, {MAX_EVENT_TIME_MS}): 1970 to 9999)"
+
+
+def valid_event_time(t: Any) -> bool:
+    """Is ``t`` an event time: an int (not a bool) of epoch ms in [0, MAX_EVENT_TIME_MS)?"""
+    return type(t) is int and 0 <= t < MAX_EVENT_TIME_MS
+
+
 class Emitted(NamedTuple):
     """One ``batch.emit``: the record a row is attributed to, the row, its event time."""
 
@@ -124,7 +138,11 @@ class Batch:
             batch.emit(record, row, event_time_ms=1763719200000)  # event time from the data
 
     A row is a dict that orjson can encode. Without ``event_time_ms`` its event time is
-    the record's ``approximate_arrival_timestamp``. A server with no sink ignores rows.
+    the record's ``approximate_arrival_timestamp``. An event time is epoch milliseconds,
+    an ``int`` in [0, ``MAX_EVENT_TIME_MS``) (1970 to 9999); a row that cannot be encoded,
+    or whose event time is anything else, is a bad row: checked once, when the batch's
+    rows are handed over, and dead-lettered with its record (the batch goes on). A
+    server with no sink ignores rows.
     """
 
     __slots__ = ("records", "millis_behind_latest", "shard", "rows", "line")

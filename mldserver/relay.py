@@ -38,18 +38,25 @@ DEFAULT_CONNECT_TIMEOUT = 5.0
 
 
 def parse_target(target):
-    """``HOST:PORT``, ``[V6]:PORT`` or ``unix:PATH`` -> (family, address)."""
+    """``HOST:PORT``, ``[V6]:PORT`` or ``unix:PATH`` -> (family, address); ValueError
+    saying what is wrong with anything else (a port past 65535 included)."""
     if target.startswith("unix:"):
+        if not target[5:]:
+            raise ValueError(f"expected unix:PATH, got {target!r}")
         return _socket.AF_UNIX, target[5:]
     host, sep, port = target.rpartition(":")
     if not sep or not port.isdigit() or not host:
         raise ValueError(f"expected HOST:PORT or unix:PATH, got {target!r}")
+    if not 1 <= int(port) <= 65535:
+        raise ValueError(f"port {port} is out of range: use 1 to 65535")
     host = host.strip("[]")
     family = _socket.AF_INET6 if ":" in host else _socket.AF_INET
     return family, (host, int(port))
 
 
 def connect(target, timeout):
+    """A connected socket, retried until ``timeout``; ValueError for a bad target,
+    ConnectionError for a server not reached in time."""
     family, address = parse_target(target)
     deadline = time.monotonic() + timeout
     delay = 0.02
@@ -105,17 +112,31 @@ def _grow_pipe(fd):
 def main(argv):
     _signal.signal(_signal.SIGINT, _signal.SIG_IGN)
     args = list(argv)
-    timeout = float(os.environ.get("MLDSERVER_CONNECT_TIMEOUT", DEFAULT_CONNECT_TIMEOUT))
+    usage = "usage: mldserver connect HOST:PORT | unix:PATH [--connect-timeout SECONDS]"
+    timeout = os.environ.get("MLDSERVER_CONNECT_TIMEOUT", str(DEFAULT_CONNECT_TIMEOUT))
     if "--connect-timeout" in args:
         i = args.index("--connect-timeout")
-        timeout = float(args[i + 1])
+        timeout = args[i + 1] if i + 1 < len(args) else ""
         del args[i : i + 2]
     if len(args) != 1 or args[0] in ("-h", "--help"):
-        sys.stderr.write("usage: mldserver connect HOST:PORT | unix:PATH [--connect-timeout SECONDS]\n")
+        sys.stderr.write(usage + "\n")
+        return 2
+    try:
+        timeout = float(timeout)
+        if not 0 < timeout < float("inf"):
+            raise ValueError
+    except ValueError:
+        sys.stderr.write(f"mldserver connect: the connect time-out must be a positive number of seconds, "
+                         f"got {timeout!r} (--connect-timeout or MLDSERVER_CONNECT_TIMEOUT); {usage}\n")
+        return 2
+    try:
+        parse_target(args[0])
+    except ValueError as exc:
+        sys.stderr.write(f"mldserver connect: bad target {args[0]!r}: {exc}; fix executableName\n")
         return 2
     try:
         sock = connect(args[0], timeout)
-    except (ValueError, ConnectionError) as exc:
+    except ConnectionError as exc:
         sys.stderr.write(
             f"mldserver connect: cannot reach the mldserver server at {args[0]} within {timeout:g} s "
             f"({exc}); start it with `mldserver serve` or fix executableName\n"

@@ -4,9 +4,13 @@
 on uvloop. Lifecycle (uvicorn's shape)::
 
     startup   load the handler factory (a ConfigError stops us before binding),
-              with a sink: start the coordinator (replaying the spool),
-              bind TCP (loopback by default; the protocol has no authentication)
-              and/or a unix socket, log one ``listening`` event with the address
+              create and probe the state directory (preflight), with a sink:
+              start the coordinator (replaying the spool), bind TCP (loopback by
+              default; the protocol has no authentication: any other host is a
+              ``listening_beyond_loopback`` warning) and/or a unix socket (only a
+              stale socket is replaced), log one ``listening`` event with the
+              address. What the machine refuses (a port in use, a host that does
+              not resolve, a path taken) is a ConfigError naming the setting.
     serve     each accepted connection gets a Worker task, owned by the server; the
               server waits on its listeners, the coordinator's tasks (committer,
               tick) and the Spark supervisor together with the stop signal
@@ -15,9 +19,11 @@ on uvloop. Lifecycle (uvicorn's shape)::
               (``reloaded``), or the old one keeps serving (``reload_failed``); in the
               server's loop (``workers = 0``) nothing can be re-imported (``reload_skipped``)
     shutdown  on SIGTERM/SIGINT (``signal_received``), ``stop()``, or a crash:
-              stop accepting; idle connections are closed; busy ones finish their
-              action (status sent) within ``shutdown_timeout``; then whatever is
-              left is cancelled, the coordinator and Spark stopped, and the signal
+              stop accepting; idle connections are closed; busy ones (an action
+              arrived, even partly, even waiting for a slot) finish it (status sent)
+              within ``shutdown_timeout``; then their handler calls are cancelled
+              and their actions answered as failed, what is left is cancelled (each
+              wait bounded), the coordinator and Spark stopped, and the signal
               handlers restored
 
 A worker that crashes is logged with its shard and closed; the others go on. A task
@@ -33,11 +39,16 @@ ServerCrashed, which the CLI turns into exit code 1 so that systemd restarts it:
 from __future__ import annotations
 
 import asyncio
+import errno
+import ipaddress
 import itertools
 import os
 import signal
+import socket
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
+from . import preflight
 from .config import Settings, SinkSpec, state_path, uses_spark
 from .coordinator import Coordinator
 from .context import Context
@@ -49,6 +60,8 @@ from .logs import get_logger
 from .pool import HandlerPool, ProcessCalls
 from .spark.process import SparkError, SparkProcess
 from .shard import CoordinatorLink, NoSink, Worker
+from .shard.calls import check_factory, reap_abandoned
+from .shard.worker import Slots
 
 if TYPE_CHECKING:
     from .sinks import Sink
@@ -60,6 +73,8 @@ log = get_logger("mldserver.server")
 STREAM_LIMIT = 1 << 18
 # SIGTERM and SIGINT stop in order; SIGHUP reloads the handler (handler processes).
 SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+# Past shutdown_timeout: how long workers get to answer once their calls are cancelled.
+ABORT_WAIT_S = 5.0
 
 
 class Server:
@@ -79,10 +94,11 @@ class Server:
         self.settings = settings
         self.pool: HandlerPool | None = None
         if factory is None and settings.workers > 0:
-            self.pool = HandlerPool(settings)
+            self.pool = HandlerPool(settings)  # imports the handler in its processes, never here
             self.factory: Callable[[Any], Any] | None = None
         else:
             self.factory = factory or import_from_string(settings.handler, "handler")
+            check_factory(self.factory)  # callbacks that are not ``async def``: refused at load
         self._reloads: set[asyncio.Task[Any]] = set()
         self.context = Context(settings)
         self.dead_letters = DeadLetters(state_path(settings, "dead-letters"))
@@ -93,8 +109,9 @@ class Server:
         self._stop = asyncio.Event()
         self.crashed: BaseException | None = None  # what ended a task the server owns
         n = settings.max_batches_in_flight
-        self.slots = asyncio.Semaphore(n) if n > 0 else None
+        self.slots = Slots(n) if n > 0 else None
         self.address: tuple[str, int] | str | None = None
+        self._unix_socket: tuple[str, int, int] | None = None  # (path, device, inode) of the one we bound
         self.spark: SparkProcess | None = None
         if uses_spark(settings):
             where = SinkSpec.parse(settings.sink).directory if (settings.sink or "").startswith("parquet:") else None
@@ -111,7 +128,11 @@ class Server:
     # -- lifecycle -------------------------------------------------------------
 
     async def start(self) -> None:
+        """Check the state directory, start Spark and the coordinator, then listen.
+        A setting the machine refuses (a state directory it cannot write, a port in
+        use, a host it cannot resolve, a path taken) is a ConfigError naming it."""
         s = self.settings
+        await asyncio.to_thread(preflight.writable_state_dir, Path(s.state_dir))
         self.loop_lag.start()
         if self.spark is not None:
             try:
@@ -122,23 +143,79 @@ class Server:
             await self.coordinator.start()  # commit log read, spool replayed, before any shard connects
         if self.pool is not None:
             await self.pool.start()  # every handler process imported the handler (or ConfigError)
-        if s.unix:
-            if os.path.exists(s.unix):
-                os.unlink(s.unix)
-            srv = await asyncio.start_unix_server(self._accept, path=s.unix, limit=STREAM_LIMIT)
-            self._servers.append(srv)
-            self._listeners.append(asyncio.create_task(srv.serve_forever(), name="listener-unix"))
+        # Bind everything before announcing anything: a refused port is not logged as listening.
+        unix = await self._listen_unix(s.unix) if s.unix else None
+        if unix is not None:
+            self._servers.append(unix)  # closed by shutdown() should the TCP bind fail
+        tcp = await self._listen_tcp(s.host, s.tcp_port) if s.tcp_port is not None else None
+        if unix is not None:
+            self._listeners.append(asyncio.create_task(unix.serve_forever(), name="listener-unix"))
             self.address = s.unix
             log.info("listening", unix=s.unix, handler=s.handler)
-        if s.tcp_port is not None:
-            srv = await asyncio.start_server(self._accept, host=s.host, port=s.tcp_port, limit=STREAM_LIMIT)
-            self._servers.append(srv)
-            self._listeners.append(asyncio.create_task(srv.serve_forever(), name="listener-tcp"))
-            host, port = srv.sockets[0].getsockname()[:2]
-            if not s.unix:
+        if tcp is not None:
+            self._servers.append(tcp)
+            self._listeners.append(asyncio.create_task(tcp.serve_forever(), name="listener-tcp"))
+            host, port = tcp.sockets[0].getsockname()[:2]
+            if unix is None:
                 self.address = (host, port)
+            exposed = sorted({a for a in (sock.getsockname()[0] for sock in tcp.sockets) if not _loopback(a)})
+            if exposed:
+                log.warning(
+                    "listening_beyond_loopback",
+                    host=s.host,
+                    addresses=exposed,
+                    what_to_do="the protocol has no authentication: whoever reaches this port can pose as the "
+                    "daemon; bind 127.0.0.1 (the default) or firewall the port",
+                )
             log.info("listening", host=host, port=port, handler=s.handler, pid=os.getpid(),
                      workers=None if self.pool is None else [p.pid for p in self.pool.processes])
+
+    async def _listen_unix(self, path: str) -> asyncio.base_events.Server:
+        await asyncio.to_thread(preflight.free_unix_path, Path(path))
+        try:
+            srv = await asyncio.start_unix_server(self._accept, path=path, limit=STREAM_LIMIT)
+        except (OSError, ValueError) as exc:
+            raise ConfigError(f"--unix {path}: cannot listen there ({_reason(exc)}): choose another path") from None
+        st = os.stat(path)
+        self._unix_socket = (path, st.st_dev, st.st_ino)
+        return srv
+
+    async def _listen_tcp(self, host: str, port: int) -> asyncio.base_events.Server:
+        try:
+            return await asyncio.start_server(self._accept, host=host, port=port, limit=STREAM_LIMIT)
+        except socket.gaierror as exc:
+            raise ConfigError(
+                f"--host {host}: cannot resolve it ({_reason(exc)}): give an IP address or a name this machine "
+                f"resolves (default 127.0.0.1)"
+            ) from None
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                what_to_do = "stop what listens there, or choose another --port (0 picks a free one)"
+                raise ConfigError(f"--port {port}: {host}:{port} is already in use: {what_to_do}") from None
+            if exc.errno == errno.EADDRNOTAVAIL:
+                raise ConfigError(
+                    f"--host {host}: not an address of this machine: bind one of its addresses, or 127.0.0.1"
+                ) from None
+            if exc.errno in (errno.EACCES, errno.EPERM):
+                raise ConfigError(
+                    f"--port {port}: not allowed to listen on {host}:{port} ({_reason(exc)}): ports below 1024 "
+                    f"need privileges; choose a higher --port"
+                ) from None
+            raise ConfigError(f"--host {host} --port {port}: cannot listen there ({_reason(exc)})") from None
+
+    def _remove_unix_socket(self) -> None:
+        """Unlink the socket this server bound, only if it is still that socket (not
+        a file someone put there since)."""
+        if self._unix_socket is None:
+            return
+        path, dev, ino = self._unix_socket
+        self._unix_socket = None
+        try:
+            st = os.lstat(path)
+            if (st.st_dev, st.st_ino) == (dev, ino):
+                os.unlink(path)
+        except FileNotFoundError:
+            pass
 
     async def serve(self) -> None:
         """Run until a signal (or ``stop()``), then shut down in order; if a task the
@@ -217,21 +294,33 @@ class Server:
     async def shutdown(self) -> None:
         for srv in self._servers:
             srv.close()
+        # Every worker is asked to finish: one whose action has arrived (even partly,
+        # even waiting for a slot) answers it; an idle one closes at once.
         busy = 0
-        for task, worker in self.workers.items():
-            worker.stopping = True
-            if worker.busy:
-                busy += 1
-            else:
-                task.cancel()
+        for worker in list(self.workers.values()):
+            busy += worker.busy
+            worker.stop()
         log.info("shutting_down", connections=len(self.workers), busy=busy)
         if self.workers:
-            done, pending = await asyncio.wait(list(self.workers), timeout=self.settings.shutdown_timeout)
-            for task in pending:
-                task.cancel()
+            _, pending = await asyncio.wait(list(self.workers), timeout=self.settings.shutdown_timeout)
             if pending:
+                # Past shutdown_timeout: their handler calls are cancelled and their
+                # actions answered as failed; then whatever is left is cancelled.
                 log.warning("shutdown_timeout", cancelled=len(pending), timeout_s=self.settings.shutdown_timeout)
-                await asyncio.wait(pending)
+                for task in pending:
+                    worker = self.workers.get(task)
+                    if worker is not None:
+                        worker.abort()
+                _, pending = await asyncio.wait(pending, timeout=ABORT_WAIT_S)
+                for task in pending:
+                    task.cancel()
+                if pending:
+                    log.warning("shutdown_cancelled", cancelled=len(pending))
+                    await asyncio.wait(pending, timeout=ABORT_WAIT_S)
+        stuck = await reap_abandoned()
+        if stuck:
+            log.warning("handler_calls_ended", count=stuck,
+                        what_to_do="handler calls that swallowed their cancellation were closed at shutdown")
         for task in self._listeners:
             task.cancel()
         await self._stopped(*self._listeners)
@@ -247,8 +336,7 @@ class Server:
         if self.spark is not None:
             await self._stopped(self.spark.stop())
         await self.loop_lag.stop()
-        if self.settings.unix and os.path.exists(self.settings.unix):
-            os.unlink(self.settings.unix)
+        self._remove_unix_socket()
         log.info("stopped", loop_lag_max_ms=round(self.loop_lag.worst * 1000, 1))
 
     async def _stopped(self, *stopping: Any) -> None:
@@ -338,6 +426,14 @@ class LoopLag:
             before = loop.time()
             await asyncio.sleep(self.INTERVAL)
             self.worst = max(self.worst, loop.time() - before - self.INTERVAL)
+
+
+def _loopback(address: str) -> bool:
+    return ipaddress.ip_address(address.partition("%")[0]).is_loopback
+
+
+def _reason(exc: BaseException) -> str:
+    return (exc.strerror if isinstance(exc, OSError) else None) or str(exc)
 
 
 def _describe(exc: BaseException) -> str:

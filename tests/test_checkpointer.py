@@ -135,3 +135,26 @@ async def test_null_checkpoint_success_is_remembered():
     cp, _ = make(Daemon())
     await cp.checkpoint()
     assert cp.stored_all
+
+
+async def test_a_closed_checkpointer_raises_without_asking_the_daemon():
+    daemon = Daemon()
+    cp, _ = make(daemon)
+    await cp.checkpoint("1", 0)
+    cp.close()
+    with pytest.raises(CheckpointError, match="outside its action") as caught:
+        await cp.checkpoint("2", 0)
+    assert caught.value.error == "InvalidStateException"
+    assert daemon.requests == [("1", 0)]
+
+
+@pytest.mark.parametrize("args", [({"x": 1}, 0), ("5", "x"), ("5", True), (1.5, None)],
+                         ids=["sequence_object", "sub_text", "sub_bool", "sequence_float"])
+async def test_arguments_of_the_wrong_type_raise_without_asking_the_daemon(args):
+    daemon = Daemon()
+    refused = []
+    cp, _ = make(daemon, on_refused=lambda error, delay: refused.append((error.error, delay)))
+    with pytest.raises(CheckpointError) as caught:
+        await cp.checkpoint(*args)
+    assert caught.value.error == "IllegalArgumentException"
+    assert daemon.requests == [] and refused == [("IllegalArgumentException", None)]

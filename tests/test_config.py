@@ -1,12 +1,14 @@
-"""Settings read once: ``--sink`` parsed into a SinkSpec, its mistakes named."""
+"""Settings read once: every value checked against its setting's Rule (from the file
+and the flags alike), ``--sink`` parsed into a SinkSpec, mistakes named."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
 
-from mldserver.config import SinkSpec, load
+from mldserver.config import RULES, Settings, SinkSpec, load
 from mldserver.errors import ConfigError
 
 
@@ -35,3 +37,66 @@ def test_a_pipeline_needs_the_spark_sink(tmp_path):
     with pytest.raises(ConfigError, match="--pipeline runs in Spark"):
         load(sink=f"file:{tmp_path}", pipeline="m:p")
     assert load(pipeline="m:p", state_dir=str(tmp_path)).sink == f"parquet:{tmp_path / 'output'}"
+
+
+def test_every_setting_has_a_rule_that_its_default_passes():
+    assert set(RULES) == {f.name for f in dataclasses.fields(Settings)}
+    for f in dataclasses.fields(Settings):
+        if f.default is not None:
+            assert RULES[f.name].check(f.name, f.default, "test") == f.default
+
+
+@pytest.mark.parametrize(
+    "values, says",
+    [
+        ({"window": 0.0}, "window = 0.0 is out of range: use 0.1 to 86400 seconds"),
+        ({"execution_timeout": -1}, "execution_timeout = -1.0 is out of range: use 0.01 to 86400 seconds"),
+        ({"handler_retries": -1}, "handler_retries = -1 is out of range: use 0 to 100"),
+        ({"max_line_size": 0}, "max_line_size = 0 is out of range: use 4096 to 4294967296 bytes"),
+        ({"port": 99999}, "port = 99999 is out of range: use 0 to 65535"),
+        ({"max_buffered_rows": 0}, "max_buffered_rows = 0 is out of range: use at least 1"),
+        ({"idle_timeout": float("inf")}, "idle_timeout must be a finite number, got inf: use 0.1 to 86400 seconds"),
+        ({"log_level": "verbose"}, "log_level must be one of 'debug', 'info', 'warning', 'error', got 'verbose'"),
+        ({"deaggregate": "yes"}, "deaggregate must be one of 'auto', 'always', 'never', got 'yes'"),
+        ({"handler_retries": 1.5}, "handler_retries must be an integer, got 1.5"),
+        ({"shutdown_timeout": True}, "shutdown_timeout must be a number, got True"),
+        ({"host": ""}, "host must not be empty"),
+    ],
+)
+def test_a_value_outside_its_rule_is_refused_from_the_file_and_the_flags_alike(tmp_path, values, says):
+    (name, value), = values.items()
+    path = tmp_path / "mld.toml"
+    path.write_text(f"{name} = {_toml(value)}\n")
+    with pytest.raises(ConfigError) as from_file:
+        load(str(path))
+    assert str(from_file.value) == f"{path}: {says}"
+    with pytest.raises(ConfigError) as from_flag:
+        load(**values)
+    assert str(from_flag.value) == f"--{name.replace('_', '-')} (command line): {says}"
+
+
+def _toml(value) -> str:
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, str):
+        return f'"{value}"'
+    if value == float("inf"):
+        return "inf"
+    return repr(value)
+
+
+def test_values_inside_their_rules_are_kept_and_an_int_counts_as_a_float(tmp_path):
+    path = tmp_path / "mld.toml"
+    path.write_text("window = 1\nport = 0\nmax_line_size = 4096\ncheckpoint_interval = 0\nlog_level = 'debug'\n")
+    settings = load(str(path), window=0.1)
+    assert (settings.window, settings.port, settings.max_line_size, settings.log_level) == (0.1, 0, 4096, "debug")
+    assert isinstance(load(str(path)).window, float) and load(str(path)).window == 1.0
+
+
+def test_a_config_file_that_is_not_utf8_is_named_with_the_byte(tmp_path):
+    path = tmp_path / "latin1.toml"
+    path.write_bytes("# caf\xe9\n".encode("latin-1"))
+    with pytest.raises(ConfigError) as caught:
+        load(str(path))
+    assert str(caught.value) == (f"config file {path} is not UTF-8 text (byte 0xe9 at offset 5): "
+                                 "save it as UTF-8, as TOML requires")

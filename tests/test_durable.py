@@ -2,21 +2,32 @@
 
 from __future__ import annotations
 
+import asyncio
+import errno
+import logging
 import os
 import re
+import subprocess
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from mldserver.backoff import Backoff
 from mldserver.durable import (
     MAX_NAME,
     append_fsync,
     atomic_write,
     fsync_dir,
+    on_blocked,
     publish_dir,
     safe_filename,
+    until_written,
     utc_timestamp,
 )
+from mldserver.logs import get_logger
+
+from .faults.conftest import SmallFs
 
 # Any text, and ids close to real ones, where an escaped character meets its escape.
 shard_ids = st.text(max_size=300) | st.from_regex(r"shardId-[0-9]{12}[_/. -]?[0-9a-f_/]{0,4}", fullmatch=True)
@@ -91,3 +102,87 @@ def test_publish_dir_replaces_a_half_published_folder(tmp_path):
 def test_utc_timestamp_is_iso_to_the_millisecond():
     assert utc_timestamp(1763719265.125) == "2025-11-21T10:01:05.125Z"
     assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", utc_timestamp())
+
+
+@pytest.fixture
+def small_fs(tmp_path):
+    """A real 256 KiB tmpfs (a disk that fills up); needs root, as the fault tests do."""
+    path = tmp_path / "small"
+    path.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(path)], capture_output=True,
+                          text=True)
+    if done.returncode != 0:
+        pytest.fail(f"cannot mount a small tmpfs here ({done.stderr.strip()}): this test needs root")
+    try:
+        yield SmallFs(path)
+    finally:
+        subprocess.run(["umount", "-l", str(path)], capture_output=True)
+
+
+def test_an_append_that_fails_half_way_leaves_the_file_as_it_was(small_fs):
+    path = small_fs.path / "dead-letters" / "s.jsonl"
+    append_fsync(path, b'{"n":1}\n')
+    small_fs.fill(keep=4096)  # room for part of the next append, not all of it
+    with pytest.raises(OSError) as failed:
+        append_fsync(path, b'{"n":2,"data":"' + b"x" * 50_000 + b'"}\n')
+    assert failed.value.errno == errno.ENOSPC
+    assert path.read_bytes() == b'{"n":1}\n'
+    small_fs.free()
+    append_fsync(path, b'{"n":3}\n')
+    assert path.read_bytes() == b'{"n":1}\n{"n":3}\n'
+
+
+@pytest.mark.parametrize("tail", [b'{"n":2,"da', b"x" * 200_000], ids=["short", "longer_than_a_read"])
+def test_a_torn_last_line_is_cut_before_the_next_append(tmp_path, tail):
+    path = tmp_path / "s.jsonl"
+    path.write_bytes(b'{"n":1}\n' + tail)  # a crash in the middle of a write
+    append_fsync(path, b'{"n":3}\n')
+    assert path.read_bytes() == b'{"n":1}\n{"n":3}\n'
+    torn_alone = tmp_path / "t.jsonl"
+    torn_alone.write_bytes(tail)
+    append_fsync(torn_alone, b'{"n":3}\n')
+    assert torn_alone.read_bytes() == b'{"n":3}\n'
+
+
+def test_an_atomic_write_on_a_full_disk_leaves_no_temporary_file(small_fs):
+    path = small_fs.path / "spool" / "s.jsonl"
+    path.parent.mkdir()
+    atomic_write(path, b"old\n")
+    small_fs.fill()
+    with pytest.raises(OSError):
+        atomic_write(path, b"x" * 100_000)
+    assert os.listdir(path.parent) == ["s.jsonl"] and path.read_bytes() == b"old\n"
+
+
+async def test_a_failing_write_is_logged_once_retried_and_its_task_gives_back_what_it_holds(tmp_path, caplog):
+    caplog.set_level(logging.INFO, logger="mldserver")
+    path = tmp_path / "s.jsonl"
+    attempts, given_back = [], []
+
+    def write():
+        attempts.append(1)
+        if len(attempts) <= 3:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+        return append_fsync(path, b"ok\n")
+
+    async def shard_task():
+        on_blocked(lambda: given_back.append(1))
+        return await until_written(write, path, get_logger("mldserver.test"), what="dead letter",
+                                   backoff=Backoff(first=0.001, cap=0.001), shard_id="s")
+
+    assert await asyncio.create_task(shard_task()) == path
+    assert path.read_bytes() == b"ok\n" and len(attempts) == 4 and given_back == [1]
+    [failed] = [r.fields for r in caplog.records if r.getMessage() == "state_write_failed"]
+    assert failed["path"] == str(path) and failed["errno"] == "ENOSPC" and failed["shard_id"] == "s"
+    assert "No space left on device" in failed["error"] and "free space" in failed["what_to_do"]
+    [recovered] = [r.fields for r in caplog.records if r.getMessage() == "state_write_recovered"]
+    assert recovered["attempts"] == 4
+
+
+async def test_a_write_that_succeeds_logs_nothing_and_gives_back_nothing(tmp_path, caplog):
+    caplog.set_level(logging.INFO, logger="mldserver")
+    given_back = []
+    on_blocked(lambda: given_back.append(1))
+    path = tmp_path / "s.jsonl"
+    assert await until_written(lambda: append_fsync(path, b"a\n"), path, get_logger("mldserver.test"), what="x") == path
+    assert given_back == [] and not [r for r in caplog.records if r.getMessage().startswith("state_write")]

@@ -8,6 +8,8 @@ import signal
 import time
 from pathlib import Path
 
+import pytest
+
 from mldserver.relay import parse_target
 from mldserver.testing import Child
 
@@ -148,6 +150,15 @@ def test_targets_parse():
     assert parse_target("127.0.0.1:7070") == (socket.AF_INET, ("127.0.0.1", 7070))
     assert parse_target("[::1]:7070") == (socket.AF_INET6, ("::1", 7070))
     assert parse_target("unix:/run/mld.sock") == (socket.AF_UNIX, "/run/mld.sock")
+
+
+@pytest.mark.parametrize("target, says", [("127.0.0.1:99999", "port 99999 is out of range: use 1 to 65535"),
+                                          ("127.0.0.1:0", "port 0 is out of range"),
+                                          ("127.0.0.1", "expected HOST:PORT or unix:PATH"),
+                                          ("unix:", "expected unix:PATH")])
+def test_a_bad_target_says_what_is_wrong(target, says):
+    with pytest.raises(ValueError, match=says):
+        parse_target(target)
 
 
 async def test_relay_runs_lean_with_only_builtin_modules():

@@ -159,6 +159,17 @@ async def test_serves_a_unix_socket(serve, tmp_path):
     assert not path.exists()
 
 
+async def test_shutdown_removes_only_the_unix_socket_it_bound(tmp_path):
+    path = tmp_path / "mld.sock"
+    server = Server(Settings(handler="test", unix=str(path), state_dir=str(tmp_path / "state")), mldserver.Handler)
+    await server.start()
+    assert path.is_socket()
+    path.unlink()
+    path.write_text("put here since\n")
+    await server.shutdown()
+    assert path.read_text() == "put here since\n"
+
+
 def test_console_log_format(tmp_path):
     proc = subprocess.Popen([MLDSERVER, "serve", "--handler", "tests.handlers:Noop", "--port", "0",
                              "--log-format", "console", "--state-dir", str(tmp_path)],

@@ -9,11 +9,15 @@ What the worker calls, per shard (all on the event loop)::
     await coordinator.admit(shard_id)                      # back-pressure, before the status
     coordinator.safe_position(shard_id)                    # what a checkpoint may cover
     await coordinator.shard_ended(shard_id)                # spools, before SHARD_END
+    coordinator.shard_closed(shard_id)                     # its connection ended
 
 Inside, one owned task (the committer) wakes on every change and on a tick and runs
 ``step()``: it releases children whose parents are done, computes the global
 watermark at ``clock()``, and commits the windows it closed, one at a time, in order;
-only after ``sink.commit`` returns are the rows marked committed in the ledger. Tests
+only after ``sink.commit`` returns are the rows marked committed in the ledger. Then
+it ``forget``s the shards gone from here (no connection: ended, lease lost, or replayed
+from the spool) whose rows are all committed and that no longer hold the watermark,
+so what is kept per shard is bounded by the shards still here. Tests
 call ``step()`` themselves, with a fake clock, instead of waiting for the tick::
 
     coordinator = Coordinator(settings, sink, clock=clock)   # clock() -> epoch ms
@@ -82,8 +86,10 @@ class Coordinator:
             window_ms=int(settings.window * 1000), blocks=self._blocks, parents_of=self.lineage.parents_of
         )
         self.ledger = Ledger()
-        self.spool = Spool(state_path(settings, "spool"))
+        self.spool = Spool(state_path(settings, "spool"), self.log)
         self.spooled: set[str] = set()
+        self.connections: dict[str, int] = {}  # shard -> its connections open here
+        self.gone: set[str] = set()  # shards with none, to forget once done (see step)
         self._changed = asyncio.Event()
         self._progress = asyncio.Condition()
         self._stepping = asyncio.Lock()  # passes never overlap: windows commit in order
@@ -155,12 +161,15 @@ class Coordinator:
         self.add_batch(shard_id, items, last, None)
         self.watermarks.ended(shard_id, self.clock())
         self.spooled.add(shard_id)
+        self.gone.add(shard_id)  # no connection serves it here: forgotten once committed
         self.log.info("spool_replayed", shard_id=shard_id, rows=len(items))
 
     # -- what workers call ---------------------------------------------------------
 
     async def open_shard(self, shard_id: str, checkpoint: Position | None) -> None:
         await self.lineage.started(shard_id, checkpoint)
+        self.connections[shard_id] = self.connections.get(shard_id, 0) + 1
+        self.gone.discard(shard_id)
         self.watermarks.open(shard_id, self.clock())
         parents = self.lineage.parents_of(shard_id)
         if parents:
@@ -194,12 +203,41 @@ class Coordinator:
         if rows:
             state = self.ledger.shards[shard_id]
             last = state.ends[-1] if state.ends else None
-            path = await asyncio.to_thread(
-                self.spool.write, shard_id, rows, last, list(self.lineage.parents_of(shard_id))
-            )
+            path = await self.spool.store(shard_id, rows, last, list(self.lineage.parents_of(shard_id)))
             self.spooled.add(shard_id)
             self.log.info("spooled", shard_id=shard_id, rows=len(rows), path=str(path))
         self._changed.set()
+
+    def shard_closed(self, shard_id: str) -> None:
+        """A connection that opened this shard ended (after its shard end, its lease
+        lost, or the daemon gone): with no other, the shard is forgotten once done."""
+        count = self.connections.get(shard_id, 0) - 1
+        if count > 0:
+            self.connections[shard_id] = count
+            return
+        self.connections.pop(shard_id, None)
+        self.gone.add(shard_id)
+        self._changed.set()
+
+    def forget(self, shard_id: str) -> None:
+        """Free everything kept for a shard gone from here, whose rows are all
+        committed and which no longer holds the watermark (``step`` calls it)."""
+        self.gone.discard(shard_id)
+        self.spooled.discard(shard_id)
+        self.ledger.forget(shard_id)
+        self.ordering.forget(shard_id)
+        self.watermarks.forget(shard_id)
+        self.lineage.forget(shard_id)
+
+    def _forget_done(self, now: float) -> None:
+        for shard_id in [s for s in self.gone if self._done_here(s, now)]:
+            self.forget(shard_id)
+
+    def _done_here(self, shard_id: str, now: float) -> bool:
+        if not self.ledger.done(shard_id):
+            return False
+        mark = self.watermarks.shards.get(shard_id)
+        return mark is None or not self.watermarks.holds(shard_id, now)
 
     async def admit(self, shard_id: str) -> None:
         """Wait while memory is over the cap and this shard runs ahead."""
@@ -262,6 +300,8 @@ class Coordinator:
             windows = self.ordering.close(watermark)
             for window in windows:
                 await self._commit(window, watermark, closed_at)
+            if self.gone:
+                self._forget_done(self.clock())
         async with self._progress:
             self._progress.notify_all()
         return len(windows)

@@ -86,6 +86,11 @@ class Ledger:
         state = self.shards.get(shard_id)
         return [] if state is None else list(state.pending)
 
+    def forget(self, shard_id: str) -> None:
+        """Drop a shard whose rows are all committed (``done``): it is gone from here."""
+        state = self.shards.pop(shard_id, None)
+        assert state is None or not state.pending, f"{shard_id} still has uncommitted rows"
+
     def done(self, shard_id: str) -> bool:
         state = self.shards.get(shard_id)
         return state is None or not state.pending

@@ -16,6 +16,9 @@ Two sources, the second winning where it answers:
 
 The calls are asynchronous (the event loop never waits on them) and bounded by a
 time-out; a failure is logged and the shard goes on with what was seen.
+
+A shard gone from here is ``forget``-ten; only the last ``ENDED_KEPT`` ended shards
+stay known as parents for children yet to come.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from ..positions import Position
 log = get_logger("mldserver.lineage")
 
 LOOKUP_TIMEOUT = 10.0
+ENDED_KEPT = 64  # ended shards still offered as parents to shards seen later
 
 
 class StreamShards:
@@ -82,7 +86,7 @@ class Lineage:
         self.parents: dict[str, tuple[str, ...]] = {}
         self.children: dict[str, list[str]] = {}
         self.seen: set[str] = set()
-        self._ended: list[str] = []  # ended here, fewer than two children known yet
+        self._ended: list[str] = []  # ended here, fewer than two children known yet (the last ENDED_KEPT)
         self._fetched: dict[str, tuple[str, ...]] = {}
         self._lock = asyncio.Lock()
 
@@ -123,6 +127,19 @@ class Lineage:
         self.seen.add(shard_id)
         if shard_id not in self._ended and len(self.children_of(shard_id)) < 2:
             self._ended.append(shard_id)
+            del self._ended[:-ENDED_KEPT]
+
+    def forget(self, shard_id: str) -> None:
+        """A shard gone from here: its own links go (it stays among the last ended
+        shards, which its children yet to come may need)."""
+        self.seen.discard(shard_id)
+        for p in self.parents.pop(shard_id, ()):
+            siblings = self.children.get(p)
+            if siblings is not None and shard_id in siblings:
+                siblings.remove(shard_id)
+                if not siblings:
+                    del self.children[p]
+        self.children.pop(shard_id, None)
 
     async def _refresh(self) -> None:
         async with self._lock:

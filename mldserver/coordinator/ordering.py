@@ -16,6 +16,11 @@ one shard is never reordered. What keeps that promise where Bloop breaks it:
 - **late rows**: a row whose window has closed goes with the next window to close,
   counted in ``late_rows``; never dropped.
 
+A shard gone from here whose rows are all committed is ``forget``-ten; the highest
+position it delivered is kept a while (the last ``RETIRED`` such shards), so that a
+shard coming back (its SHARD_END or its lease lost, then taken again) has the rows it
+delivered before dropped as duplicates, not committed twice.
+
 What a shard hands over is an ``Item(time, position, data)``: the event time (None: the
 shard's previous one), the record's :class:`~mldserver.positions.Position` and the row
 as JSON bytes. Inside, it becomes a ``Row(time, shard_id, position, n, data)``, whose
@@ -31,7 +36,7 @@ order as a tuple is the merge key: ``n`` numbers a shard's rows so no two keys t
 from __future__ import annotations
 
 import math
-from collections import Counter
+from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
 from itertools import repeat
 from operator import itemgetter
@@ -58,6 +63,8 @@ class Row(NamedTuple):
     n: int  # the row's number in its shard: no two keys tie
     data: bytes
 
+
+RETIRED = 1024  # forgotten shards whose highest delivered position is kept
 
 # Rows and items are made by the million: ``tuple.__new__`` builds them in C, where
 # ``Row(...)`` would run a Python-level ``__new__`` for each.
@@ -95,6 +102,7 @@ class Ordering:
         self.blocks = blocks  # can this (parent) shard still add rows at ``now``?
         self.parents_of = parents_of
         self.shards: dict[str, ShardOrder] = {}
+        self.retired: OrderedDict[str, Position] = OrderedDict()  # forgotten shard -> its high
         self.buckets: dict[int, list[Row]] = {}  # window start -> rows
         self.pending_late: list[Row] = []  # rows whose window had closed, for the next to close
         self.closed_until = -math.inf  # end of the last closed window
@@ -105,8 +113,20 @@ class Ordering:
     def shard(self, shard_id: str) -> ShardOrder:
         state = self.shards.get(shard_id)
         if state is None:
-            state = self.shards[shard_id] = ShardOrder()
+            state = self.shards[shard_id] = ShardOrder(high=self.retired.pop(shard_id, None))
         return state
+
+    def forget(self, shard_id: str) -> None:
+        """Drop a shard with no rows left here; remember its highest position a while."""
+        state = self.shards.pop(shard_id, None)
+        if state is None:
+            return
+        assert not state.held, f"{shard_id} still has rows held"
+        if state.high is not None:
+            self.retired[shard_id] = state.high
+            self.retired.move_to_end(shard_id)
+            while len(self.retired) > RETIRED:
+                self.retired.popitem(last=False)
 
     def delivered(self, shard_id: str, position: Position) -> None:
         """Positions up to here count as delivered (a commit log, a stored checkpoint)."""

@@ -13,7 +13,9 @@ and a file is deleted once all its rows are committed.
     [1476889707000,"4959...",0,{"k":"v"}]       # event time, sequence, sub, the row
 
 Files are written to a temporary name and renamed: a crash leaves either the old
-spool or the new one, never half of one.
+spool or the new one, never half of one. ``store`` (what the coordinator awaits) waits
+out a failing disk: logged once, retried until written (``durable.until_written``),
+no temporary file left behind; SHARD_END is not stored before it returns.
 """
 
 from __future__ import annotations
@@ -24,7 +26,8 @@ from pathlib import Path
 
 import orjson
 
-from ..durable import atomic_write, safe_filename
+from ..durable import atomic_write, safe_filename, until_written
+from ..logs import EventLogger, get_logger
 from ..positions import Position
 from .ordering import Item, Row
 
@@ -38,12 +41,20 @@ class Spooled:
 
 
 class Spool:
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, log: EventLogger | None = None) -> None:
         self.directory = directory
+        self.log = log or get_logger("mldserver.spool")
         self._found: dict[str, Path] = {}  # shard -> the file read_all found it in
 
     def path_for(self, shard_id: str) -> Path:
         return self.directory / f"{safe_filename(shard_id)}.jsonl"
+
+    async def store(self, shard_id: str, rows: list[Row], last: Position | None, parents: list[str]) -> Path:
+        """``write`` in a thread, retried until the rows are on disk."""
+        return await until_written(
+            lambda: self.write(shard_id, rows, last, parents), self.path_for(shard_id), self.log,
+            what="spool", shard_id=shard_id,
+        )
 
     def write(self, shard_id: str, rows: list[Row], last: Position | None, parents: list[str]) -> Path:
         """Blocking (run it in a thread): the rows are on disk when this returns."""

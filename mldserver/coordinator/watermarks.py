@@ -16,6 +16,10 @@ watermark (or, with no child ever seen here, until the idle timeout)::
     wm = Watermarks(margin_ms=5_000, idle_timeout_ms=60_000, children_of=lineage.children)
     wm.open("s0", now); wm.batch("s0", last_time=1_000, caught_up=False, now=now)
     wm.minimum(now)   # 1_000; +inf when no shard holds (everything may close)
+
+Only shards still known here are kept (the coordinator ``forget``s a shard gone from
+here that no longer holds): ``minimum`` and ``holder`` scan those, not every shard
+ever seen.
 """
 
 from __future__ import annotations
@@ -67,6 +71,9 @@ class Watermarks:
         mark = self.shards.setdefault(shard_id, ShardMark())
         mark.ended = True
         mark.last_active = now
+
+    def forget(self, shard_id: str) -> None:
+        self.shards.pop(shard_id, None)
 
     def reported(self, shard_id: str) -> bool:
         mark = self.shards.get(shard_id)

@@ -79,10 +79,19 @@ class ProcessCalls:
         self._left = 0  # the shard moves to a process numbered above this (see _leave)
         self._stored: Any = None  # the position the daemon stored last (a Position)
         self._answering: set[asyncio.Task[Any]] = set()  # the handler's requests being answered
+        self._current: asyncio.Future[Any] | None = None  # the call under way (abort cancels it)
+        self._aborted: str | None = None
 
     def create(self) -> str | None:
         """The instance is made in the handler process, with ``initialize``."""
         return None
+
+    def abort(self, reason: str) -> None:
+        """Cancel the call under way (its action is then answered as failed) and start
+        no other: the server is stopping and will not wait for it."""
+        self._aborted = reason
+        if self._current is not None:
+            self._current.cancel()
 
     def close(self) -> None:
         """The connection is over: the process forgets the shard's instance."""
@@ -101,6 +110,8 @@ class ProcessCalls:
         attempt = redone = 0
         error = ""
         while attempt < attempts:
+            if self._aborted is not None:
+                return Outcome(FAILED, f"not called: {self._aborted}")
             traceback = None
             proc = frame = None
             try:
@@ -162,16 +173,20 @@ class ProcessCalls:
         does not count; that call's own time-out kills the process."""
         assert self.shard is not None
         call = asyncio.ensure_future(proc.call(frame, body, self._requests(cp), (self.shard.shard_id, action)))
+        self._current = call
         try:
             while True:
                 done, _ = await asyncio.wait({call}, timeout=self.timeout)
                 if done:
+                    if call.cancelled() and self._aborted is not None:
+                        return {"result": FAILED, "error": f"cancelled: {self._aborted}", "traceback": None}, b""
                     return call.result()
                 running = proc.running()
                 if proc.alive and running not in (0, frame["id"]):
                     continue  # a bystander: another call blocks the loop
                 raise TimeoutError
         finally:
+            self._current = None
             if not call.done():
                 call.cancel()
 

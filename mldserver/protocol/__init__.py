@@ -3,7 +3,7 @@
 See :mod:`.connection` for how it is driven and PROTOCOL.md for the rules it keeps.
 """
 
-from .connection import NEED_DATA, Connection
+from .connection import NEED_DATA, Connection, action_in
 from .errors import LocalProtocolError, ProtocolError, RemoteProtocolError
 from .events import (
     Action,
@@ -11,6 +11,7 @@ from .events import (
     CheckpointReply,
     ConnectionClosed,
     Event,
+    MALFORMED_REPLY,
     Initialize,
     LeaseLost,
     ProcessRecords,
@@ -24,7 +25,7 @@ from .messages import Dialect, UnknownAction
 from .state import State
 
 __all__ = [
-    "NEED_DATA", "Connection", "LocalProtocolError", "ProtocolError", "RemoteProtocolError",
+    "NEED_DATA", "Connection", "action_in", "MALFORMED_REPLY", "LocalProtocolError", "ProtocolError", "RemoteProtocolError",
     "Action", "Checkpoint", "CheckpointReply", "ConnectionClosed", "Event", "Initialize",
     "LeaseLost", "ProcessRecords", "ShardEnded", "Shutdown", "ShutdownRequested", "Status",
     "DEFAULT_MAX_LINE_SIZE", "Dialect", "UnknownAction", "State",

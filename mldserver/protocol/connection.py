@@ -12,18 +12,26 @@ from the daemon and writes what it returns::
 
 ``next_event()`` returns an event, ``NEED_DATA`` until a whole line is buffered, or
 ``ConnectionClosed`` after end of input. It raises RemoteProtocolError for a line it
-cannot accept (state unchanged; see :mod:`.errors` for the owed status). ``send()``
+cannot accept (state unchanged; see :mod:`.errors` for the owed status). A line over
+``max_line_size`` is one of those, owed a status when its first bytes name a daemon
+action; ``overflow()`` then hands out the whole line in pieces as it arrives. While a
+checkpoint is outstanding, a line that cannot be read is its reply, malformed: a
+``CheckpointReply`` with ``error=MALFORMED_REPLY``, and the checkpoint failed. Only a
+daemon action is ever owed a status (never ``checkpoint`` or ``status``). ``send()``
 raises LocalProtocolError, writing nothing, for anything the daemon would not accept
 at that point: the transition table in :mod:`.state` is the only judge.
 """
 
 from __future__ import annotations
 
+import re
+
 from .errors import LocalProtocolError, RemoteProtocolError
 from .events import (
     Action,
     Checkpoint,
     CheckpointReply,
+    MALFORMED_REPLY,
     ConnectionClosed,
     Event,
     Initialize,
@@ -34,6 +42,7 @@ from .framing import DEFAULT_MAX_LINE_SIZE, LineBuffer, LineTooLong
 from .messages import Dialect, decode, encode
 from .state import (
     CHECKPOINT_ALLOWED,
+    NEVER_OWED,
     REMOTE_TRANSITIONS,
     RESPONSE_FOR,
     STATUS_TRANSITIONS,
@@ -47,6 +56,15 @@ class _NeedData:
 
 
 NEED_DATA = _NeedData()
+
+# The action name in a line's first bytes (the daemon writes "action" first).
+_ACTION = re.compile(rb'"action"\s*:\s*"([A-Za-z0-9_:]{1,64})"')
+
+
+def action_in(prefix: bytes) -> str | None:
+    """The action a (partial) line names in its first bytes, if it does."""
+    match = _ACTION.search(prefix)
+    return match.group(1).decode("ascii") if match else None
 
 
 def _transition_key(event: Action) -> str:
@@ -78,13 +96,26 @@ class Connection:
         """Bytes received that are not yet a whole line (for back-pressure)."""
         return self._lines.pending
 
+    @property
+    def overflowing(self) -> bool:
+        """Inside a line over ``max_line_size`` not yet read to its end."""
+        return self._lines.overflowing
+
+    def peek(self, n: int) -> bytes:
+        """The first ``n`` bytes received of the line not yet whole (its action name)."""
+        return self._lines.peek(n)
+
     def next_event(self) -> Event | _NeedData:
         if self.state is State.CLOSED:
             return ConnectionClosed()
         try:
             line = self._lines.next_line()
         except LineTooLong as exc:
-            raise RemoteProtocolError(str(exc), line=exc.prefix) from None
+            if self.state is State.CHECKPOINTING:  # the rest of it is skipped
+                return self._settle(CheckpointReply(None, None, MALFORMED_REPLY, str(exc)))
+            action = action_in(exc.prefix)
+            self._owe(action)
+            raise RemoteProtocolError(str(exc), line=exc.prefix, action=self._stray, too_long=True) from None
         if line is None:
             if self._lines.eof:
                 self.state = State.CLOSED
@@ -93,7 +124,10 @@ class Connection:
         try:
             event = decode(line)
         except RemoteProtocolError as exc:
-            self._stray = exc.action  # a malformed action still waits for its status
+            if self.state is State.CHECKPOINTING and (exc.action is None or exc.action in NEVER_OWED):
+                return self._settle(CheckpointReply(None, None, MALFORMED_REPLY, str(exc)))
+            self._owe(exc.action)  # a malformed action still waits for its status
+            exc.action = self._stray
             raise
         if isinstance(event, CheckpointReply):
             if self.state is not State.CHECKPOINTING:
@@ -101,9 +135,7 @@ class Connection:
                     f"checkpoint reply while {self.state.name} (no checkpoint outstanding)",
                     line=line,
                 )
-            assert self._resume is not None
-            self.state, self._resume = self._resume, None
-            return event
+            return self._settle(event)
         assert isinstance(event, Action)
         new = REMOTE_TRANSITIONS.get((self.state, _transition_key(event)))
         if new is None:
@@ -119,6 +151,23 @@ class Connection:
         self.state = new
         self._action = event.action
         return event
+
+    def _settle(self, reply: CheckpointReply) -> CheckpointReply:
+        """The outstanding checkpoint's reply: back to where the checkpoint was sent."""
+        assert self._resume is not None
+        self.state, self._resume = self._resume, None
+        return reply
+
+    def _owe(self, action: str | None) -> None:
+        """An action the daemon sent that cannot be taken still waits for its status;
+        only a daemon action can be owed one."""
+        self._stray = None if action is None or action in NEVER_OWED else action
+
+    def overflow(self) -> tuple[bytes, bool]:
+        """After a RemoteProtocolError with ``too_long``: the over-long line's bytes
+        received since the last call (the first call starts at its first byte), and
+        whether it has ended. Feed more data until it has."""
+        return self._lines.overflow()
 
     # -- output ------------------------------------------------------------------
 

@@ -2,7 +2,8 @@
 
 ``RemoteProtocolError``: the daemon sent something we cannot accept (not JSON, a
 bare ``null``, an action out of order, a line past ``max_line_size``). The state is
-unchanged. When the offending line was an action, ``action`` names it: the daemon is
+unchanged. When the offending line was a daemon action (never a checkpoint reply),
+``action`` names it: the daemon is
 now waiting for a status for it, and the connection lets exactly one
 ``Status(response_for=action)`` through so the daemon neither hangs nor exits.
 
@@ -21,10 +22,12 @@ class ProtocolError(MldserverError):
 
 
 class RemoteProtocolError(ProtocolError):
-    def __init__(self, message: str, *, line: bytes = b"", action: str | None = None) -> None:
+    def __init__(self, message: str, *, line: bytes = b"", action: str | None = None,
+                 too_long: bool = False) -> None:
         super().__init__(message)
         self.line = line
         self.action = action
+        self.too_long = too_long  # over max_line_size: ``line`` is its first bytes only
 
 
 class LocalProtocolError(ProtocolError):

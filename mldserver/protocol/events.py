@@ -103,12 +103,17 @@ class Shutdown(Action):
 
 @dataclass(frozen=True, slots=True)
 class CheckpointReply(Event):
-    """The daemon's answer to a Checkpoint; ``error`` is a Java exception's simple name."""
+    """The daemon's answer to a Checkpoint; ``error`` is a Java exception's simple name.
+
+    A reply the core cannot read (not JSON, a field of the wrong type) still settles
+    the outstanding checkpoint, as a failed one: ``error`` is ``MALFORMED_REPLY`` and
+    ``malformed`` says what was wrong with it."""
 
     action: ClassVar[str] = "checkpoint"
     sequence_number: str | None
     sub_sequence_number: int | None
     error: str | None = None
+    malformed: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,6 +139,9 @@ class Checkpoint(Event):
     sequence_number: str | None = None
     sub_sequence_number: int | None = None
 
+
+# The error of a checkpoint whose reply could not be read (not a name the daemon sends).
+MALFORMED_REPLY = "MalformedReply"
 
 DAEMON_ACTIONS: dict[str, type[Action]] = {
     cls.action: cls

@@ -13,8 +13,22 @@ are skipped, and a line may be tens of megabytes (10,000 records of 1 KiB is abo
     >>> buf.next_line() is None
     True
 
-A line longer than ``max_line_size`` raises :class:`LineTooLong` once; the rest of
-that line is then discarded up to its ``\\n`` so the following lines still frame.
+A line longer than ``max_line_size`` raises :class:`LineTooLong` once, with its first
+``PREFIX`` bytes (enough for its action name). The caller may then take the whole line
+in pieces with ``overflow()`` (each call hands out what arrived since the last and
+says whether the line has ended), so it can be kept without being held in memory;
+what ``overflow()`` does not take is discarded by ``next_line()`` up to the line's
+``\\n``, so the following lines still frame::
+
+    >>> buf = LineBuffer(8)
+    >>> buf.feed(b'{"action":"x","y":1')
+    >>> buf.next_line()
+    Traceback (most recent call last):
+    ...
+    mldserver.protocol.framing.LineTooLong: ...
+    >>> buf.feed(b'2}\\n{}\\n')
+    >>> buf.overflow()
+    (b'{"action":"x","y":12}', True)
 """
 
 from __future__ import annotations
@@ -22,6 +36,7 @@ from __future__ import annotations
 from .errors import ProtocolError
 
 DEFAULT_MAX_LINE_SIZE = 256 * 1024 * 1024
+PREFIX = 1024  # bytes of an over-long line handed out with LineTooLong
 
 
 class LineTooLong(ProtocolError):
@@ -30,7 +45,7 @@ class LineTooLong(ProtocolError):
     def __init__(self, size: int, limit: int, prefix: bytes) -> None:
         super().__init__(
             f"a line from the daemon exceeds {limit} bytes (max_line_size); "
-            f"it was skipped; raise max_line_size if batches are really this large"
+            f"it was dead-lettered whole and answered; raise max_line_size if batches are really this large"
         )
         self.size = size
         self.limit = limit
@@ -86,8 +101,7 @@ class LineBuffer:
                 self._skipping = False
                 continue
             if nl > self.max_line_size:
-                self._start_skipping()
-                continue
+                self._start_skipping(nl)
             end = nl - 1 if nl > 0 and buf[nl - 1] == 0x0D else nl
             with memoryview(buf) as view:
                 line = bytes(view[:end])
@@ -98,9 +112,43 @@ class LineBuffer:
             if line.strip():
                 return line
 
-    def _start_skipping(self) -> None:
-        prefix = bytes(self._buf[:200])
-        size = len(self._buf)
+    def peek(self, n: int) -> bytes:
+        """The first ``n`` bytes held (of the line not yet whole)."""
+        return bytes(self._buf[:n])
+
+    @property
+    def overflowing(self) -> bool:
+        """Inside an over-long line (its end not yet taken)."""
+        return self._skipping
+
+    def overflow(self) -> tuple[bytes, bool]:
+        """The over-long line's bytes that arrived since the last call (the first call
+        starts at the line's first byte), and whether the line has ended (its end is
+        not included, nor a ``\\r`` before it)."""
+        if not self._skipping:
+            return b"", True
+        buf = self._buf
+        nl = buf.find(b"\n")
+        if nl < 0:
+            keep = 1 if buf.endswith(b"\r") else 0  # maybe the \r of the line end
+            chunk = bytes(buf[: len(buf) - keep])
+            del buf[: len(buf) - keep]
+            self._skipped += len(chunk)
+            self._scan = 0
+            return chunk, False
+        end = nl - 1 if nl > 0 and buf[nl - 1] == 0x0D else nl
+        chunk = bytes(buf[:end])
+        del buf[: nl + 1]
+        self._scan = 0
+        self._skipping = False
+        return chunk, True
+
+    def _start_skipping(self, end: int | None = None) -> None:
+        """Enter the over-long line (``end``: where its ``\\n`` is, if it arrived)."""
+        buf = self._buf
+        prefix = bytes(buf[:PREFIX])
+        size = len(buf) if end is None else end
         self._skipping = True
         self._skipped = 0
+        self._scan = 0
         raise LineTooLong(size, self.max_line_size, prefix)

@@ -13,6 +13,10 @@ Checkpoint (allowed only inside some actions, one outstanding at a time)::
 
 While a checkpoint is outstanding the conversation is in CHECKPOINTING; the checkpoint
 reply returns it to the state it came from (kept by the connection as ``resume``).
+So does a line that cannot be read while CHECKPOINTING (not JSON, a reply with a field
+of the wrong type, a line over ``max_line_size``): it is the reply, malformed, and the
+checkpoint failed. Only a daemon action is ever owed a status: a
+checkpoint reply, or our own ``status``, never is (``NEVER_OWED``).
 """
 
 from __future__ import annotations
@@ -49,6 +53,9 @@ REMOTE_TRANSITIONS: dict[tuple[State, str], State] = {
     (State.DRAINING, "leaseLost"): State.LOSING,
     (State.DRAINING, "shutdown:ZOMBIE"): State.LOSING,
 }
+
+# Names that are never owed a status, however malformed the line that carried them.
+NEVER_OWED: frozenset[str] = frozenset({"checkpoint", "status"})
 
 # Our status ends the action being answered.
 STATUS_TRANSITIONS: dict[State, State] = {

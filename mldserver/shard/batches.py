@@ -10,8 +10,9 @@ why, for the driver to dead-letter; nothing here does I/O::
     #   BadRecords([raw], "invalid KPL aggregate", "partition key index 7 out of range")
 
     items, bad = encode_rows(batch_rows)    # [Item(time, position, b'{"k":1}'), ...]
-    # a row orjson cannot encode, or a record with no valid position ->
-    #   BadRecords([record.to_json()], "bad row", "row not JSON-encodable: ...")
+    # a row orjson cannot encode, a record with no valid position, or an event time
+    # that is not epoch ms (emit(..., event_time_ms="soon"), an arrival time
+    # "yesterday") -> BadRecords([record.to_json()], "bad row", "row not JSON-encodable: ...")
 
 A batch whose last record is not an object with a sequence number of digits is
 malformed whole (its position would be the shard's delivered one): no records, one
@@ -25,13 +26,14 @@ for it.
 from __future__ import annotations
 
 from itertools import repeat
+from operator import itemgetter
 from typing import Any, Iterable, NamedTuple
 
 import orjson
 
 from ..coordinator.ordering import Item
 from ..positions import Position
-from ..records import Emitted, Record
+from ..records import EVENT_TIME, MAX_EVENT_TIME_MS, Emitted, Record, valid_event_time
 from .kpl import deaggregate, is_aggregate
 
 MALFORMED = "malformed records"
@@ -39,6 +41,7 @@ INVALID_AGGREGATE = "invalid KPL aggregate"
 BAD_ROW = "bad row"
 
 _new = tuple.__new__
+_item_time = itemgetter(Item._fields.index("time"))
 
 
 class BadRecords(NamedTuple):
@@ -127,7 +130,9 @@ class EncodedRows(NamedTuple):
 
 def encode_rows(emitted: Iterable[Emitted] | EncodedRows) -> tuple[list[Item], list[BadRecords]]:
     """The coordinator's items for what a batch emitted, in order, and the rows that
-    cannot be items (their records, to dead-letter)."""
+    cannot be items (their records, to dead-letter): a row orjson cannot encode, a
+    record with no position, or an event time (``emit``'s, else the record's arrival
+    time) that is neither None nor epoch milliseconds (``records.valid_event_time``)."""
     if isinstance(emitted, EncodedRows):
         return emitted.items, emitted.bad
     emitted = list(emitted)
@@ -138,15 +143,35 @@ def encode_rows(emitted: Iterable[Emitted] | EncodedRows) -> tuple[list[Item], l
                         record._position or record.position, encode(row)))
             for record, row, t in emitted
         ]
-        return items, []
+        if _times_valid(list(map(_item_time, items))):
+            return items, []
     except (TypeError, ValueError):  # some row is not JSON, or its record has no position
         pass
     items, bad = [], []
     for record, row, t in emitted:
+        source = "the record's approximateArrivalTimestamp" if t is None else "batch.emit(event_time_ms=...)"
+        if t is None:
+            t = record.approximate_arrival_timestamp
+        if t is not None and not valid_event_time(t):
+            error = f"event time {t!r:.80} from {source} is not {EVENT_TIME}"
+            bad.append(BadRecords([record.to_json()], BAD_ROW, error))
+            continue
         try:
-            items.append(Item(record.approximate_arrival_timestamp if t is None else t, record.position, encode(row)))
+            items.append(Item(t, record.position, encode(row)))
         except TypeError as exc:
             bad.append(BadRecords([record.to_json()], BAD_ROW, f"row not JSON-encodable: {exc}"))
         except ValueError as exc:
             bad.append(BadRecords([record.to_json()], BAD_ROW, str(exc)))
     return items, bad
+
+
+def _times_valid(times: list[Any]) -> bool:
+    """Every time None or a valid event time: the check of the usual batch, in C."""
+    kinds = set(map(type, times))
+    if kinds == {int}:
+        ints = times
+    elif kinds <= {int, type(None)}:
+        ints = [t for t in times if t is not None]
+    else:
+        return False
+    return not ints or (min(ints) >= 0 and max(ints) < MAX_EVENT_TIME_MS)

@@ -20,18 +20,36 @@ A call that raises or runs past ``timeout`` is retried ``retries`` times; a retr
 escapes the handler ends the action at once, without a retry (the checkpointer has
 logged it), keeping what it emitted. ``checkpointer`` is called once an attempt for the checkpointer to hand
 the handler (one per attempt, or the same one every time).
+
+Each attempt runs in its own task, so nothing the handler does reaches the caller:
+
+- past ``timeout`` the task is cancelled and given ``grace`` seconds to end; a handler
+  that swallows the cancellation is abandoned (``handler_stuck``, with the callback),
+  the call fails without a retry (the handler is still inside it) and the caller
+  goes on to answer its action; ``reap_abandoned()`` ends such tasks at shutdown;
+- a ``CancelledError`` coming out of the handler (a cancelled inner task) is a
+  handler failure like any other; only the caller's own cancellation (or ``abort()``,
+  the server shutting down) cancels the call;
+- a callback that is not a coroutine function is a failure that is not retried, named
+  in one line; ``check_factory()`` refuses such a handler class at load, ``create()``
+  any other handler at its creation.
 """
 
 from __future__ import annotations
 
 import asyncio
+import inspect
 from typing import Any, Callable, NamedTuple
 
 from ..backoff import Backoff
 from ..checkpointer import Checkpointer
-from ..errors import CheckpointError
+from ..errors import CheckpointError, ConfigError
 from ..logs import EventLogger
 from ..records import Emitted
+
+# The handler's callbacks, each awaited by the worker.
+CALLBACKS = ("initialize", "process_records", "shutdown_requested", "shard_ended", "lease_lost")
+GRACE_CAP = 1.0  # at most this long for a cancelled handler call to end
 
 OK = "ok"
 CHECKPOINT_FAILED = "checkpoint_failed"
@@ -59,6 +77,56 @@ def _invoke(handler: Any, action: str, arg: Any, cp: Checkpointer) -> Any:
     return getattr(handler, action)(cp)  # shutdown_requested, shard_ended
 
 
+def not_async(handler: Any) -> str | None:
+    """Why ``handler`` (a class or an instance) cannot be awaited, or None."""
+    for name in CALLBACKS:
+        method = getattr(handler, name, None)
+        if method is not None and not inspect.iscoroutinefunction(method):
+            owner = handler if inspect.isclass(handler) else type(handler)
+            return (f"handler {owner.__module__}.{owner.__qualname__}: {name} must be a coroutine function "
+                    f"(the server awaits it); define it with `async def {name}`")
+    return None
+
+
+def check_factory(factory: Any) -> None:
+    """At load: a handler class whose callbacks are not ``async def`` is a ConfigError
+    (a factory function's handler is checked when it is created)."""
+    if inspect.isclass(factory):
+        error = not_async(factory)
+        if error is not None:
+            raise ConfigError(error)
+
+
+# Handler calls that swallowed their cancellation, still running; ended at shutdown.
+_abandoned: set[asyncio.Task[Any]] = set()
+
+
+def _retrieve(task: asyncio.Task[Any]) -> None:
+    _abandoned.discard(task)
+    if not task.cancelled():
+        task.exception()  # retrieved: an abandoned call's end is not an error to report
+
+
+async def reap_abandoned(grace: float = GRACE_CAP) -> int:
+    """End the handler calls abandoned by ``handler_stuck``: cancel them, wait
+    ``grace``, then close what still runs (its coroutine gets GeneratorExit). How many
+    there were."""
+    tasks = list(_abandoned)
+    for task in tasks:
+        task.cancel()
+    if tasks:
+        _, pending = await asyncio.wait(tasks, timeout=grace)
+        for task in pending:
+            try:
+                task.get_coro().close()
+            except RuntimeError:  # it ignored GeneratorExit too: nothing more can be done
+                pass
+            task.cancel()
+        if pending:
+            await asyncio.wait(pending, timeout=grace)
+    return len(tasks)
+
+
 class HandlerCalls:
     def __init__(
         self,
@@ -69,6 +137,7 @@ class HandlerCalls:
         timeout: float,
         backoff: Backoff,
         log: EventLogger,
+        grace: float | None = None,
     ) -> None:
         self.factory = factory
         self.context = context
@@ -76,17 +145,34 @@ class HandlerCalls:
         self.timeout = timeout
         self.backoff = backoff
         self.log = log
+        self.grace = min(GRACE_CAP, max(timeout / 2, 0.05)) if grace is None else grace
         self.handler: Any = None
+        self._current: asyncio.Task[Any] | None = None
+        self.running: str | None = None  # the callback being called, if any
+        self._aborted: str | None = None
+        self._failure: BaseException | None = None  # the last attempt's exception, for its traceback
 
     def create(self) -> str | None:
         """Make this shard's handler; why it failed, or None."""
         try:
-            self.handler = self.factory(self.context)
+            handler = self.factory(self.context)
         except Exception as exc:
             error = f"{type(exc).__name__}: {exc}"
             self.log.error("handler_create_failed", error=error, exc_info=True)
             return error
+        error = not_async(handler)
+        if error is not None:
+            self.log.error("handler_create_failed", error=error)
+            return error
+        self.handler = handler
         return None
+
+    def abort(self, reason: str) -> None:
+        """Cancel the call under way (its action is then answered as failed) and start
+        no other: the server is stopping and will not wait for it."""
+        self._aborted = reason
+        if self._current is not None:
+            self._current.cancel()
 
     def close(self) -> None:
         """The connection is over (nothing to release in this loop)."""
@@ -99,22 +185,18 @@ class HandlerCalls:
         attempts = self.retries + 1
         error = ""
         for attempt in range(attempts):
+            if self._aborted is not None:
+                return Outcome(FAILED, f"not called: {self._aborted}")
             if collect_rows:
                 arg.rows = []  # a retried call starts over: no row twice
             try:
-                async with asyncio.timeout(self.timeout):
-                    await _invoke(self.handler, action, arg, checkpointer())
-                return Outcome(OK, None, arg.rows if collect_rows else None)
-            except CheckpointError as exc:  # the rows emitted before it stand: the batch is done
-                return Outcome(CHECKPOINT_FAILED, exc.error, arg.rows if collect_rows else None)
-            except TimeoutError:
-                error = f"timed out after {self.timeout} s (execution_timeout)"
-            except Exception as exc:
-                error = f"{type(exc).__name__}: {exc}"
+                outcome, error, final = await self._attempt(action, arg, checkpointer)
+                if outcome is not None:
+                    return outcome._replace(rows=arg.rows if collect_rows else None)
             finally:
                 if collect_rows:
                     arg.rows = None  # the rows are in the outcome (or dropped): the batch no longer collects
-            retry = attempt + 1 < attempts
+            retry = not final and attempt + 1 < attempts
             self.log.error(
                 "handler_failed",
                 callback=action,
@@ -122,8 +204,67 @@ class HandlerCalls:
                 attempt=attempt + 1,
                 attempts=attempts,
                 retry=retry,
-                exc_info=not retry,
+                exc_info=self._failure if not retry else None,
             )
-            if retry:
-                await asyncio.sleep(self.backoff.delay(attempt))
+            if not retry:
+                break
+            await asyncio.sleep(self.backoff.delay(attempt))
         return Outcome(FAILED, error)
+
+    async def _attempt(
+        self, action: str, arg: Any, checkpointer: Callable[[], Checkpointer]
+    ) -> tuple[Outcome | None, str, bool]:
+        """One call in its own task: (the outcome, or None and why it failed, and
+        whether that failure is final: not worth a retry)."""
+        self._failure = None
+        try:
+            started = _invoke(self.handler, action, arg, checkpointer())
+        except CheckpointError as exc:
+            return Outcome(CHECKPOINT_FAILED, exc.error), "", True
+        except Exception as exc:
+            self._failure = exc
+            return None, f"{type(exc).__name__}: {exc}", False
+        if not inspect.isawaitable(started):
+            owner = type(self.handler)
+            return None, (f"{owner.__qualname__}.{action} is not async: it returned {type(started).__name__}, "
+                          f"not an awaitable; define it with `async def {action}`"), True
+        task = asyncio.ensure_future(started)
+        self._current, self.running = task, action
+        try:
+            done, _ = await asyncio.wait((task,), timeout=self.timeout)
+            if not done:
+                task.cancel()
+                done, _ = await asyncio.wait((task,), timeout=self.grace)
+                if not done:
+                    _abandoned.add(task)
+                    task.add_done_callback(_retrieve)
+                    self.log.error(
+                        "handler_stuck",
+                        callback=action,
+                        timeout_s=self.timeout,
+                        grace_s=self.grace,
+                        what_to_do="the handler swallows asyncio.CancelledError: let it propagate (re-raise it); "
+                        "the call is abandoned and the action answered as failed",
+                    )
+                    return None, f"abandoned: still running {self.grace} s after its time-out cancelled it", True
+                if not task.cancelled():
+                    task.exception()  # retrieved: the time-out is what counts
+                if self._aborted is not None:
+                    return None, f"cancelled: {self._aborted}", True
+                return None, f"timed out after {self.timeout} s (execution_timeout)", False
+        except asyncio.CancelledError:  # our own cancellation: the call goes with it
+            task.cancel()
+            raise
+        finally:
+            self._current = self.running = None
+        if task.cancelled():
+            if self._aborted is not None:
+                return None, f"cancelled: {self._aborted}", True
+            return None, "CancelledError: raised by the handler (a cancelled task inside it?)", False
+        exc = task.exception()
+        if exc is None:
+            return Outcome(OK), "", True
+        if isinstance(exc, CheckpointError):  # the rows emitted before it stand: the batch is done
+            return Outcome(CHECKPOINT_FAILED, exc.error), "", True
+        self._failure = exc
+        return None, f"{type(exc).__name__}: {exc}", False

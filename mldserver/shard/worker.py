@@ -27,18 +27,45 @@ sits beside it, one job a module::
 - Every checkpoint the daemon refuses is logged once, as ``checkpoint`` with an
   ``outcome``: ``retry`` (with ``delay_ms``) or ``failed``.
 - Nothing here touches another connection: every failure stays on its shard.
+
+Every action read is answered, whatever the handler, the disk or the conversation did
+(invariant 1):
+
+- The checkpoint round trip is the worker's (``_roundtrip``): one outstanding at a
+  time, in its own task, so a caller that is cancelled (``execution_timeout``, the
+  handler's own ``wait_for``) leaves it running; it is settled (its reply read,
+  within ``REPLY_TIMEOUT_S``) before the next checkpoint and before any status. A reply
+  that cannot be read is a failed checkpoint (the protocol core's ``MALFORMED_REPLY``).
+- The action's checkpointers are closed before its status (``_answer``).
+- A line over ``max_line_size`` is answered when its first bytes name an action, and
+  streamed whole to its own dead-letter file as it arrives.
+- A peer that resets or goes away is ``disconnected``, not a crash.
+- In-flight slots (``Slots``): only a batch takes one (an action named in a line's first
+  bytes as anything else never does); a holder whose line stops growing for
+  ``STALL_S`` gives it back (``peer_stalled``); waiting longer than ``SLOT_WAIT_LOG_S``
+  logs ``slots_held`` with who holds them, for how long, in which callback.
+- ``stop()`` (the server stops) lets an action that has arrived, even partly, be
+  answered, and closes an idle worker at once; ``abort()`` (past ``shutdown_timeout``)
+  cancels the handler call so the action is answered as failed.
 """
 
 from __future__ import annotations
 
 import asyncio
+import codecs
+import json
+import os
 import time
+from pathlib import Path
 from typing import Any, Callable
+
+import orjson
 
 from ..backoff import Backoff
 from ..checkpointer import Checkpointer
 from ..config import Settings
 from ..deadletters import DeadLetters
+from ..durable import on_blocked, utc_timestamp
 from ..errors import CheckpointError
 from ..logs import EventLogger
 from ..positions import Position
@@ -53,6 +80,7 @@ from ..protocol import (
     Event,
     Initialize,
     LeaseLost,
+    LocalProtocolError,
     ProcessRecords,
     RemoteProtocolError,
     ShardEnded,
@@ -60,6 +88,7 @@ from ..protocol import (
     ShutdownRequested,
     State,
     Status,
+    action_in,
 )
 from ..records import Batch, ShardInfo
 from .batches import INVALID_AGGREGATE, BadRecords, decode_records, encode_rows
@@ -70,6 +99,82 @@ from .progress import ShardProgress
 READ_CHUNK = 1 << 20
 # Waiting for the daemon's next action: the only time a worker takes a slot.
 BETWEEN_ACTIONS = frozenset({State.AWAITING_INITIALIZE, State.READY, State.DRAINING})
+# Actions that carry no batch: they never take an in-flight slot (named in a line's
+# first bytes; a line that has not named its action within PEEK bytes takes one).
+SMALL_ACTIONS = frozenset({"initialize", "leaseLost", "shutdownRequested", "shardEnded", "shutdown"})
+PEEK = 256
+# A slot holder whose action line has not grown for this long gives its slot back.
+STALL_S = 5.0
+# Waiting this long for a slot logs who holds the slots (and again, 4 times longer, ...).
+SLOT_WAIT_LOG_S = 2.0
+# A checkpoint reply that has not come after this long: the connection has failed.
+REPLY_TIMEOUT_S = 120.0
+
+
+class Slots:
+    """The in-flight slots all workers share (``max_batches_in_flight``): they bound
+    the batches held in memory. Who holds one, since when, is known, so a shard that
+    waits for one longer than ``SLOT_WAIT_LOG_S`` logs ``slots_held`` naming the holders."""
+
+    def __init__(self, n: int) -> None:
+        self.total = n
+        self._sem = asyncio.Semaphore(n)
+        self.holders: dict[Worker, float] = {}
+
+    async def acquire(self, worker: Worker, aborted: asyncio.Event) -> bool:
+        """Take a slot for ``worker``; False if ``aborted`` is set first."""
+        if not self._sem.locked():
+            await self._sem.acquire()
+            self.holders[worker] = time.monotonic()
+            return True
+        started = time.monotonic()
+        waiting = asyncio.ensure_future(self._sem.acquire())
+        stop = asyncio.ensure_future(aborted.wait())
+        took = False
+        try:
+            log_after = SLOT_WAIT_LOG_S
+            while True:
+                left = max(started + log_after - time.monotonic(), 0.0)
+                done, _ = await asyncio.wait((waiting, stop), timeout=left, return_when=asyncio.FIRST_COMPLETED)
+                if waiting in done:
+                    took = True
+                    self.holders[worker] = time.monotonic()
+                    return True
+                if stop in done:
+                    return False
+                now = time.monotonic()
+                worker.log.warning(
+                    "slots_held",
+                    waited_s=round(now - started, 1),
+                    slots=self.total,
+                    holders=[h.describe(now, since) for h, since in sorted(self.holders.items(), key=lambda i: i[1])],
+                    what_to_do="every in-flight slot (max_batches_in_flight) is held: slow handler calls or "
+                    "stalled peers, named here, hold the other shards up",
+                )
+                log_after *= 4
+        finally:
+            stop.cancel()
+            if not waiting.done():
+                waiting.cancel()
+            elif not took and not waiting.cancelled():
+                self._sem.release()
+
+    def release(self, worker: Worker) -> None:
+        if self.holders.pop(worker, None) is not None:
+            self._sem.release()
+
+
+class _Stopped(Exception):
+    """The server stops and this worker has nothing to answer."""
+
+
+class _Lost(Exception):
+    """The connection cannot go on (the peer went away, or never replied)."""
+
+
+def _unread(reader: asyncio.StreamReader) -> int:
+    """Bytes the stream has received that the worker has not read yet."""
+    return len(getattr(reader, "_buffer", b""))
 
 
 class Worker:
@@ -83,7 +188,7 @@ class Worker:
         settings: Settings,
         dead_letters: DeadLetters,
         log: EventLogger,
-        slots: asyncio.Semaphore | None = None,
+        slots: Slots | None = None,
         downstream: Downstream | None = None,
         calls: Callable[[EventLogger], Any] | None = None,
     ) -> None:
@@ -108,33 +213,92 @@ class Worker:
         )
         self.progress = ShardProgress()
         self.shard: ShardInfo | None = None
-        self.busy = False  # inside an action (between reading it and sending its status)
         self.stopping = False
+        self._aborted = asyncio.Event()
+        self._task: asyncio.Task[Any] | None = None
+        self._idle = False  # reading, with nothing of the next action received
+        self._reading: asyncio.Task[Any] | None = None  # the task in _read, if any
+        self._cp_lock = asyncio.Lock()  # one checkpoint round trip at a time; none across a status
+        self._outstanding: asyncio.Task[CheckpointReply] | None = None
+        self._issued: list[Checkpointer] = []  # this action's checkpointers, closed before its status
+        self._lost: BaseException | None = None  # the peer went away (a reset, a broken pipe)
+        self._owed: str | None = None  # the action being answered
+        self._grew = time.monotonic()  # when the line being read last grew
         self._checkpoint_backoff = Backoff(first=settings.checkpoint_backoff, cap=settings.checkpoint_backoff_cap)
         self.batches = 0
         self.records = 0
 
+    @property
+    def busy(self) -> bool:
+        """Inside an action, or part of the next one received."""
+        return self.conn.owes_status is not None or self.conn.buffered > 0 or self.conn.overflowing
+
+    def describe(self, now: float, since: float) -> dict[str, Any]:
+        """For ``slots_held``: who this is and what it does with its slot."""
+        return {
+            "shard_id": self.conn.shard_id,
+            "held_s": round(now - since, 1),
+            "state": self.conn.state.name,
+            "callback": getattr(self.calls, "running", None),
+            "line_bytes": self.conn.buffered,
+            "idle_s": round(now - self._grew, 1),
+        }
+
+    # -- stopping ------------------------------------------------------------------
+
+    def stop(self) -> None:
+        """The server stops: finish the action that has arrived (even partly), then
+        close; an idle worker closes at once."""
+        self.stopping = True
+        if self._idle and self._task is not None:
+            self._task.cancel()
+
+    def abort(self) -> None:
+        """The server will not wait longer: cancel the handler call (the action is
+        answered as failed), stop waiting for a slot, call no handler again, and stop
+        reading an action that has not arrived whole."""
+        self.stop()
+        self._aborted.set()
+        self.calls.abort("the server is shutting down (shutdown_timeout passed)")
+        if self._reading is not None and self._reading is self._task and not self._idle:
+            self._task.cancel()
+
     # -- the loop ----------------------------------------------------------------
 
     async def run(self) -> None:
+        self._task = asyncio.current_task()
+        on_blocked(self._release)  # a write waiting out a full disk gives the slot back
         try:
-            while not self.stopping:
-                event = await self._next_event()
+            while True:
+                if self.stopping and not self.conn.buffered and not _unread(self.reader):
+                    break
+                try:
+                    event = await self._next_event()
+                except _Stopped:
+                    break
                 if isinstance(event, ConnectionClosed):
                     break
                 if isinstance(event, CheckpointReply):
                     self.log.error("unexpected_line", error="checkpoint reply with no checkpoint outstanding")
                     continue
-                self.busy = True
+                self._owed = event.action if isinstance(event, Action) else None
                 try:
                     await self._dispatch(event)
                 finally:
                     del event  # a batch must not stay alive while the shard waits for the next
-                    self.busy = False
                     self._release()
+                self._owed = None
+        except _Lost as exc:
+            self.log.warning("disconnected", error=str(exc), owed=self._owed)
+        else:
+            if self._lost is not None:
+                self.log.info("disconnected", error=f"{type(self._lost).__name__}: {self._lost}")
         finally:
+            if self._outstanding is not None and not self._outstanding.done():
+                self._outstanding.cancel()
             self._release()
             self.calls.close()
+            self.downstream.close()  # the coordinator may forget the shard once it is done
             self.log.info("closed", batches=self.batches, records=self.records, state=self.conn.state.name)
             self.writer.close()
 
@@ -146,37 +310,159 @@ class Worker:
                 await self._bad_line(exc)
                 continue
             if event is NEED_DATA:
-                data = await self.reader.read(READ_CHUNK)
-                if data and self.slots is not None and not self._holding and self.conn.state in BETWEEN_ACTIONS:
-                    # The first bytes of the next action: wait for a slot before taking
-                    # more of it into memory (the daemon sends one action at a time).
-                    await self.slots.acquire()
-                    self._holding = True
+                data = await self._read()
                 self.conn.receive_data(data)
+                if data and self.slots is not None and not self._holding and self.conn.state in BETWEEN_ACTIONS:
+                    await self._maybe_take_slot()
                 continue
+            if isinstance(event, ProcessRecords) and self.slots is not None and not self._holding:
+                await self._take_slot()  # a batch small enough to arrive in one read
             return event  # type: ignore[return-value]
+
+    async def _maybe_take_slot(self) -> None:
+        """The first bytes of the next action: a batch waits for a slot before more of
+        it is taken into memory (the daemon sends one action at a time); a small
+        action never does."""
+        if self.conn.buffered == 0:
+            return
+        name = action_in(self.conn.peek(PEEK))
+        if name in SMALL_ACTIONS or (name is None and self.conn.buffered < PEEK):
+            return
+        await self._take_slot()
+
+    async def _take_slot(self) -> None:
+        assert self.slots is not None
+        if await self.slots.acquire(self, self._aborted):
+            self._holding = True
+            self._grew = time.monotonic()
 
     def _release(self) -> None:
         if self._holding:
             self._holding = False
-            self.slots.release()  # type: ignore[union-attr]
+            self.slots.release(self)  # type: ignore[union-attr]
 
-    async def _send(self, event: Event) -> None:
-        self.writer.write(self.conn.send(event))
-        await self.writer.drain()
+    async def _read(self) -> bytes:
+        """The next bytes from the daemon (b"" at the end). A slot holder whose line
+        stops growing gives the slot back; an idle worker can be stopped here."""
+        idle = self.conn.state in BETWEEN_ACTIONS and self.conn.buffered == 0 and not self.conn.overflowing
+        if idle and self.stopping and not _unread(self.reader):
+            raise _Stopped
+        self._idle = idle
+        self._reading = asyncio.current_task()
+        try:
+            if self._holding and not idle:
+                try:
+                    async with asyncio.timeout(STALL_S):
+                        return await self._received(self.reader.read(READ_CHUNK))
+                except TimeoutError:
+                    self.log.warning(
+                        "peer_stalled",
+                        line_bytes=self.conn.buffered,
+                        idle_s=STALL_S,
+                        what_to_do="the daemon's side stopped sending in the middle of an action; "
+                        "its in-flight slot is given back until it sends again",
+                    )
+                    self._release()
+            return await self._received(self.reader.read(READ_CHUNK))
+        except asyncio.CancelledError:
+            task = self._task
+            if task is None or asyncio.current_task() is not task or not self.stopping:
+                raise
+            if self._aborted.is_set() and not self._idle:  # past shutdown_timeout, the action still arriving
+                task.uncancel()
+                self.log.warning("unanswered_at_shutdown", line_bytes=self.conn.buffered,
+                                 what_to_do="the daemon's side had not sent the whole action by shutdown_timeout")
+                raise _Stopped from None
+            if not self._idle:
+                raise
+            task.uncancel()
+            if not _unread(self.reader):
+                raise _Stopped from None
+            self._idle = False
+            return await self._received(self.reader.read(READ_CHUNK))
+        finally:
+            self._idle = False
+            self._reading = None
+
+    async def _received(self, read: Any) -> bytes:
+        try:
+            data = await read
+        except ConnectionError as exc:  # a reset peer: the end of input, not a crash
+            self._lost = exc
+            return b""
+        self._grew = time.monotonic()
+        return data
+
+    async def _write(self, data: bytes) -> None:
+        try:
+            self.writer.write(data)
+            await self.writer.drain()
+        except ConnectionError as exc:
+            self._lost = exc
+            raise _Lost(f"{type(exc).__name__}: {exc}") from None
+
+    async def _answer(self, action: str) -> None:
+        """The action's status: its checkpointers closed, the outstanding checkpoint
+        (if a cancelled call left one) settled first, nothing between them."""
+        for cp in self._issued:
+            cp.close()
+        self._issued.clear()
+        async with self._cp_lock:
+            await self._settle()
+            if self._lost is not None:
+                raise _Lost(f"no status for {action!r}: {type(self._lost).__name__}: {self._lost}")
+            if self.conn.state is State.CLOSED:
+                raise _Lost(f"no status for {action!r}: the daemon closed the connection first")
+            if self.conn.state is State.CHECKPOINTING and self.conn.owes_status is None:
+                raise _Lost(f"no status for {action!r}: a checkpoint is still outstanding (no reply "
+                            f"within {REPLY_TIMEOUT_S} s)")
+            data = self.conn.send(Status(response_for=action))
+            await self._write(data)
+
+    async def _settle(self) -> None:
+        """Wait for the outstanding checkpoint's reply (bounded by its round trip)."""
+        task = self._outstanding
+        if task is None or task is asyncio.current_task():
+            return
+        await asyncio.wait((task,))  # (a caller cancelled here leaves it outstanding)
+        if self._outstanding is task:
+            self._outstanding = None
+        if not task.cancelled():
+            task.exception()  # its caller, if still there, has it; nobody else needs it
 
     async def _roundtrip(self, request: Checkpoint) -> CheckpointReply:
-        """One checkpoint: the request out, the daemon's reply back, nothing between."""
+        """One checkpoint, owned by the worker: the request out, the daemon's reply
+        back, nothing between. The caller may be cancelled (a time-out); the round
+        trip is not, and is settled before the next checkpoint or status."""
+        async with self._cp_lock:
+            await self._settle()
+            try:
+                data = self.conn.send(request)
+            except LocalProtocolError as exc:  # not allowed here (between actions, ...)
+                raise CheckpointError("InvalidStateException", request.sequence_number,
+                                      request.sub_sequence_number, str(exc)) from None
+            task = self._outstanding = asyncio.ensure_future(self._exchange(request, data))
+        return await asyncio.shield(task)
+
+    async def _exchange(self, request: Checkpoint, data: bytes) -> CheckpointReply:
+        seq, sub = request.sequence_number, request.sub_sequence_number
         try:
-            await self._send(request)
-        except Exception as exc:  # LocalProtocolError: not allowed here
-            raise CheckpointError("InvalidStateException", request.sequence_number, request.sub_sequence_number,
-                                  str(exc)) from None
-        event = await self._next_event()
+            await self._write(data)
+            async with asyncio.timeout(REPLY_TIMEOUT_S):
+                event = await self._next_event()
+        except _Lost as exc:
+            raise CheckpointError("ConnectionClosed", seq, sub, str(exc)) from None
+        except TimeoutError:
+            self.log.error("checkpoint_reply_timeout", timeout_s=REPLY_TIMEOUT_S,
+                           what_to_do="the daemon did not answer a checkpoint; the connection is closed")
+            raise CheckpointError("ConnectionClosed", seq, sub, f"no reply within {REPLY_TIMEOUT_S} s") from None
         if isinstance(event, ConnectionClosed):
-            raise CheckpointError("ConnectionClosed", request.sequence_number, request.sub_sequence_number,
-                                  "the daemon closed the connection")
-        assert isinstance(event, CheckpointReply), event
+            raise CheckpointError("ConnectionClosed", seq, sub, "the daemon closed the connection")
+        if not isinstance(event, CheckpointReply):  # an action while CHECKPOINTING: the daemon never does this
+            raise CheckpointError("ConnectionClosed", seq, sub, f"{event.action} arrived instead of the reply")
+        if event.malformed is not None:
+            self.log.error("bad_line", error=event.malformed, action="checkpoint",
+                           what_to_do="the daemon's checkpoint reply could not be read: the checkpoint failed")
         return event
 
     # -- dispatch ----------------------------------------------------------------
@@ -196,7 +482,7 @@ class Worker:
             self.log.info("lease_lost", action=event.action)
             await self.calls.call("lease_lost", None, self._checkpointers("lease_lost"))
         if isinstance(event, Action):
-            await self._send(event.reply())
+            await self._answer(event.action)
 
     async def _initialize(self, event: Initialize) -> None:
         self.shard = shard = ShardInfo(event.shard_id or "", event.sequence_number, event.sub_sequence_number)
@@ -239,7 +525,7 @@ class Worker:
         items, bad = encode_rows(outcome.rows or ())
         await self._dead_letter_all(bad)
         assert self.shard is not None
-        if await self.downstream.batch(self.shard.shard_id, items, last, event.millis_behind_latest, self._release):
+        if await self.downstream.batch(items, last, event.millis_behind_latest, self._release):
             await self._checkpoint_safe()
         self.batches += 1
         self.records += len(records)
@@ -254,7 +540,7 @@ class Worker:
     async def _shard_ended(self) -> None:
         self.log.info("shard_ended")
         if self.shard is not None:
-            await self.downstream.shard_ended(self.shard.shard_id)  # spooled before SHARD_END
+            await self.downstream.shard_ended()  # spooled before SHARD_END
         cp = self._checkpointer("shard_ended", budget=self.settings.shard_end_budget, clamped=False)
         await self.calls.call("shard_ended", None, lambda: cp)
         if cp.stored_all:
@@ -306,9 +592,8 @@ class Worker:
 
         safe = None
         if clamped and self.downstream.holds_checkpoints and self.shard is not None:
-            shard_id, downstream = self.shard.shard_id, self.downstream
-            safe = lambda: downstream.safe(shard_id)  # noqa: E731
-        return Checkpointer(
+            safe = self.downstream.safe
+        cp = Checkpointer(
             self._roundtrip,
             backoff=self._checkpoint_backoff,
             retries=self.settings.checkpoint_retries,
@@ -317,6 +602,8 @@ class Worker:
             safe=safe,
             on_refused=on_refused,
         )
+        self._issued.append(cp)
+        return cp
 
     async def _bad_line(self, exc: RemoteProtocolError) -> None:
         self.log.error(
@@ -326,11 +613,76 @@ class Worker:
             line=exc.line[:200].decode("utf-8", "replace"),
             what_to_do="the daemon sent something the protocol does not allow; see the line above",
         )
-        if exc.line and (exc.action is None or exc.action == "processRecords"):
+        if exc.too_long:
+            path = await self._dead_letter_overlong(str(exc))
+            if path is not None:
+                self.log.error("dead_lettered", reason="line too long", path=str(path))
+        elif exc.line and (exc.action is None or exc.action == "processRecords"):
             path = await self.dead_letters.line(self.conn.shard_id, exc.line, reason=str(exc))
             self.log.error("dead_lettered", reason="bad line", path=str(path))
+        if asyncio.current_task() is self._outstanding:
+            # Inside a checkpoint round trip (the daemon never sends an action there):
+            # the status goes out at once, the round trip's lock being held by its caller.
+            if exc.action is not None:
+                await self._write(self.conn.send(Status(response_for=exc.action)))
+            return
         if exc.action is not None:
-            await self._send(Status(response_for=exc.action))
+            self._owed = exc.action
+            await self._answer(exc.action)
+            self._owed = None
+        self._release()  # nothing of it stays in memory: the slot goes back
+
+    async def _dead_letter_overlong(self, error: str) -> Path | None:
+        """Stream a line over ``max_line_size`` to its own dead-letter file as it
+        arrives (never whole in memory): one JSON entry whose ``line`` is the line,
+        published by a rename once complete. Its bytes are read to its end even if the
+        file cannot be written."""
+        base = self.dead_letters.path_for(self.conn.shard_id)
+        path = base.with_name(f"{base.stem}.overlong-{time.time_ns()}.jsonl")
+        tmp = path.with_name(path.name + ".tmp")
+        head = orjson.dumps({"ts": utc_timestamp(), "shard_id": self.conn.shard_id, "reason": "line too long",
+                             "error": error, "line": ""})[:-2]  # ... "line":"  (its text follows)
+        out: Any = None
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            out = await asyncio.to_thread(open, tmp, "wb")
+            await asyncio.to_thread(out.write, head)
+        except OSError as exc:
+            self.log.error("dead_letter_failed", path=str(tmp), error=f"{type(exc).__name__}: {exc}")
+            out = None
+        decoder = codecs.getincrementaldecoder("utf-8")("replace")
+        while True:
+            chunk, done = self.conn.overflow()
+            text = decoder.decode(chunk, final=done)
+            if out is not None and text:
+                try:
+                    await asyncio.to_thread(out.write, json.dumps(text)[1:-1].encode("ascii"))
+                except OSError as exc:
+                    self.log.error("dead_letter_failed", path=str(tmp), error=f"{type(exc).__name__}: {exc}")
+                    out.close()
+                    out = None
+            if done:
+                break
+            data = await self._read()
+            if not data:
+                break  # the end of input inside the line: what arrived is kept
+            self.conn.receive_data(data)
+        if out is None:
+            return None
+
+        def publish() -> None:
+            with out:
+                out.write(b'"}\n')
+                out.flush()
+                os.fsync(out.fileno())
+            os.replace(tmp, path)
+
+        try:
+            await asyncio.to_thread(publish)
+        except OSError as exc:
+            self.log.error("dead_letter_failed", path=str(tmp), error=f"{type(exc).__name__}: {exc}")
+            return None
+        return path
 
     async def _dead_letter_all(self, bad: list[BadRecords]) -> None:
         for raws, reason, error in bad:

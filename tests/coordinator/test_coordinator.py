@@ -182,3 +182,127 @@ async def test_a_sink_error_that_is_not_retriable_ends_the_committer_and_stop_ra
     with pytest.raises(TypeError, match="a bug in the sink"):
         await c.stop()
     assert c.tasks == []
+
+
+# -- shards gone from here are forgotten ---------------------------------------------------
+
+def known(c, shard_id):
+    """Where the coordinator still keeps something for this shard."""
+    places = {"ledger": c.ledger.shards, "ordering": c.ordering.shards, "watermarks": c.watermarks.shards,
+              "lineage": c.lineage.seen, "parents": c.lineage.parents, "children": c.lineage.children}
+    return sorted(name for name, kept in places.items() if shard_id in kept)
+
+
+async def test_an_ended_shard_is_forgotten_once_its_rows_commit_and_it_stops_holding(settings, tmp_path):
+    clock = FakeClock(1_000)
+    c = await started(settings, tmp_path, clock)
+    try:
+        await c.open_shard("P", "TRIM_HORIZON")
+        c.add_batch("P", items(1, [10_000, 11_000]), position(2), 100)
+        await c.shard_ended("P")
+        c.shard_closed("P")
+        assert await c.step() == 0
+        assert known(c, "P") == ["ledger", "lineage", "ordering", "watermarks"]  # holds: no child reported yet
+        await c.open_shard("C", None)  # from the stream's edge, after P ended: P's child
+        assert c.lineage.parents_of("C") == ("P",)
+        c.add_batch("C", items(100, [70_000]), position(100), 100)  # reported: P stops holding
+        assert await c.step() == 1
+        assert output(tmp_path / "out") == {"0-60000.jsonl": [1, 2]}
+        assert not (tmp_path / "state" / "spool" / "P.jsonl").exists()
+        assert known(c, "P") == [] and c.safe_position("P") is None
+        assert known(c, "C") == ["ledger", "lineage", "ordering", "parents", "watermarks"]
+        assert c.watermarks.holder(clock()) == "C"  # only shards still here are scanned
+    finally:
+        await c.stop()
+
+
+async def test_a_shard_whose_lease_was_lost_is_forgotten_after_its_rows_commit(settings, tmp_path):
+    clock = FakeClock(1_000)
+    c = await started(settings, tmp_path, clock)
+    try:
+        for s in ("A", "B"):
+            await c.open_shard(s, "TRIM_HORIZON")
+        c.add_batch("A", items(1, [10_000]), position(1), 100)
+        c.shard_closed("A")  # its lease lost: the connection ends, not the shard
+        c.add_batch("B", items(100, [20_000]), position(100), 100)
+        assert await c.step() == 0
+        assert "ledger" in known(c, "A")  # its row is not committed, and it still holds
+        clock.advance(600_001)  # the idle timeout: A stops holding
+        c.add_batch("B", items(101, [700_000]), position(101), 100)
+        assert await c.step() == 1
+        assert output(tmp_path / "out") == {"0-60000.jsonl": [1, 100]}
+        assert known(c, "A") == [] and "ledger" in known(c, "B")
+    finally:
+        await c.stop()
+
+
+async def test_a_shard_still_connected_is_never_forgotten(settings, tmp_path):
+    clock = FakeClock(1_000)
+    c = await started(settings, tmp_path, clock)
+    try:
+        await c.open_shard("A", "TRIM_HORIZON")
+        await c.open_shard("A", "TRIM_HORIZON")  # a second connection for it, before the first ends
+        c.add_batch("A", items(1, [10_000]), position(1), 100)
+        c.shard_closed("A")
+        clock.advance(600_001)
+        assert await c.step() == 1
+        assert known(c, "A") == ["ledger", "lineage", "ordering", "watermarks"]
+        assert c.safe_position("A") == position(1)
+        c.shard_closed("A")
+        await c.step()
+        assert known(c, "A") == []
+    finally:
+        await c.stop()
+
+
+async def test_a_forgotten_shard_that_comes_back_has_what_it_delivered_dropped_as_duplicates(settings, tmp_path):
+    clock = FakeClock(1_000)
+    c = await started(settings, tmp_path, clock)
+    try:
+        await c.open_shard("A", "TRIM_HORIZON")
+        c.add_batch("A", items(1, [10_000, 11_000]), position(2), 100)
+        c.shard_closed("A")
+        clock.advance(600_001)
+        assert await c.step() == 1
+        assert known(c, "A") == []
+        await c.open_shard("A", "1")  # the lease back here; the daemon re-delivers from its checkpoint
+        c.add_batch("A", items(2, [11_000, 12_000]), position(3), 100)
+        assert c.ordering.duplicates == 1 and c.ledger.rows == 1
+    finally:
+        await c.stop()
+
+
+async def test_a_spool_replayed_at_start_up_is_forgotten_once_committed(settings, tmp_path):
+    clock = FakeClock(1_000)
+    c = await started(settings, tmp_path, clock)
+    await c.open_shard("P", "TRIM_HORIZON")
+    c.add_batch("P", items(1, [10_000]), position(1), 100)
+    await c.shard_ended("P")
+    await c.stop()
+    c = await started(settings, tmp_path, clock)
+    try:
+        assert "ledger" in known(c, "P")
+        clock.advance(600_001)
+        assert await c.step() == 1
+        assert known(c, "P") == [] and not c.spooled
+    finally:
+        await c.stop()
+
+
+async def test_what_is_kept_per_shard_stays_bounded_over_many_shard_cycles(settings, tmp_path):
+    clock = FakeClock(1_000)
+    c = await started(settings.replace(idle_timeout=1.0), tmp_path, clock)
+    try:
+        for i in range(300):
+            shard_id = f"shardId-{i:012d}"
+            await c.open_shard(shard_id, None)
+            c.add_batch(shard_id, items(i * 10, [clock() + 1]), position(i * 10), 0)
+            await c.shard_ended(shard_id)
+            c.shard_closed(shard_id)
+            clock.advance(2_000)
+            await c.step()
+        assert len(c.ledger.shards) <= 2 and len(c.watermarks.shards) <= 2 and len(c.ordering.shards) <= 2
+        assert len(c.lineage.seen) <= 2 and len(c.lineage.parents) <= 2 and len(c.lineage.children) <= 2
+        assert len(c.lineage._ended) <= 64 and not c.gone and not c.connections
+    finally:
+        await c.stop()

@@ -18,7 +18,7 @@ from mldserver.server import Server
 from mldserver.testing import make_records
 
 from .conftest import assert_refused, explained, launch
-from .peer import NoStatus, Peer, initialize, process_records, wait_event, wait_for
+from .peer import Peer, initialize, process_records, wait_event, wait_for
 
 SHARD = "shardId-000000000001"
 
@@ -35,7 +35,6 @@ def no_space_logged(server) -> bool:
     return "No space left on device" in server.log_path.read_text() if server.log_path.exists() else False
 
 
-@pytest.mark.xfail(strict=True, reason="issue 10: an unwritable --state-dir is accepted at start-up without a check")
 @pytest.mark.parametrize("where", ["a_regular_file", "under_proc"])
 def test_a_state_dir_that_cannot_be_written_is_refused_at_start_up(tmp_path, where):
     if where == "a_regular_file":
@@ -47,8 +46,6 @@ def test_a_state_dir_that_cannot_be_written_is_refused_at_start_up(tmp_path, whe
     assert_refused(result, str(state))
 
 
-@pytest.mark.xfail(strict=True, reason="issue 10: a write error in the state directory (full disk: dead letter, "
-                                       "shard-end spool) crashes the connection instead of being retried")
 @pytest.mark.parametrize("write", ["dead_letter", "shard_end_spool"])
 async def test_a_full_disk_is_waited_out_and_the_action_still_answered(serve, small_fs, config_file, tmp_path, write):
     state = small_fs.path / "state"
@@ -79,7 +76,6 @@ async def test_a_full_disk_is_waited_out_and_the_action_still_answered(serve, sm
         assert (state / "spool").glob("*.jsonl")
 
 
-@pytest.mark.xfail(strict=True, reason="issue 10: a dead-letter line torn by a full disk swallows the next one")
 async def test_a_torn_dead_letter_line_never_swallows_the_next_record(serve, small_fs, config_file):
     state = small_fs.path / "state"
     server = serve("tests.handlers:Raise", "--state-dir", str(state),
@@ -91,11 +87,7 @@ async def test_a_torn_dead_letter_line_never_swallows_the_next_record(serve, sma
     await peer.send(json.dumps(process_records(make_records(1, 1, data_bytes=20_000))).encode() + b"\n")
     await wait_for(lambda: no_space_logged(server), 30, "the server to log the full disk")
     small_fs.free()
-    try:
-        await peer.answer("processRecords", timeout=30)
-    except NoStatus:  # defect 3: today the connection is gone; a restarted child goes on
-        peer = await Peer.open(server.port)
-        await peer.action(initialize(SHARD))
+    await peer.answer("processRecords", timeout=30)
     await peer.action(process_records(make_records(2, 1, data_bytes=100)))
     lines = (state / "dead-letters" / f"{SHARD}.jsonl").read_bytes().split(b"\n")
     assert lines[-1] == b"", "the dead-letter file does not end with a whole line"
@@ -135,7 +127,6 @@ def _mldserver_bytes(snapshot) -> int:
     return sum(stat.size for stat in snapshot.statistics("filename") if "/mldserver/" in stat.traceback[0].filename)
 
 
-@pytest.mark.xfail(strict=True, reason="issue 10: with a sink, per-shard state of ended shards is never freed")
 async def test_ended_shards_leave_no_state_behind(tmp_path):
     settings = Settings(handler="test", port=0, state_dir=str(tmp_path / "state"), sink=f"file:{tmp_path / 'out'}",
                         idle_timeout=0.2)
@@ -150,6 +141,12 @@ async def test_ended_shards_leave_no_state_behind(tmp_path):
         await peer.action(process_records([]))
         await peer.action({"action": "shardEnded"})
         assert await peer.finish() == b""
+        # The test's own connections are not the server's state: kept until the test
+        # ends, their buffers were counted (tracemalloc files a block under the line
+        # that first allocated it, an mldserver line when the allocator reuses one).
+        peer.close()
+        await peer.writer.wait_closed()
+        Peer.opened.remove(peer)
 
     tracemalloc.start()
     try:

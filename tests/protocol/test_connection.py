@@ -11,6 +11,7 @@ from mldserver.protocol import (
     ConnectionClosed,
     Dialect,
     Initialize,
+    MALFORMED_REPLY,
     LocalProtocolError,
     ProcessRecords,
     RemoteProtocolError,
@@ -265,3 +266,91 @@ def test_any_sequence_of_daemon_lines_keeps_one_status_per_action(lines):
             with pytest.raises(LocalProtocolError):  # one status per action, not two
                 conn.send(reply)
         assert conn.owes_status is None
+
+
+# -- issue 10: the reply settles the checkpoint, whatever it looks like; only actions are owed
+
+
+def checkpointing() -> Connection:
+    conn = Connection()
+    conn.receive_data(INIT)
+    conn.send(conn.next_event().reply())
+    conn.receive_data(BATCH)
+    conn.next_event()
+    conn.send(Checkpoint("5", 0))
+    assert conn.state is State.CHECKPOINTING
+    return conn
+
+
+@pytest.mark.parametrize("reply", [
+    b'{"action":"checkpoint","sequenceNumber":{"not":"a string"},"subSequenceNumber":0,"error":null}',
+    b'{"action":"checkpoint","sequenceNumber":"5","subSequenceNumber":"x","error":null}',
+    b"{not json",
+    b"[1,2]",
+], ids=["sequence_number_object", "sub_sequence_text", "not_json", "not_an_object"])
+def test_a_malformed_reply_settles_the_checkpoint_as_failed_and_owes_nothing(reply):
+    conn = checkpointing()
+    conn.receive_data(reply + b"\n")
+    event = conn.next_event()
+    assert isinstance(event, CheckpointReply) and event.error == MALFORMED_REPLY and event.malformed
+    assert conn.state is State.PROCESSING and conn.owes_status == "processRecords"
+    assert conn.send(Status("processRecords")) == b'{"action":"status","responseFor":"processRecords"}\n'
+    with pytest.raises(LocalProtocolError):
+        conn.send(Status("checkpoint"))
+
+
+def test_an_over_long_reply_settles_the_checkpoint_as_failed():
+    conn = Connection(max_line_size=160)
+    conn.receive_data(INIT)
+    conn.send(conn.next_event().reply())
+    conn.receive_data(BATCH)
+    conn.next_event()
+    conn.send(Checkpoint("5", 0))
+    conn.receive_data(b'{"action":"checkpoint","sequenceNumber":"' + b"9" * 200 + b'","error":null}\n')
+    event = conn.next_event()
+    assert isinstance(event, CheckpointReply) and event.error == MALFORMED_REPLY
+    assert conn.state is State.PROCESSING
+
+
+def test_a_malformed_checkpoint_line_outside_a_checkpoint_is_never_owed_a_status():
+    conn = Connection()
+    conn.receive_data(INIT)
+    conn.send(conn.next_event().reply())
+    conn.receive_data(b'{"action":"checkpoint","sequenceNumber":{},"error":null}\n')
+    with pytest.raises(RemoteProtocolError) as caught:
+        conn.next_event()
+    assert caught.value.action is None and conn.owes_status is None and conn.state is State.READY
+
+
+def test_an_over_long_action_owes_its_status_and_is_handed_out_whole():
+    conn = Connection(max_line_size=160)
+    conn.receive_data(INIT)
+    conn.send(conn.next_event().reply())
+    line = b'{"action":"processRecords","records":[{"data":"' + b"A" * 400 + b'"}],"millisBehindLatest":0}'
+    conn.receive_data(line[:100])
+    assert conn.next_event() is NEED_DATA
+    conn.receive_data(line[100:300])
+    with pytest.raises(RemoteProtocolError) as caught:
+        conn.next_event()
+    assert caught.value.too_long and caught.value.action == "processRecords"
+    assert conn.owes_status == "processRecords"
+    kept = []
+    chunk, done = conn.overflow()
+    kept.append(chunk)
+    assert not done
+    conn.receive_data(line[300:] + b"\r\n" + BATCH)
+    chunk, done = conn.overflow()
+    kept.append(chunk)
+    assert done and b"".join(kept) == line
+    assert conn.send(Status("processRecords"))
+    assert isinstance(conn.next_event(), ProcessRecords)  # the next line still frames
+
+
+def test_an_over_long_line_naming_no_action_owes_nothing():
+    conn = Connection(max_line_size=160)
+    conn.receive_data(INIT)
+    conn.send(conn.next_event().reply())
+    conn.receive_data(b'{"padding":"' + b"x" * 400 + b'"}\n')
+    with pytest.raises(RemoteProtocolError) as caught:
+        conn.next_event()
+    assert caught.value.action is None and conn.owes_status is None

@@ -6,9 +6,11 @@ from __future__ import annotations
 import base64
 import json
 
+import pytest
+
 import mldserver
 from mldserver.positions import Position
-from mldserver.records import Emitted, Record
+from mldserver.records import MAX_EVENT_TIME_MS, Emitted, Record, valid_event_time
 from mldserver.shard.batches import BAD_ROW, INVALID_AGGREGATE, MALFORMED, decode_records, encode_rows
 from mldserver.testing import SHARD_END, FakeDaemon, make_records
 
@@ -151,3 +153,28 @@ def test_with_a_sink_every_position_is_parsed_at_once_and_a_record_without_one_i
     assert [(b.raws, b.reason) for b in bad] == [([raws[1]], MALFORMED), ([raws[2]], MALFORMED)]
     records, bad = decode_records(raws[:1] + raws[3:], deaggregate_kpl=False, positions=True)
     assert bad == [] and [r.position for r in records] == [Position(7, 0, "7"), Position(9, 0, "9")]
+
+
+@pytest.mark.parametrize("value", ["soon", 1.5, True, None, -1, MAX_EVENT_TIME_MS, 2**63, 2**64 + 1000, [1], {"t": 1}])
+@pytest.mark.parametrize("given_by", ["emit", "arrival_time"])
+def test_an_event_time_that_is_not_epoch_ms_makes_a_bad_row_with_its_record(given_by, value):
+    good = Record({"sequenceNumber": "7", "approximateArrivalTimestamp": 1000})
+    if given_by == "emit":
+        odd, t = Record({"sequenceNumber": "8", "approximateArrivalTimestamp": 2000, "data": "eA=="}), value
+    else:
+        odd, t = Record({"sequenceNumber": "8", "approximateArrivalTimestamp": value, "data": "eA=="}), None
+    items, bad = encode_rows([Emitted(good, {"k": 1}, None), Emitted(odd, {"k": 2}, t), Emitted(good, {"k": 3}, 3)])
+    if value is None:  # no event time: the shard's previous row's (emit: the record's arrival time)
+        assert bad == [] and [i.time for i in items] == [1000, 2000 if given_by == "emit" else None, 3]
+        return
+    assert [(i.time, i.data) for i in items] == [(1000, b'{"k":1}'), (3, b'{"k":3}')]
+    [(raws, reason, error)] = bad
+    assert raws == [odd.to_json()] and raws[0]["data"] == "eA==" and reason == BAD_ROW
+    assert "event time" in error and ("emit" in error if given_by == "emit" else "approximateArrivalTimestamp" in error)
+
+
+def test_event_times_from_1970_to_the_year_9999_are_kept():
+    record = Record({"sequenceNumber": "7", "approximateArrivalTimestamp": 0})
+    items, bad = encode_rows([Emitted(record, {}, None), Emitted(record, {}, MAX_EVENT_TIME_MS - 1)])
+    assert bad == [] and [i.time for i in items] == [0, MAX_EVENT_TIME_MS - 1]
+    assert valid_event_time(1763719200000) and not valid_event_time(False) and not valid_event_time(1763719200000.0)

@@ -6,12 +6,14 @@ from __future__ import annotations
 import asyncio
 import base64
 
+import pytest
+
 import mldserver
 from mldserver.backoff import Backoff
-from mldserver.errors import CheckpointError
+from mldserver.errors import CheckpointError, ConfigError
 from mldserver.logs import get_logger
 from mldserver.records import Batch, Record, ShardInfo
-from mldserver.shard.calls import CHECKPOINT_FAILED, FAILED, OK, HandlerCalls
+from mldserver.shard.calls import CHECKPOINT_FAILED, FAILED, OK, HandlerCalls, check_factory, reap_abandoned
 from mldserver.testing import SHARD_END, FakeDaemon, make_records
 
 from .serving import dead_letters, running
@@ -170,3 +172,70 @@ async def test_without_a_handler_every_call_fails_without_running():
     assert calls.create() == "RuntimeError: cannot connect to the database"
     outcome = await calls.call("lease_lost", None, lambda: None)
     assert (outcome.result, outcome.error) == (FAILED, "no handler (its creation failed)")
+
+
+# -- issue 10: each call in its own task -------------------------------------------------
+
+
+async def test_a_cancelled_error_out_of_the_handler_is_a_failure_and_retried():
+    attempts = []
+
+    class InnerCancelled(mldserver.Handler):
+        async def process_records(self, batch, checkpointer):
+            attempts.append(1)
+            if len(attempts) == 1:
+                raise asyncio.CancelledError()
+
+    outcome = await calls_for(InnerCancelled).call("process_records", a_batch(), lambda: None, collect_rows=True)
+    assert outcome.result == OK and len(attempts) == 2
+
+
+async def test_a_handler_swallowing_its_cancellation_is_abandoned_not_retried_and_reaped():
+    calls_made, swallowed = [], []
+
+    class Swallow(mldserver.Handler):
+        async def process_records(self, batch, checkpointer):
+            calls_made.append(1)
+            while True:
+                try:
+                    await asyncio.sleep(3600)
+                except asyncio.CancelledError:
+                    swallowed.append(1)
+
+    calls = calls_for(Swallow, retries=2, timeout=0.05)
+    calls.grace = 0.05
+    outcome = await calls.call("process_records", a_batch(), lambda: None)
+    assert outcome.result == FAILED and "abandoned" in outcome.error
+    assert calls_made == [1] and swallowed
+    assert await reap_abandoned(0.05) == 1
+    assert await reap_abandoned(0.05) == 0
+
+
+async def test_a_callback_that_is_not_async_is_refused_at_load_and_at_creation():
+    class Sync(mldserver.Handler):
+        def process_records(self, batch, checkpointer):  # type: ignore[override]
+            pass
+
+    with pytest.raises(ConfigError, match="process_records .*async def"):
+        check_factory(Sync)
+    calls = HandlerCalls(lambda context: Sync(context), None, retries=2, timeout=1.0,
+                         backoff=Backoff(first=0.001, cap=0.001), log=get_logger("test.calls"))
+    assert "process_records" in calls.create()
+    assert (await calls.call("process_records", a_batch(), lambda: None)).result == FAILED
+
+
+async def test_abort_cancels_the_call_under_way_and_calls_nothing_more():
+    started = asyncio.Event()
+
+    class Slow(mldserver.Handler):
+        async def process_records(self, batch, checkpointer):
+            started.set()
+            await asyncio.sleep(3600)
+
+    calls = calls_for(Slow, retries=2, timeout=60.0)
+    call = asyncio.ensure_future(calls.call("process_records", a_batch(), lambda: None))
+    await started.wait()
+    calls.abort("stopping")
+    outcome = await call
+    assert outcome.result == FAILED and "stopping" in outcome.error
+    assert (await calls.call("initialize", None, lambda: None)).error == "not called: stopping"

@@ -1,0 +1,106 @@
+"""``mldserver check``: what ``mldserver serve`` would find at start-up, without serving.
+
+The same code path as ``serve``: the settings through ``config.load`` (every value
+against its Rule), the handler and the pipeline through the importer, the state
+directory created and probed by ``preflight``, the log file opened as ``logs`` opens
+it. It neither binds nor starts Spark, so it can run beside a live server (before a
+restart, in a deploy script)::
+
+    $ mldserver check --config /etc/mldserver.toml
+    config      /etc/mldserver.toml (execution_timeout=30.0, handler_retries=4)
+    handler     handlers.orders:Orders (class)
+    pipeline    handlers.orders:pipeline (function)
+    state_dir   /var/lib/mldserver (writable)
+    listen      127.0.0.1:7070
+    sink        parquet:/var/lib/mldserver/output
+    ok
+
+Exit 0 when all is well; a mistake is the ConfigError ``serve`` would stop on: one line
+on stderr, exit 2. Each check is one function of ``CHECKS`` taking what was ``Given``:
+more (the daemon's properties file, ``--properties``) join them there.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, TextIO
+
+from . import logs, preflight
+from .config import Settings
+from .importer import import_from_string
+
+
+@dataclass(frozen=True)
+class Given:
+    """What the command line gave ``check``: a later ``--properties FILE`` (the
+    daemon's) joins here, and its check joins CHECKS."""
+
+    settings: Settings
+    config: str | None  # the --config file
+
+
+def config(given: Given) -> tuple[str, str]:
+    s = given.settings
+    changed = [
+        f"{f.name}={getattr(s, f.name)!r}"
+        for f in dataclasses.fields(Settings)
+        if f.name != "handler" and getattr(s, f.name) != f.default
+    ]
+    return "config", (given.config or "(no file)") + (f" ({', '.join(changed)})" if changed else " (all defaults)")
+
+
+def handler(given: Given) -> tuple[str, str]:
+    spec = given.settings.handler
+    return "handler", f"{spec} ({_kind(import_from_string(spec, 'handler'))})"
+
+
+def pipeline(given: Given) -> tuple[str, str] | None:
+    spec = given.settings.pipeline
+    return None if not spec else ("pipeline", f"{spec} ({_kind(import_from_string(spec, 'pipeline'))})")
+
+
+def state_dir(given: Given) -> tuple[str, str]:
+    path = preflight.writable_state_dir(Path(given.settings.state_dir))
+    return "state_dir", f"{path.resolve()} (writable)"
+
+
+def log_file(given: Given) -> tuple[str, str] | None:
+    path = given.settings.log_file
+    if not path:
+        return None
+    logs.file_handler(path).close()
+    return "log_file", f"{path} (appendable)"
+
+
+def listen(given: Given) -> tuple[str, str]:
+    s = given.settings
+    where = [f"unix:{s.unix}"] if s.unix else []
+    if s.tcp_port is not None:
+        where.append(f"{s.host}:{s.tcp_port}")
+    return "listen", " and ".join(where)
+
+
+def sink(given: Given) -> tuple[str, str]:
+    return "sink", given.settings.sink or "(none: rows are not collected)"
+
+
+CHECKS: list[Callable[[Given], tuple[str, str] | None]] = [
+    config, handler, pipeline, state_dir, log_file, listen, sink,
+]
+
+
+def run(given: Given, out: TextIO) -> None:
+    """Run every check, printing what each found; the first that fails raises its
+    ConfigError (the CLI prints it and exits 2)."""
+    for check in CHECKS:
+        found = check(given)
+        if found is not None:
+            out.write(f"{found[0]:<11} {found[1]}\n")
+    out.write("ok\n")
+
+
+def _kind(obj: Any) -> str:
+    return "class" if inspect.isclass(obj) else "function" if inspect.isfunction(obj) else type(obj).__name__

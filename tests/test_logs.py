@@ -1,0 +1,47 @@
+"""Structured logs: a line is written whatever its fields hold, and a log file that
+cannot be opened is a ConfigError naming it."""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+
+import pytest
+
+from mldserver import logs
+from mldserver.errors import ConfigError
+
+
+@pytest.fixture
+def restored():
+    """configure() sets the 'mldserver' logger up: put it back as it was."""
+    root = logging.getLogger("mldserver")
+    saved = (root.handlers[:], root.level, root.propagate)
+    yield
+    for handler in root.handlers:
+        if handler not in saved[0]:
+            handler.close()
+    root.handlers[:], root.level, root.propagate = saved[0], saved[1], saved[2]
+
+
+def test_an_int_past_64_bits_is_logged_as_a_string_not_lost(restored):
+    out = io.StringIO()
+    logs.configure("json", "info", stream=out)
+    logs.get_logger("mldserver.test").info("window_committed", watermark=2**64 + 5, low=-(2**63),
+                                           nested={"end": [2**70]})
+    entry = json.loads(out.getvalue())
+    assert entry["event"] == "window_committed"
+    assert (entry["watermark"], entry["low"], entry["nested"]) == (str(2**64 + 5), -(2**63), {"end": [str(2**70)]})
+
+
+def test_a_log_file_that_cannot_be_opened_is_a_config_error_naming_it(restored, tmp_path):
+    path = tmp_path / "missing" / "server.log"
+    with pytest.raises(ConfigError) as caught:
+        logs.configure("json", "info", str(path))
+    assert str(caught.value).startswith(f"--log-file {path}: cannot open it for appending (No such file or directory)")
+
+
+def test_an_unknown_level_is_a_config_error(restored):
+    with pytest.raises(ConfigError, match="log_level must be one of 'debug', 'info', 'warning', 'error', got 'loud'"):
+        logs.configure("json", "loud")
