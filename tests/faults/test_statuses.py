@@ -24,8 +24,6 @@ async def slow_reply(request):
     return ok_reply(request)
 
 
-@pytest.mark.xfail(strict=True, reason="issue 10: a time-out or cancellation during an outstanding checkpoint "
-                                       "crashes the connection (no status owed while CHECKPOINTING)")
 @pytest.mark.parametrize(
     "handler, extra",
     [
