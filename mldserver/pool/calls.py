@@ -37,8 +37,8 @@ from ..context import Context
 from ..errors import CheckpointError, ConfigError
 from ..logs import EventLogger
 from ..coordinator.ordering import Item
-from ..records import Batch, ShardInfo
-from ..shard.batches import BAD_ROW, BadRecords, EncodedRows
+from ..records import EVENT_TIME, Batch, ShardInfo, valid_event_time
+from ..shard.batches import BAD_ROW, BadRecords, EncodedRows, times_valid
 from ..shard.calls import FAILED, Outcome
 from .frames import decode_rows, encode_records
 from .pool import HandlerPool
@@ -249,7 +249,7 @@ class ProcessCalls:
     def _rows(self, batch: Batch, message: dict[str, Any], body: bytes) -> EncodedRows:
         """The coordinator's items straight from the columnar body: each row stays the
         child's JSON bytes; the record gives its position (and the event time if the
-        handler gave none)."""
+        handler gave none, checked here as ``encode_rows`` checks it)."""
         records = batch.records
         idx, times, data = decode_rows(message["rows"], body)
         bad = [BadRecords([records[i].to_json()], BAD_ROW, error) for i, error in message["bad"]]
@@ -257,14 +257,23 @@ class ProcessCalls:
         try:
             items = [new(Item, (r.approximate_arrival_timestamp if t is None else t, r._position or r.position, d))
                      for r, t, d in zip(map(records.__getitem__, idx), times, data)]
-        except ValueError:  # a record without a position (no sink parsed them): its rows are bad rows
-            items = []
-            for i, t, d in zip(idx, times, data):
-                r = records[i]
-                try:
-                    items.append(Item(r.approximate_arrival_timestamp if t is None else t, r.position, d))
-                except ValueError as exc:
-                    bad.append(BadRecords([r.to_json()], BAD_ROW, str(exc)))
+            if times_valid([item.time for item in items]):
+                return EncodedRows(items, bad)
+        except ValueError:  # a record without a position (no sink parsed them)
+            pass
+        items = []
+        for i, t, d in zip(idx, times, data):
+            r = records[i]
+            if t is None:
+                t = r.approximate_arrival_timestamp
+                if t is not None and not valid_event_time(t):
+                    bad.append(BadRecords([r.to_json()], BAD_ROW, f"event time {t!r:.80} from the record's "
+                                                                   f"approximateArrivalTimestamp is not {EVENT_TIME}"))
+                    continue
+            try:
+                items.append(Item(t, r.position, d))
+            except ValueError as exc:
+                bad.append(BadRecords([r.to_json()], BAD_ROW, str(exc)))
         return EncodedRows(items, bad)
 
     # -- what the handler asks during a call ---------------------------------------------

@@ -50,6 +50,7 @@ from ..errors import CheckpointError, ConfigError
 from ..importer import import_from_string
 from ..logs import configure, get_logger
 from ..records import Batch, ShardInfo
+from ..shard.calls import check_factory
 from .frames import RUN, CallFrame, StartFrame, encode, encode_rows, read_frame_async, records_from
 
 log = get_logger("mldserver.handler")
@@ -149,6 +150,7 @@ class Child:
         self.state = start["state"]
         self.running = Running(self.state + ".run")
         self.factory = import_from_string(start["handler"], "handler")
+        check_factory(self.factory)  # callbacks that are not ``async def``: refused at load, as in the server
         self.context = Context(self.settings)
         from ..config import uses_spark
 

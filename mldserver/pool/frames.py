@@ -26,21 +26,21 @@ the child wraps them in lazy ``Record``s as the server does. The rows a batch em
 come back as one columnar body per batch, never a frame per row (``encode_rows`` /
 ``decode_rows``)::
 
-    n x u32 record index | n x f64 event time (NaN: none given) | n x u64 end offset | row JSON...
+    n x u32 record index | n x i64 event time (-1: none given) | n x u64 end offset | row JSON...
 
-A row that orjson cannot encode is not in the body: ``bad`` holds ``[index, error]``.
+A row that orjson cannot encode, or whose ``event_time_ms`` is not epoch milliseconds
+(``records.valid_event_time``), is not in the body: ``bad`` holds ``[index, error]``.
 """
 
 from __future__ import annotations
 
-import math
 import struct
 from array import array
 from typing import Any, Iterable, Literal, Sequence, TypedDict
 
 import orjson
 
-from ..records import Record
+from ..records import EVENT_TIME, Record, valid_event_time
 from ..spark.frames import encode, read_frame, read_frame_async
 
 __all__ = [
@@ -112,39 +112,43 @@ def records_from(body: bytes, line: bool = False) -> list[Record]:
     return list(map(Record, message.get("records") or ()))
 
 
-_U32, _F64, _U64 = "I", "d", "Q"
+_U32, _I64, _U64 = "I", "q", "Q"
+NO_TIME = -1  # valid event times are >= 0
 
 
 def encode_rows(emitted: Iterable[tuple[Record, Any, int | float | None]],
                 index: dict[int, int]) -> tuple[int, bytes, list[tuple[int, str]]]:
     """One body for a batch's rows: ``index`` maps ``id(record)`` to its place in the
     batch. Returns the row count, the body and the rows that could not be encoded."""
-    idx, times, ends = array(_U32), array(_F64), array(_U64)
+    idx, times, ends = array(_U32), array(_I64), array(_U64)
     chunks: list[bytes] = []
     bad: list[tuple[int, str]] = []
     end = 0
-    dumps, nan = orjson.dumps, math.nan
+    dumps = orjson.dumps
     for record, row, t in emitted:
         i = index[id(record)]
+        if t is not None and not valid_event_time(t):
+            bad.append((i, f"event time {t!r:.80} from batch.emit(event_time_ms=...) is not {EVENT_TIME}"))
+            continue
         try:
             data = dumps(row)
         except TypeError as exc:
             bad.append((i, f"row not JSON-encodable: {exc}"))
             continue
         idx.append(i)
-        times.append(nan if t is None else t)
+        times.append(NO_TIME if t is None else t)
         end += len(data)
         ends.append(end)
         chunks.append(data)
     return len(idx), idx.tobytes() + times.tobytes() + ends.tobytes() + b"".join(chunks), bad
 
 
-def decode_rows(n: int, body: bytes) -> tuple[list[int], list[float | None], list[bytes]]:
+def decode_rows(n: int, body: bytes) -> tuple[list[int], list[int | None], list[bytes]]:
     """Record indexes, event times (None: not given) and row JSON of ``encode_rows``."""
     view = memoryview(body)
     idx = array(_U32)
     idx.frombytes(view[: 4 * n])
-    times = array(_F64)
+    times = array(_I64)
     times.frombytes(view[4 * n : 12 * n])
     ends = array(_U64)
     ends.frombytes(view[12 * n : 20 * n])
@@ -153,4 +157,4 @@ def decode_rows(n: int, body: bytes) -> tuple[list[int], list[float | None], lis
     for end in ends:
         out.append(bytes(data[start:end]))
         start = end
-    return idx.tolist(), [None if t != t else t for t in times], out
+    return idx.tolist(), [None if t == NO_TIME else t for t in times], out

@@ -143,7 +143,7 @@ def encode_rows(emitted: Iterable[Emitted] | EncodedRows) -> tuple[list[Item], l
                         record._position or record.position, encode(row)))
             for record, row, t in emitted
         ]
-        if _times_valid(list(map(_item_time, items))):
+        if times_valid(list(map(_item_time, items))):
             return items, []
     except (TypeError, ValueError):  # some row is not JSON, or its record has no position
         pass
@@ -165,7 +165,7 @@ def encode_rows(emitted: Iterable[Emitted] | EncodedRows) -> tuple[list[Item], l
     return items, bad
 
 
-def _times_valid(times: list[Any]) -> bool:
+def times_valid(times: list[Any]) -> bool:
     """Every time None or a valid event time: the check of the usual batch, in C."""
     kinds = set(map(type, times))
     if kinds == {int}:

@@ -16,7 +16,7 @@ from mldserver.config import Settings
 from mldserver.logs import get_logger
 from mldserver.pool import frames
 from mldserver.pool.process import HandlerImportFailed, HandlerProcess, ProcessDied
-from mldserver.records import Record
+from mldserver.records import EVENT_TIME, Record
 from mldserver.testing import make_records
 
 
@@ -24,12 +24,13 @@ def test_rows_cross_as_one_columnar_body_and_come_back_as_they_were_encoded():
     records = list(map(Record, make_records(10, 3)))
     index = {id(r): i for i, r in enumerate(records)}
     emitted = [(records[0], {"k": 1}, None), (records[2], {"é": [1, 2]}, 1763719200000),
-               (records[1], {"bad": {1, 2}}, None), (records[2], {}, 5.5)]
+               (records[1], {"bad": {1, 2}}, None), (records[2], {}, 5), (records[0], {}, 5.5)]
     n, body, bad = frames.encode_rows(emitted, index)
-    assert n == 3 and bad == [(1, "row not JSON-encodable: Type is not JSON serializable: set")]
+    assert n == 3 and bad == [(1, "row not JSON-encodable: Type is not JSON serializable: set"),
+                              (0, f"event time 5.5 from batch.emit(event_time_ms=...) is not {EVENT_TIME}")]
     idx, times, data = frames.decode_rows(n, body)
     assert idx == [0, 2, 2]
-    assert times == [None, 1763719200000.0, 5.5]
+    assert times == [None, 1763719200000, 5]
     assert [orjson.loads(d) for d in data] == [{"k": 1}, {"é": [1, 2]}, {}]
     assert frames.decode_rows(*frames.encode_rows([], {})[:2]) == ([], [], [])
 
@@ -129,7 +130,7 @@ async def test_the_servers_side_alone_against_a_scripted_peer(tmp_path, monkeypa
                                     ("s", "process_records"))
     assert message["result"] == "ok"
     idx, times, data = frames.decode_rows(message["rows"], body)
-    assert (idx, times, [orjson.loads(d) for d in data]) == ([0], [7.0], [{"n": 10}])
+    assert (idx, times, [orjson.loads(d) for d in data]) == ([0], [7], [{"n": 10}])
     with pytest.raises(ProcessDied, match="exit_code 7") as died:
         await proc.call({"op": "call", "id": 6, "action": "lease_lost"}, b"", answer, ("s", "lease_lost"))
     assert died.value.blamed  # no call was marked running: each in flight may be the culprit
