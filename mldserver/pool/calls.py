@@ -81,6 +81,7 @@ class ProcessCalls:
         self._answering: set[asyncio.Task[Any]] = set()  # the handler's requests being answered
         self._current: asyncio.Future[Any] | None = None  # the call under way (abort cancels it)
         self._aborted: str | None = None
+        self.running: str | None = None  # the callback being called, if any (``slots_held``)
 
     def create(self) -> str | None:
         """The instance is made in the handler process, with ``initialize``."""
@@ -106,6 +107,14 @@ class ProcessCalls:
             self.shard = arg
         if self.shard is None:
             return Outcome(FAILED, "no shard: initialize came first and failed")
+        self.running = action
+        try:
+            return await self._call(action, arg, checkpointer, collect_rows)
+        finally:
+            self.running = None
+
+    async def _call(self, action: str, arg: Any, checkpointer: Callable[[], Checkpointer],
+                    collect_rows: bool) -> Outcome:
         attempts = self.retries + 1
         attempt = redone = 0
         error = ""
