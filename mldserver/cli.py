@@ -43,6 +43,8 @@ def _parser():
     serve.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
     serve.add_argument("--state-dir", help="spool, commit log, dead letters (default ./mldserver-state)")
     serve.add_argument("--execution-timeout", type=float, help="seconds per handler call (default 60)")
+    serve.add_argument("--workers", type=int,
+                       help="handler processes (default 2; 0: handlers run in the server's own loop)")
     serve.add_argument("--max-line-size", type=int, help="largest daemon line in bytes (default 256 MiB)")
     serve.add_argument("--window", type=float, help="tumbling window size in seconds")
     serve.add_argument("--sink", help="file:DIR or parquet:DIR")
@@ -80,6 +82,8 @@ def _parser():
     bench.add_argument("--no-kclpy", action="store_true", help="skip the amazon_kclpy baseline")
     bench.add_argument("--scrape", type=float, metavar="SECONDS",
                        help="relay part: also run the server with its /metrics scraped every SECONDS, side by side")
+    bench.add_argument("--workers", type=int, nargs="+", default=None,
+                       help="handler processes of the servers measured, side by side (default: the default and 0)")
     bench.add_argument("--part", choices=["all", "relay", "coordinator", "spark"], default="all",
                        help="relay: against amazon_kclpy; coordinator: with a sink against none; "
                             "spark: end to end into Spark against the bare handoff")

@@ -127,6 +127,12 @@ class Settings:
     execution_timeout: float = setting(60.0, low=0.01, high=DAY, unit="seconds")
     handler_retries: int = setting(2, low=0, high=100)
     handler_backoff: float = setting(0.1, low=0.0, high=MINUTE, unit="seconds")
+    # handler processes (mldserver.pool): how many (0: handlers run in the server's loop),
+    # the memory (MiB, 0: no limit) past which one is replaced between actions, and how
+    # long a handler may block its process's loop before its stack is logged (seconds)
+    workers: int = setting(2, low=0, high=256)
+    max_handler_memory: int = setting(0, low=0, high=1 << 24, unit="MiB")
+    handler_block_warning: float = setting(1.0, low=0.01, high=DAY, unit="seconds")
     # checkpoints: retriable daemon errors retried with jittered exponential backoff
     checkpoint_retries: int = setting(6, low=0, high=100)
     checkpoint_backoff: float = setting(0.1, low=0.0, high=MINUTE, unit="seconds")

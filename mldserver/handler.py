@@ -2,8 +2,9 @@
 
 ``--handler pkg.mod:Attr``: ``Attr`` is called once per shard connection with the
 server context and returns the handler for that shard. All methods are coroutines run
-on the server's event loop: keep them non-blocking (``await asyncio.to_thread(...)``
-for blocking work)::
+on the event loop of a handler process (``mldserver.pool``; with ``--workers 0``, the
+server's own), shared with other shards: keep them non-blocking
+(``await asyncio.to_thread(...)`` for blocking work)::
 
     import mldserver
 
@@ -21,7 +22,8 @@ for blocking work)::
 A method that raises is retried (bounded, with backoff); a batch that still fails is
 dead-lettered with its data and the shard moves on. A ``CheckpointError`` escaping a
 method ends that action without a retry. Each call has an execution time-out
-(``execution_timeout``, default 60 s) that counts as a failure.
+(``execution_timeout``, default 60 s) that counts as a failure: in a handler process,
+even a call that blocks is stopped (its process is killed and replaced).
 """
 
 from __future__ import annotations

@@ -145,7 +145,7 @@ class Batch:
     server with no sink ignores rows.
     """
 
-    __slots__ = ("records", "millis_behind_latest", "shard", "rows")
+    __slots__ = ("records", "millis_behind_latest", "shard", "rows", "line")
 
     def __init__(
         self,
@@ -158,6 +158,9 @@ class Batch:
         self.millis_behind_latest = millis_behind_latest
         self.shard = shard
         self.rows = rows  # what emit collected, or None when nothing collects rows
+        # The daemon's processRecords line, when ``records`` are its records one for one
+        # (a handler process decodes them from it; nothing is encoded again).
+        self.line: bytes | None = None
 
     def emit(self, record: Record, row: dict[str, Any], event_time_ms: int | None = None) -> None:
         if self.rows is not None:

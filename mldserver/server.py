@@ -19,7 +19,11 @@ on uvloop. Lifecycle (uvicorn's shape)::
     serve     each accepted connection gets a Worker task, owned by the server; the
               server waits on its listeners, the coordinator's tasks (committer,
               tick) and the Spark supervisor together with the stop signal
-    shutdown  on SIGTERM/SIGINT/SIGHUP (``signal_received``), ``stop()``, or a crash:
+    reload    on SIGHUP (``signal_received``), with handler processes: a new generation
+              imports the handler afresh and shards move over between two actions
+              (``reloaded``), or the old one keeps serving (``reload_failed``); in the
+              server's loop (``workers = 0``) nothing can be re-imported (``reload_skipped``)
+    shutdown  on SIGTERM/SIGINT (``signal_received``), ``stop()``, or a crash:
               stop accepting; idle connections are closed; busy ones (an action
               arrived, even partly, even waiting for a slot) finish it (status sent)
               within ``shutdown_timeout``; then their handler calls are cancelled
@@ -56,9 +60,11 @@ from .context import Context
 from .deadletters import DeadLetters
 from .errors import ConfigError, ServerCrashed
 from .importer import import_from_string
+from .backoff import Backoff
 from .logs import get_logger
 from .metrics import Metrics
 from .pausing import Pause
+from .pool import HandlerPool, ProcessCalls
 from .spark.process import SparkError, SparkProcess
 from .shard import CoordinatorLink, NoSink, Worker
 from .shard.calls import check_factory, reap_abandoned
@@ -73,7 +79,7 @@ log = get_logger("mldserver.server")
 # StreamReader pauses reading at twice this: a shard waiting for a slot keeps the rest
 # of its batch in the kernel, not in our memory. Lines are reassembled by the core.
 STREAM_LIMIT = 1 << 18
-# SIGHUP stops in order as SIGTERM does (a later change makes it reload).
+# SIGTERM and SIGINT stop in order; SIGHUP reloads the handler (handler processes).
 SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 # Past shutdown_timeout: how long workers get to answer once their calls are cancelled.
 ABORT_WAIT_S = 5.0
@@ -89,10 +95,19 @@ class Server:
         sink: "Sink | None" = None,
     ) -> None:
         """``clock`` (epoch ms) goes to the coordinator; ``sink`` replaces the one
-        ``settings.sink`` names (a test's, or an embedder's own)."""
+        ``settings.sink`` names (a test's, or an embedder's own). A ``factory`` object
+        runs in this loop (a process can only import ``settings.handler``); else, with
+        ``workers`` > 0, handlers run in a pool of handler processes and this process
+        imports no user code."""
         self.settings = settings
-        self.factory = factory or import_from_string(settings.handler, "handler")
-        check_factory(self.factory)  # callbacks that are not ``async def``: refused at load
+        self.pool: HandlerPool | None = None
+        if factory is None and settings.workers > 0:
+            self.pool = HandlerPool(settings)  # imports the handler in its processes, never here
+            self.factory: Callable[[Any], Any] | None = None
+        else:
+            self.factory = factory or import_from_string(settings.handler, "handler")
+            check_factory(self.factory)  # callbacks that are not ``async def``: refused at load
+        self._reloads: set[asyncio.Task[Any]] = set()
         self.context = Context(settings)
         self.dead_letters = DeadLetters(state_path(settings, "dead-letters"))
         self.workers: dict[asyncio.Task[None], Worker] = {}
@@ -148,6 +163,8 @@ class Server:
                 raise ConfigError(str(exc)) from None
         if self.coordinator is not None:
             await self.coordinator.start()  # commit log read, spool replayed, before any shard connects
+        if self.pool is not None:
+            await self.pool.start()  # every handler process imported the handler (or ConfigError)
         # Bind everything before announcing anything: a refused port is not logged as listening.
         unix = await self._listen_unix(s.unix) if s.unix else None
         if unix is not None:
@@ -172,7 +189,8 @@ class Server:
                     what_to_do="the protocol has no authentication: whoever reaches this port can pose as the "
                     "daemon; bind 127.0.0.1 (the default) or firewall the port",
                 )
-            log.info("listening", host=host, port=port, handler=s.handler, pid=os.getpid())
+            log.info("listening", host=host, port=port, handler=s.handler, pid=os.getpid(),
+                     workers=None if self.pool is None else [p.pid for p in self.pool.processes])
         self.listening = True
 
     async def _listen_unix(self, path: str) -> asyncio.base_events.Server:
@@ -249,6 +267,8 @@ class Server:
             tasks += self.coordinator.tasks
         if self.spark is not None and self.spark.task is not None:
             tasks.append(self.spark.task)
+        if self.pool is not None and self.pool.task is not None:
+            tasks.append(self.pool.task)
         return tasks
 
     async def _watch(self) -> None:
@@ -276,7 +296,20 @@ class Server:
 
     def _on_signal(self, sig: int) -> None:
         log.info("signal_received", signal=signal.Signals(sig).name)
+        if sig == signal.SIGHUP:
+            self.reload()
+            return
         self._stop.set()
+
+    def reload(self) -> None:
+        """Import the handler afresh in new handler processes (SIGHUP)."""
+        if self.pool is None:
+            log.warning("reload_skipped", reason="handlers run in the server's loop (workers = 0)",
+                        what_to_do="restart the server to load new handler code, or run with --workers N")
+            return
+        task = asyncio.get_running_loop().create_task(self.pool.reload(), name="reload")
+        self._reloads.add(task)
+        task.add_done_callback(self._reloads.discard)
 
     def stop(self) -> None:
         self._stop.set()
@@ -359,6 +392,11 @@ class Server:
         await self._stopped(*self._listeners)
         for srv in self._servers:
             await srv.wait_closed()
+        for task in list(self._reloads):
+            task.cancel()
+        await self._stopped(*list(self._reloads))
+        if self.pool is not None:
+            await self._stopped(self.pool.stop())
         if self.coordinator is not None:
             await self._stopped(self.coordinator.stop())
         if self.spark is not None:
@@ -403,6 +441,7 @@ class Server:
             else CoordinatorLink(self.coordinator, interval=self.settings.checkpoint_interval),
             metrics=self.metrics,
             pause=self.pause_gate,
+            calls=None if self.pool is None else self._process_calls,
         )
         worker.conn_id = conn_id
         task = asyncio.current_task()
@@ -419,6 +458,19 @@ class Server:
         finally:
             del self.workers[task]
             writer.close()
+
+
+    def _process_calls(self, wlog: Any) -> ProcessCalls:
+        s = self.settings
+        assert self.pool is not None
+        return ProcessCalls(
+            self.pool,
+            self.context,
+            retries=s.handler_retries,
+            timeout=s.execution_timeout,
+            backoff=Backoff(first=s.handler_backoff, cap=max(s.handler_backoff, 5.0)),
+            log=wlog,
+        )
 
 
 class LoopLag:

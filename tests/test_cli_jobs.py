@@ -31,9 +31,10 @@ def test_bench_prints_every_variant_side_by_side(tmp_path):
     out = subprocess.run([MLDSERVER, "bench", "--quick", "--load", "1000x100", "--shards", "1", "2"],
                          capture_output=True, text=True, timeout=900)
     assert out.returncode == 0, out.stderr
-    for variant in ("amazon_kclpy", "mldserver", "direct", "ceiling"):
+    for variant in ("amazon_kclpy", "mldserver w2", "direct w2", "mldserver w0", "direct w0", "ceiling"):
         assert re.search(rf"^\s+{variant}\s+\d+\s+[\d,]+", out.stdout, re.M), (variant, out.stdout)
-    assert "relay cost at K=2" in out.stdout and "memory per shard at K=2" in out.stdout
+    for workers in (2, 0):  # the handler processes and the server's own loop, side by side
+        assert re.search(rf"--workers {workers}, K=2: relay cost [-+][\d.]+% .*; memory per shard", out.stdout)
     assert re.search(r"relay start-up: \d+ ms", out.stdout)
     # the Spark part: end to end and the bare handoff side by side, latency and loop lag
     assert re.search(r"^\s+[\d,]+\s+[\d,]+\s+\d+%\s+[\d,]+ / [\d,]+ ms\s+[\d.]+ ms$", out.stdout, re.M), out.stdout

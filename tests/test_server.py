@@ -75,14 +75,34 @@ async def test_logs_are_json_lines_and_sigterm_shuts_down_in_order(serve):
     assert next(e for e in events if e["event"] == "signal_received")["signal"] == "SIGTERM"
 
 
-def test_sighup_shuts_down_in_order_too(serve):
-    server = serve("tests.handlers:Noop")
+async def test_sighup_reloads_the_handler_and_the_server_keeps_serving(serve):
+    server = serve("tests.handlers:CheckpointLast")
     server.proc.send_signal(signal.SIGHUP)
+    await eventually(lambda: any(e["event"] == "reloaded" for e in server.events()), timeout=20,
+                     what="the reload logged")
+    daemon = FakeDaemon(f"{MLDSERVER} connect 127.0.0.1:{server.port}")
+    shard = await daemon.shard("shardId-1")
+    await shard.process_records(make_records(1, 3))
+    await shard.shard_ended()
+    assert await shard.close() == 0
+    assert daemon.checkpoints["shardId-1"] == "SHARD_END"
+    server.proc.send_signal(signal.SIGTERM)
     assert server.proc.wait(20) == 0
     events = server.events()
     names = [e["event"] for e in events]
-    assert names.index("signal_received") < names.index("shutting_down") < names.index("stopped")
+    assert names.index("signal_received") < names.index("reloaded") < names.index("shutting_down")
     assert next(e for e in events if e["event"] == "signal_received")["signal"] == "SIGHUP"
+    assert "stopped" in names
+
+
+async def test_sighup_in_the_servers_own_loop_cannot_reload_and_says_so(serve):
+    server = serve("tests.handlers:Noop", "--workers", "0")
+    server.proc.send_signal(signal.SIGHUP)
+    await eventually(lambda: any(e["event"] == "reload_skipped" for e in server.events()), timeout=20,
+                     what="the skipped reload logged")
+    assert server.proc.poll() is None
+    server.proc.send_signal(signal.SIGTERM)
+    assert server.proc.wait(20) == 0
 
 
 class Emit(mldserver.Handler):

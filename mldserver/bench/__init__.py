@@ -7,6 +7,7 @@ process, PSS sampling, the coordinator and Spark parts' batches)::
     mldserver bench --part coordinator   # coordinator.py: the coordinator's cost (file sink vs none)
     mldserver bench --part spark         # spark.py: end to end vs the bare Spark hand-off
     mldserver bench                      # all three
+    mldserver bench --workers 2 0        # servers with 2 handler processes and with none, side by side
 
 The bare hand-off runs Spark in this process, through ``mldserver.spark.bench``: only
 ``mldserver/spark/`` imports pyspark.
@@ -27,11 +28,15 @@ async def amain(args) -> None:
             print("amazon_kclpy not installed (pip install kclpy-ext, or scripts/setup --test); "
                   "skipping it: pass --no-kclpy to silence this")
             with_kclpy = False
+    if args.workers is None:
+        from ..config import Settings
+
+        args.workers = list(dict.fromkeys([Settings.workers, 0]))  # the default beside the server's own loop
     with tempfile.TemporaryDirectory(prefix="mldserver-bench-") as tmp:
         if args.part in ("all", "coordinator"):
             from . import coordinator
 
-            await coordinator.run(shard_counts, args.quick, tmp)
+            await coordinator.run(shard_counts, args.quick, tmp, args.workers)
         if args.part in ("all", "spark"):
             from . import spark
 

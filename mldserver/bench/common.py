@@ -58,11 +58,28 @@ def cpu_s(pid: int) -> float:
         return 0.0
 
 
+def descendants(pid: int) -> list[int]:
+    """``pid`` and every process below it (the server and its handler and Spark processes)."""
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        try:
+            for task in os.listdir(f"/proc/{p}/task"):
+                with open(f"/proc/{p}/task/{task}/children") as f:
+                    todo.extend(int(c) for c in f.read().split())
+        except OSError:
+            pass
+    return out
+
+
 class Sampler:
-    """Samples the PSS of a set of processes while a run goes on; keeps the peak."""
+    """Samples the PSS of a set of processes while a run goes on; keeps the peak.
+    ``trees`` groups are a process and all its descendants, found at each sample."""
 
     def __init__(self) -> None:
         self.pids: dict[str, list[int]] = {}
+        self.trees: dict[str, int] = {}
         self.peak: dict[str, int] = {}
         self._task: asyncio.Task | None = None
 
@@ -70,7 +87,8 @@ class Sampler:
         self._task = asyncio.ensure_future(self._loop())
 
     def sample(self) -> None:
-        for group, pids in self.pids.items():
+        groups = {**self.pids, **{group: descendants(pid) for group, pid in self.trees.items()}}
+        for group, pids in groups.items():
             self.peak[group] = max(self.peak.get(group, 0), sum(pss_kb(p) for p in pids))
 
     async def _loop(self) -> None:
@@ -98,10 +116,13 @@ async def start_server(
     env: dict[str, str] | None = None,
     timeout: float = 30,
     admin: str = "off",
+    workers: int | None = None,
 ) -> tuple[subprocess.Popen, int]:
     """``mldserver serve`` in its own process; ``admin`` off unless asked for (a bench
     run must not take the default admin port from a server running beside it)."""
     port = free_port()
+    if workers is not None:
+        extra = (*extra, "--workers", str(workers))
     proc = subprocess.Popen(
         [sys.executable, "-m", "mldserver", "serve", "--handler", handler, "--port",
          str(port), "--log-level", "warning", "--state-dir", state_dir, "--admin", admin, *extra],

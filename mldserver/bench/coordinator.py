@@ -34,15 +34,17 @@ def committed_rows(log: Path) -> int:
                if b'"window_committed"' in line)
 
 
-async def run_one(name: str, k: int, batch_lines: list, tmp: str) -> tuple[float, int, int | None]:
-    """rows/s, the server's peak PSS (KiB), and the coordinator's peak buffered bytes."""
-    state = os.path.join(tmp, f"coord-{name}-{k}")
+async def run_one(name: str, k: int, batch_lines: list, tmp: str,
+                  workers: int | None = None) -> tuple[float, int, int | None]:
+    """rows/s, the server's peak PSS (KiB, with its handler processes), and the
+    coordinator's peak buffered bytes."""
+    state = os.path.join(tmp, f"coord-{name}-{k}-{workers}")
     log = Path(state) / "server.log"
     extra = ["--log-file", str(log), "--log-level", "info"]
     if name == "file sink":
         extra += ["--sink", f"file:{state}/out", "--window", "10"]
     Path(state).mkdir(parents=True, exist_ok=True)
-    server, port = await start_server(state, *extra, handler=PASSTHROUGH)
+    server, port = await start_server(state, *extra, handler=PASSTHROUGH, workers=workers)
     try:
         daemon = FakeDaemon("", timeout=600)
         shards = []
@@ -51,7 +53,7 @@ async def run_one(name: str, k: int, batch_lines: list, tmp: str) -> tuple[float
             await shard.initialize("TRIM_HORIZON", 0)
             shards.append(shard)
         sampler = Sampler()
-        sampler.pids["server"] = [server.pid]
+        sampler.trees["server"] = server.pid
         sampler.start()
         started = time.perf_counter()
 
@@ -80,14 +82,15 @@ async def run_one(name: str, k: int, batch_lines: list, tmp: str) -> tuple[float
     return total / seconds, sampler.peak.get("server", 0), peak
 
 
-async def run(shard_counts: list[int], quick: bool, tmp: str) -> None:
+async def run(shard_counts: list[int], quick: bool, tmp: str, workers: list[int | None] | None = None) -> None:
     print(f"\ncoordinator: batches of {RECORDS:,} records x {SIZE} B, passthrough handler, direct TCP")
-    print(f"  {'K':>4} {'no pipeline rows/s':>19} {'file sink rows/s':>17} {'cost':>7} {'peak buffered':>14} "
-          f"{'server PSS (none / sink)':>25}")
+    print(f"  {'workers':>7} {'K':>4} {'no pipeline rows/s':>19} {'file sink rows/s':>17} {'cost':>7} "
+          f"{'peak buffered':>14} {'server PSS (none / sink)':>25}")
     for k in shard_counts:
         batches = 2 if quick else max(2, 120 // k)
         batch_lines = lines(batches)
-        bare, bare_pss, _ = await run_one("no pipeline", k, batch_lines, tmp)
-        sink, sink_pss, peak = await run_one("file sink", k, batch_lines, tmp)
-        print(f"  {k:4d} {bare:19,.0f} {sink:17,.0f} {100 * (1 - sink / bare):+6.1f}% "
-              f"{(peak or 0) / 2**20:10.1f} MiB {bare_pss / 1024:11.1f} / {sink_pss / 1024:.1f} MiB")
+        for w in workers or [None]:
+            bare, bare_pss, _ = await run_one("no pipeline", k, batch_lines, tmp, w)
+            sink, sink_pss, peak = await run_one("file sink", k, batch_lines, tmp, w)
+            print(f"  {'-' if w is None else w:>7} {k:4d} {bare:19,.0f} {sink:17,.0f} {100 * (1 - sink / bare):+6.1f}% "
+                  f"{(peak or 0) / 2**20:10.1f} MiB {bare_pss / 1024:11.1f} / {sink_pss / 1024:.1f} MiB")

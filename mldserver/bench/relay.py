@@ -33,7 +33,7 @@ import orjson
 
 from ..handler import Handler
 from ..testing import Child, FakeDaemon, Shard, SocketChild, relay_command
-from .common import Sampler, cpu_s, free_port, pss_kb, rss_kb, start_server
+from .common import Sampler, cpu_s, descendants, free_port, pss_kb, rss_kb, start_server
 
 
 class TouchHandler(Handler):
@@ -128,12 +128,14 @@ SCRAPED = "+scrape"
 
 
 async def run_variant(name: str, k: int, records: int, size: int, batches: int, tmp: str,
-                      scrape: float | None = None) -> Result:
-    """One run on a fresh server (memory left by an earlier run must not count)."""
+                      workers: int | None = None, scrape: float | None = None) -> Result:
+    """One run on a fresh server (memory left by an earlier run must not count);
+    ``workers``: its handler processes (their memory counts as the server's)."""
     server = None
     admin = f"127.0.0.1:{free_port()}" if name == SCRAPED else "off"
     if name != "amazon_kclpy":
-        server, port = await start_server(os.path.join(tmp, f"state-{name}-{k}"), admin=admin)
+        server, port = await start_server(os.path.join(tmp, f"state-{name}-{k}-{workers}"), admin=admin,
+                                          workers=workers)
     scraper = None
     if name == SCRAPED:
         assert scrape is not None
@@ -141,7 +143,7 @@ async def run_variant(name: str, k: int, records: int, size: int, batches: int, 
     try:
         result = await _run_variant("mldserver" if name == SCRAPED else name, k, records, size, batches,
                                     port if server else None, server.pid if server else None, tmp)
-        result.name = name
+        result.name = name if workers is None else f"{name} w{workers}"
         return result
     finally:
         if scraper is not None:
@@ -185,7 +187,7 @@ async def _run_variant(name: str, k: int, records: int, size: int, batches: int,
     if name != "direct":
         sampler.pids["children"] = [s.child.proc.pid for s in shards]
     if server_pid and name != "amazon_kclpy":
-        sampler.pids["server"] = [server_pid]
+        sampler.trees["server"] = server_pid  # with its handler processes
     result = Result(name, k, records * batches * k, len(line) * batches * k)
     sampler.start()
     cpu = cpu_s(server_pid) if server_pid else 0.0
@@ -241,11 +243,12 @@ async def run(args, shard_counts: list[int], with_kclpy: bool, tmp: str) -> None
     """The relay part: start-up cost, then every load at every shard count."""
     loads = [tuple(int(x) for x in spec.split("x")) for spec in args.load]
     scrape = getattr(args, "scrape", None)
-    server, port = await start_server(os.path.join(tmp, "state"))
+    server, port = await start_server(os.path.join(tmp, "state"), workers=args.workers[0])
     try:
         ms, rss, pss = await relay_startup(port)
         print(f"relay start-up: {ms:.0f} ms to the first status; RSS {rss / 1024:.1f} MiB, PSS {pss / 1024:.1f} MiB")
-        print(f"server idle: PSS {pss_kb(server.pid) / 1024:.1f} MiB")
+        idle = sum(pss_kb(p) for p in descendants(server.pid))
+        print(f"server idle (--workers {args.workers[0]}, with its handler processes): PSS {idle / 1024:.1f} MiB")
     finally:
         server.terminate()
         server.wait(30)
@@ -260,22 +263,26 @@ async def run(args, shard_counts: list[int], with_kclpy: bool, tmp: str) -> None
             if with_kclpy:
                 base = await run_variant("amazon_kclpy", k, records, size, batches, tmp)
                 rows.append(base)
-            rows.append(await run_variant("mldserver", k, records, size, batches, tmp))
+            pairs = []
+            for w in args.workers:
+                relay = await run_variant("mldserver", k, records, size, batches, tmp, w)
+                direct = await run_variant("direct", k, records, size, batches, tmp, w)
+                rows += [relay, direct]
+                pairs.append((w, relay, direct))
             if scrape:
-                rows.append(await run_variant(SCRAPED, k, records, size, batches, tmp, scrape))
-            rows.append(await run_variant("direct", k, records, size, batches, tmp))
+                scraped = await run_variant(SCRAPED, k, records, size, batches, tmp, args.workers[0], scrape)
+                rows.append(scraped)
             for r in rows:
                 print(r.row(base))
             if k == shard_counts[0]:
                 print(c.row(base))
-            relay, direct = next(r for r in rows if r.name == "mldserver"), rows[-1]
+            for w, relay, direct in pairs:
+                print(f"  --workers {w}, K={k}: relay cost {100 * (1 - relay.rate / direct.rate):+.1f}% records/s "
+                      f"vs direct" + (f"; memory per shard {relay.per_shard_pss_kb / base.per_shard_pss_kb:.2f}x "
+                                      f"one amazon_kclpy child" if base is not None else ""))
             if scrape:
-                scraped = next(r for r in rows if r.name == SCRAPED)
+                relay = pairs[0][1]
                 print(f"  /metrics every {scrape:g} s at K={k}: {scraped.rate:,.0f} vs {relay.rate:,.0f} records/s "
                       f"({100 * (scraped.rate / relay.rate - 1):+.1f}%); server CPU "
                       f"{scraped.cpu_us_per_record:.2f} vs {relay.cpu_us_per_record:.2f} us/record "
                       f"({100 * (scraped.cpu_us_per_record / relay.cpu_us_per_record - 1):+.1f}%)")
-            print(f"  relay cost at K={k}: {100 * (1 - relay.rate / direct.rate):+.1f}% records/s vs direct")
-            if base is not None:
-                share = relay.per_shard_pss_kb / base.per_shard_pss_kb
-                print(f"  memory per shard at K={k}: {share:.2f}x one amazon_kclpy child")

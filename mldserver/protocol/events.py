@@ -24,7 +24,7 @@ Status whose ``response_for`` is the action's name; ``Action.reply()`` builds it
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 
@@ -64,6 +64,8 @@ class ProcessRecords(Action):
     action: ClassVar[str] = "processRecords"
     records: list[dict[str, Any]]
     millis_behind_latest: int | None = None
+    # The line as it arrived: handler processes get the records as these bytes.
+    line: bytes = field(default=b"", repr=False, compare=False)
 
 
 @dataclass(frozen=True, slots=True)

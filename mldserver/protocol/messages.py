@@ -115,7 +115,7 @@ def decode(line: bytes) -> Event:
                 action=name,
             )
         mbl = _int(obj.get("millisBehindLatest"), "millisBehindLatest", line, name)
-        return ProcessRecords(records, mbl)
+        return ProcessRecords(records, mbl, line)
     if cls is Initialize:
         shard_id = obj.get("shardId")
         return Initialize(

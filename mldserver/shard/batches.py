@@ -121,11 +121,20 @@ def _deaggregated(raws: list[Any]) -> tuple[list[Record], list[BadRecords]]:
     return out, bad
 
 
-def encode_rows(emitted: Iterable[Emitted]) -> tuple[list[Item], list[BadRecords]]:
+class EncodedRows(NamedTuple):
+    """What a batch emitted, already items (a handler process encoded the rows)."""
+
+    items: list[Item]
+    bad: list[BadRecords]
+
+
+def encode_rows(emitted: Iterable[Emitted] | EncodedRows) -> tuple[list[Item], list[BadRecords]]:
     """The coordinator's items for what a batch emitted, in order, and the rows that
     cannot be items (their records, to dead-letter): a row orjson cannot encode, a
     record with no position, or an event time (``emit``'s, else the record's arrival
     time) that is neither None nor epoch milliseconds (``records.valid_event_time``)."""
+    if isinstance(emitted, EncodedRows):
+        return emitted.items, emitted.bad
     emitted = list(emitted)
     try:
         # ``_position``: the decoder's, read without a call (``position`` parses it if unset)
@@ -134,7 +143,7 @@ def encode_rows(emitted: Iterable[Emitted]) -> tuple[list[Item], list[BadRecords
                         record._position or record.position, encode(row)))
             for record, row, t in emitted
         ]
-        if _times_valid(list(map(_item_time, items))):
+        if times_valid(list(map(_item_time, items))):
             return items, []
     except (TypeError, ValueError):  # some row is not JSON, or its record has no position
         pass
@@ -156,7 +165,7 @@ def encode_rows(emitted: Iterable[Emitted]) -> tuple[list[Item], list[BadRecords
     return items, bad
 
 
-def _times_valid(times: list[Any]) -> bool:
+def times_valid(times: list[Any]) -> bool:
     """Every time None or a valid event time: the check of the usual batch, in C."""
     kinds = set(map(type, times))
     if kinds == {int}:

@@ -174,6 +174,9 @@ class HandlerCalls:
         if self._current is not None:
             self._current.cancel()
 
+    def close(self) -> None:
+        """The connection is over (nothing to release in this loop)."""
+
     async def call(
         self, action: str, arg: Any, checkpointer: Callable[[], Checkpointer], *, collect_rows: bool = False
     ) -> Outcome:

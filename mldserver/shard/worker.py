@@ -196,7 +196,10 @@ class Worker:
         downstream: Downstream | None = None,
         metrics: Metrics | None = None,
         pause: Pause | None = None,
+        calls: Callable[[EventLogger], Any] | None = None,
     ) -> None:
+        """``calls`` makes the shard's handler calls (the shard/calls.py seam) from the
+        worker's logger: the server's handler processes; default: in this loop."""
         self.reader = reader
         self.writer = writer
         self.settings = settings
@@ -206,7 +209,7 @@ class Worker:
         self._holding = False
         self.downstream: Downstream = downstream or NoSink()
         self.conn = Connection(settings.max_line_size)
-        self.calls = HandlerCalls(
+        self.calls = calls(log) if calls is not None else HandlerCalls(
             factory,
             context,
             retries=settings.handler_retries,
@@ -308,6 +311,7 @@ class Worker:
             if self._outstanding is not None and not self._outstanding.done():
                 self._outstanding.cancel()
             self._release()
+            self.calls.close()
             self.downstream.close()  # the coordinator may forget the shard once it is done
             self.log.info("closed", batches=self.batches, records=self.records, state=self.conn.state.name)
             self.writer.close()
@@ -526,6 +530,8 @@ class Worker:
         self.progress.batch(records)
         last = records[-1].position if records else None
         batch = Batch(records, event.millis_behind_latest, self.shard)  # type: ignore[arg-type]
+        if not kpl and len(records) == len(event.records):
+            batch.line = event.line  # the records as they arrived, for a handler process
         try:
             outcome = await self._call(
                 "process_records", batch, self._checkpointers("process_records"),

@@ -1,0 +1,341 @@
+"""``ProcessCalls``: the shard/calls.py seam (``create()``, ``call(...) -> Outcome``),
+with the handler in a handler process of the pool. The worker cannot tell the two
+apart; what changes is what a failure can be::
+
+    calls = ProcessCalls(pool, context, retries=2, timeout=60.0, backoff=backoff, log=log)
+    outcome = await calls.call("process_records", batch, checkpointer, collect_rows=True)
+
+- the handler raised: ``handler_failed`` (with the child's traceback), retried with
+  backoff, then ``Outcome(FAILED)`` (the worker dead-letters the batch);
+- the call ran past ``execution_timeout``: the process's stack is logged
+  (``handler_timed_out``), the process killed (the pool replaces it), and that counts
+  as a failed attempt;
+- the process died while the call was running (a fault in C, ``os._exit``, a kill
+  during a blocking call): a failed attempt, redone in a fresh process; a call of
+  another shard that was only waiting in that process is redone without counting
+  (``handler_redone``);
+- before the first call in a new process (after a death, a memory replacement or a
+  reload), the shard gets a fresh handler instance there: ``initialize`` again with
+  the shard's current position (``shard_moved``).
+
+One call is one ``call`` frame and one ``done`` frame; the rows come back columnar
+(``decode_rows``) and are handed to the worker as the coordinator's items
+(``batches.EncodedRows``): each row the child's JSON bytes, never decoded or encoded
+again in the server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+from typing import Any, AsyncIterator, Callable
+
+from ..backoff import Backoff
+from ..checkpointer import Checkpointer
+from ..context import Context
+from ..errors import CheckpointError, ConfigError
+from ..logs import EventLogger
+from ..coordinator.ordering import Item
+from ..records import EVENT_TIME, Batch, ShardInfo, valid_event_time
+from ..shard.batches import BAD_ROW, BadRecords, EncodedRows, times_valid
+from ..shard.calls import FAILED, Outcome
+from .frames import decode_rows, encode_records
+from .pool import HandlerPool
+from .process import HandlerProcess, ProcessDied
+
+# A call redone because its process died while another call was running, at most this
+# often before the deaths count against it too.
+UNBLAMED_REDOS = 10
+
+_keys = itertools.count(1)
+
+
+class _InitializeFailed(Exception):
+    pass
+
+
+class ProcessCalls:
+    def __init__(
+        self,
+        pool: HandlerPool,
+        context: Context,
+        *,
+        retries: int,
+        timeout: float,
+        backoff: Backoff,
+        log: EventLogger,
+    ) -> None:
+        self.pool = pool
+        self.context = context
+        self.retries = retries
+        self.timeout = timeout
+        self.backoff = backoff
+        self.log = log
+        self.key = next(_keys)
+        self.proc: HandlerProcess | None = None
+        self.shard: ShardInfo | None = None
+        self._cursors: dict[int, AsyncIterator[dict[str, Any]]] = {}
+        self._left = 0  # the shard moves to a process numbered above this (see _leave)
+        self._stored: Any = None  # the position the daemon stored last (a Position)
+        self._answering: set[asyncio.Task[Any]] = set()  # the handler's requests being answered
+        self._current: asyncio.Future[Any] | None = None  # the call under way (abort cancels it)
+        self._aborted: str | None = None
+        self.running: str | None = None  # the callback being called, if any (``slots_held``)
+
+    def create(self) -> str | None:
+        """The instance is made in the handler process, with ``initialize``."""
+        return None
+
+    def abort(self, reason: str) -> None:
+        """Cancel the call under way (its action is then answered as failed) and start
+        no other: the server is stopping and will not wait for it."""
+        self._aborted = reason
+        if self._current is not None:
+            self._current.cancel()
+
+    def close(self) -> None:
+        """The connection is over: the process forgets the shard's instance."""
+        if self.proc is not None:
+            self.pool.release(self.proc, self.key)
+            self.proc = None
+
+    async def call(
+        self, action: str, arg: Any, checkpointer: Callable[[], Checkpointer], *, collect_rows: bool = False
+    ) -> Outcome:
+        if action == "initialize":
+            self.shard = arg
+        if self.shard is None:
+            return Outcome(FAILED, "no shard: initialize came first and failed")
+        self.running = action
+        try:
+            return await self._call(action, arg, checkpointer, collect_rows)
+        finally:
+            self.running = None
+
+    async def _call(self, action: str, arg: Any, checkpointer: Callable[[], Checkpointer],
+                    collect_rows: bool) -> Outcome:
+        attempts = self.retries + 1
+        attempt = redone = 0
+        error = ""
+        while attempt < attempts:
+            if self._aborted is not None:
+                return Outcome(FAILED, f"not called: {self._aborted}")
+            traceback = None
+            proc = frame = None
+            try:
+                async with asyncio.timeout(self.timeout):
+                    proc = await self._process(action)
+                cp = checkpointer()
+                frame, body = self._frame(action, arg, collect_rows)
+                message, rows = await self._wait(proc, frame, body, cp, action)
+            except TimeoutError:
+                error = f"timed out after {self.timeout} s (execution_timeout): its process was killed"
+                if proc is not None and proc.alive:
+                    proc.killed_for = frame["id"] if frame is not None else -1
+                    proc.killed_what = (self.shard.shard_id, action)
+                    proc.floor = self.pool.newest
+                    stack = await proc.stack()
+                    self.log.error("handler_timed_out", callback=action, pid=proc.pid, timeout_s=self.timeout,
+                                   stack=stack, what_to_do="the stack shows where it was; the process is replaced")
+                    proc.kill()
+                    await proc.died.wait()  # the death is logged with this shard among its shards
+                self._leave()
+            except ProcessDied as exc:
+                if self.proc is not None:  # a broken pipe may come before the reader sees the death
+                    with contextlib.suppress(TimeoutError):
+                        async with asyncio.timeout(5):
+                            await self.proc.died.wait()
+                self._leave()
+                if not exc.blamed and redone < UNBLAMED_REDOS:
+                    await self._settled()
+                    redone += 1
+                    self.log.warning("handler_redone", callback=action, error=str(exc))
+                    continue
+                error = str(exc)
+            except _InitializeFailed as exc:
+                error = str(exc)
+            else:
+                if message["result"] != FAILED:
+                    return Outcome(message["result"], message["error"],
+                                   self._rows(arg, message, rows) if collect_rows else None)
+                error, traceback = message["error"], message.get("traceback")
+            await self._settled()
+            attempt += 1
+            retry = attempt < attempts
+            self.log.error("handler_failed", callback=action, error=error, attempt=attempt, attempts=attempts,
+                           retry=retry, traceback=traceback)
+            if retry:
+                await asyncio.sleep(self.backoff.delay(attempt - 1))
+        return Outcome(FAILED, error)
+
+    async def _settled(self) -> None:
+        """Before an action is redone: the requests of the attempt that failed are
+        answered (a checkpoint round trip with the daemon is never cut in two)."""
+        while self._answering:
+            await asyncio.gather(*list(self._answering), return_exceptions=True)
+
+    async def _wait(self, proc: HandlerProcess, frame: dict[str, Any], body: bytes, cp: Checkpointer,
+                    action: str) -> tuple[dict[str, Any], bytes]:
+        """The call's ``done``, or TimeoutError after ``execution_timeout`` of its own:
+        time during which another shard's call held the process's loop (blocking it)
+        does not count; that call's own time-out kills the process."""
+        assert self.shard is not None
+        call = asyncio.ensure_future(proc.call(frame, body, self._requests(cp), (self.shard.shard_id, action)))
+        self._current = call
+        try:
+            while True:
+                done, _ = await asyncio.wait({call}, timeout=self.timeout)
+                if done:
+                    if call.cancelled() and self._aborted is not None:
+                        return {"result": FAILED, "error": f"cancelled: {self._aborted}", "traceback": None}, b""
+                    return call.result()
+                running = proc.running()
+                if proc.alive and running not in (0, frame["id"]):
+                    continue  # a bystander: another call blocks the loop
+                raise TimeoutError
+        finally:
+            self._current = None
+            if not call.done():
+                call.cancel()
+
+    # -- where the shard's instance lives -------------------------------------------
+
+    async def _process(self, action: str) -> HandlerProcess:
+        proc = self.proc
+        if proc is not None and proc.alive and not proc.retiring:
+            return proc
+        assert self.shard is not None
+        moved_from = None
+        if proc is not None:
+            moved_from = proc.pid
+            self._leave()
+        proc = await self.pool.assign(self.key, self.shard.shard_id, newer_than=self._left)
+        self.proc = proc
+        if action != "initialize":
+            info = self._position()
+            self.log.info("shard_moved", pid=proc.pid, from_pid=moved_from, sequence_number=info.sequence_number,
+                          sub_sequence_number=info.sub_sequence_number)
+            message, _ = await proc.call(self._frame("initialize", info, False)[0], b"", self._requests(None),
+                                         (self.shard.shard_id, "initialize"))
+            if message["result"] == FAILED:
+                self.proc = None
+                self.pool.release(proc, self.key)
+                raise _InitializeFailed(f"initialize in a new handler process failed: {message['error']}")
+        return proc
+
+    def _leave(self) -> None:
+        """Off the shard's process (dead, killed or retiring): the next goes to a newer one."""
+        if self.proc is not None:
+            self._left = max(self._left, self.proc.floor)
+            self.pool.release(self.proc, self.key)
+            self.proc = None
+
+    def _position(self) -> ShardInfo:
+        """The shard as a new instance sees it: the checkpoint stored since, if any."""
+        assert self.shard is not None
+        stored = self._stored
+        if stored is None:
+            return self.shard
+        return ShardInfo(self.shard.shard_id, stored.text, stored.sub)
+
+    def _frame(self, action: str, arg: Any, collect: bool) -> tuple[dict[str, Any], bytes]:
+        assert self.shard is not None
+        s = self.shard
+        frame: dict[str, Any] = {"op": "call", "id": next(self.pool.call_ids), "shard": self.key, "action": action,
+                                 "info": (s.shard_id, s.sequence_number, s.sub_sequence_number)}
+        body = b""
+        if action == "initialize":
+            frame["info"] = (arg.shard_id, arg.sequence_number, arg.sub_sequence_number)
+        elif action == "process_records":
+            batch: Batch = arg
+            frame["millis_behind_latest"] = batch.millis_behind_latest
+            frame["collect"] = collect
+            frame["line"] = batch.line is not None
+            body = batch.line if batch.line is not None else encode_records(batch.records)
+        return frame, body
+
+    def _rows(self, batch: Batch, message: dict[str, Any], body: bytes) -> EncodedRows:
+        """The coordinator's items straight from the columnar body: each row stays the
+        child's JSON bytes; the record gives its position (and the event time if the
+        handler gave none, checked here as ``encode_rows`` checks it)."""
+        records = batch.records
+        idx, times, data = decode_rows(message["rows"], body)
+        bad = [BadRecords([records[i].to_json()], BAD_ROW, error) for i, error in message["bad"]]
+        new = tuple.__new__
+        try:
+            items = [new(Item, (r.approximate_arrival_timestamp if t is None else t, r._position or r.position, d))
+                     for r, t, d in zip(map(records.__getitem__, idx), times, data)]
+            if times_valid([item.time for item in items]):
+                return EncodedRows(items, bad)
+        except ValueError:  # a record without a position (no sink parsed them)
+            pass
+        items = []
+        for i, t, d in zip(idx, times, data):
+            r = records[i]
+            if t is None:
+                t = r.approximate_arrival_timestamp
+                if t is not None and not valid_event_time(t):
+                    bad.append(BadRecords([r.to_json()], BAD_ROW, f"event time {t!r:.80} from the record's "
+                                                                   f"approximateArrivalTimestamp is not {EVENT_TIME}"))
+                    continue
+            try:
+                items.append(Item(t, r.position, d))
+            except ValueError as exc:
+                bad.append(BadRecords([r.to_json()], BAD_ROW, str(exc)))
+        return EncodedRows(items, bad)
+
+    # -- what the handler asks during a call ---------------------------------------------
+
+    def _requests(self, cp: Checkpointer | None):
+        async def answer(message: dict[str, Any]) -> dict[str, Any]:
+            task = asyncio.current_task()
+            assert task is not None
+            self._answering.add(task)
+            task.add_done_callback(self._answering.discard)
+            op = message["op"]
+            if op == "checkpoint":
+                return await self._checkpoint(cp, message)
+            if op == "sql_fetch":
+                return await self._sql_fetch(message)
+            if op == "sql_close":
+                cursor = self._cursors.pop(message["cursor"], None)
+                if cursor is not None:
+                    await cursor.aclose()  # type: ignore[attr-defined]
+                return {}
+            return {"error": f"unknown request {op!r}"}
+
+        return answer
+
+    async def _checkpoint(self, cp: Checkpointer | None, message: dict[str, Any]) -> dict[str, Any]:
+        if cp is None:
+            return {"error": "InvalidStateException", "detail": "no checkpointer here"}
+        try:
+            await cp.checkpoint(message.get("sequence_number"), message.get("sub_sequence_number"))
+        except CheckpointError as exc:
+            return {"error": exc.error, "sequence_number": exc.sequence_number,
+                    "sub_sequence_number": exc.sub_sequence_number}
+        progress = cp._progress  # what the daemon stored: where a fresh instance starts
+        if progress is not None and progress.stored is not None:
+            self._stored = progress.stored
+        return {"error": None}
+
+    async def _sql_fetch(self, message: dict[str, Any]) -> dict[str, Any]:
+        cursor = self._cursors.get(message["cursor"])
+        try:
+            if cursor is None:
+                cursor = self._cursors[message["cursor"]] = await self.context.sql(message["query"],
+                                                                                   **message["params"])
+            rows = []
+            done = False
+            for _ in range(message["n"]):
+                try:
+                    rows.append(await anext(cursor))
+                except StopAsyncIteration:
+                    done = True
+                    break
+            return {"rows": rows, "done": done}
+        except ConfigError as exc:
+            return {"error": str(exc), "config": True}
+        except Exception as exc:
+            return {"error": f"{type(exc).__name__}: {exc}"}

@@ -1,0 +1,336 @@
+"""A handler process (``python -m mldserver.pool.child``), started and supervised by the
+server (``process.py``). It imports the user's handler module once, keeps one handler
+instance per shard, and runs each ``call`` frame (``frames.py``) as one attempt of one
+action: the server owns the retries, the time-out and every protocol policy.
+
+Inside, the handler API is the one it has in the server's loop: ``checkpointer.checkpoint``
+and ``context.sql`` are proxies whose requests travel to the server and back (the
+server's checkpointer does the retries and the clamp), ``batch.emit`` collects rows
+that go back with the outcome, one columnar body per batch::
+
+    {"op":"call","id":7,"shard":3,"action":"process_records",...} | records
+    -> {"op":"checkpoint","id":7,"req":1,"sequence_number":"49..","sub_sequence_number":0}
+    <- {"op":"reply","req":1,"error":null}
+    -> {"op":"done","id":7,"result":"ok","rows":100,"bad":[]} | rows
+
+Calls of different shards run concurrently (one task each); a shard's calls come one
+at a time. What the server learns when this process dies without a word:
+
+- which call was running: the call id is written to the state file (``<state>.run``,
+  shared memory) around every step of a handler's coroutine, so a fault in C, an
+  ``os._exit`` or a kill during a blocking call is blamed on its action, not on the
+  other shards' actions waiting in ``await``;
+- the stack: ``faulthandler`` writes every thread's stack to ``<state>.stack`` on
+  SIGUSR1 (the server sends it before killing a call that ran past
+  ``execution_timeout``) and on a fatal signal.
+
+A watchdog thread logs ``handler_blocked`` with the stack, once per episode, when the
+loop has not turned for ``handler_block_warning`` seconds. The process dies with the
+server (PR_SET_PDEATHSIG) and ignores SIGINT (a Ctrl-C is the server's to handle).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import faulthandler
+import gc
+import mmap
+import os
+import signal
+import sys
+import threading
+import time
+import traceback
+from typing import Any
+
+from ..config import Settings
+from ..context import Context
+from ..errors import CheckpointError, ConfigError
+from ..importer import import_from_string
+from ..logs import configure, get_logger
+from ..records import Batch, ShardInfo
+from ..shard.calls import check_factory
+from .frames import RUN, CallFrame, StartFrame, encode, encode_rows, read_frame_async, records_from
+
+log = get_logger("mldserver.handler")
+WATCH_INTERVAL = 0.05
+
+
+class Running:
+    """The call whose coroutine is executing now, in shared memory for the server."""
+
+    def __init__(self, path: str) -> None:
+        fd = os.open(path, os.O_RDWR)
+        self.map = mmap.mmap(fd, RUN.size)
+        os.close(fd)
+
+    def set(self, call_id: int) -> None:
+        RUN.pack_into(self.map, 0, call_id)
+
+
+class Tracked:
+    """Await ``coro`` with ``running`` naming ``call_id`` during each of its steps."""
+
+    __slots__ = ("coro", "call_id", "running")
+
+    def __init__(self, coro: Any, call_id: int, running: Running) -> None:
+        self.coro, self.call_id, self.running = coro, call_id, running
+
+    def __await__(self):
+        coro, mark = self.coro, self.running.set
+        send, exc = None, None
+        while True:
+            mark(self.call_id)
+            try:
+                step = coro.throw(exc) if exc is not None else coro.send(send)
+            except StopIteration as stop:
+                return stop.value
+            finally:
+                mark(0)
+            try:
+                send, exc = (yield step), None
+            except BaseException as e:  # noqa: BLE001  (cancellation goes into the coroutine)
+                send, exc = None, e
+
+
+class Proxy:
+    """The server's end of a call's requests: checkpoints and SQL cursors."""
+
+    def __init__(self, child: "Child", call_id: int) -> None:
+        self.child, self.call_id = child, call_id
+
+    async def request(self, op: str, **fields: Any) -> dict[str, Any]:
+        return await self.child.request({"op": op, "id": self.call_id, **fields})
+
+
+class ProxyCheckpointer:
+    def __init__(self, proxy: Proxy) -> None:
+        self._proxy = proxy
+
+    async def checkpoint(self, sequence_number: str | None = None, sub_sequence_number: int | None = None) -> None:
+        reply = await self._proxy.request("checkpoint", sequence_number=sequence_number,
+                                          sub_sequence_number=sub_sequence_number)
+        if reply.get("error") is not None:
+            raise CheckpointError(reply["error"], reply.get("sequence_number"), reply.get("sub_sequence_number"),
+                                  reply.get("detail") or "")
+
+
+class SparkProxy:
+    """``context.sql`` from a handler process: the server's Spark process answers."""
+
+    def __init__(self, child: "Child") -> None:
+        self.child = child
+        self.cursors = 0
+
+    async def sql(self, query: str, params: dict[str, Any]):
+        self.cursors += 1
+        cursor = self.cursors
+        call_id = self.child.current_call()
+        n = 64
+        try:
+            while True:
+                reply = await self.child.request({"op": "sql_fetch", "id": call_id, "cursor": cursor,
+                                                  "query": query, "params": params, "n": n})
+                if reply.get("error"):
+                    raise ConfigError(reply["error"]) if reply.get("config") else RuntimeError(reply["error"])
+                n = min(8192, n * 2)
+                for row in reply["rows"]:
+                    yield row
+                if reply["done"]:
+                    break
+        finally:
+            await self.child.request({"op": "sql_close", "id": call_id, "cursor": cursor})
+
+
+class Child:
+    def __init__(self, start: StartFrame, writer: asyncio.StreamWriter) -> None:
+        self.writer = writer
+        self.settings = Settings(**start["settings"])
+        self.state = start["state"]
+        self.running = Running(self.state + ".run")
+        self.factory = import_from_string(start["handler"], "handler")
+        check_factory(self.factory)  # callbacks that are not ``async def``: refused at load, as in the server
+        self.context = Context(self.settings)
+        from ..config import uses_spark
+
+        if uses_spark(self.settings):
+            self.context.spark = SparkProxy(self)  # type: ignore[assignment]
+        self.handlers: dict[int, Any] = {}
+        self.pending: dict[int, asyncio.Future[dict[str, Any]]] = {}
+        self.reqs = 0
+        self.tasks: set[asyncio.Task[None]] = set()
+        self.calls: dict[asyncio.Task[Any], int] = {}
+        self.what: dict[int, dict[str, str]] = {}  # call id -> shard id and action, for the watchdog
+        self.beat = time.monotonic()
+
+    def send(self, message: dict[str, Any], body: bytes = b"") -> None:
+        self.writer.write(encode(message, body))
+
+    async def request(self, message: dict[str, Any]) -> dict[str, Any]:
+        self.reqs += 1
+        req = self.reqs
+        future = asyncio.get_running_loop().create_future()
+        self.pending[req] = future
+        self.send({**message, "req": req})
+        return await future
+
+    def current_call(self) -> int:
+        task = asyncio.current_task()
+        return self.calls.get(task, 0)  # type: ignore[arg-type]
+
+    def on_frame(self, message: dict[str, Any], body: bytes) -> bool:
+        op = message["op"]
+        if op == "call":
+            task = asyncio.get_running_loop().create_task(self.call(message, body))
+            self.calls[task] = message["id"]
+            self.what[message["id"]] = {"shard_id": message["info"][0], "action": message["action"]}
+            self.tasks.add(task)
+            task.add_done_callback(self._finished)
+        elif op == "reply":
+            future = self.pending.pop(message["req"], None)
+            if future is not None and not future.done():
+                future.set_result(message)
+        elif op == "drop":
+            self.handlers.pop(message["shard"], None)
+        elif op == "stop":
+            return False
+        return True
+
+    def _finished(self, task: asyncio.Task[None]) -> None:
+        self.tasks.discard(task)
+        self.what.pop(self.calls.pop(task, 0), None)
+
+    async def call(self, frame: CallFrame, body: bytes) -> None:
+        call_id, action, shard = frame["id"], frame["action"], frame["shard"]
+        info = ShardInfo(*frame["info"])
+        batch = None
+        error = tb = None
+        result = "ok"
+        try:
+            if action == "initialize":
+                self.handlers[shard] = self.factory(self.context)
+            handler = self.handlers.get(shard)
+            if handler is None:
+                raise RuntimeError(f"no handler for shard {info.shard_id} in this process")
+            cp = ProxyCheckpointer(Proxy(self, call_id))
+            if action == "process_records":
+                batch = Batch(records_from(body, bool(frame.get("line"))), frame.get("millis_behind_latest"), info,
+                              [] if frame.get("collect") else None)
+                coro = handler.process_records(batch, cp)
+            elif action == "initialize":
+                coro = handler.initialize(info)
+            elif action == "lease_lost":
+                coro = handler.lease_lost()
+            else:
+                coro = getattr(handler, action)(cp)
+            await Tracked(coro, call_id, self.running)
+        except CheckpointError as exc:
+            result, error = "checkpoint_failed", exc.error
+        except Exception as exc:
+            result, error, tb = "failed", f"{type(exc).__name__}: {exc}", traceback.format_exc()
+            if action == "initialize":
+                self.handlers.pop(shard, None)
+        n, rows, bad = 0, b"", []
+        if batch is not None and batch.rows and result != "failed":
+            index = {id(r): i for i, r in enumerate(batch.records)}
+            n, rows, bad = encode_rows(batch.rows, index)
+        self.send({"op": "done", "id": call_id, "result": result, "error": error, "traceback": tb,
+                   "rows": n, "bad": bad}, rows)
+
+    # -- the loop's heartbeat, watched by a thread -----------------------------------
+
+    async def heartbeat(self) -> None:
+        while True:
+            self.beat = time.monotonic()
+            await asyncio.sleep(WATCH_INTERVAL)
+
+    def watch(self, threshold: float, main: int) -> None:
+        warned = False
+        while True:
+            time.sleep(WATCH_INTERVAL)
+            blocked = time.monotonic() - self.beat
+            if blocked < threshold:
+                warned = False
+                continue
+            if warned:
+                continue
+            warned = True
+            frame = sys._current_frames().get(main)
+            stack = "".join(traceback.format_stack(frame)) if frame is not None else ""
+            log.warning("handler_blocked", pid=os.getpid(), blocked_ms=round(blocked * 1000),
+                        in_flight=list(self.what.values()), stack=stack,
+                        what_to_do="a handler blocks its loop (and every shard of this process): "
+                                   "await asyncio.to_thread(...) for blocking work")
+
+
+async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    first = await read_frame_async(reader)
+    if first is None:
+        return
+    start: StartFrame = first[0]  # type: ignore[assignment]
+    s = start["settings"]
+    configure(s["log_format"], s["log_level"], s["log_file"])
+    for p in reversed(start["sys_path"]):
+        if p not in sys.path:
+            sys.path.insert(0, p)
+    try:
+        child = Child(start, writer)
+    except ConfigError as exc:
+        writer.write(encode({"op": "import_failed", "error": str(exc)}))
+        await writer.drain()
+        return
+    # As the server does (cli.tune): a batch decodes into tens of thousands of objects;
+    # fewer, larger young collections, and the imported code frozen out of them.
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(50_000, 20, 100)
+    stack = open(start["state"] + ".stack", "w")
+    faulthandler.enable(stack, all_threads=True)
+    faulthandler.register(signal.SIGUSR1, stack, all_threads=True)
+    threading.Thread(target=child.watch, args=(float(s.get("handler_block_warning", 1.0)), threading.get_ident()),
+                     daemon=True, name="watchdog").start()
+    beat = asyncio.get_running_loop().create_task(child.heartbeat())
+    child.send({"op": "ready", "pid": os.getpid()})
+    while True:
+        frame = await read_frame_async(reader)
+        if frame is None or not child.on_frame(*frame):
+            break
+    beat.cancel()
+    for task in list(child.tasks):
+        task.cancel()
+    await writer.drain()
+
+
+async def _main() -> None:
+    loop = asyncio.get_running_loop()
+    reader = asyncio.StreamReader(limit=1 << 24)
+    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(os.dup(0), "rb"))
+    transport, protocol = await loop.connect_write_pipe(asyncio.streams.FlowControlMixin, os.fdopen(os.dup(1), "wb"))
+    writer = asyncio.StreamWriter(transport, protocol, reader, loop)
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.dup2(2, 1)  # a handler's print goes to the server's stderr, never into the frames
+    sys.stdout = sys.stderr
+    await serve(reader, writer)
+
+
+def main() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: never outlive the server
+    except (OSError, AttributeError):
+        pass
+    if os.getppid() == 1:
+        sys.exit(0)  # the server is already gone
+    try:
+        import uvloop
+
+        uvloop.run(_main())
+    except ImportError:
+        asyncio.run(_main())
+
+
+if __name__ == "__main__":
+    main()

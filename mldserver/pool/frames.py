@@ -1,0 +1,160 @@
+"""Frames between the server and a handler process (``child.py``): the one module
+both sides speak, built on the Spark pipe's framing (``spark/frames.py``: an 8-byte
+header, a JSON object, an optional binary body).
+
+What crosses, and how often (one shard's action is one ``call`` and one ``done``)::
+
+    server -> child
+      {"op":"start","handler":"pkg.mod:Attr","settings":{...},"sys_path":[...],"state":"/x/h-1"}
+      {"op":"call","id":7,"shard":3,"action":"process_records","line":true,
+       "info":["shardId-0","TRIM_HORIZON",0],"millis_behind_latest":0,"collect":true} | the line
+      {"op":"reply","req":2,"error":null}                      (a checkpoint's answer)
+      {"op":"reply","req":3,"rows":[{...}],"done":false}       (context.sql rows)
+      {"op":"drop","shard":3}                                  (the shard left this process)
+      {"op":"stop"}
+    child -> server
+      {"op":"ready","pid":4242}  or  {"op":"import_failed","error":"Could not import ..."}
+      {"op":"checkpoint","id":7,"req":2,"sequence_number":"49..","sub_sequence_number":0}
+      {"op":"sql_fetch","id":7,"req":3,"cursor":1,"query":"SELECT ..","params":{},"n":64}
+      {"op":"sql_close","id":7,"req":4,"cursor":1}
+      {"op":"done","id":7,"result":"ok","error":null,"rows":2,"bad":[]} | rows, columnar
+
+The records of a batch cross as the daemon's processRecords line, the bytes that
+arrived (``"line": true``), or, when the server changed them (KPL aggregates expanded,
+malformed records taken out), as one JSON array of record objects (``encode_records``);
+the child wraps them in lazy ``Record``s as the server does. The rows a batch emitted
+come back as one columnar body per batch, never a frame per row (``encode_rows`` /
+``decode_rows``)::
+
+    n x u32 record index | n x i64 event time (-1: none given) | n x u64 end offset | row JSON...
+
+A row that orjson cannot encode, or whose ``event_time_ms`` is not epoch milliseconds
+(``records.valid_event_time``), is not in the body: ``bad`` holds ``[index, error]``.
+"""
+
+from __future__ import annotations
+
+import struct
+from array import array
+from typing import Any, Iterable, Literal, Sequence, TypedDict
+
+import orjson
+
+from ..records import EVENT_TIME, Record, valid_event_time
+from ..spark.frames import encode, read_frame, read_frame_async
+
+__all__ = [
+    "CallFrame",
+    "DoneFrame",
+    "StartFrame",
+    "decode_rows",
+    "encode",
+    "encode_records",
+    "encode_rows",
+    "read_frame",
+    "read_frame_async",
+    "records_from",
+]
+
+# The state file a child keeps the running call's id in (shared memory, little-endian i64).
+RUN = struct.Struct("<q")
+
+ACTIONS = ("initialize", "process_records", "shutdown_requested", "shard_ended", "lease_lost")
+
+
+class StartFrame(TypedDict):
+    op: Literal["start"]
+    handler: str  # MODULE:ATTR, imported once by the child
+    settings: dict[str, Any]  # the server's Settings, as fields
+    sys_path: list[str]
+    state: str  # the process's state file prefix (which call runs, stack dumps)
+
+
+class CallFrame(TypedDict, total=False):
+    op: Literal["call"]
+    id: int
+    shard: int  # the server's key for the shard's connection
+    action: str  # one of ACTIONS
+    info: tuple[str, str | None, int | None]  # ShardInfo: shard id, sequence number, sub-sequence
+    millis_behind_latest: int | None
+    collect: bool  # process_records: does the server want the rows?
+    line: bool  # process_records: the body is the daemon's line (else a records array)
+
+
+class DoneFrame(TypedDict):
+    op: Literal["done"]
+    id: int
+    result: str  # "ok", "checkpoint_failed", "failed"
+    error: str | None
+    traceback: str | None
+    rows: int
+    bad: list[tuple[int, str]]
+
+
+def encode_records(records: Sequence[Record]) -> bytes:
+    """The batch's records as the daemon wrote them (a de-aggregated record carries
+    its user record's data, base64)."""
+    return orjson.dumps([r._raw if r._data is None or r._raw.get("data") is not None else r.to_json()
+                         for r in records])
+
+
+def records_from(body: bytes, line: bool = False) -> list[Record]:
+    """The batch's records from a ``call`` body: the daemon's whole processRecords
+    line (``line``), or the array ``encode_records`` made."""
+    if not body:
+        return []
+    if not line:
+        return list(map(Record, orjson.loads(body)))
+    try:
+        message = orjson.loads(body)
+    except orjson.JSONDecodeError:  # not UTF-8: decoded tolerantly, as the protocol core does
+        message = orjson.loads(body.decode("utf-8", "replace"))
+    return list(map(Record, message.get("records") or ()))
+
+
+_U32, _I64, _U64 = "I", "q", "Q"
+NO_TIME = -1  # valid event times are >= 0
+
+
+def encode_rows(emitted: Iterable[tuple[Record, Any, int | float | None]],
+                index: dict[int, int]) -> tuple[int, bytes, list[tuple[int, str]]]:
+    """One body for a batch's rows: ``index`` maps ``id(record)`` to its place in the
+    batch. Returns the row count, the body and the rows that could not be encoded."""
+    idx, times, ends = array(_U32), array(_I64), array(_U64)
+    chunks: list[bytes] = []
+    bad: list[tuple[int, str]] = []
+    end = 0
+    dumps = orjson.dumps
+    for record, row, t in emitted:
+        i = index[id(record)]
+        if t is not None and not valid_event_time(t):
+            bad.append((i, f"event time {t!r:.80} from batch.emit(event_time_ms=...) is not {EVENT_TIME}"))
+            continue
+        try:
+            data = dumps(row)
+        except TypeError as exc:
+            bad.append((i, f"row not JSON-encodable: {exc}"))
+            continue
+        idx.append(i)
+        times.append(NO_TIME if t is None else t)
+        end += len(data)
+        ends.append(end)
+        chunks.append(data)
+    return len(idx), idx.tobytes() + times.tobytes() + ends.tobytes() + b"".join(chunks), bad
+
+
+def decode_rows(n: int, body: bytes) -> tuple[list[int], list[int | None], list[bytes]]:
+    """Record indexes, event times (None: not given) and row JSON of ``encode_rows``."""
+    view = memoryview(body)
+    idx = array(_U32)
+    idx.frombytes(view[: 4 * n])
+    times = array(_I64)
+    times.frombytes(view[4 * n : 12 * n])
+    ends = array(_U64)
+    ends.frombytes(view[12 * n : 20 * n])
+    data = view[20 * n :]
+    out, start = [], 0
+    for end in ends:
+        out.append(bytes(data[start:end]))
+        start = end
+    return idx.tolist(), [None if t == NO_TIME else t for t in times], out

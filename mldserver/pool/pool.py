@@ -1,0 +1,209 @@
+"""The pool of handler processes (``workers`` of them) and its supervision::
+
+    pool = HandlerPool(settings)
+    await pool.start()                 # every process imported the handler, or ConfigError
+    proc = await pool.assign(key, "shardId-0")   # the least loaded live process
+    await pool.reload()                # SIGHUP: a new generation, or the old one keeps serving
+    await pool.stop()
+
+- A process that dies (any signal or exit) is logged ``handler_process_died`` with its
+  pid, exit code or signal, the shards it held and the actions in flight (the one
+  running, and faulthandler's stack for a fatal signal), and replaced. Its shards move
+  to fresh instances at their next call (``calls.ProcessCalls``). Respawns back off
+  when processes die young or do not start: a handler that crashes on import does not
+  spin the CPU.
+- ``max_handler_memory`` (MiB, 0: no limit): a process over it is marked retiring
+  (``handler_process_memory``) and a new one started; its shards move between two
+  actions and it is stopped once empty, so nothing in flight is lost.
+- ``reload()`` starts a new generation that imports the module afresh; if it fails,
+  ``reload_failed`` carries the importer's exact error and the old generation keeps
+  serving; else the old processes retire as above (``reloaded``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+
+from ..backoff import Backoff
+from ..config import Settings
+from ..errors import ConfigError
+from ..logs import EventLogger, get_logger
+from .process import HandlerImportFailed, HandlerProcess, describe_exit
+
+# A process that dies younger than this counts towards the respawn backoff.
+YOUNG = 5.0
+CHECK_INTERVAL = 0.5
+
+
+class HandlerPool:
+    def __init__(self, settings: Settings, *, log: EventLogger | None = None) -> None:
+        self.settings = settings
+        self.size = settings.workers
+        self.log = log or get_logger("mldserver.pool")
+        self.processes: list[HandlerProcess] = []
+        self.generation = 1
+        self.backoff = Backoff(first=0.2, cap=10.0)
+        self.failures = 0  # deaths of young processes and failed starts in a row
+        self.call_ids = itertools.count(1)
+        self.task: asyncio.Task[None] | None = None  # the supervisor, watched by the server
+        self._wake = asyncio.Event()
+        self._added = asyncio.Event()
+        self._stopping = False
+        self._reloading = asyncio.Lock()
+        self.deaths = 0
+        self.newest = 0  # the highest process number made so far
+        self.replaced = 0
+
+    # -- lifecycle --------------------------------------------------------------------
+
+    async def start(self) -> None:
+        started = await asyncio.gather(*(self._spawn(initial=True) for _ in range(self.size)),
+                                       return_exceptions=True)
+        failed = [r for r in started if isinstance(r, BaseException)]
+        if failed:
+            await asyncio.gather(*(p.stop() for p in started if isinstance(p, HandlerProcess)))
+            if isinstance(failed[0], HandlerImportFailed):
+                raise ConfigError(str(failed[0]))
+            raise failed[0]
+        self.processes = list(started)  # type: ignore[arg-type]
+        self.task = asyncio.create_task(self._supervise(), name="handler-pool")
+
+    async def stop(self) -> None:
+        self._stopping = True
+        if self.task is not None:
+            self.task.cancel()
+            await asyncio.gather(self.task, return_exceptions=True)
+        await asyncio.gather(*(p.stop() for p in self.processes))
+        self.log.info("handler_pool_stopped", deaths=self.deaths, replaced=self.replaced)
+
+    async def _spawn(self, generation: int | None = None, initial: bool = False) -> HandlerProcess:
+        proc = HandlerProcess(self.settings, log=self.log, generation=generation or self.generation)
+        self.newest = max(self.newest, proc.number)
+        proc.on_death = self._died
+        await proc.start()
+        # The first ones are in ``listening`` (``workers``); a replacement is news.
+        (self.log.debug if initial else self.log.info)(
+            "handler_process_started", pid=proc.pid, process=proc.number, generation=proc.generation)
+        return proc
+
+    # -- shards -----------------------------------------------------------------------
+
+    def serving(self) -> list[HandlerProcess]:
+        return [p for p in self.processes if p.alive and not p.retiring]
+
+    async def assign(self, key: int, shard_id: str, newer_than: int = 0) -> HandlerProcess:
+        """The least loaded live process of the current generation numbered above
+        ``newer_than`` (a shard leaving a dead or killed process goes to one started
+        after the death: ``HandlerProcess.floor``), waiting for a respawn if there is
+        none; the shard is counted on it."""
+        while True:
+            live = [p for p in self.serving() if p.number > newer_than]
+            if live:
+                proc = min(live, key=lambda p: (p.load, p.number))
+                proc.shards[key] = shard_id
+                return proc
+            self._added.clear()
+            self._wake.set()
+            await self._added.wait()
+
+    def release(self, proc: HandlerProcess, key: int) -> None:
+        proc.drop(key)
+        if proc.retiring:
+            self._wake.set()
+
+    # -- supervision ------------------------------------------------------------------
+
+    def _died(self, proc: HandlerProcess) -> None:
+        """Called by the process's reader when the pipe closes (before its calls fail)."""
+        if proc.stopping:
+            return
+        proc.floor = proc.floor or self.newest
+        self.deaths += 1
+        how = describe_exit(proc.returncode)
+        lived = time.monotonic() - proc.started
+        fatal = "signal" in how and how["signal"] in ("SIGSEGV", "SIGBUS", "SIGABRT", "SIGFPE", "SIGILL")
+        running = proc.in_flight.get(proc.last_running) or proc.killed_what
+        self.log.error(
+            "handler_process_died",
+            pid=proc.pid,
+            process=proc.number,
+            **how,
+            shards=sorted(set(proc.shards.values())),
+            in_flight=[{"shard_id": s, "action": a} for s, a in proc.in_flight.values()],
+            running=None if running is None else {"shard_id": running[0], "action": running[1]},
+            lived_s=round(lived, 1),
+            stack=proc.crash_stack() if fatal else None,
+            what_to_do="its shards get fresh handler instances in a new process and the action in flight is "
+                       "redone there; an action that keeps killing its process is dead-lettered",
+        )
+        if lived < YOUNG:
+            self.failures += 1
+        else:
+            self.failures = 0
+        self._wake.set()
+
+    async def _supervise(self) -> None:
+        limit = self.settings.max_handler_memory
+        while True:
+            try:
+                await asyncio.wait_for(self._wake.wait(), CHECK_INTERVAL)
+            except asyncio.TimeoutError:
+                pass
+            self._wake.clear()
+            for proc in [p for p in self.processes if p.died.is_set()]:
+                self.processes.remove(proc)
+                await proc.stop()
+            if limit > 0:
+                for proc in self.serving():
+                    rss = proc.rss_mib()
+                    if rss is not None and rss > limit:
+                        proc.retiring = True
+                        self.log.warning("handler_process_memory", pid=proc.pid, process=proc.number,
+                                         rss_mib=round(rss, 1), max_handler_memory=limit, shards=proc.load,
+                                         what_to_do="replaced: its shards move to a new process between actions")
+            for proc in [p for p in self.processes if p.retiring and not p.shards and not p.in_flight]:
+                self.processes.remove(proc)
+                await proc.stop()
+                self.log.info("handler_process_retired", pid=proc.pid, process=proc.number,
+                              generation=proc.generation)
+            while len(self.serving()) < self.size and not self._stopping:
+                if self.failures:
+                    await asyncio.sleep(self.backoff.delay(self.failures - 1))
+                try:
+                    proc = await self._spawn()
+                except HandlerImportFailed as exc:
+                    self.failures += 1
+                    self.log.error("handler_process_start_failed", error=str(exc), attempt=self.failures,
+                                   what_to_do="retried with backoff; fix the handler module, then SIGHUP")
+                    continue
+                self.processes.append(proc)
+                self.replaced += 1
+                self._added.set()
+
+    async def reload(self) -> bool:
+        """SIGHUP: a new generation imports the module afresh; shards move to it
+        between two actions and the old processes retire. False if it failed to import
+        (``reload_failed``, the old generation keeps serving)."""
+        async with self._reloading:
+            generation = self.generation + 1
+            started = await asyncio.gather(*(self._spawn(generation) for _ in range(self.size)),
+                                           return_exceptions=True)
+            failed = [r for r in started if isinstance(r, BaseException)]
+            if failed:
+                await asyncio.gather(*(p.stop() for p in started if isinstance(p, HandlerProcess)))
+                self.log.error("reload_failed", error=str(failed[0]), handler=self.settings.handler,
+                               what_to_do="the processes already running keep serving; fix the module, SIGHUP again")
+                return False
+            old = [p for p in self.processes if not p.retiring]
+            for proc in old:
+                proc.retiring = True
+            self.generation = generation
+            self.processes.extend(started)  # type: ignore[arg-type]
+            self.failures = 0
+            self._added.set()
+            self._wake.set()
+            self.log.info("reloaded", generation=generation, handler=self.settings.handler,
+                          processes=[p.pid for p in started], retiring=[p.pid for p in old])
+            return True

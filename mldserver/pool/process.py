@@ -1,0 +1,285 @@
+"""The server's side of one handler process (``child.py``): spawn it, send it calls,
+answer its requests, notice its death. All asyncio; the loop only waits on pipes::
+
+    proc = HandlerProcess(settings, number=1, log=log)
+    await proc.start()                                   # imported and ready, or HandlerImportFailed
+    message, body = await proc.call(frame, records, requests)   # a "done" frame, or ProcessDied
+    proc.stack()                                         # every thread's stack (SIGUSR1, faulthandler)
+    proc.kill(); await proc.stop()
+
+``requests`` answers what the handler asks during the call (``checkpoint``,
+``sql_fetch``, ``sql_close``): the call's owner (``calls.ProcessCalls``) is the only
+one that knows the shard's checkpointer. When the process dies, every call in flight
+fails with :class:`ProcessDied`, which says how (exit code or signal) and whether that
+call was the one running (``blamed``: its id was in the shared state file).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import itertools
+import mmap
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any, Awaitable, Callable
+
+from ..config import Settings, state_path
+from ..errors import MldserverError
+from ..logs import EventLogger
+from .frames import RUN, StartFrame, encode, read_frame_async
+
+PIPE_LIMIT = 1 << 24
+START_TIMEOUT = 60.0
+Requests = Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]
+
+
+class HandlerImportFailed(MldserverError):
+    """The handler module did not import in a new handler process (the importer's message)."""
+
+
+class ProcessDied(MldserverError):
+    retriable = True
+
+    def __init__(self, how: str, blamed: bool) -> None:
+        super().__init__(f"the handler process died ({how})")
+        self.how = how
+        self.blamed = blamed  # this call was the one running when it died
+
+
+def describe_exit(code: int | None) -> dict[str, Any]:
+    if code is not None and code < 0:
+        return {"signal": signal.Signals(-code).name}
+    return {"exit_code": code}
+
+
+class HandlerProcess:
+    ids = itertools.count(1)
+
+    def __init__(self, settings: Settings, *, log: EventLogger, generation: int = 1) -> None:
+        self.settings = settings
+        self.number = next(self.ids)
+        self.generation = generation
+        self.log = log
+        directory = state_path(settings, "handlers").resolve()
+        directory.mkdir(parents=True, exist_ok=True)
+        self.state = str(directory / f"process-{os.getpid()}-{self.number}")
+        self.proc: asyncio.subprocess.Process | None = None
+        self.pid: int | None = None
+        self.shards: dict[int, str] = {}  # shard key -> shard id, assigned here
+        self.in_flight: dict[int, tuple[str, str]] = {}  # call id -> (shard id, action)
+        self._calls: dict[int, tuple[asyncio.Future[tuple[dict[str, Any], bytes]], Requests]] = {}
+        self._serving: set[asyncio.Task[None]] = set()
+        self.retiring = False  # shards move away between actions; stopped once empty
+        self.returncode: int | None = None
+        self.died = asyncio.Event()
+        self.task: asyncio.Task[None] | None = None
+        self.started = 0.0
+        self._map: mmap.mmap | None = None
+        self.last_running = 0  # the call id running when it died (0: none was)
+        self.killed_for = 0  # the call id whose time-out killed it
+        self.killed_what: tuple[str, str] | None = None  # its (shard id, action)
+        # Once it died (or was killed): the newest process number then; its shards go
+        # to a process started after that, never to a sibling that shared the failure.
+        self.floor = 0
+        self.stopping = False
+        self.on_death: Callable[["HandlerProcess"], None] | None = None
+
+    @property
+    def alive(self) -> bool:
+        return self.proc is not None and not self.died.is_set()
+
+    @property
+    def load(self) -> int:
+        return len(self.shards)
+
+    async def start(self) -> None:
+        with open(self.state + ".run", "wb") as f:
+            f.write(b"\0" * RUN.size)
+        fd = os.open(self.state + ".run", os.O_RDWR)
+        self._map = mmap.mmap(fd, RUN.size)
+        os.close(fd)
+        self.proc = proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "mldserver.pool.child",
+            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=None,
+            start_new_session=True, limit=PIPE_LIMIT,
+        )  # fmt: skip
+        self.pid = proc.pid
+        start: StartFrame = {
+            "op": "start",
+            "handler": self.settings.handler,
+            "settings": dataclasses.asdict(self.settings),
+            "sys_path": [os.path.abspath(p or ".") for p in sys.path],
+            "state": self.state,
+        }
+        assert proc.stdin is not None and proc.stdout is not None
+        proc.stdin.write(encode(start))
+        try:
+            frame = await asyncio.wait_for(read_frame_async(proc.stdout), START_TIMEOUT)
+        except asyncio.TimeoutError:
+            frame = None
+        if frame is None or frame[0].get("op") != "ready":
+            if proc.returncode is None:
+                proc.kill()
+            code = await proc.wait()
+            self.died.set()
+            self._cleanup()
+            if frame is not None and frame[0].get("op") == "import_failed":
+                raise HandlerImportFailed(frame[0]["error"])
+            raise HandlerImportFailed(f"the handler process did not start ({describe_exit(code)})")
+        self.started = time.monotonic()
+        self.task = asyncio.create_task(self._read(), name=f"handler-process-{self.number}")
+
+    async def _read(self) -> None:
+        proc = self.proc
+        assert proc is not None and proc.stdout is not None
+        while True:
+            frame = await read_frame_async(proc.stdout)
+            if frame is None:
+                break
+            message, body = frame
+            op = message["op"]
+            if op == "done":
+                entry = self._calls.pop(message["id"], None)
+                self.in_flight.pop(message["id"], None)
+                if entry is not None and not entry[0].done():
+                    entry[0].set_result((message, body))
+            else:  # a request of a call: answered by the call's owner, concurrently
+                entry = self._calls.get(message["id"])
+                task = asyncio.create_task(self._answer(message, entry[1] if entry else None))
+                self._serving.add(task)
+                task.add_done_callback(self._serving.discard)
+        running = RUN.unpack_from(self._map)[0] if self._map is not None else 0
+        self.returncode = await proc.wait()
+        self.last_running = running = self.killed_for or running
+        self.died.set()
+        if self.on_death is not None:
+            self.on_death(self)
+        how = describe_exit(self.returncode)
+        text = ", ".join(f"{k} {v}" for k, v in how.items())
+        for call_id, (future, _) in self._calls.items():
+            if not future.done():
+                # Blame the call that was running; none was (killed while every call
+                # awaited): each call in flight may be the culprit.
+                future.set_exception(ProcessDied(text, blamed=call_id == running or running == 0))
+        self._calls.clear()
+        # Requests being answered are not cancelled: a checkpoint round trip with the
+        # daemon must finish (the call's owner waits for it before it redoes the action).
+
+    async def _answer(self, message: dict[str, Any], requests: Requests | None) -> None:
+        if requests is None:
+            reply: dict[str, Any] = {"error": "InvalidStateException", "detail": "the action is over"}
+        else:
+            reply = await requests(message)
+        try:
+            self._write({"op": "reply", "req": message["req"], **reply})
+        except ProcessDied:
+            pass  # nobody is left to read it
+
+    def _write(self, message: dict[str, Any], body: bytes = b"") -> None:
+        proc = self.proc
+        if proc is None or proc.stdin is None or self.died.is_set():
+            raise ProcessDied("already gone", blamed=False)
+        try:
+            proc.stdin.write(encode(message, body))
+        except (BrokenPipeError, ConnectionResetError) as exc:
+            raise ProcessDied(str(exc), blamed=False) from None
+
+    async def call(self, frame: dict[str, Any], body: bytes, requests: Requests,
+                   what: tuple[str, str]) -> tuple[dict[str, Any], bytes]:
+        future: asyncio.Future[tuple[dict[str, Any], bytes]] = asyncio.get_running_loop().create_future()
+        self._calls[frame["id"]] = (future, requests)
+        self.in_flight[frame["id"]] = what
+        try:
+            self._write(frame, body)
+            assert self.proc is not None and self.proc.stdin is not None
+            await self.proc.stdin.drain()
+            return await future
+        except (BrokenPipeError, ConnectionResetError) as exc:
+            raise ProcessDied(str(exc), blamed=False) from None
+        finally:
+            self._calls.pop(frame["id"], None)
+            self.in_flight.pop(frame["id"], None)
+            if future.done() and not future.cancelled():
+                future.exception()  # retrieved: the caller has its answer or its error already
+
+    def running(self) -> int:
+        """The id of the call whose handler code is executing now (0: none is)."""
+        return RUN.unpack_from(self._map)[0] if self._map is not None else 0
+
+    def drop(self, key: int) -> None:
+        self.shards.pop(key, None)
+        if self.alive:
+            try:
+                self._write({"op": "drop", "shard": key})
+            except ProcessDied:
+                pass
+
+    async def stack(self, wait: float = 1.0) -> str:
+        """Every thread's stack, written by faulthandler on SIGUSR1."""
+        path = Path(self.state + ".stack")
+        before = path.stat().st_size if path.exists() else 0
+        if self.alive and self.pid is not None:
+            try:
+                os.kill(self.pid, signal.SIGUSR1)
+            except ProcessLookupError:
+                pass
+            deadline = time.monotonic() + wait
+            while time.monotonic() < deadline:
+                await asyncio.sleep(0.02)
+                if path.exists() and path.stat().st_size > before:
+                    await asyncio.sleep(0.05)  # let it finish writing
+                    break
+        if not path.exists():
+            return ""
+        with open(path, "rb") as f:
+            f.seek(before)
+            return f.read().decode("utf-8", "replace")
+
+    def crash_stack(self) -> str:
+        """What faulthandler wrote when the process died of a fatal signal."""
+        path = Path(self.state + ".stack")
+        return path.read_text(errors="replace")[-8000:] if path.exists() else ""
+
+    def rss_mib(self) -> float | None:
+        try:
+            with open(f"/proc/{self.pid}/statm") as f:
+                return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / (1 << 20)
+        except (OSError, ValueError, IndexError):
+            return None
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.returncode is None:
+            try:
+                self.proc.kill()
+            except ProcessLookupError:
+                pass
+
+    async def stop(self, timeout: float = 5.0) -> None:
+        """Ask it to exit; kill it if it does not within ``timeout``."""
+        self.stopping = True
+        if self.alive:
+            try:
+                self._write({"op": "stop"})
+            except ProcessDied:
+                pass
+        if self.task is not None:
+            try:
+                await asyncio.wait_for(asyncio.shield(self.task), timeout)
+            except asyncio.TimeoutError:
+                self.kill()
+                await self.task
+        self._cleanup()
+
+    def _cleanup(self) -> None:
+        if self._map is not None:
+            self._map.close()
+            self._map = None
+        for suffix in (".run", ".stack"):
+            try:
+                os.unlink(self.state + suffix)
+            except FileNotFoundError:
+                pass

@@ -1,0 +1,151 @@
+"""The frames both sides of a handler process speak, and each side driven alone: the
+child by this test acting as the server, the server's side (``HandlerProcess``) against
+a scripted peer that speaks the frames and nothing else."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import os
+import sys
+
+import orjson
+import pytest
+
+from mldserver.config import Settings
+from mldserver.logs import get_logger
+from mldserver.pool import frames
+from mldserver.pool.process import HandlerImportFailed, HandlerProcess, ProcessDied
+from mldserver.records import EVENT_TIME, Record
+from mldserver.testing import make_records
+
+
+def test_rows_cross_as_one_columnar_body_and_come_back_as_they_were_encoded():
+    records = list(map(Record, make_records(10, 3)))
+    index = {id(r): i for i, r in enumerate(records)}
+    emitted = [(records[0], {"k": 1}, None), (records[2], {"é": [1, 2]}, 1763719200000),
+               (records[1], {"bad": {1, 2}}, None), (records[2], {}, 5), (records[0], {}, 5.5)]
+    n, body, bad = frames.encode_rows(emitted, index)
+    assert n == 3 and bad == [(1, "row not JSON-encodable: Type is not JSON serializable: set"),
+                              (0, f"event time 5.5 from batch.emit(event_time_ms=...) is not {EVENT_TIME}")]
+    idx, times, data = frames.decode_rows(n, body)
+    assert idx == [0, 2, 2]
+    assert times == [None, 1763719200000, 5]
+    assert [orjson.loads(d) for d in data] == [{"k": 1}, {"é": [1, 2]}, {}]
+    assert frames.decode_rows(*frames.encode_rows([], {})[:2]) == ([], [], [])
+
+
+def test_records_cross_as_the_daemons_objects():
+    raws = make_records(10, 2)
+    records = list(map(Record, raws))
+    decoded = frames.records_from(frames.encode_records(records))
+    assert [r._raw for r in decoded] == raws
+    deaggregated = Record(dict(raws[0], data=None, subSequenceNumber=1), b"user record")
+    assert frames.records_from(frames.encode_records([deaggregated]))[0].data == b"user record"
+
+
+async def _child(tmp_path, handler: str, **settings):
+    s = Settings(handler=handler, state_dir=str(tmp_path), log_format="json", **settings)
+    state = str(tmp_path / "child")
+    with open(state + ".run", "wb") as f:
+        f.write(b"\0" * frames.RUN.size)
+    proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "mldserver.pool.child",
+                                                stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE)
+    proc.stdin.write(frames.encode({"op": "start", "handler": handler, "settings": dataclasses.asdict(s),
+                                    "sys_path": [os.getcwd()], "state": state}))
+    return proc
+
+
+async def test_the_child_alone_runs_calls_proxies_checkpoints_and_answers_done(tmp_path):
+    proc = await _child(tmp_path, "tests.pool_handlers:EmitCheckpoint")
+    ready, _ = await frames.read_frame_async(proc.stdout)
+    assert ready == {"op": "ready", "pid": proc.pid}
+    info = ["shardId-1", "TRIM_HORIZON", 0]
+    proc.stdin.write(frames.encode({"op": "call", "id": 1, "shard": 9, "action": "initialize", "info": info}))
+    done, _ = await frames.read_frame_async(proc.stdout)
+    assert (done["op"], done["id"], done["result"]) == ("done", 1, "ok")
+    records = make_records(10, 2)
+    proc.stdin.write(frames.encode({"op": "call", "id": 2, "shard": 9, "action": "process_records", "info": info,
+                                    "millis_behind_latest": 0, "collect": True}, orjson.dumps(records)))
+    request, _ = await frames.read_frame_async(proc.stdout)
+    assert request == {"op": "checkpoint", "id": 2, "req": 1, "sequence_number": "11", "sub_sequence_number": 0}
+    proc.stdin.write(frames.encode({"op": "reply", "req": 1, "error": "ThrottlingException"}))
+    done, body = await frames.read_frame_async(proc.stdout)
+    assert (done["id"], done["result"], done["error"], done["rows"]) == (2, "checkpoint_failed",
+                                                                        "ThrottlingException", 2)
+    idx, times, data = frames.decode_rows(done["rows"], body)
+    assert idx == [0, 1] and times == [None, None]
+    assert [orjson.loads(d)["seq"] for d in data] == ["10", "11"]
+    proc.stdin.write(frames.encode({"op": "call", "id": 3, "shard": 8, "action": "lease_lost", "info": info}))
+    done, _ = await frames.read_frame_async(proc.stdout)
+    assert done["result"] == "failed" and "no handler for shard" in done["error"]
+    proc.stdin.write(frames.encode({"op": "stop"}))
+    assert await asyncio.wait_for(proc.wait(), 10) == 0
+
+
+async def test_the_child_alone_reports_an_import_failure_with_the_importers_message(tmp_path):
+    proc = await _child(tmp_path, "tests.pool_handlers:Nope")
+    failed, _ = await frames.read_frame_async(proc.stdout)
+    assert failed == {"op": "import_failed",
+                      "error": 'Attribute "Nope" not found in module "tests.pool_handlers" (handler).'}
+    assert await asyncio.wait_for(proc.wait(), 10) == 0
+
+
+PEER = r"""
+import sys, os
+from mldserver.pool import frames
+inp, out = sys.stdin.buffer, sys.stdout.buffer
+start, _ = frames.read_frame(inp)
+out.write(frames.encode({"op": "ready", "pid": os.getpid()})); out.flush()
+call, body = frames.read_frame(inp)
+out.write(frames.encode({"op": "checkpoint", "id": call["id"], "req": 1, "sequence_number": None,
+                         "sub_sequence_number": None})); out.flush()
+reply, _ = frames.read_frame(inp)
+assert reply == {"op": "reply", "req": 1, "error": None, "echo": call["action"]}, reply
+n, rows, bad = frames.encode_rows([(0, {"n": len(body)}, 7)], {id(0): 0})
+out.write(frames.encode({"op": "done", "id": call["id"], "result": "ok", "error": None, "traceback": None,
+                         "rows": n, "bad": bad}, rows)); out.flush()
+call, _ = frames.read_frame(inp)
+os._exit(7)
+"""
+
+
+async def test_the_servers_side_alone_against_a_scripted_peer(tmp_path, monkeypatch):
+    script = tmp_path / "peer"
+    (script / "mldserver" / "pool").mkdir(parents=True)
+    # The peer runs as "python -m mldserver.pool.child": a package path whose child is the script.
+    for name in ("__init__.py", "pool/__init__.py"):
+        (script / "mldserver" / name).write_text("")
+    (script / "mldserver" / "pool" / "child.py").write_text(
+        "import sys\nsys.path.remove(sys.path[0])\nsys.modules.pop('mldserver', None)\n"
+        "sys.modules.pop('mldserver.pool', None)\n" + PEER)
+    monkeypatch.chdir(script)  # ``-m`` looks in the working directory first
+    proc = HandlerProcess(Settings(handler="x:y", state_dir=str(tmp_path / "state")), log=get_logger("t"))
+    await proc.start()
+
+    async def answer(request):
+        return {"error": None, "echo": "process_records"}
+
+    message, body = await proc.call({"op": "call", "id": 5, "action": "process_records"}, b"x" * 10, answer,
+                                    ("s", "process_records"))
+    assert message["result"] == "ok"
+    idx, times, data = frames.decode_rows(message["rows"], body)
+    assert (idx, times, [orjson.loads(d) for d in data]) == ([0], [7], [{"n": 10}])
+    with pytest.raises(ProcessDied, match="exit_code 7") as died:
+        await proc.call({"op": "call", "id": 6, "action": "lease_lost"}, b"", answer, ("s", "lease_lost"))
+    assert died.value.blamed  # no call was marked running: each in flight may be the culprit
+    await proc.stop()
+
+
+async def test_a_handler_that_cannot_be_imported_fails_the_start_with_the_importers_message(tmp_path):
+    proc = HandlerProcess(Settings(handler="tests.nosuch:H", state_dir=str(tmp_path)), log=get_logger("t"))
+    with pytest.raises(HandlerImportFailed, match='Could not import module "tests.nosuch"'):
+        await proc.start()
+
+
+def test_records_cross_as_the_line_that_arrived_when_the_server_kept_them_one_for_one():
+    raws = make_records(10, 2)
+    line = orjson.dumps({"action": "processRecords", "records": raws, "millisBehindLatest": 0})
+    assert [r._raw for r in frames.records_from(line, line=True)] == raws
+    broken = line.replace(b'"pk0"', b'"pk\xff"')  # not UTF-8: decoded tolerantly
+    assert frames.records_from(broken, line=True)[0].partition_key == "pk\ufffd"

@@ -1,0 +1,59 @@
+"""``max_handler_memory``: a process over it is replaced between actions, its shards
+move with fresh instances and nothing is lost. ``handler_block_warning``: a handler
+that blocks its loop gets one log line with its stack, and is not killed."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+
+from ..helpers import eventually
+from .serving import T0, batch, dead_letters, drive, events, expected, running, seen
+
+SHARDS = 8
+
+
+async def test_a_process_over_max_handler_memory_is_replaced_between_actions_and_nothing_is_lost(
+        tmp_path, caplog, monkeypatch):
+    caplog.set_level(logging.INFO, logger="mldserver")
+    monkeypatch.setenv("MLDSERVER_TEST_HOG", "200")
+    async with running(tmp_path, "Hog", max_handler_memory=150) as (server, sink, daemon):
+        shards = await drive(daemon, SHARDS, 2, {3: {1}}, last=False)  # shard 3's batch 1 leaks 200 MiB
+        [over] = await eventually(lambda: events(caplog, "handler_process_memory"), timeout=10,
+                                  what="the process over the limit noticed")
+        assert over["rss_mib"] > 150 and over["max_handler_memory"] == 150
+        for n in (2, 3):  # the next actions move its shards; the leak goes with the old process
+            await asyncio.gather(*(shard.process_records(batch(s, n, 1000 * (n + 1), at=T0 + n * 60_000),
+                                                         millis_behind_latest=1000)
+                                   for s, shard in enumerate(shards)))
+        await eventually(lambda: events(caplog, "handler_process_retired"), timeout=10, what="the old one retired")
+        await asyncio.gather(*(shard.process_records(batch(s, 99, 99_000, at=T0 + 600 * 60_000),
+                                                     millis_behind_latest=1000) for s, shard in enumerate(shards)))
+        want = expected(SHARDS, 4)
+        await eventually(lambda: seen(sink) >= want, timeout=20, what="every row in the sink")
+        assert seen(sink) == want
+        for shard in shards:
+            await shard.shard_ended()
+            assert await shard.close() == 0
+    [retired] = events(caplog, "handler_process_retired")
+    assert retired["pid"] == over["pid"]
+    moved = events(caplog, "shard_moved")
+    assert len(moved) == over["shards"] and {m["from_pid"] for m in moved} == {over["pid"]}
+    assert not events(caplog, "handler_process_died") and not events(caplog, "handler_failed")
+    assert not any(dead_letters(tmp_path, f"shardId-{s:012d}") for s in range(SHARDS))
+
+
+async def test_a_handler_blocking_its_loop_is_logged_once_with_its_stack_and_not_killed(tmp_path, caplog, capfd,
+                                                                                       monkeypatch):
+    caplog.set_level(logging.INFO, logger="mldserver")
+    monkeypatch.setenv("MLDSERVER_TEST_SLEEP", "1.2")
+    async with running(tmp_path, "Blocker", sink=False, handler_block_warning=0.3) as (server, _, daemon):
+        [shard] = await drive(daemon, 1, 2, {0: {1}}, last=False)
+        await shard.shard_ended()
+        assert await shard.close() == 0
+    lines = [json.loads(line) for line in capfd.readouterr().err.splitlines() if line.startswith("{")]
+    [blocked] = [line for line in lines if line["event"] == "handler_blocked"]
+    assert blocked["blocked_ms"] >= 300 and "time.sleep" in blocked["stack"]
+    assert "pool_handlers.py" in blocked["stack"]
+    assert not events(caplog, "handler_failed") and not events(caplog, "handler_process_died")

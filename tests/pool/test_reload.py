@@ -1,0 +1,104 @@
+"""SIGHUP while the fake daemon drives 8 shards: new processes import the handler
+afresh, each shard moves over between two actions, no action is lost or answered
+twice, no relay exits; a module that fails to import leaves the running code serving."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+from collections import Counter
+
+from mldserver.config import Settings
+from mldserver.server import Server
+from mldserver.testing import FakeDaemon
+
+from ..conftest import relay_command
+from ..helpers import FakeClock, eventually
+from .serving import T0, MemorySink, batch, events
+
+SHARDS = 8
+MODULE = '''
+import os
+import mldserver
+
+VERSION = {version}
+
+
+class Versioned(mldserver.Handler):
+    async def process_records(self, batch, checkpointer):
+        for record in batch.records:
+            batch.emit(record, {{"shard": batch.shard.shard_id, "seq": record.sequence_number,
+                                "version": VERSION, "pid": os.getpid()}})
+'''
+
+
+async def test_sighup_reloads_the_handler_while_shards_are_driven(tmp_path, caplog, monkeypatch):
+    caplog.set_level(logging.INFO, logger="mldserver")
+    code = tmp_path / "code"
+    code.mkdir()
+    module = code / "versioned_handler.py"
+    module.write_text(MODULE.format(version=1))
+    monkeypatch.syspath_prepend(str(code))
+    settings = Settings(handler="versioned_handler:Versioned", port=0, state_dir=str(tmp_path / "state"),
+                        handler_backoff=0.01, window=60.0, workers=2)
+    sink = MemorySink()
+    server = Server(settings, clock=FakeClock(T0 + 3_600_000), sink=sink)
+    serving = asyncio.ensure_future(server.serve())
+    await eventually(lambda: server.address or serving.done(), what="the server listening")
+    daemon = FakeDaemon(relay_command(server.address[1]))
+    shards = await asyncio.gather(*(daemon.shard(f"shardId-{s:012d}") for s in range(SHARDS)))
+    loop = asyncio.get_running_loop()
+    sent: dict[tuple[str, str], float] = {}  # (shard, first sequence number of a batch) -> when it was sent
+    stop = asyncio.Event()
+
+    async def one(s: int, shard) -> int:
+        n = 0
+        while not stop.is_set():
+            first = 1000 * (n + 1)
+            sent[(shard.shard_id, str(first))] = loop.time()
+            await shard.process_records(batch(s, n, first, at=T0 + n * 1000), millis_behind_latest=1000)
+            n += 1
+            await asyncio.sleep(0.01)
+        return n
+
+    driving = asyncio.gather(*(one(s, shard) for s, shard in enumerate(shards)))
+    await eventually(lambda: len(sent) >= 5 * SHARDS, timeout=20, what="some batches before the reload")
+    module.write_text(MODULE.format(version=2) + "\n# version 2\n")
+    os.kill(os.getpid(), signal.SIGHUP)
+    await eventually(lambda: events(caplog, "reloaded"), timeout=20, what="the reload")
+    reloaded_at = loop.time()
+    await eventually(lambda: len(events(caplog, "handler_process_retired")) == 2, timeout=20,
+                     what="the old processes retired once their shards moved")
+    module.write_text("raise ImportError('a broken deploy')\n")
+    os.kill(os.getpid(), signal.SIGHUP)
+    [failed] = await eventually(lambda: events(caplog, "reload_failed"), timeout=20, what="the failed reload")
+    count = len(sent)
+    await eventually(lambda: len(sent) >= count + 3 * SHARDS, timeout=20, what="batches after the failed reload")
+    stop.set()
+    batches = await driving
+    await asyncio.gather(*(shard.process_records(batch(s, 99, 99_000, at=T0 + 600 * 60_000),
+                                                 millis_behind_latest=1000) for s, shard in enumerate(shards)))
+    want = sum(batches) * 5
+    await eventually(lambda: len(sink.rows) >= want, timeout=20, what="every row in the sink")
+    for shard in shards:  # every relay is up; the conversation goes on
+        await shard.shard_ended()
+        assert await shard.close() == 0
+    server.stop()
+    await serving
+
+    assert failed["error"] == ('Importing module "versioned_handler" (handler) failed: '
+                               'ImportError: a broken deploy')
+    counts = Counter((r["shard"], r["seq"]) for r in sink.rows)
+    assert len(counts) == want and set(counts.values()) == {1}  # no action lost or answered twice
+    for shard in shards:
+        rows = sorted((r for r in sink.rows if r["shard"] == shard.shard_id), key=lambda r: int(r["seq"]))
+        versions = [r["version"] for r in rows]
+        assert versions == sorted(versions) and versions[0] == 1 and versions[-1] == 2, shard.shard_id
+        for r in rows:  # a batch sent after the reload is handled by the new code
+            first = str(int(r["seq"]) // 1000 * 1000)
+            if sent[(shard.shard_id, first)] > reloaded_at:
+                assert r["version"] == 2, (shard.shard_id, r)
+    assert len(events(caplog, "shard_moved")) == SHARDS
+    assert not events(caplog, "handler_failed") and not events(caplog, "handler_process_died")

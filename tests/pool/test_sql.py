@@ -1,0 +1,19 @@
+"""``context.sql`` from a handler process: the query travels to the server, which asks
+its Spark process, and the rows come back as the handler iterates."""
+
+from __future__ import annotations
+
+from ..helpers import eventually
+from .serving import drive, expected, running, seen
+
+
+async def test_context_sql_from_a_handler_process_reaches_the_servers_spark(tmp_path):
+    async with running(tmp_path, "Sql", workers=1, spark_master="local[1]", spark_start_timeout=300.0) as (
+            server, sink, daemon):
+        shards = await drive(daemon, 2, 1)
+        want = expected(2, 1)
+        await eventually(lambda: seen(sink) >= want, timeout=60, what="the rows in the sink")
+        for shard in shards:
+            await shard.shard_ended()
+            assert await shard.close() == 0
+    assert {(r["m"], r["s"], tuple(r["first"])) for r in sink.rows} == {(6, "x' OR '1'='1", (0, 1, 2))}

@@ -1,0 +1,101 @@
+"""Handlers the handler-process tests run in real handler processes (tests/pool).
+
+A record whose partition key is ``poison`` misbehaves as ``MLDSERVER_TEST_POISON``
+says, in the handler process: ``segv`` (a fault in C, through ctypes), ``exit``
+(``os._exit(3)``), ``badrow`` (emits a row orjson cannot encode), ``checkpoint-exit`` (exits while its
+checkpoint request is being answered), ``block`` (``time.sleep`` for a minute: the test SIGKILLs the
+process, or ``execution_timeout`` does), ``raise``. Every row carries the module's
+``VERSION`` and the process's pid, so a test can tell which code handled a batch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import os
+import time
+
+import mldserver
+
+VERSION = 1
+
+
+def misbehave() -> None:
+    how = os.environ.get("MLDSERVER_TEST_POISON", "raise")
+    if how == "segv":
+        ctypes.string_at(0)  # reads address 0: SIGSEGV in C
+    elif how == "exit":
+        os._exit(3)
+    elif how == "block":
+        marker = os.environ.get("MLDSERVER_TEST_MARKER")
+        if marker:
+            with open(marker, "a") as f:
+                f.write(f"{os.getpid()}\n")
+        time.sleep(60)
+    raise RuntimeError("poisoned record")
+
+
+class Emit(mldserver.Handler):
+    """One row per record, checkpoints nothing itself (the sink's commits do)."""
+
+    async def process_records(self, batch, checkpointer):
+        for record in batch.records:
+            if record.partition_key == "poison":
+                if os.environ.get("MLDSERVER_TEST_POISON") == "badrow":
+                    batch.emit(record, {"not json": {1, 2}})
+                    continue
+                if os.environ.get("MLDSERVER_TEST_POISON") == "checkpoint-exit":
+                    # dies while its checkpoint request is with the server (and the daemon)
+                    asyncio.ensure_future(checkpointer.checkpoint(record.sequence_number, 0))
+                    await asyncio.sleep(0)
+                    await asyncio.sleep(0)
+                    os._exit(3)
+                misbehave()
+            batch.emit(record, {"seq": record.sequence_number, "shard": batch.shard.shard_id,
+                                "version": VERSION, "pid": os.getpid()})
+
+
+class EmitCheckpoint(Emit):
+    """Emits and checkpoints the batch's last record (no sink: the daemon stores it)."""
+
+    async def process_records(self, batch, checkpointer):
+        await super().process_records(batch, checkpointer)
+        if batch.records:
+            last = batch.records[-1]
+            await checkpointer.checkpoint(last.sequence_number, last.sub_sequence_number)
+
+
+class Blocker(mldserver.Handler):
+    """Blocks its loop ``MLDSERVER_TEST_SLEEP`` seconds per batch (time.sleep)."""
+
+    async def process_records(self, batch, checkpointer):
+        if any(r.partition_key == "poison" for r in batch.records):
+            time.sleep(float(os.environ.get("MLDSERVER_TEST_SLEEP", "1.5")))
+
+
+class Hog(mldserver.Handler):
+    """Keeps ``MLDSERVER_TEST_HOG`` MiB per poisoned batch alive: a leak."""
+
+    leak: list = []
+
+    async def process_records(self, batch, checkpointer):
+        if any(r.partition_key == "poison" for r in batch.records):
+            self.leak.append(b"x" * (int(os.environ.get("MLDSERVER_TEST_HOG", "64")) << 20))  # resident
+        for record in batch.records:
+            batch.emit(record, {"seq": record.sequence_number, "shard": batch.shard.shard_id, "pid": os.getpid()})
+
+
+class Sql(mldserver.Handler):
+    """Asks Spark, through the server, per batch: a parameter bound by Spark, and the
+    first rows of a longer query (leaving the loop early closes the cursor)."""
+
+    async def process_records(self, batch, checkpointer):
+        [row] = [r async for r in await self.context.sql("SELECT :n + 1 AS m, :s AS s", n=len(batch.records),
+                                                          s="x' OR '1'='1")]
+        first = []
+        async for r in await self.context.sql("SELECT id FROM range(0, 100000, 1, 8)"):
+            first.append(r["id"])
+            if len(first) == 3:
+                break
+        for record in batch.records:
+            batch.emit(record, {"shard": batch.shard.shard_id, "seq": record.sequence_number, **row, "first": first})
