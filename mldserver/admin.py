@@ -11,7 +11,8 @@ embedded ``Server`` has none unless ``Settings.admin`` names one)::
     POST /pause     actions under way finish; the next one of every shard waits before
                     its handler is called; commits and checkpoints go on
     POST /resume    every shard goes on from exactly where it stopped
-    POST /reload    what SIGHUP does (``Server.reload()``); 501 where it does not exist
+    POST /reload    what SIGHUP does (``Server.reload()``): 200 once the new code serves, 500 if it
+                    failed to import (the old code keeps serving), 409 with ``--workers 0``
 
     $ curl -s 127.0.0.1:7071/readyz
     ready
@@ -25,6 +26,7 @@ a ConfigError naming ``--admin``.
 
 from __future__ import annotations
 
+import asyncio
 import errno
 import math
 import socket
@@ -130,14 +132,16 @@ class Admin:
         return _json({"paused": False, "changed": self.server.resume()})
 
     async def reload(self, request: web.Request) -> web.Response:
-        reload = getattr(self.server, "reload", None)
-        if reload is None:
-            return _json({"error": "reload is not available in this version: it comes with handler processes "
-                                   "(--workers); restart the server to load new handler code"}, status=501)
-        result = reload()
-        if hasattr(result, "__await__"):
-            result = await result
-        return _json({"reloaded": True, **(result if isinstance(result, dict) else {})})
+        task = self.server.reload()
+        if task is None:
+            return _json({"reloaded": False, "error": "handlers run in the server's loop (--workers 0): nothing can "
+                                                      "be imported again; restart the server to load new handler code"},
+                         status=409)
+        if not await asyncio.shield(task):
+            return _json({"reloaded": False, "error": "the handler module failed to import (reload_failed in the "
+                                                      "server's log has the importer's error); the running code "
+                                                      "keeps serving"}, status=500)
+        return _json({"reloaded": True})
 
 
 @web.middleware

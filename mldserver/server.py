@@ -301,15 +301,17 @@ class Server:
             return
         self._stop.set()
 
-    def reload(self) -> None:
-        """Import the handler afresh in new handler processes (SIGHUP)."""
+    def reload(self) -> asyncio.Task[bool] | None:
+        """Import the handler afresh in new handler processes (SIGHUP, ``POST /reload``):
+        the task says whether the new code loaded; None with ``workers = 0``."""
         if self.pool is None:
             log.warning("reload_skipped", reason="handlers run in the server's loop (workers = 0)",
                         what_to_do="restart the server to load new handler code, or run with --workers N")
-            return
+            return None
         task = asyncio.get_running_loop().create_task(self.pool.reload(), name="reload")
         self._reloads.add(task)
         task.add_done_callback(self._reloads.discard)
+        return task
 
     def stop(self) -> None:
         self._stop.set()
