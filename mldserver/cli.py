@@ -1,4 +1,4 @@
-"""The command line: ``mldserver serve``, ``mldserver check``, ``mldserver connect``,
+"""The command line: ``mldserver serve``, ``mldserver run``, ``mldserver check``, ``mldserver connect``,
 ``mldserver bench``, ``mldserver demo``. The only module that exits the process or
 configures logging. A mistake in the arguments or the settings is one line on stderr
 and exit status 2.
@@ -50,8 +50,10 @@ def _parser():
     serve.add_argument("--spark-remote", help="Spark Connect URL sc://host:port")
 
     check = sub.add_parser("check", help="load the settings, the handler and the pipeline as serve would, "
-                                         "probe the state directory, print what was found (exit 2 on a mistake)")
-    check.add_argument("--config", required=True, help="TOML file of settings (see mldserver.config)")
+                                         "probe the state directory, check the daemon's properties file, print "
+                                         "what was found (exit 1 on an error in the properties, 2 on a mistake)")
+    check.add_argument("--config", help="TOML file of settings (see mldserver.config)")
+    check.add_argument("--properties", help="the KCL MultiLangDaemon's properties file")
     check.add_argument("--handler", help="the handler factory, MODULE:ATTR (else the config's)")
     check.add_argument("--pipeline", help="Spark pipeline, MODULE:ATTR (else the config's)")
 
@@ -73,6 +75,11 @@ def _parser():
     demo.add_argument("--shards", type=int, default=4)
     demo.add_argument("--records", type=int, default=300_000)
     demo.add_argument("--dir", default="./mldserver-demo")
+
+    # Every serve flag (those added above included), plus the daemon's properties file.
+    run = sub.add_parser("run", parents=[serve], add_help=False,
+                         help="run the server, then the real KCL MultiLangDaemon as its supervised child")
+    run.add_argument("--properties", required=True, help="the KCL MultiLangDaemon's properties file")
     return p
 
 
@@ -82,14 +89,17 @@ def _main(argv: list[str]) -> None:
     from .errors import ConfigError, ServerCrashed
 
     try:
-        if args.command == "serve":
+        if args.command in ("serve", "run"):
             _serve(args, logs)
         elif args.command == "check":
             from . import check
 
-            settings = _settings(args)
+            if not (args.config or args.properties):
+                raise ConfigError("nothing to check: give --config FILE, --properties FILE or both")
+            settings = _settings(args, need_handler=not args.properties)
             _importable_cwd()
-            check.run(check.Given(settings, args.config), sys.stdout)
+            if check.run(check.Given(settings, args.config, args.properties), sys.stdout):
+                sys.exit(1)
         elif args.command == "bench":
             from . import bench
 
@@ -110,7 +120,7 @@ def _main(argv: list[str]) -> None:
         sys.exit(130)
 
 
-def _settings(args):
+def _settings(args, need_handler: bool = True):
     """The settings from ``--config`` and the flags the command has (one code path for
     ``serve`` and ``check``: every value checked against its Rule in config.load)."""
     from . import config
@@ -118,7 +128,7 @@ def _settings(args):
 
     flags = {name: getattr(args, name) for name in config.RULES if hasattr(args, name)}
     settings = config.load(args.config, **flags)
-    if not settings.handler:
+    if need_handler and not settings.handler:
         raise ConfigError("no handler: pass --handler MODULE:ATTR (or set handler in --config)")
     return settings
 
@@ -138,6 +148,12 @@ def _serve(args, logs) -> None:
     logs.configure(settings.log_format, settings.log_level, settings.log_file)
     _importable_cwd()
     serving = server.Server(settings)
+    if args.command == "run":
+        from .daemon import Daemon
+
+        daemon = Daemon(settings, args.properties)  # no file, no Java, no jars: exit 2 before anything starts
+        daemon.report()
+        serving.companions.append(daemon)
     tune(sink=serving.coordinator is not None)
     server.run(serving)
 

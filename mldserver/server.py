@@ -109,6 +109,8 @@ class Server:
                 sink = open_sink(settings, spark=self.spark, dead_letters=self.dead_letters)
             self.coordinator = Coordinator(settings, sink, **({"clock": clock} if clock else {}))
         self.loop_lag = LoopLag()
+        # Started once listening, stopped first, watched as owned tasks (mldserver run: the daemon).
+        self.companions: list[Any] = []
 
     # -- lifecycle -------------------------------------------------------------
 
@@ -208,6 +210,8 @@ class Server:
             loop.add_signal_handler(sig, self._on_signal, sig)
         try:
             await self.start()
+            for companion in self.companions:
+                await companion.start(self)
             await self._watch()
         finally:
             for sig, handler in previous.items():
@@ -226,6 +230,7 @@ class Server:
             tasks += self.coordinator.tasks
         if self.spark is not None and self.spark.task is not None:
             tasks.append(self.spark.task)
+        tasks += [c.task for c in self.companions if c.task is not None]
         return tasks
 
     async def _watch(self) -> None:
@@ -259,6 +264,8 @@ class Server:
         self._stop.set()
 
     async def shutdown(self) -> None:
+        for companion in self.companions:  # the daemon stops its shards while we still serve them
+            await self._stopped(companion.stop())
         for srv in self._servers:
             srv.close()
         # Every worker is asked to finish: one whose action has arrived (even partly,
