@@ -143,16 +143,19 @@ class Daemon:
         await asyncio.to_thread(self._write_properties, executable)
         with open(self.log_path, "ab"):
             pass
-        self.proc = await asyncio.create_subprocess_exec(
-            self.java, "-cp", f"{self.classpath}:{self.dir}", MAIN_CLASS,
-            "--properties-file", str(self.properties_path),
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.STDOUT,
-            cwd=self.dir,
-            start_new_session=True,  # a Ctrl-C in the terminal is the server's to handle
-            limit=LINE_LIMIT,
-        )  # fmt: skip
+        try:
+            self.proc = await asyncio.create_subprocess_exec(
+                self.java, "-cp", f"{self.classpath}:{self.dir}", MAIN_CLASS,
+                "--properties-file", str(self.properties_path),
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.STDOUT,
+                cwd=self.dir,
+                start_new_session=True,  # a Ctrl-C in the terminal is the server's to handle
+                limit=LINE_LIMIT,
+            )  # fmt: skip
+        except OSError as exc:
+            raise ConfigError(f"cannot start the KCL MultiLangDaemon with {self.java}: {exc.strerror or exc}") from None
         self.log.info("daemon_started", pid=self.proc.pid, properties=str(self.properties_path),
                       log=str(self.log_path), executable=executable, shutdown_grace_ms=round(self.grace_s * 1000))
         self.task = asyncio.create_task(self._watch(), name="kcl-daemon")

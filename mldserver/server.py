@@ -11,6 +11,8 @@ on uvloop. Lifecycle (uvicorn's shape)::
               stale socket is replaced), log one ``listening`` event with the
               address. What the machine refuses (a port in use, a host that does
               not resolve, a path taken) is a ConfigError naming the setting.
+    companions  started once listening, stopped first, watched as owned tasks
+              (``mldserver run``: the KCL daemon, mldserver.daemon)
     serve     each accepted connection gets a Worker task, owned by the server; the
               server waits on its listeners, the coordinator's tasks (committer,
               tick) and the Spark supervisor together with the stop signal
