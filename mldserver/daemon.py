@@ -12,7 +12,8 @@ as ``executable_overridden`` when the file had another), then
 ``java -cp <kclpy-ext jars>/*:<jaxb-api.jar> ...MultiLangDaemon --properties-file it``
 runs in its own session (a Ctrl-C in the terminal is the server's to handle). Its
 output goes to ``<state-dir>/daemon/daemon.log``; the lines that matter become events
-in the server's log: ``daemon_lease_taken``, ``daemon_lease_lost``, ``daemon_error``.
+in the server's log: ``daemon_lease_taken`` (``leases``), ``daemon_lease_lost``
+(``shard_id``), ``daemon_error`` (``line``).
 
 Stop (SIGTERM/SIGINT to the server, or a crash): the daemon goes first. It gets
 SIGTERM, so each shard gets ``shutdownRequested`` (with ``shutdownGraceMillis`` > 0)
@@ -54,11 +55,30 @@ PATTERNS = [
     ("daemon_lease_taken", "info", re.compile(r"successfully took (?P<count>\d+) leases: (?P<leases>.*)")),
     ("daemon_lease_taken", "info", re.compile(r"New leases assigned to worker : \S+, count : (?P<count>\d+), "
                                               r"leases : (?P<leases>.*)")),
-    ("daemon_lease_lost", "warning", re.compile(r"lost lease with key (?P<leases>\S+)")),
-    ("daemon_lease_lost", "warning", re.compile(r"(?P<leases>\S+) : Shutdown\(\S+\): Lease lost triggered")),
+    ("daemon_lease_lost", "warning", re.compile(r"lost lease with key (?P<shard_id>\S+)")),
+    ("daemon_lease_lost", "info", re.compile(r"Writing LeaseLostMessage to child process for shard (?P<shard_id>\S+)")),
     ("daemon_error", "error", re.compile(r"\bERROR\b")),
     ("daemon_error", "error", re.compile(r"^(Exception in thread|Caused by:|[\w.$]+(Exception|Error)(: |$))")),
 ]
+
+
+def scan(line: str) -> tuple[str, str, dict[str, Any]] | None:
+    """The event a line of the daemon's log is worth, if any: (event, level, fields)."""
+    for event, level, pattern in PATTERNS:
+        m = pattern.search(line)
+        if m is None:
+            continue
+        fields: dict[str, Any] = {k: v.strip() for k, v in m.groupdict().items() if v is not None}
+        if "leases" in fields:
+            fields["leases"] = [k for k in fields["leases"].strip("[]").split(", ") if k]
+        if "count" in fields:
+            fields["count"] = int(fields["count"])
+            if not fields["count"]:
+                return None  # KCL 3.x's assignment round found nothing new: not news
+        if event == "daemon_error":
+            fields["line"] = line[:2000]
+        return event, level, fields
+    return None
 
 
 class DaemonExited(MldserverError):
@@ -201,20 +221,12 @@ class Daemon:
         raise DaemonExited(why + (f": {self.last_error}" if self.last_error else f": see {self.log_path}"))
 
     def _scan(self, line: str) -> None:
-        for event, level, pattern in PATTERNS:
-            m = pattern.search(line)
-            if m is None:
-                continue
-            fields: dict[str, Any] = {k: v.strip() for k, v in m.groupdict().items() if v is not None}
-            if "count" in fields:
-                fields["count"] = int(fields["count"])
-                if not fields["count"]:
-                    return  # KCL 3.x's assignment round found nothing new: not news
+        found = scan(line)
+        if found is not None:
+            event, level, fields = found
             if event == "daemon_error":
                 self.last_error = line[:500]
-                fields["line"] = line[:2000]
             getattr(self.log, level)(event, **fields)
-            return
 
     async def stop(self) -> None:
         """SIGTERM to the JVM, wait for it to exit (its graceful shutdown: every shard

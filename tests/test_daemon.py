@@ -108,3 +108,21 @@ def test_the_systemd_unit_runs_mldserver_run_with_flags_it_has_and_signals_only_
     args = _parser().parse_args(exec_start[1:])
     assert (args.command, args.properties, args.handler) == ("run", "/etc/mldserver/mld.properties", "orders:Orders")
     assert "\nKillMode=mixed\n" in unit and "\nRestart=on-failure\n" in unit
+
+
+def test_the_daemons_lines_that_matter_become_events():
+    from mldserver.daemon import scan
+
+    prefix = "2026-11-22 09:51:05,865 [ShardRecordProcessor-0003] INFO  s.a.kinesis.multilang.MessageWriter [NONE] - "
+    assert scan(prefix + "Writing LeaseLostMessage to child process for shard shardId-000000000002 ") == (
+        "daemon_lease_lost", "info", {"shard_id": "shardId-000000000002"})
+    discoverer = "2026-11-22 09:50:40,585 [LeaseCoordinator-0002] INFO  s.a.k.l.d.DynamoDBLeaseDiscoverer [NONE] - "
+    assert scan(discoverer + "New leases assigned to worker : fc92, count : 2, leases : [shardId-000000000000, "
+                             "shardId-000000000001] ") == (
+        "daemon_lease_taken", "info", {"count": 2, "leases": ["shardId-000000000000", "shardId-000000000001"]})
+    assert scan(discoverer + "New leases assigned to worker : fc92, count : 0, leases : [] ") is None
+    error = "2026-11-22 09:51:14,664 [Thread-1] ERROR s.a.k.multilang.MultiLangDaemon [NONE] - Encountered an error"
+    assert scan(error) == ("daemon_error", "error", {"line": error})
+    assert scan("java.lang.NoClassDefFoundError: javax/xml/bind/DatatypeConverter")[0] == "daemon_error"
+    assert scan("\tat software.amazon.kinesis.multilang.MultiLangDaemon.main(MultiLangDaemon.java:1)") is None
+    assert scan(prefix + "Writing ProcessRecordsMessage to child process for shard shardId-000000000002") is None
