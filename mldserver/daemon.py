@@ -48,7 +48,8 @@ JAXB_JAR = Path(os.environ.get("MLDSERVER_JAXB_JAR", "/usr/share/java/jaxb-api.j
 # After SIGTERM the JVM runs its graceful shutdown for shutdownGraceMillis, then exits
 # (about 2 s more, REAL-MLD.md); past this much more it is killed.
 STOP_MARGIN_S = 30.0
-LINE_LIMIT = 1 << 20
+READ_CHUNK = 1 << 16
+LINE_LIMIT = 1 << 16  # longest line scanned for an event (the log file has it whole)
 
 # Lines of the daemon's log worth an event: (event, level, pattern).
 PATTERNS = [
@@ -172,7 +173,6 @@ class Daemon:
                 stderr=asyncio.subprocess.STDOUT,
                 cwd=self.dir,
                 start_new_session=True,  # a Ctrl-C in the terminal is the server's to handle
-                limit=LINE_LIMIT,
             )  # fmt: skip
         except OSError as exc:
             raise ConfigError(f"cannot start the KCL MultiLangDaemon with {self.java}: {exc.strerror or exc}") from None
@@ -198,17 +198,18 @@ class Daemon:
     async def _watch(self) -> None:
         proc = self.proc
         assert proc is not None and proc.stdout is not None
+        rest = b""
         with open(self.log_path, "ab") as out:
-            while True:
-                try:
-                    line = await proc.stdout.readline()
-                except ValueError:  # a line past LINE_LIMIT: keep what we have
-                    line = await proc.stdout.read(LINE_LIMIT)
-                if not line:
-                    break
-                out.write(line)
+            # Whole reads, not lines: one write per read however chatty the daemon is.
+            while chunk := await proc.stdout.read(READ_CHUNK):
+                out.write(chunk)
                 out.flush()
-                self._scan(line.decode("utf-8", "replace").rstrip("\r\n"))
+                *lines, rest = (rest + chunk).split(b"\n")
+                rest = rest[-LINE_LIMIT:]  # a line past the limit is scanned by its end
+                for line in lines:
+                    self._scan(line.decode("utf-8", "replace").rstrip("\r"))
+        if rest:
+            self._scan(rest.decode("utf-8", "replace").rstrip("\r"))
         code = await proc.wait()
         if self._stopping:
             return

@@ -273,7 +273,7 @@ def _executable(props: Properties, settings: Settings) -> list[Finding]:
 
 
 def _relay_problem(words: list[str], settings: Settings) -> str | None:
-    if len(words) < 3 or words[-2] != "connect" or "mldserver" not in Path(words[-3]).name + " ".join(words[:-2]):
+    if len(words) < 3 or words[-2] != "connect" or "mldserver" not in " ".join(words[:-2]):
         return f"{' '.join(words)!r} is not the relay (mldserver connect HOST:PORT)"
     program = words[0]
     if not (shutil.which(program) or (os.path.isfile(program) and os.access(program, os.X_OK))):
