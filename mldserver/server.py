@@ -113,6 +113,7 @@ class Server:
         self.loop_lag = LoopLag()
         # Started once listening, stopped first, watched as owned tasks (mldserver run: the daemon).
         self.companions: list[Any] = []
+        self._refusing = False  # from the start of shutdown, once the companions are stopped
 
     # -- lifecycle -------------------------------------------------------------
 
@@ -266,8 +267,11 @@ class Server:
         self._stop.set()
 
     async def shutdown(self) -> None:
-        for companion in self.companions:  # the daemon stops its shards while we still serve them
+        # The daemon stops its shards while we still serve them, new connections included:
+        # during its graceful shutdown it may start a child for a shard it takes again.
+        for companion in self.companions:
             await self._stopped(companion.stop())
+        self._refusing = True
         for srv in self._servers:
             srv.close()
         # Every worker is asked to finish: one whose action has arrived (even partly,
@@ -328,7 +332,7 @@ class Server:
         conn_id = next(self._ids)
         peer = writer.get_extra_info("peername")
         wlog = log.bind(conn=conn_id)
-        if self._stop.is_set():
+        if self._refusing:
             writer.close()
             return
         worker = Worker(
