@@ -1,5 +1,6 @@
 """The command line: ``mldserver serve``, ``mldserver run``, ``mldserver check``, ``mldserver connect``,
-``mldserver bench``, ``mldserver demo``. The only module that exits the process or
+``mldserver bench``, ``mldserver demo``, and ``mldserver status|pause|resume|reload``
+(clients of the admin endpoint). The only module that exits the process or
 configures logging. A mistake in the arguments or the settings is one line on stderr
 and exit status 2.
 
@@ -48,6 +49,18 @@ def _parser():
     serve.add_argument("--pipeline", help="Spark pipeline, MODULE:ATTR")
     serve.add_argument("--spark-master", help="Spark master URL (default local[*])")
     serve.add_argument("--spark-remote", help="Spark Connect URL sc://host:port")
+    serve.add_argument("--admin", help="admin endpoint HOST:PORT: /metrics, /healthz, /readyz, /status, "
+                                       "POST /pause /resume /reload (default 127.0.0.1:7071; off disables it)")
+
+    for name, what in (("status", "the server's shards, coordinator and Spark as a table (GET /status)"),
+                       ("pause", "hold every shard before its next handler call (POST /pause)"),
+                       ("resume", "go on from where the pause stopped (POST /resume)"),
+                       ("reload", "reload the handler module, as SIGHUP does (POST /reload)")):
+        admin = sub.add_parser(name, help=what)
+        admin.add_argument("--admin", help="the admin endpoint's URL (default http://127.0.0.1:7071)")
+        if name == "status":
+            admin.add_argument("--watch", action="store_true", help="redraw every --interval seconds")
+            admin.add_argument("--interval", type=float, default=1.0, help="seconds between redraws (default 1)")
 
     check = sub.add_parser("check", help="load the settings, the handler and the pipeline as serve would, "
                                          "probe the state directory, check the daemon's properties file, print "
@@ -67,6 +80,8 @@ def _parser():
     bench.add_argument("--load", nargs="+", default=["10000x100", "1000x1024"], help="RECORDSxBYTES per batch")
     bench.add_argument("--quick", action="store_true", help="a short run (for tests)")
     bench.add_argument("--no-kclpy", action="store_true", help="skip the amazon_kclpy baseline")
+    bench.add_argument("--scrape", type=float, metavar="SECONDS",
+                       help="relay part: also run the server with its /metrics scraped every SECONDS, side by side")
     bench.add_argument("--part", choices=["all", "relay", "coordinator", "spark"], default="all",
                        help="relay: against amazon_kclpy; coordinator: with a sink against none; "
                             "spark: end to end into Spark against the bare handoff")
@@ -75,6 +90,8 @@ def _parser():
     demo.add_argument("--shards", type=int, default=4)
     demo.add_argument("--records", type=int, default=300_000)
     demo.add_argument("--dir", default="./mldserver-demo")
+    demo.add_argument("--admin", default="127.0.0.1:7071",
+                      help="the demo server's admin endpoint (default 127.0.0.1:7071; off disables it)")
 
     # Every serve flag (those added above included), plus the daemon's properties file.
     run = sub.add_parser("run", parents=[serve], add_help=False,
@@ -88,6 +105,14 @@ def _main(argv: list[str]) -> None:
     from . import logs
     from .errors import ConfigError, ServerCrashed
 
+    if args.command in ("status", "pause", "resume", "reload"):
+        from . import status
+
+        try:
+            sys.exit(status.main(args))
+        except status.Unreachable as exc:
+            sys.stderr.write(f"mldserver {args.command}: {exc}\n")
+            sys.exit(1)
     try:
         if args.command in ("serve", "run"):
             _serve(args, logs)
@@ -144,7 +169,11 @@ def _importable_cwd() -> None:
 def _serve(args, logs) -> None:
     from . import server
 
+    from .config import DEFAULT_ADMIN
+
     settings = _settings(args)
+    if settings.admin is None:
+        settings = settings.replace(admin=DEFAULT_ADMIN)  # on by default for `serve` (an embedded Server: off)
     logs.configure(settings.log_format, settings.log_level, settings.log_file)
     _importable_cwd()
     serving = server.Server(settings)

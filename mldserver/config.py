@@ -165,6 +165,9 @@ class Settings:
     spark_start_timeout: float = setting(180.0, low=1.0, high=HOUR, unit="seconds")  # for the session to come up
     sink_format: str = setting("parquet", empty=False)  # what Spark writes per window: parquet, json, orc, csv
     schema: dict | None = setting(None, dict)  # row schema, field = Arrow type name; default: inferred, then fixed
+    # the admin endpoint (metrics, health, status, pause/resume/reload): HOST:PORT or "off";
+    # `mldserver serve` uses DEFAULT_ADMIN when unset, an embedded Server none
+    admin: str | None = setting(None, str, empty=False)
 
     @property
     def tcp_port(self) -> int | None:
@@ -179,6 +182,7 @@ class Settings:
 
 RULES: dict[str, Rule] = {f.name: f.metadata["rule"] for f in dataclasses.fields(Settings)}
 DEFAULT_PORT = 7070
+DEFAULT_ADMIN = "127.0.0.1:7071"  # `mldserver serve`'s admin endpoint (--admin off disables it)
 
 
 def load(path: str | None = None, **overrides: Any) -> Settings:

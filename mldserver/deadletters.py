@@ -29,6 +29,7 @@ class DeadLetters:
     def __init__(self, directory: Path, log: EventLogger | None = None) -> None:
         self.directory = directory
         self.log = log or get_logger("mldserver.deadletters")
+        self.metrics: Any = None  # the server's Metrics: entries counted by kind once written
 
     def path_for(self, shard_id: str | None) -> Path:
         return self.directory / f"{safe_filename(shard_id or 'unknown-shard')}.jsonl"
@@ -52,7 +53,9 @@ class DeadLetters:
             }
             for r in records
         ]
-        return await self._append(shard_id, lines)
+        path = await self._append(shard_id, lines)
+        self._count(reason, len(lines))
+        return path
 
     async def rows(self, window_id: str, rows: list[tuple[bytes, str]], reason: str) -> Path:
         """Rows a sink could not take (``(row, error)``), to ``rows.jsonl``."""
@@ -63,13 +66,21 @@ class DeadLetters:
         ]
         path = self.directory / "rows.jsonl"
         data = b"".join(orjson.dumps(e) + b"\n" for e in entries)
-        return await until_written(
+        written = await until_written(
             lambda: append_fsync(path, data), path, self.log, what="dead letter", window=window_id
         )
+        self._count(reason, len(entries))
+        return written
 
     async def line(self, shard_id: str | None, line: bytes, reason: str) -> Path:
         entry = {"ts": utc_timestamp(), "shard_id": shard_id, "reason": reason, "line": line.decode("utf-8", "replace")}
-        return await self._append(shard_id, [entry])
+        path = await self._append(shard_id, [entry])
+        self._count("bad line", 1)  # (its reason is the protocol error's text: not a label)
+        return path
+
+    def _count(self, reason: str, entries: int) -> None:
+        if self.metrics is not None:
+            self.metrics.dead_letter(reason, entries)
 
     async def _append(self, shard_id: str | None, entries: list[dict[str, Any]]) -> Path:
         path = self.path_for(shard_id)

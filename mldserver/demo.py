@@ -66,7 +66,7 @@ async def _progress(server: Server, sent: list[int], started: float) -> None:
         )
 
 
-async def run(shards: int, records: int, directory: Path) -> None:
+async def run(shards: int, records: int, directory: Path, admin: str = "off") -> None:
     for old in ("state", "output", "server.log"):
         target = directory / old
         if target.is_dir():
@@ -85,12 +85,17 @@ async def run(shards: int, records: int, directory: Path) -> None:
         watermark_margin=1.0,
         idle_timeout=10.0,
         checkpoint_interval=2.0,
+        admin=admin,
     )
     print("starting the server and its Spark process (embedded Spark, local[*]) ...", flush=True)
     server = Server(settings)
     await server.start()
     host, port = server.address
     print(f"server listening on {host}:{port}; relay: mldserver connect {host}:{port}")
+    if server.admin is not None and server.admin.bound:
+        a_host, a_port = server.admin.bound
+        print(f"admin endpoint http://{a_host}:{a_port}/: watch it with "
+              f"`mldserver status --watch --admin {a_host}:{a_port}`", flush=True)
     coordinator = server.coordinator
     assert coordinator is not None
 
@@ -156,4 +161,4 @@ async def run(shards: int, records: int, directory: Path) -> None:
 def main(args) -> None:
     import uvloop
 
-    uvloop.run(run(args.shards, args.records, Path(args.dir)))
+    uvloop.run(run(args.shards, args.records, Path(args.dir), getattr(args, "admin", None) or "off"))

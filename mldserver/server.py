@@ -13,6 +13,11 @@ on uvloop. Lifecycle (uvicorn's shape)::
               not resolve, a path taken) is a ConfigError naming the setting.
     companions  started once listening, stopped first, watched as owned tasks
               (``mldserver run``: the KCL daemon, mldserver.daemon)
+    admin     with ``Settings.admin`` (``mldserver serve``: 127.0.0.1:7071 unless
+              ``--admin off``), the admin endpoint (mldserver.admin) is bound first,
+              so /readyz answers 503 while Spark starts; it reads the server's
+              metrics (mldserver.metrics), ``unhealthy()``, ``not_ready()``, and
+              calls ``pause()`` / ``resume()`` (the gate in mldserver.pausing)
     serve     each accepted connection gets a Worker task, owned by the server; the
               server waits on its listeners, the coordinator's tasks (committer,
               tick) and the Spark supervisor together with the stop signal
@@ -47,6 +52,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 from . import preflight
+from .admin import Admin
 from .config import Settings, SinkSpec, state_path, uses_spark
 from .coordinator import Coordinator
 from .context import Context
@@ -54,6 +60,8 @@ from .deadletters import DeadLetters
 from .errors import ConfigError, ServerCrashed
 from .importer import import_from_string
 from .logs import get_logger
+from .metrics import Metrics
+from .pausing import Pause
 from .spark.process import SparkError, SparkProcess
 from .shard import CoordinatorLink, NoSink, Worker
 from .shard.calls import check_factory, reap_abandoned
@@ -98,6 +106,7 @@ class Server:
         n = settings.max_batches_in_flight
         self.slots = Slots(n) if n > 0 else None
         self.address: tuple[str, int] | str | None = None
+        self.listening = False
         self._unix_socket: tuple[str, int, int] | None = None  # (path, device, inode) of the one we bound
         self.spark: SparkProcess | None = None
         if uses_spark(settings):
@@ -110,7 +119,14 @@ class Server:
 
                 sink = open_sink(settings, spark=self.spark, dead_letters=self.dead_letters)
             self.coordinator = Coordinator(settings, sink, **({"clock": clock} if clock else {}))
-        self.loop_lag = LoopLag()
+        self.metrics = Metrics()
+        self.metrics.watch(self)
+        self.dead_letters.metrics = self.metrics
+        if self.coordinator is not None:
+            self.coordinator.metrics = self.metrics
+        self.loop_lag = LoopLag(observe=self.metrics.loop_lag.observe)
+        self.pause_gate = Pause()
+        self.admin = Admin(self, settings.admin) if settings.admin else None  # parsed here: a typo stops us early
         # Started once listening, stopped first, watched as owned tasks (mldserver run: the daemon).
         self.companions: list[Any] = []
         self._refusing = False  # from the start of shutdown, once the companions are stopped
@@ -124,6 +140,8 @@ class Server:
         s = self.settings
         await asyncio.to_thread(preflight.writable_state_dir, Path(s.state_dir))
         self.loop_lag.start()
+        if self.admin is not None:
+            await self.admin.start()  # first: /readyz answers 503 while Spark starts
         if self.spark is not None:
             try:
                 await self.spark.start()  # the session is up (and the sink locked) before we bind
@@ -156,6 +174,7 @@ class Server:
                     "daemon; bind 127.0.0.1 (the default) or firewall the port",
                 )
             log.info("listening", host=host, port=port, handler=s.handler, pid=os.getpid())
+        self.listening = True
 
     async def _listen_unix(self, path: str) -> asyncio.base_events.Server:
         await asyncio.to_thread(preflight.free_unix_path, Path(path))
@@ -266,14 +285,58 @@ class Server:
     def stop(self) -> None:
         self._stop.set()
 
+    # -- the admin endpoint ----------------------------------------------------------
+
+    @property
+    def paused(self) -> bool:
+        return self.pause_gate.paused
+
+    def pause(self) -> bool:
+        """Hold every shard's next action before its handler call (POST /pause);
+        False if already paused."""
+        changed = self.pause_gate.pause()
+        if changed:
+            log.info("paused", shards=len(self.workers))
+        return changed
+
+    def resume(self) -> bool:
+        changed = self.pause_gate.resume()
+        if changed:
+            log.info("resumed", shards=len(self.workers))
+        return changed
+
+    def unhealthy(self) -> str | None:
+        """Why /healthz fails (a task the server owns has ended), or None."""
+        if self.crashed is not None:
+            return f"crashed: {_describe(self.crashed)}"
+        for task in self.tasks:
+            if task.done():
+                exc = None if task.cancelled() else task.exception()
+                return f"task {task.get_name()} ended" + (f": {_describe(exc)}" if exc else "")
+        if self._stop.is_set():
+            return "shutting down"
+        return None
+
+    def not_ready(self) -> str | None:
+        """What /readyz waits for (listening; Spark up; the commit log read), or None."""
+        if self.spark is not None and self.spark.state != "up":
+            return f"the Spark process is {self.spark.state}"
+        if not self.listening:
+            return "not listening yet" if not self._stop.is_set() else "shutting down"
+        return self.unhealthy()
+
     async def shutdown(self) -> None:
-        # The daemon stops its shards while we still serve them, new connections included:
+        if self.resume():  # paused actions finish as any action under way does
+            log.info("resumed_for_shutdown")
+        # The daemon stops its shards while we still serve them (resumed: its
+        # shutdownRequested must not wait on a pause), new connections included:
         # during its graceful shutdown it may start a child for a shard it takes again.
         for companion in self.companions:
             await self._stopped(companion.stop())
         self._refusing = True
         for srv in self._servers:
             srv.close()
+        self.listening = False
         # Every worker is asked to finish: one whose action has arrived (even partly,
         # even waiting for a slot) answers it; an idle one closes at once.
         busy = 0
@@ -311,6 +374,8 @@ class Server:
         if self.spark is not None:
             await self._stopped(self.spark.stop())
         await self.loop_lag.stop()
+        if self.admin is not None:
+            await self.admin.stop()
         self._remove_unix_socket()
         log.info("stopped", loop_lag_max_ms=round(self.loop_lag.worst * 1000, 1))
 
@@ -346,7 +411,10 @@ class Server:
             slots=self.slots,
             downstream=NoSink() if self.coordinator is None
             else CoordinatorLink(self.coordinator, interval=self.settings.checkpoint_interval),
+            metrics=self.metrics,
+            pause=self.pause_gate,
         )
+        worker.conn_id = conn_id
         task = asyncio.current_task()
         assert task is not None
         self.workers[task] = worker
@@ -369,8 +437,9 @@ class LoopLag:
 
     INTERVAL = 0.01
 
-    def __init__(self) -> None:
+    def __init__(self, observe: Callable[[float], None] | None = None) -> None:
         self.worst = 0.0
+        self.observe = observe  # each sample (the metrics' histogram)
         self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
@@ -386,7 +455,10 @@ class LoopLag:
         while True:
             before = loop.time()
             await asyncio.sleep(self.INTERVAL)
-            self.worst = max(self.worst, loop.time() - before - self.INTERVAL)
+            lag = max(loop.time() - before - self.INTERVAL, 0.0)
+            self.worst = max(self.worst, lag)
+            if self.observe is not None:
+                self.observe(lag)
 
 
 def _loopback(address: str) -> bool:

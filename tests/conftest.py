@@ -40,7 +40,8 @@ class ServerProcess:
         stderr = open(self.stderr_path, "wb")
         self.proc = subprocess.Popen(
             [MLDSERVER, "serve", "--handler", handler, *([] if "--unix" in extra else ["--port", "0"]),
-             "--state-dir", str(self.state_dir), "--log-file", str(self.log_path), *extra],
+             "--state-dir", str(self.state_dir), "--log-file", str(self.log_path),
+             *([] if "--admin" in extra else ["--admin", "127.0.0.1:0"]), *extra],
             cwd=ROOT,
             env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})},
             stdout=subprocess.DEVNULL,
@@ -59,6 +60,14 @@ class ServerProcess:
                 raise RuntimeError(f"server exited {self.proc.returncode}: {self.stderr_path.read_text()}")
             time.sleep(0.05)
         raise TimeoutError("server did not log 'listening'")
+
+    @property
+    def admin_url(self) -> str | None:
+        """The admin endpoint's URL, from its ``admin_listening`` event."""
+        for event in self.events():
+            if event["event"] == "admin_listening":
+                return event["url"].rstrip("/")
+        return None
 
     def events(self) -> list[dict]:
         if not self.log_path.exists():

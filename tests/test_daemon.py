@@ -24,7 +24,7 @@ shutdownGraceMillis = 1000
 def run(tmp_path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     return subprocess.run(
         [MLDSERVER, "run", "--handler", "tests.handlers:Noop", "--port", "0", "--state-dir", str(tmp_path / "state"),
-         "--log-file", str(tmp_path / "server.log"), *args],
+         "--log-file", str(tmp_path / "server.log"), "--admin", "127.0.0.1:0", *args],
         cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}, capture_output=True, text=True,
         timeout=120,
     )  # fmt: skip

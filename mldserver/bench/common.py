@@ -47,6 +47,17 @@ def rss_kb(pid: int) -> int:
     return _proc_kb(pid, "status", "VmRSS:")
 
 
+def cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) the process has used: less sensitive than
+    throughput to what else a shared machine runs."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rpartition(")")[2].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except OSError:
+        return 0.0
+
+
 class Sampler:
     """Samples the PSS of a set of processes while a run goes on; keeps the peak."""
 
@@ -86,11 +97,14 @@ async def start_server(
     handler: str = "mldserver.bench.relay:TouchHandler",
     env: dict[str, str] | None = None,
     timeout: float = 30,
+    admin: str = "off",
 ) -> tuple[subprocess.Popen, int]:
+    """``mldserver serve`` in its own process; ``admin`` off unless asked for (a bench
+    run must not take the default admin port from a server running beside it)."""
     port = free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "mldserver", "serve", "--handler", handler, "--port",
-         str(port), "--log-level", "warning", "--state-dir", state_dir, *extra],
+         str(port), "--log-level", "warning", "--state-dir", state_dir, "--admin", admin, *extra],
         stdout=subprocess.DEVNULL,
         env={**os.environ, **(env or {})},
     )

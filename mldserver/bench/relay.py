@@ -7,7 +7,10 @@ for its status), N batches of R records of B bytes each, against:
 - ``direct``      the same server over direct TCP connections (no relay): the relay's cost;
 - ``amazon_kclpy`` one amazon_kclpy child process per shard (the package inside the PyPI
                    wheel kclpy-ext), as the MultiLangDaemon runs it today;
-- ``ceiling``     orjson plus base64 decoding of the same lines in a tight loop, one core.
+- ``ceiling``     orjson plus base64 decoding of the same lines in a tight loop, one core;
+- ``+scrape``     with ``--scrape SECONDS``: the ``mldserver`` variant again with its admin
+                   endpoint's ``/metrics`` scraped every SECONDS, as Prometheus would (the
+                   cost of metrics, side by side with the unscraped run).
 
 Every handler does the same work: decode each record's data and add up its length.
 Memory is PSS (shared pages split between the processes that map them), sampled
@@ -30,7 +33,7 @@ import orjson
 
 from ..handler import Handler
 from ..testing import Child, FakeDaemon, Shard, SocketChild, relay_command
-from .common import Sampler, pss_kb, rss_kb, start_server
+from .common import Sampler, cpu_s, free_port, pss_kb, rss_kb, start_server
 
 
 class TouchHandler(Handler):
@@ -85,6 +88,11 @@ class Result:
     round_trips: list[float] = field(default_factory=list)
     per_shard_pss_kb: float = 0.0
     total_pss_kb: int = 0
+    server_cpu_s: float = 0.0  # the server's CPU seconds during the run
+
+    @property
+    def cpu_us_per_record(self) -> float:
+        return self.server_cpu_s / self.records * 1e6 if self.records else 0.0
 
     @property
     def rate(self) -> float:
@@ -116,18 +124,43 @@ async def drive(shards: list[Shard], line: bytes, last: dict, batches: int, resu
     result.seconds = time.perf_counter() - started
 
 
-async def run_variant(name: str, k: int, records: int, size: int, batches: int, tmp: str) -> Result:
+SCRAPED = "+scrape"
+
+
+async def run_variant(name: str, k: int, records: int, size: int, batches: int, tmp: str,
+                      scrape: float | None = None) -> Result:
     """One run on a fresh server (memory left by an earlier run must not count)."""
     server = None
+    admin = f"127.0.0.1:{free_port()}" if name == SCRAPED else "off"
     if name != "amazon_kclpy":
-        server, port = await start_server(os.path.join(tmp, f"state-{name}-{k}"))
+        server, port = await start_server(os.path.join(tmp, f"state-{name}-{k}"), admin=admin)
+    scraper = None
+    if name == SCRAPED:
+        assert scrape is not None
+        scraper = asyncio.ensure_future(_scrape(f"http://{admin}/metrics", scrape))
     try:
-        return await _run_variant(name, k, records, size, batches, port if server else None,
-                                  server.pid if server else None, tmp)
+        result = await _run_variant("mldserver" if name == SCRAPED else name, k, records, size, batches,
+                                    port if server else None, server.pid if server else None, tmp)
+        result.name = name
+        return result
     finally:
+        if scraper is not None:
+            scraper.cancel()
+            await asyncio.gather(scraper, return_exceptions=True)
         if server is not None:
             server.terminate()
             server.wait(30)
+
+
+async def _scrape(url: str, every: float) -> None:
+    """GET ``url`` every ``every`` seconds (Prometheus's way: the next after the last)."""
+    import aiohttp
+
+    async with aiohttp.ClientSession() as session:
+        while True:
+            async with session.get(url) as resp:
+                await resp.read()
+            await asyncio.sleep(every)
 
 
 async def _run_variant(name: str, k: int, records: int, size: int, batches: int, port: int | None,
@@ -155,7 +188,9 @@ async def _run_variant(name: str, k: int, records: int, size: int, batches: int,
         sampler.pids["server"] = [server_pid]
     result = Result(name, k, records * batches * k, len(line) * batches * k)
     sampler.start()
+    cpu = cpu_s(server_pid) if server_pid else 0.0
     await drive(shards, line, last, batches, result)
+    result.server_cpu_s = cpu_s(server_pid) - cpu if server_pid else 0.0
     await sampler.stop()
     for shard in shards:
         await shard.lease_lost()
@@ -205,6 +240,7 @@ def batches_for(k: int, records: int, size: int, quick: bool) -> int:
 async def run(args, shard_counts: list[int], with_kclpy: bool, tmp: str) -> None:
     """The relay part: start-up cost, then every load at every shard count."""
     loads = [tuple(int(x) for x in spec.split("x")) for spec in args.load]
+    scrape = getattr(args, "scrape", None)
     server, port = await start_server(os.path.join(tmp, "state"))
     try:
         ms, rss, pss = await relay_startup(port)
@@ -225,12 +261,20 @@ async def run(args, shard_counts: list[int], with_kclpy: bool, tmp: str) -> None
                 base = await run_variant("amazon_kclpy", k, records, size, batches, tmp)
                 rows.append(base)
             rows.append(await run_variant("mldserver", k, records, size, batches, tmp))
+            if scrape:
+                rows.append(await run_variant(SCRAPED, k, records, size, batches, tmp, scrape))
             rows.append(await run_variant("direct", k, records, size, batches, tmp))
             for r in rows:
                 print(r.row(base))
             if k == shard_counts[0]:
                 print(c.row(base))
-            relay, direct = rows[-2], rows[-1]
+            relay, direct = next(r for r in rows if r.name == "mldserver"), rows[-1]
+            if scrape:
+                scraped = next(r for r in rows if r.name == SCRAPED)
+                print(f"  /metrics every {scrape:g} s at K={k}: {scraped.rate:,.0f} vs {relay.rate:,.0f} records/s "
+                      f"({100 * (scraped.rate / relay.rate - 1):+.1f}%); server CPU "
+                      f"{scraped.cpu_us_per_record:.2f} vs {relay.cpu_us_per_record:.2f} us/record "
+                      f"({100 * (scraped.cpu_us_per_record / relay.cpu_us_per_record - 1):+.1f}%)")
             print(f"  relay cost at K={k}: {100 * (1 - relay.rate / direct.rate):+.1f}% records/s vs direct")
             if base is not None:
                 share = relay.per_shard_pss_kb / base.per_shard_pss_kb

@@ -41,7 +41,7 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from typing import Callable
+from typing import Any, Callable
 
 from ..backoff import Backoff
 from ..config import Settings, state_path
@@ -100,6 +100,8 @@ class Coordinator:
         self.rows_committed = 0
         self.peak_rows = 0
         self.peak_bytes = 0
+        self.metrics: Any = None  # the server's Metrics: each window's commit duration
+        self.last_commit: dict[str, Any] | None = None  # for /status: window, rows, late, at (epoch s)
 
     # -- lifecycle ---------------------------------------------------------------
 
@@ -346,6 +348,10 @@ class Coordinator:
                 self.log.info("spool_deleted", shard_id=shard_id)
         self.windows_committed += 1
         self.rows_committed += len(window)
+        duration = time.perf_counter() - started
+        if self.metrics is not None:
+            self.metrics.window_committed(duration)
+        self.last_commit = {"window": window.id, "rows": len(window), "late": window.late_rows, "at": time.time()}
         self.log.info(
             "window_committed",
             window=window.id,
@@ -353,7 +359,7 @@ class Coordinator:
             late=window.late_rows,
             shards=len(counts),
             watermark=_ms(watermark),
-            duration_ms=round((time.perf_counter() - started) * 1000, 3),
+            duration_ms=round(duration * 1000, 3),
             latency_ms=round((time.perf_counter() - closed_at) * 1000, 3),  # closed to committed
         )
 

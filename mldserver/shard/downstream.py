@@ -6,11 +6,13 @@ One interface, two implementations, chosen once per connection by the server::
     CoordinatorLink(coordinator, interval=10.0)
 
     await downstream.open(shard_id, checkpoint)          # initialize (a Position or None)
-    if await downstream.batch(shard_id, items, last, millis_behind, release):
+    if await downstream.batch(items, last, millis_behind, release):
         ...                                              # checkpoint what is safe, now
-    downstream.safe(shard_id)                            # how far a checkpoint may go
-    await downstream.shard_ended(shard_id)               # before SHARD_END is stored
+    downstream.safe()                                    # how far a checkpoint may go
+    await downstream.shard_ended()                       # before SHARD_END is stored
     downstream.close()                                   # the connection ended
+
+One object per connection: the shard it serves is the one ``open`` named.
 
 With the coordinator, every checkpoint waits for the sink (``holds_checkpoints``): it
 is clamped to what the sink has committed (``safe``), and the server checkpoints that
@@ -41,17 +43,12 @@ class Downstream(Protocol):
     async def open(self, shard_id: str, checkpoint: Position | None) -> None: ...
 
     async def batch(
-        self,
-        shard_id: str,
-        items: list[Item],
-        last: Position | None,
-        millis_behind: int | None,
-        release: Callable[[], None],
+        self, items: list[Item], last: Position | None, millis_behind: int | None, release: Callable[[], None]
     ) -> bool: ...
 
-    def safe(self, shard_id: str) -> Position | None: ...
+    def safe(self) -> Position | None: ...
 
-    async def shard_ended(self, shard_id: str) -> None: ...
+    async def shard_ended(self) -> None: ...
 
     def close(self) -> None: ...
 
@@ -66,19 +63,14 @@ class NoSink:
         pass
 
     async def batch(
-        self,
-        shard_id: str,
-        items: list[Item],
-        last: Position | None,
-        millis_behind: int | None,
-        release: Callable[[], None],
+        self, items: list[Item], last: Position | None, millis_behind: int | None, release: Callable[[], None]
     ) -> bool:
         return False
 
-    def safe(self, shard_id: str) -> Position | None:
+    def safe(self) -> Position | None:
         return None
 
-    async def shard_ended(self, shard_id: str) -> None:
+    async def shard_ended(self) -> None:
         pass
 
     def close(self) -> None:
@@ -107,14 +99,10 @@ class CoordinatorLink:
         self._opened = shard_id
 
     async def batch(
-        self,
-        shard_id: str,
-        items: list[Item],
-        last: Position | None,
-        millis_behind: int | None,
-        release: Callable[[], None],
+        self, items: list[Item], last: Position | None, millis_behind: int | None, release: Callable[[], None]
     ) -> bool:
         """Hand the rows over, wait out back-pressure; True when a checkpoint is due."""
+        shard_id = self._shard_id()
         self.coordinator.add_batch(shard_id, items, last, millis_behind)
         release()  # a delayed shard must not hold a slot the watermark's shard needs
         await self.coordinator.admit(shard_id)
@@ -124,11 +112,15 @@ class CoordinatorLink:
         self._last_checkpoint = now
         return True
 
-    def safe(self, shard_id: str) -> Position | None:
-        return self.coordinator.safe_position(shard_id)
+    def safe(self) -> Position | None:
+        return self.coordinator.safe_position(self._shard_id())
 
-    async def shard_ended(self, shard_id: str) -> None:
-        await self.coordinator.shard_ended(shard_id)  # spooled before SHARD_END
+    async def shard_ended(self) -> None:
+        await self.coordinator.shard_ended(self._shard_id())  # spooled before SHARD_END
+
+    def _shard_id(self) -> str:
+        assert self._opened is not None, "open() names the shard before anything else"
+        return self._opened
 
     def close(self) -> None:
         """The connection ended: once, whatever ended it."""

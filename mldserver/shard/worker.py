@@ -68,6 +68,8 @@ from ..deadletters import DeadLetters
 from ..durable import on_blocked, utc_timestamp
 from ..errors import CheckpointError
 from ..logs import EventLogger
+from ..metrics import Metrics, call_outcome
+from ..pausing import Pause
 from ..positions import Position
 from ..protocol import (
     NEED_DATA,
@@ -92,7 +94,7 @@ from ..protocol import (
 )
 from ..records import Batch, ShardInfo
 from .batches import INVALID_AGGREGATE, BadRecords, decode_records, encode_rows
-from .calls import HandlerCalls
+from .calls import HandlerCalls, Outcome
 from .downstream import Downstream, NoSink
 from .progress import ShardProgress
 
@@ -107,6 +109,8 @@ PEEK = 256
 STALL_S = 5.0
 # Waiting this long for a slot logs who holds the slots (and again, 4 times longer, ...).
 SLOT_WAIT_LOG_S = 2.0
+# Paused, a batch waiting at the gate checkpoints what the sink committed this often.
+PAUSED_CHECKPOINT_S = 1.0
 # A checkpoint reply that has not come after this long: the connection has failed.
 REPLY_TIMEOUT_S = 120.0
 
@@ -190,6 +194,8 @@ class Worker:
         log: EventLogger,
         slots: Slots | None = None,
         downstream: Downstream | None = None,
+        metrics: Metrics | None = None,
+        pause: Pause | None = None,
     ) -> None:
         self.reader = reader
         self.writer = writer
@@ -224,6 +230,12 @@ class Worker:
         self._checkpoint_backoff = Backoff(first=settings.checkpoint_backoff, cap=settings.checkpoint_backoff_cap)
         self.batches = 0
         self.records = 0
+        self.metrics = metrics  # the server's (admin endpoint): recorded here, the seam's server side
+        self.pause = pause  # the server's gate (POST /pause): waited at before an action's handler call
+        self.conn_id: int | None = None  # the server's number for this connection (logs' ``conn``)
+        self.last_action: str | None = None  # for /status: the action and when it arrived (epoch s)
+        self.last_action_at: float | None = None
+        self.millis_behind_latest: int | None = None
 
     @property
     def busy(self) -> bool:
@@ -279,6 +291,8 @@ class Worker:
                     self.log.error("unexpected_line", error="checkpoint reply with no checkpoint outstanding")
                     continue
                 self._owed = event.action if isinstance(event, Action) else None
+                if self._owed is not None:
+                    self.last_action, self.last_action_at = self._owed, time.time()
                 try:
                     await self._dispatch(event)
                 finally:
@@ -438,7 +452,10 @@ class Worker:
                 raise CheckpointError("InvalidStateException", request.sequence_number,
                                       request.sub_sequence_number, str(exc)) from None
             task = self._outstanding = asyncio.ensure_future(self._exchange(request, data))
-        return await asyncio.shield(task)
+        reply = await asyncio.shield(task)
+        if reply.error is None and self.metrics is not None:
+            self.metrics.checkpoint("stored")
+        return reply
 
     async def _exchange(self, request: Checkpoint, data: bytes) -> CheckpointReply:
         seq, sub = request.sequence_number, request.sub_sequence_number
@@ -464,19 +481,21 @@ class Worker:
     # -- dispatch ----------------------------------------------------------------
 
     async def _dispatch(self, event: Event) -> None:
+        if self.pause is not None and self.pause.paused and isinstance(event, Action):
+            await self._paused(event)
         if isinstance(event, Initialize):
             await self._initialize(event)
         elif isinstance(event, ProcessRecords):
             await self._process_records(event)
         elif isinstance(event, ShutdownRequested):
-            await self.calls.call("shutdown_requested", None, self._checkpointers("shutdown_requested"))
+            await self._call("shutdown_requested", None, self._checkpointers("shutdown_requested"))
             if self.downstream.holds_checkpoints:
                 await self._checkpoint_safe()
         elif isinstance(event, ShardEnded) or (isinstance(event, Shutdown) and event.is_shard_end):
             await self._shard_ended()
         elif isinstance(event, (LeaseLost, Shutdown)):
             self.log.info("lease_lost", action=event.action)
-            await self.calls.call("lease_lost", None, self._checkpointers("lease_lost"))
+            await self._call("lease_lost", None, self._checkpointers("lease_lost"))
         if isinstance(event, Action):
             await self._answer(event.action)
 
@@ -493,7 +512,7 @@ class Worker:
             return
         checkpoint = Position.parse(event.sequence_number, event.sub_sequence_number)  # None: TRIM_HORIZON...
         self.progress.initialized(checkpoint)
-        await self.calls.call("initialize", shard, self._checkpointers("initialize"))
+        await self._call("initialize", shard, self._checkpointers("initialize"))
         await self.downstream.open(shard.shard_id, checkpoint)
 
     async def _process_records(self, event: ProcessRecords) -> None:
@@ -508,7 +527,7 @@ class Worker:
         last = records[-1].position if records else None
         batch = Batch(records, event.millis_behind_latest, self.shard)  # type: ignore[arg-type]
         try:
-            outcome = await self.calls.call(
+            outcome = await self._call(
                 "process_records", batch, self._checkpointers("process_records"),
                 collect_rows=self.downstream.collects_rows,
             )
@@ -519,10 +538,13 @@ class Worker:
         items, bad = encode_rows(outcome.rows or ())
         await self._dead_letter_all(bad)
         assert self.shard is not None
-        if await self.downstream.batch(self.shard.shard_id, items, last, event.millis_behind_latest, self._release):
+        if await self.downstream.batch(items, last, event.millis_behind_latest, self._release):
             await self._checkpoint_safe()
         self.batches += 1
         self.records += len(records)
+        self.millis_behind_latest = event.millis_behind_latest
+        if self.metrics is not None:
+            self.metrics.batch(self.shard.shard_id, len(records))
         if self.log.is_enabled("debug"):
             self.log.debug(
                 "batch",
@@ -531,12 +553,30 @@ class Worker:
                 duration_ms=round((time.perf_counter() - started) * 1000, 3),
             )
 
+    async def _call(self, action: str, arg: Any, checkpointer: Callable[[], Checkpointer],
+                    **kwargs: Any) -> Outcome:
+        """The handler-call seam, metered on the server's side (retries included)."""
+        started = time.perf_counter()
+        outcome = await self.calls.call(action, arg, checkpointer, **kwargs)
+        if self.metrics is not None:
+            self.metrics.handler_call(action, call_outcome(outcome.result, outcome.error),
+                                      time.perf_counter() - started)
+        return outcome
+
+    async def _paused(self, event: Action) -> None:
+        """Paused: wait before this action's handler call (the daemon waits for its
+        status); a batch meanwhile checkpoints what the sink commits."""
+        self.log.info("paused_action", action=event.action)
+        meanwhile = self._checkpoint_safe if isinstance(event, ProcessRecords) else None
+        await self.pause.wait(every=PAUSED_CHECKPOINT_S, meanwhile=meanwhile, stop=self._aborted)  # type: ignore[union-attr]
+        self.log.info("resumed_action", action=event.action)
+
     async def _shard_ended(self) -> None:
         self.log.info("shard_ended")
         if self.shard is not None:
-            await self.downstream.shard_ended(self.shard.shard_id)  # spooled before SHARD_END
+            await self.downstream.shard_ended()  # spooled before SHARD_END
         cp = self._checkpointer("shard_ended", budget=self.settings.shard_end_budget, clamped=False)
-        await self.calls.call("shard_ended", None, lambda: cp)
+        await self._call("shard_ended", None, lambda: cp)
         if cp.stored_all:
             self.log.info("shard_end_stored")
             return
@@ -573,7 +613,11 @@ class Worker:
         downstream (not at a shard end, whose rows are spooled: SHARD_END is safe)."""
         log = self.log
 
+        metrics = self.metrics
+
         def on_refused(error: CheckpointError, delay: float | None) -> None:
+            if metrics is not None:
+                metrics.checkpoint("failed" if delay is None else "retry")
             log.warning(
                 "checkpoint",
                 outcome="failed" if delay is None else "retry",
@@ -586,8 +630,7 @@ class Worker:
 
         safe = None
         if clamped and self.downstream.holds_checkpoints and self.shard is not None:
-            shard_id, downstream = self.shard.shard_id, self.downstream
-            safe = lambda: downstream.safe(shard_id)  # noqa: E731
+            safe = self.downstream.safe
         cp = Checkpointer(
             self._roundtrip,
             backoff=self._checkpoint_backoff,
@@ -612,6 +655,8 @@ class Worker:
             path = await self._dead_letter_overlong(str(exc))
             if path is not None:
                 self.log.error("dead_lettered", reason="line too long", path=str(path))
+                if self.metrics is not None:
+                    self.metrics.dead_letter("line too long")
         elif exc.line and (exc.action is None or exc.action == "processRecords"):
             path = await self.dead_letters.line(self.conn.shard_id, exc.line, reason=str(exc))
             self.log.error("dead_lettered", reason="bad line", path=str(path))

@@ -65,9 +65,21 @@ class SparkProcess:
         self._ready = asyncio.Event()
         self._stopping = False
         self._gone: Exception | None = None  # why the supervisor gave up
+        self.last_error: str | None = None  # for /status: the last exit or failed restart
         self.task: asyncio.Task[None] | None = None  # the supervisor, watched by the server
 
     # -- lifecycle -----------------------------------------------------------------
+
+    @property
+    def state(self) -> str:
+        """For /readyz and /status: starting, up, restarting, failed or stopped."""
+        if self._gone is not None:
+            return "failed"
+        if self._stopping:
+            return "stopped"
+        if self._ready.is_set() and self._proc is not None and self._proc.returncode is None:
+            return "up"
+        return "restarting" if self.task is not None else "starting"
 
     async def start(self) -> None:
         """Start the worker and wait for its session; a failure here is raised."""
@@ -177,6 +189,7 @@ class SparkProcess:
             self._pending.clear()
             if self._stopping:
                 return
+            self.last_error = f"the Spark process exited (code {code})"
             await self._restart(code)
 
     async def _restart(self, code: int) -> None:
@@ -197,6 +210,7 @@ class SparkProcess:
                 await self._spawn()
             except (SparkError, OSError) as exc:
                 code = -1
+                self.last_error = f"restart failed: {exc}"
                 again = retriable(exc) and attempt < RESTART_ATTEMPTS
                 self.log.error(
                     "spark_restart_failed",

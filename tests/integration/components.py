@@ -161,7 +161,8 @@ class Run:
         with open(self.stderr_path, "wb") as stderr:
             self.proc = subprocess.Popen(
                 [MLDSERVER, "run", "--properties", str(properties), "--handler", handler, "--port", "0",
-                 "--state-dir", str(self.state_dir), "--log-file", str(self.log_path), *extra],
+                 "--state-dir", str(self.state_dir), "--log-file", str(self.log_path), "--admin", "127.0.0.1:0",
+                 *extra],
                 cwd=ROOT,
                 env={**os.environ, "PYTHONPATH": str(ROOT), "AWS_ACCESS_KEY_ID": "local",
                      "AWS_SECRET_ACCESS_KEY": "local", "AWS_REGION": "us-east-1", **(env or {})},
