@@ -15,9 +15,18 @@ restart, in a deploy script)::
     sink        parquet:/var/lib/mldserver/output
     ok
 
-Exit 0 when all is well; a mistake is the ConfigError ``serve`` would stop on: one line
-on stderr, exit 2. Each check is one function of ``CHECKS`` taking what was ``Given``:
-more (the daemon's properties file, ``--properties``) join them there.
+With ``--properties FILE`` (the daemon's), each finding of ``mldserver.properties``
+follows, with its line and what to do, and a summary line::
+
+    properties  mld.properties (16 keys, KCL 3.1.3)
+    error    mld.properties:14 initialPositonInStream: not a key the KCL 3.1.3 daemon knows ...
+    warning  mld.properties:20 metricsLevel: also set on line 9: ...
+    1 error, 1 warning
+
+Exit 0 when all is well (warnings printed either way), 1 when the properties have an
+error; a mistake in the settings (or a properties file that is missing or does not
+parse) is the ConfigError ``serve`` would stop on: one line on stderr, exit 2. Each
+check is one function of ``CHECKS`` taking what was ``Given``.
 """
 
 from __future__ import annotations
@@ -28,18 +37,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, TextIO
 
-from . import logs, preflight
+from . import kcl_keys, logs, preflight, properties as daemon_properties
 from .config import Settings
 from .importer import import_from_string
 
 
 @dataclass(frozen=True)
 class Given:
-    """What the command line gave ``check``: a later ``--properties FILE`` (the
-    daemon's) joins here, and its check joins CHECKS."""
+    """What the command line gave ``check``; the properties check adds its findings."""
 
     settings: Settings
     config: str | None  # the --config file
+    properties: str | None = None  # the daemon's properties file (--properties)
+    findings: list[daemon_properties.Finding] = dataclasses.field(default_factory=list)
 
 
 def config(given: Given) -> tuple[str, str]:
@@ -52,8 +62,10 @@ def config(given: Given) -> tuple[str, str]:
     return "config", (given.config or "(no file)") + (f" ({', '.join(changed)})" if changed else " (all defaults)")
 
 
-def handler(given: Given) -> tuple[str, str]:
+def handler(given: Given) -> tuple[str, str] | None:
     spec = given.settings.handler
+    if not spec:
+        return None  # checking only --properties
     return "handler", f"{spec} ({_kind(import_from_string(spec, 'handler'))})"
 
 
@@ -87,19 +99,41 @@ def sink(given: Given) -> tuple[str, str]:
     return "sink", given.settings.sink or "(none: rows are not collected)"
 
 
+def properties(given: Given) -> tuple[str, str] | None:
+    """The daemon's properties file: its findings go to ``given.findings``."""
+    if not given.properties:
+        return None
+    props = daemon_properties.read(given.properties)
+    given.findings.extend(daemon_properties.check(props, given.settings))
+    return "properties", f"{given.properties} ({len(props.entries)} keys, KCL {kcl_keys.KCL_VERSION})"
+
+
 CHECKS: list[Callable[[Given], tuple[str, str] | None]] = [
-    config, handler, pipeline, state_dir, log_file, listen, sink,
+    config, handler, pipeline, state_dir, log_file, listen, sink, properties,
 ]
 
 
-def run(given: Given, out: TextIO) -> None:
+def run(given: Given, out: TextIO) -> int:
     """Run every check, printing what each found; the first that fails raises its
-    ConfigError (the CLI prints it and exits 2)."""
+    ConfigError (the CLI prints it and exits 2). Then the properties' findings; returns
+    how many are errors (the CLI exits 1 when there is one)."""
     for check in CHECKS:
         found = check(given)
         if found is not None:
             out.write(f"{found[0]:<11} {found[1]}\n")
-    out.write("ok\n")
+    for finding in given.findings:
+        out.write(finding.render(given.properties or "") + "\n")
+    errors = sum(f.level == "error" for f in given.findings)
+    warnings = len(given.findings) - errors
+    if errors or warnings:
+        out.write(f"{_plural(errors, 'error')}, {_plural(warnings, 'warning')}\n")
+    if not errors:
+        out.write("ok\n")
+    return errors
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}{'' if n == 1 else 's'}"
 
 
 def _kind(obj: Any) -> str:

@@ -1,4 +1,4 @@
-"""The command line: ``mldserver serve``, ``mldserver check``, ``mldserver connect``,
+"""The command line: ``mldserver serve``, ``mldserver run``, ``mldserver check``, ``mldserver connect``,
 ``mldserver bench``, ``mldserver demo``, and ``mldserver status|pause|resume|reload``
 (clients of the admin endpoint). The only module that exits the process or
 configures logging. A mistake in the arguments or the settings is one line on stderr
@@ -65,8 +65,10 @@ def _parser():
             admin.add_argument("--interval", type=float, default=1.0, help="seconds between redraws (default 1)")
 
     check = sub.add_parser("check", help="load the settings, the handler and the pipeline as serve would, "
-                                         "probe the state directory, print what was found (exit 2 on a mistake)")
-    check.add_argument("--config", required=True, help="TOML file of settings (see mldserver.config)")
+                                         "probe the state directory, check the daemon's properties file, print "
+                                         "what was found (exit 1 on an error in the properties, 2 on a mistake)")
+    check.add_argument("--config", help="TOML file of settings (see mldserver.config)")
+    check.add_argument("--properties", help="the KCL MultiLangDaemon's properties file")
     check.add_argument("--handler", help="the handler factory, MODULE:ATTR (else the config's)")
     check.add_argument("--pipeline", help="Spark pipeline, MODULE:ATTR (else the config's)")
 
@@ -94,6 +96,11 @@ def _parser():
     demo.add_argument("--dir", default="./mldserver-demo")
     demo.add_argument("--admin", default="127.0.0.1:7071",
                       help="the demo server's admin endpoint (default 127.0.0.1:7071; off disables it)")
+
+    # Every serve flag (those added above included), plus the daemon's properties file.
+    run = sub.add_parser("run", parents=[serve], add_help=False,
+                         help="run the server, then the real KCL MultiLangDaemon as its supervised child")
+    run.add_argument("--properties", required=True, help="the KCL MultiLangDaemon's properties file")
     return p
 
 
@@ -111,14 +118,17 @@ def _main(argv: list[str]) -> None:
             sys.stderr.write(f"mldserver {args.command}: {exc}\n")
             sys.exit(1)
     try:
-        if args.command == "serve":
+        if args.command in ("serve", "run"):
             _serve(args, logs)
         elif args.command == "check":
             from . import check
 
-            settings = _settings(args)
+            if not (args.config or args.properties):
+                raise ConfigError("nothing to check: give --config FILE, --properties FILE or both")
+            settings = _settings(args, need_handler=not args.properties)
             _importable_cwd()
-            check.run(check.Given(settings, args.config), sys.stdout)
+            if check.run(check.Given(settings, args.config, args.properties), sys.stdout):
+                sys.exit(1)
         elif args.command == "bench":
             from . import bench
 
@@ -139,7 +149,7 @@ def _main(argv: list[str]) -> None:
         sys.exit(130)
 
 
-def _settings(args):
+def _settings(args, need_handler: bool = True):
     """The settings from ``--config`` and the flags the command has (one code path for
     ``serve`` and ``check``: every value checked against its Rule in config.load)."""
     from . import config
@@ -147,7 +157,7 @@ def _settings(args):
 
     flags = {name: getattr(args, name) for name in config.RULES if hasattr(args, name)}
     settings = config.load(args.config, **flags)
-    if not settings.handler:
+    if need_handler and not settings.handler:
         raise ConfigError("no handler: pass --handler MODULE:ATTR (or set handler in --config)")
     return settings
 
@@ -171,6 +181,12 @@ def _serve(args, logs) -> None:
     logs.configure(settings.log_format, settings.log_level, settings.log_file)
     _importable_cwd()
     serving = server.Server(settings)
+    if args.command == "run":
+        from .daemon import Daemon
+
+        daemon = Daemon(settings, args.properties)  # no file, no Java, no jars: exit 2 before anything starts
+        daemon.report()
+        serving.companions.append(daemon)
     tune(sink=serving.coordinator is not None)
     server.run(serving)
 

@@ -11,6 +11,8 @@ on uvloop. Lifecycle (uvicorn's shape)::
               stale socket is replaced), log one ``listening`` event with the
               address. What the machine refuses (a port in use, a host that does
               not resolve, a path taken) is a ConfigError naming the setting.
+    companions  started once listening, stopped first, watched as owned tasks
+              (``mldserver run``: the KCL daemon, mldserver.daemon)
     admin     with ``Settings.admin`` (``mldserver serve``: 127.0.0.1:7071 unless
               ``--admin off``), the admin endpoint (mldserver.admin) is bound first,
               so /readyz answers 503 while Spark starts; it reads the server's
@@ -144,6 +146,9 @@ class Server:
             from .admin import Admin  # aiohttp (about 20 MiB) only where the endpoint is on
 
             self.admin = Admin(self, settings.admin)
+        # Started once listening, stopped first, watched as owned tasks (mldserver run: the daemon).
+        self.companions: list[Any] = []
+        self._refusing = False  # from the start of shutdown, once the companions are stopped
 
     # -- lifecycle -------------------------------------------------------------
 
@@ -249,6 +254,8 @@ class Server:
             loop.add_signal_handler(sig, self._on_signal, sig)
         try:
             await self.start()
+            for companion in self.companions:
+                await companion.start(self)
             await self._watch()
         finally:
             for sig, handler in previous.items():
@@ -269,6 +276,7 @@ class Server:
             tasks.append(self.spark.task)
         if self.pool is not None and self.pool.task is not None:
             tasks.append(self.pool.task)
+        tasks += [c.task for c in self.companions if c.task is not None]
         return tasks
 
     async def _watch(self) -> None:
@@ -357,11 +365,17 @@ class Server:
         return self.unhealthy()
 
     async def shutdown(self) -> None:
+        if self.resume():  # paused actions finish as any action under way does
+            log.info("resumed_for_shutdown")
+        # The daemon stops its shards while we still serve them (resumed: its
+        # shutdownRequested must not wait on a pause), new connections included:
+        # during its graceful shutdown it may start a child for a shard it takes again.
+        for companion in self.companions:
+            await self._stopped(companion.stop())
+        self._refusing = True
         for srv in self._servers:
             srv.close()
         self.listening = False
-        if self.resume():  # paused actions finish as any action under way does
-            log.info("resumed_for_shutdown")
         # Every worker is asked to finish: one whose action has arrived (even partly,
         # even waiting for a slot) answers it; an idle one closes at once.
         busy = 0
@@ -427,7 +441,7 @@ class Server:
         conn_id = next(self._ids)
         peer = writer.get_extra_info("peername")
         wlog = log.bind(conn=conn_id)
-        if self._stop.is_set():
+        if self._refusing:
             writer.close()
             return
         worker = Worker(

@@ -1,11 +1,12 @@
 """The real components of REAL-MLD.md, started on loopback for a test: kinesis-local,
-DynamoDB Local and the KCL 3.x MultiLangDaemon (Java). All are installed by
-``scripts/setup --test`` under .deps/ and .venv/; nothing here is a mock."""
+DynamoDB Local, and ``mldserver run``, which starts the KCL 3.x MultiLangDaemon (Java)
+as its child. All are installed by ``scripts/setup --test`` under .deps/ and .venv/;
+nothing here is a mock."""
 
 from __future__ import annotations
 
 import asyncio
-import importlib.util
+import json
 import os
 import signal
 import socket
@@ -15,7 +16,7 @@ from pathlib import Path
 
 import boto3
 
-from ..conftest import ROOT
+from ..conftest import MLDSERVER, ROOT
 from ..helpers import eventually
 
 DEPS = ROOT / ".deps"
@@ -118,42 +119,78 @@ class DynamoDBLocal(Process):
         }
 
 
-def kcl_classpath() -> str:
-    spec = importlib.util.find_spec("amazon_kclpy")
-    assert spec and spec.submodule_search_locations, "kclpy-ext is not installed: run scripts/setup --test"
-    jars = Path(list(spec.submodule_search_locations)[0]) / "jars"
-    return f"{jars}/*:/usr/share/java/jaxb-api.jar"
+def write_properties(tmp: Path, name: str, *, stream: str, app: str, kinesis: KinesisLocal, dynamodb: DynamoDBLocal,
+                     extra: dict[str, str] | None = None) -> Path:
+    """The daemon's properties file for these endpoints (REAL-MLD.md). Its
+    executableName is a stale one: ``mldserver run`` sets its own relay."""
+    props = {
+        "executableName": "mldserver connect 127.0.0.1:1",
+        "streamName": stream,
+        "applicationName": app,
+        "AWSCredentialsProvider": "DefaultCredentialsProvider",
+        "regionName": "us-east-1",
+        "kinesisEndpoint": kinesis.endpoint,
+        "dynamoDBEndpoint": dynamodb.endpoint,
+        "initialPositionInStream": "TRIM_HORIZON",
+        "metricsLevel": "NONE",
+        "retrievalMode": "POLLING",
+        "idleTimeBetweenReadsInMillis": "250",
+        "shardSyncIntervalMillis": "5000",
+        "failoverTimeMillis": "10000",
+        "parentShardPollIntervalMillis": "1000",
+        "shutdownGraceMillis": "10000",
+        "callProcessRecordsEvenForEmptyRecordList": "true",
+        **(extra or {}),
+    }
+    path = tmp / f"{name}.properties"
+    path.write_text("".join(f"{k} = {v}\n" for k, v in props.items()))
+    return path
 
 
-class MultiLangDaemon(Process):
-    """The real KCL 3.x MultiLangDaemon with a properties file written for the test."""
+class Run:
+    """``mldserver run``: the server, then the real KCL 3.x MultiLangDaemon as its child
+    (jars from kclpy-ext, JAXB from Debian), in its own session; ``port`` read from
+    its ``listening`` event, the daemon's pid from ``daemon_started``."""
 
-    def __init__(self, tmp: Path, *, executable: str, stream: str, app: str, kinesis: KinesisLocal,
-                 dynamodb: DynamoDBLocal, run: int = 1, extra: dict[str, str] | None = None) -> None:
-        props = {
-            "executableName": executable,
-            "streamName": stream,
-            "applicationName": app,
-            "AWSCredentialsProvider": "DefaultCredentialsProvider",
-            "regionName": "us-east-1",
-            "kinesisEndpoint": kinesis.endpoint,
-            "dynamoDBEndpoint": dynamodb.endpoint,
-            "initialPositionInStream": "TRIM_HORIZON",
-            "metricsLevel": "NONE",
-            "retrievalMode": "POLLING",
-            "idleTimeBetweenReadsInMillis": "250",
-            "shardSyncIntervalMillis": "5000",
-            "failoverTimeMillis": "10000",
-            "parentShardPollIntervalMillis": "1000",
-            "shutdownGraceMillis": "10000",
-            "callProcessRecordsEvenForEmptyRecordList": "true",
-            **(extra or {}),
-        }
-        path = tmp / f"{app}-{run}.properties"
-        path.write_text("".join(f"{k} = {v}\n" for k, v in props.items()))
-        super().__init__(
-            ["java", "-cp", f"{kcl_classpath()}:{tmp}", "software.amazon.kinesis.multilang.MultiLangDaemon",
-             "--properties-file", str(path)],
-            tmp / f"daemon-{run}.log",
-            env={"AWS_ACCESS_KEY_ID": "local", "AWS_SECRET_ACCESS_KEY": "local", "AWS_REGION": "us-east-1"},
-        )
+    def __init__(self, tmp: Path, handler: str, properties: Path, *extra: str, run: int = 1,
+                 env: dict[str, str] | None = None) -> None:
+        self.log_path = tmp / f"run-{run}.log"
+        self.stderr_path = tmp / f"run-{run}.stderr"
+        self.state_dir = tmp / "state"
+        self.daemon_log = self.state_dir / "daemon" / "daemon.log"
+        with open(self.stderr_path, "wb") as stderr:
+            self.proc = subprocess.Popen(
+                [MLDSERVER, "run", "--properties", str(properties), "--handler", handler, "--port", "0",
+                 "--state-dir", str(self.state_dir), "--log-file", str(self.log_path), "--admin", "127.0.0.1:0",
+                 *extra],
+                cwd=ROOT,
+                env={**os.environ, "PYTHONPATH": str(ROOT), "AWS_ACCESS_KEY_ID": "local",
+                     "AWS_SECRET_ACCESS_KEY": "local", "AWS_REGION": "us-east-1", **(env or {})},
+                stdout=subprocess.DEVNULL, stderr=stderr, start_new_session=True,
+            )  # fmt: skip
+        started = wait_for(lambda: self._event("daemon_started") or self._exited(), 240, "mldserver run started")
+        self.port = self._event("listening")["port"]
+        self.daemon_pid = started["pid"]
+
+    def _exited(self):
+        if self.proc.poll() is not None:
+            raise AssertionError(f"mldserver run exited {self.proc.returncode}: {self.stderr_path.read_text()}")
+
+    def _event(self, name: str) -> dict | None:
+        return next((e for e in self.events() if e["event"] == name), None)
+
+    def events(self) -> list[dict]:
+        if not self.log_path.exists():
+            return []
+        return [json.loads(line) for line in self.log_path.read_text().splitlines() if line.strip()]
+
+    def terminate(self, timeout: float = 120) -> int:
+        """SIGTERM (the daemon stops first, then the server): the exit code."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+        return self.proc.returncode

@@ -1,0 +1,128 @@
+"""``mldserver run``: the server, then the real KCL MultiLangDaemon (Java, from the
+kclpy-ext jars) as its supervised child. What needs the daemon to reach Kinesis is in
+tests/integration/test_real_daemon.py; here the JVM runs on a file it refuses, which
+is quick, and the refusals before anything starts."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+
+from .conftest import MLDSERVER, ROOT
+
+NO_STREAM = """\
+# no streamName: the daemon exits at once
+executableName = some/other/relay \\
+    --with args
+applicationName = quick
+regionName = us-east-1
+shutdownGraceMillis = 1000
+"""
+
+
+def run(tmp_path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [MLDSERVER, "run", "--handler", "tests.handlers:Noop", "--port", "0", "--state-dir", str(tmp_path / "state"),
+         "--log-file", str(tmp_path / "server.log"), "--admin", "127.0.0.1:0", *args],
+        cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}, capture_output=True, text=True,
+        timeout=120,
+    )  # fmt: skip
+
+
+def events(tmp_path) -> list[dict]:
+    path = tmp_path / "server.log"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def test_a_daemon_that_exits_by_itself_is_logged_with_why_and_run_exits_1(tmp_path):
+    props = tmp_path / "quick.properties"
+    props.write_text(NO_STREAM)
+    done = run(tmp_path, "--properties", str(props), env={"MLDSERVER_JAXB_JAR": str(tmp_path / "no-jaxb.jar")})
+    assert done.returncode == 1, done.stderr
+    why = "the KCL MultiLangDaemon exited by itself with code 1: java.lang.NullPointerException: Stream name or " \
+          "Stream Arn is required."
+    assert done.stderr.startswith(f"mldserver: DaemonExited: {why}")
+    by = {e["event"]: e for e in events(tmp_path)}
+    order = [e["event"] for e in events(tmp_path)]
+    assert "NoClassDefFoundError" in by["jaxb_missing"]["what_to_do"]
+    assert by["properties_error"]["key"] == "streamName"
+    assert by["executable_overridden"]["was"] == "some/other/relay --with args"
+    assert by["daemon_error"]["line"].startswith("java.lang.NullPointerException: Stream name or Stream Arn")
+    assert by["daemon_exited"]["returncode"] == 1
+    assert by["task_crashed"]["task"] == "kcl-daemon" and by["task_crashed"]["error"].startswith(f"DaemonExited: {why}")
+    assert order.index("listening") < order.index("daemon_started") < order.index("daemon_exited") \
+        < order.index("shutting_down") < order.index("stopped")
+    # The daemon ran on a copy of the file with this server's relay as its executableName.
+    effective = (tmp_path / "state" / "daemon" / "daemon.properties").read_text()
+    assert "# (mldserver run) executableName = some/other/relay \\\n# (mldserver run)     --with args\n" in effective
+    assert effective.endswith(f"executableName = {by['daemon_started']['executable']}\n")
+    assert by["daemon_started"]["executable"].endswith(f" connect 127.0.0.1:{by['listening']['port']}")
+    assert "Stream name or Stream Arn is required" in (tmp_path / "state" / "daemon" / "daemon.log").read_text()
+
+
+def test_a_properties_file_that_is_missing_stops_run_before_anything_starts(tmp_path):
+    done = run(tmp_path, "--properties", str(tmp_path / "nope.properties"))
+    assert done.returncode == 2
+    assert done.stderr == (f"mldserver: --properties {tmp_path / 'nope.properties'}: no such file: give the "
+                           f"daemon's properties file (deploy/mld.properties is a template)\n")
+    assert not [e for e in events(tmp_path) if e["event"] == "listening"]
+
+
+def test_no_java_is_said_before_anything_starts(tmp_path):
+    props = tmp_path / "p.properties"
+    props.write_text(NO_STREAM)
+    env = {k: v for k, v in os.environ.items() if k != "JAVA_HOME"}
+    done = subprocess.run(
+        [MLDSERVER, "run", "--handler", "tests.handlers:Noop", "--state-dir", str(tmp_path / "state"),
+         "--properties", str(props)],
+        cwd=ROOT, env={**env, "PYTHONPATH": str(ROOT), "PATH": str(tmp_path)}, capture_output=True, text=True,
+        timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 2
+    assert done.stderr.startswith("mldserver: no Java: mldserver run starts the KCL MultiLangDaemon with java 17")
+
+
+def test_no_jars_names_the_extra_to_install(tmp_path):
+    # An amazon_kclpy package without its jars ahead of the installed one on the path.
+    (tmp_path / "shadow" / "amazon_kclpy").mkdir(parents=True)
+    (tmp_path / "shadow" / "amazon_kclpy" / "__init__.py").write_text("")
+    props = tmp_path / "p.properties"
+    props.write_text(NO_STREAM)
+    done = subprocess.run(
+        [MLDSERVER, "run", "--handler", "tests.handlers:Noop", "--state-dir", str(tmp_path / "state"),
+         "--properties", str(props)],
+        cwd=ROOT, env={**os.environ, "PYTHONPATH": f"{tmp_path / 'shadow'}:{ROOT}"}, capture_output=True, text=True,
+        timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 2
+    assert done.stderr == ("mldserver: the KCL MultiLangDaemon jars are not installed: pip install 'mldserver[kcl]' "
+                           "(the kclpy-ext wheel ships them)\n")
+
+
+def test_the_systemd_unit_runs_mldserver_run_with_flags_it_has_and_signals_only_it():
+    from mldserver.cli import _parser
+
+    unit = (ROOT / "deploy" / "mldserver-run.service").read_text()
+    exec_start = unit.split("ExecStart=", 1)[1].split("\n#", 1)[0].replace("\\\n", " ").split()
+    args = _parser().parse_args(exec_start[1:])
+    assert (args.command, args.properties, args.handler) == ("run", "/etc/mldserver/mld.properties", "orders:Orders")
+    assert "\nKillMode=mixed\n" in unit and "\nRestart=on-failure\n" in unit
+
+
+def test_the_daemons_lines_that_matter_become_events():
+    from mldserver.daemon import scan
+
+    prefix = "2026-11-22 09:51:05,865 [ShardRecordProcessor-0003] INFO  s.a.kinesis.multilang.MessageWriter [NONE] - "
+    assert scan(prefix + "Writing LeaseLostMessage to child process for shard shardId-000000000002 ") == (
+        "daemon_lease_lost", "info", {"shard_id": "shardId-000000000002"})
+    discoverer = "2026-11-22 09:50:40,585 [LeaseCoordinator-0002] INFO  s.a.k.l.d.DynamoDBLeaseDiscoverer [NONE] - "
+    assert scan(discoverer + "New leases assigned to worker : fc92, count : 2, leases : [shardId-000000000000, "
+                             "shardId-000000000001] ") == (
+        "daemon_lease_taken", "info", {"count": 2, "leases": ["shardId-000000000000", "shardId-000000000001"]})
+    assert scan(discoverer + "New leases assigned to worker : fc92, count : 0, leases : [] ") is None
+    error = "2026-11-22 09:51:14,664 [Thread-1] ERROR s.a.k.multilang.MultiLangDaemon [NONE] - Encountered an error"
+    assert scan(error) == ("daemon_error", "error", {"line": error})
+    assert scan("java.lang.NoClassDefFoundError: javax/xml/bind/DatatypeConverter")[0] == "daemon_error"
+    assert scan("\tat software.amazon.kinesis.multilang.MultiLangDaemon.main(MultiLangDaemon.java:1)") is None
+    assert scan(prefix + "Writing ProcessRecordsMessage to child process for shard shardId-000000000002") is None
