@@ -68,9 +68,6 @@ class Metrics:
         self.window_commit_seconds = Histogram(
             "mldserver_window_commit_duration_seconds", "Sealing one closed window and committing it to the sink",
             buckets=COMMIT_BUCKETS, registry=r)
-        self.handler_process_restarts = Counter(
-            "mldserver_handler_process_restarts", "Handler processes started again after a crash, a time-out "
-            "or a memory limit (the handler-process pool increments it)", registry=r)
         self.loop_lag = Histogram(
             "mldserver_event_loop_lag_seconds", "How late the event loop woke a 10 ms sleep",
             buckets=LAG_BUCKETS, registry=r)
@@ -97,9 +94,6 @@ class Metrics:
 
     def window_committed(self, seconds: float) -> None:
         self.window_commit_seconds.observe(seconds)
-
-    def handler_process_restarted(self) -> None:
-        self.handler_process_restarts.inc()
 
     # -- the rest, read from the server when scraped --------------------------------
 
@@ -164,4 +158,8 @@ class _ServerCollector(Collector):
         if spark is not None:
             yield CounterMetricFamily("mldserver_spark_process_restarts", "Spark processes started again",
                                       value=spark.restarts)
+        pool = server.pool  # none in the server's loop (workers = 0): nothing to restart
+        yield CounterMetricFamily("mldserver_handler_process_restarts", "Handler processes started again after "
+                                  "a crash, a time-out or a memory limit",
+                                  value=0 if pool is None else pool.deaths + pool.replaced)
 

@@ -27,12 +27,12 @@ def test_two_servers_metrics_do_not_share_a_registry_nor_touch_the_global_one():
     a, b = Metrics(), Metrics()
     a.batch("shardId-1", 5)
     a.handler_call("process_records", "success", 0.002)
-    a.handler_process_restarted()
-    assert b.registry.get_sample_value("mldserver_handler_process_restarts_total") == 0
-    assert a.registry.get_sample_value("mldserver_handler_process_restarts_total") == 1
+    a.checkpoint("stored")
+    assert b.registry.get_sample_value("mldserver_checkpoints_total", {"outcome": "stored"}) is None
+    assert a.registry.get_sample_value("mldserver_checkpoints_total", {"outcome": "stored"}) == 1
     assert REGISTRY.get_sample_value("mldserver_handler_calls_total",
                                      {"callback": "process_records", "outcome": "success"}) is None
     names = {f.name for f in text_string_to_metric_families(generate_latest(a.registry).decode())}
     assert {"mldserver_handler_calls", "mldserver_handler_call_duration_seconds", "mldserver_dead_letters",
             "mldserver_checkpoints", "mldserver_window_commit_duration_seconds",
-            "mldserver_handler_process_restarts", "mldserver_event_loop_lag_seconds"} <= names
+            "mldserver_event_loop_lag_seconds"} <= names
