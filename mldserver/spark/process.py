@@ -65,6 +65,7 @@ class SparkProcess:
         self._ready = asyncio.Event()
         self._stopping = False
         self._gone: Exception | None = None  # why the supervisor gave up
+        self._closed = False  # stop() has run: no request will be answered again
         self.last_error: str | None = None  # for /status: the last exit or failed restart
         self.task: asyncio.Task[None] | None = None  # the supervisor, watched by the server
 
@@ -102,6 +103,8 @@ class SparkProcess:
         if task is not None:
             task.cancel()
             await asyncio.wait([task])
+        self._closed = True
+        self._ready.set()  # a request made from now on (a cursor closed late) fails instead of waiting
         self.log.info("spark_stopped", restarts=self.restarts)
         if task is not None and not task.cancelled() and task.exception() is not None:
             raise task.exception()  # the supervisor gave up (spark_restart_failed)
@@ -230,6 +233,8 @@ class SparkProcess:
     async def request(self, message: Mapping[str, Any]) -> dict[str, Any]:
         """Send one request and wait for its reply; SparkError if it failed there."""
         await self._ready.wait()
+        if self._closed:
+            raise SparkProcessDied("the Spark process has stopped (the server is shutting down)")
         if self._gone is not None:
             raise SparkProcessDied(f"the Spark process could not be started again ({self._gone})")
         proc = self._proc
