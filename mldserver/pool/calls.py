@@ -39,7 +39,7 @@ from ..logs import EventLogger
 from ..coordinator.ordering import Item
 from ..records import EVENT_TIME, Batch, ShardInfo, valid_event_time
 from ..shard.batches import BAD_ROW, BadRecords, EncodedRows, times_valid
-from ..shard.calls import FAILED, Outcome
+from ..shard.calls import FAILED, Calls, Outcome
 from .frames import decode_rows, encode_records
 from .pool import HandlerPool
 from .process import HandlerProcess, ProcessDied
@@ -55,7 +55,7 @@ class _InitializeFailed(Exception):
     pass
 
 
-class ProcessCalls:
+class ProcessCalls(Calls):
     def __init__(
         self,
         pool: HandlerPool,
@@ -66,12 +66,8 @@ class ProcessCalls:
         backoff: Backoff,
         log: EventLogger,
     ) -> None:
+        super().__init__(context, retries=retries, timeout=timeout, backoff=backoff, log=log)
         self.pool = pool
-        self.context = context
-        self.retries = retries
-        self.timeout = timeout
-        self.backoff = backoff
-        self.log = log
         self.key = next(_keys)
         self.proc: HandlerProcess | None = None
         self.shard: ShardInfo | None = None
@@ -79,20 +75,10 @@ class ProcessCalls:
         self._left = 0  # the shard moves to a process numbered above this (see _leave)
         self._stored: Any = None  # the position the daemon stored last (a Position)
         self._answering: set[asyncio.Task[Any]] = set()  # the handler's requests being answered
-        self._current: asyncio.Future[Any] | None = None  # the call under way (abort cancels it)
-        self._aborted: str | None = None
-        self.running: str | None = None  # the callback being called, if any (``slots_held``)
 
     def create(self) -> str | None:
         """The instance is made in the handler process, with ``initialize``."""
         return None
-
-    def abort(self, reason: str) -> None:
-        """Cancel the call under way (its action is then answered as failed) and start
-        no other: the server is stopping and will not wait for it."""
-        self._aborted = reason
-        if self._current is not None:
-            self._current.cancel()
 
     def close(self) -> None:
         """The connection is over: the process forgets the shard's instance."""

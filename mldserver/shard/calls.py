@@ -127,7 +127,32 @@ async def reap_abandoned(grace: float = GRACE_CAP) -> int:
     return len(tasks)
 
 
-class HandlerCalls:
+class Calls:
+    """What both implementations of the seam share: the call policy from the settings
+    (``retries`` after a failure, ``timeout`` per call, ``backoff`` between attempts),
+    the callback under way (``running``, for ``slots_held``) and ``abort``.
+    ``HandlerCalls`` runs the handler in this loop; ``pool.ProcessCalls`` in a handler
+    process."""
+
+    def __init__(self, context: Any, *, retries: int, timeout: float, backoff: Backoff, log: EventLogger) -> None:
+        self.context = context
+        self.retries = retries
+        self.timeout = timeout
+        self.backoff = backoff
+        self.log = log
+        self.running: str | None = None  # the callback being called, if any
+        self._current: asyncio.Future[Any] | None = None  # the call under way (abort cancels it)
+        self._aborted: str | None = None
+
+    def abort(self, reason: str) -> None:
+        """Cancel the call under way (its action is then answered as failed) and start
+        no other: the server is stopping and will not wait for it."""
+        self._aborted = reason
+        if self._current is not None:
+            self._current.cancel()
+
+
+class HandlerCalls(Calls):
     def __init__(
         self,
         factory: Callable[[Any], Any],
@@ -139,17 +164,10 @@ class HandlerCalls:
         log: EventLogger,
         grace: float | None = None,
     ) -> None:
+        super().__init__(context, retries=retries, timeout=timeout, backoff=backoff, log=log)
         self.factory = factory
-        self.context = context
-        self.retries = retries
-        self.timeout = timeout
-        self.backoff = backoff
-        self.log = log
         self.grace = min(GRACE_CAP, max(timeout / 2, 0.05)) if grace is None else grace
         self.handler: Any = None
-        self._current: asyncio.Task[Any] | None = None
-        self.running: str | None = None  # the callback being called, if any
-        self._aborted: str | None = None
         self._failure: BaseException | None = None  # the last attempt's exception, for its traceback
 
     def create(self) -> str | None:
@@ -166,13 +184,6 @@ class HandlerCalls:
             return error
         self.handler = handler
         return None
-
-    def abort(self, reason: str) -> None:
-        """Cancel the call under way (its action is then answered as failed) and start
-        no other: the server is stopping and will not wait for it."""
-        self._aborted = reason
-        if self._current is not None:
-            self._current.cancel()
 
     def close(self) -> None:
         """The connection is over (nothing to release in this loop)."""
