@@ -71,7 +71,8 @@ class Metrics:
         self.loop_lag = Histogram(
             "mldserver_event_loop_lag_seconds", "How late the event loop woke a 10 ms sleep",
             buckets=LAG_BUCKETS, registry=r)
-        # Per shard, kept here (a shard's counts outlive its connections); read at scrape.
+        # Per shard, while its connection lasts (``forget``: a server that serves many
+        # shards over time must not keep a series for each); read at scrape.
         self.records: dict[str, int] = {}
         self.batches: dict[str, int] = {}
         self._collector: _ServerCollector | None = None
@@ -81,6 +82,12 @@ class Metrics:
     def batch(self, shard_id: str, records: int) -> None:
         self.records[shard_id] = self.records.get(shard_id, 0) + records
         self.batches[shard_id] = self.batches.get(shard_id, 0) + 1
+
+    def forget(self, shard_id: str) -> None:
+        """The shard's connection ended: its series go (a counter that starts again
+        at 0 on the next connection is a reset, which ``rate()`` expects)."""
+        self.records.pop(shard_id, None)
+        self.batches.pop(shard_id, None)
 
     def handler_call(self, callback: str, outcome: str, seconds: float) -> None:
         self.handler_calls.labels(callback, outcome).inc()

@@ -313,6 +313,8 @@ class Worker:
             self._release()
             self.calls.close()
             self.downstream.close()  # the coordinator may forget the shard once it is done
+            if self.metrics is not None and self.shard is not None:
+                self.metrics.forget(self.shard.shard_id)
             self.log.info("closed", batches=self.batches, records=self.records, state=self.conn.state.name)
             self.writer.close()
 
