@@ -16,7 +16,12 @@
 from __future__ import annotations
 
 import asyncio
-from typing import Callable, TypeVar
+import contextlib
+import subprocess
+from pathlib import Path
+from typing import Callable, Iterator, TypeVar
+
+import pytest
 
 T = TypeVar("T")
 
@@ -47,3 +52,18 @@ async def eventually(condition: Callable[[], T], timeout: float = 5.0, *, what: 
         if loop.time() >= deadline:
             raise AssertionError(f"{what} not reached within {timeout} s")
         await asyncio.sleep(interval)
+
+
+@contextlib.contextmanager
+def small_tmpfs(path: Path, size: str) -> Iterator[Path]:
+    """A real tmpfs of ``size`` at ``path``: a disk that really fills up. Needs root
+    (or CAP_SYS_ADMIN); where the mount is refused the test fails and says why."""
+    path.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], capture_output=True,
+                          text=True)
+    if done.returncode != 0:
+        pytest.fail(f"cannot mount a small tmpfs here ({done.stderr.strip()}): these tests need root")
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], capture_output=True)

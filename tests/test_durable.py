@@ -7,7 +7,6 @@ import errno
 import logging
 import os
 import re
-import subprocess
 
 import pytest
 from hypothesis import given, settings
@@ -28,6 +27,7 @@ from mldserver.durable import (
 from mldserver.logs import get_logger
 
 from .faults.conftest import SmallFs
+from .helpers import small_tmpfs
 
 # Any text, and ids close to real ones, where an escaped character meets its escape.
 shard_ids = st.text(max_size=300) | st.from_regex(r"shardId-[0-9]{12}[_/. -]?[0-9a-f_/]{0,4}", fullmatch=True)
@@ -107,16 +107,8 @@ def test_utc_timestamp_is_iso_to_the_millisecond():
 @pytest.fixture
 def small_fs(tmp_path):
     """A real 256 KiB tmpfs (a disk that fills up); needs root, as the fault tests do."""
-    path = tmp_path / "small"
-    path.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(path)], capture_output=True,
-                          text=True)
-    if done.returncode != 0:
-        pytest.fail(f"cannot mount a small tmpfs here ({done.stderr.strip()}): this test needs root")
-    try:
+    with small_tmpfs(tmp_path / "small", "256k") as path:
         yield SmallFs(path)
-    finally:
-        subprocess.run(["umount", "-l", str(path)], capture_output=True)
 
 
 def test_an_append_that_fails_half_way_leaves_the_file_as_it_was(small_fs):

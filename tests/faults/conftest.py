@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from .peer import Peer, events
+from ..helpers import small_tmpfs
 
 
 @pytest.fixture(autouse=True)
@@ -84,16 +85,8 @@ class SmallFs:
 @pytest.fixture
 def small_fs(tmp_path):
     """A 1 MiB tmpfs (a disk that really fills up). Needs root (or CAP_SYS_ADMIN)."""
-    path = tmp_path / "small"
-    path.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(path)], capture_output=True,
-                          text=True)
-    if done.returncode != 0:
-        pytest.fail(f"cannot mount a small tmpfs here ({done.stderr.strip()}): these tests need root")
-    try:
+    with small_tmpfs(tmp_path / "small", "1m") as path:
         yield SmallFs(path)
-    finally:
-        subprocess.run(["umount", "-l", str(path)], capture_output=True)
 
 
 def _errors(log_path: Path) -> str:
