@@ -44,6 +44,7 @@ from typing import Any, Callable, NamedTuple
 from ..backoff import Backoff
 from ..checkpointer import Checkpointer
 from ..errors import CheckpointError, ConfigError
+from ..failures import FailureGuard
 from ..logs import EventLogger
 from ..records import Emitted
 
@@ -60,6 +61,9 @@ class Outcome(NamedTuple):
     result: str  # OK, CHECKPOINT_FAILED or FAILED
     error: str | None = None
     rows: list[Emitted] | None = None  # what process_records emitted, when collected
+    # process_records: the records it gave up on (batch.fail), (index in the batch,
+    # error, attempts), for the worker to dead-letter; the call itself is done
+    failed: list[tuple[int, str, int]] | None = None
 
     @property
     def ok(self) -> bool:
@@ -69,7 +73,7 @@ class Outcome(NamedTuple):
 
 def _invoke(handler: Any, action: str, arg: Any, cp: Checkpointer) -> Any:
     if action == "process_records":
-        return handler.process_records(arg, cp)
+        return handler.process_records(arg, FailureGuard(cp, arg))
     if action == "initialize":
         return handler.initialize(arg)
     if action == "lease_lost":
@@ -143,6 +147,20 @@ class Calls:
         self.running: str | None = None  # the callback being called, if any
         self._current: asyncio.Future[Any] | None = None  # the call under way (abort cancels it)
         self._aborted: str | None = None
+        # Counts since the worker last took them (``take_stats``): attempts that ran past
+        # execution_timeout (``timeout_count``), and what the handler counted in its
+        # calls (a ChangeHandler's ``on_update_success``, ...), failed attempts included.
+        self.stats: dict[str, int] = {}
+
+    def count(self, stats: dict[str, int] | None) -> None:
+        if stats:
+            mine = self.stats
+            for name, n in stats.items():
+                mine[name] = mine.get(name, 0) + n
+
+    def take_stats(self) -> dict[str, int]:
+        stats, self.stats = self.stats, {}
+        return stats
 
     def abort(self, reason: str) -> None:
         """Cancel the call under way (its action is then answered as failed) and start
@@ -200,10 +218,15 @@ class HandlerCalls(Calls):
                 return Outcome(FAILED, f"not called: {self._aborted}")
             if collect_rows:
                 arg.rows = []  # a retried call starts over: no row twice
+            if action == "process_records":
+                arg.failed = arg.stats = None  # nor a failed record
             try:
                 outcome, error, final = await self._attempt(action, arg, checkpointer)
+                if action == "process_records":
+                    self.count(arg.stats)
                 if outcome is not None:
-                    return outcome._replace(rows=arg.rows if collect_rows else None)
+                    failed = arg.settle_failures() if action == "process_records" else None
+                    return outcome._replace(rows=arg.rows if collect_rows else None, failed=failed or None)
             finally:
                 if collect_rows:
                     arg.rows = None  # the rows are in the outcome (or dropped): the batch no longer collects
@@ -249,6 +272,7 @@ class HandlerCalls(Calls):
                 if not done:
                     _abandoned.add(task)
                     task.add_done_callback(_retrieve)
+                    self.count({"timeout_count": 1})
                     self.log.error(
                         "handler_stuck",
                         callback=action,
@@ -262,6 +286,7 @@ class HandlerCalls(Calls):
                     task.exception()  # retrieved: the time-out is what counts
                 if self._aborted is not None:
                     return None, f"cancelled: {self._aborted}", True
+                self.count({"timeout_count": 1})
                 return None, f"timed out after {self.timeout} s (execution_timeout)", False
         except asyncio.CancelledError:  # our own cancellation: the call goes with it
             task.cancel()

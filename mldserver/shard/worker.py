@@ -67,6 +67,7 @@ from ..config import Settings
 from ..deadletters import DeadLetters
 from ..durable import on_blocked, utc_timestamp
 from ..errors import CheckpointError
+from ..failures import RECORD_FAILED
 from ..logs import EventLogger
 from ..metrics import Metrics, call_outcome
 from ..pausing import Pause
@@ -543,6 +544,8 @@ class Worker:
             self.progress.batch_done()  # an idle shard holds no batch in memory
         if not outcome.ok:
             await self._dead_letter_all([BadRecords(event.records, "handler failed", outcome.error or "")])
+        elif outcome.failed:
+            await self._dead_letter_failed(records, outcome.failed)  # before any checkpoint can pass them
         items, bad = encode_rows(outcome.rows or ())
         await self._dead_letter_all(bad)
         assert self.shard is not None
@@ -569,6 +572,9 @@ class Worker:
         if self.metrics is not None:
             self.metrics.handler_call(action, call_outcome(outcome.result, outcome.error),
                                       time.perf_counter() - started)
+            stats = self.calls.take_stats()
+            if stats:
+                self.metrics.handler_stats(action, stats)
         return outcome
 
     async def _paused(self, event: Action) -> None:
@@ -731,6 +737,14 @@ class Worker:
             self.log.error("dead_letter_failed", path=str(tmp), error=f"{type(exc).__name__}: {exc}")
             return None
         return path
+
+    async def _dead_letter_failed(self, records: list[Any], failed: list[Any]) -> None:
+        """The records the handler gave up on (``batch.fail``), each with its error, in
+        one write."""
+        entries = [(records[i].to_json(), error, attempts) for i, error, attempts in failed]
+        path = await self.dead_letters.failed_records(self.conn.shard_id, entries, RECORD_FAILED)
+        self.log.error("dead_lettered", reason=RECORD_FAILED, error=entries[0][1], records=len(entries),
+                       path=str(path))
 
     async def _dead_letter_all(self, bad: list[BadRecords]) -> None:
         for raws, reason, error in bad:
