@@ -12,6 +12,7 @@ can later run the handler in another process::
     outcome = await calls.call("process_records", batch, checkpointer, collect_rows=True)
     outcome.ok, outcome.result, outcome.error, outcome.rows
     #   True, "ok", None, [Emitted(record, {"k": 1}, None), ...]
+    #   (outcome.failed: [(41, "ValueError: bad", 3)], the records batch.fail gave up on)
     #   False, "failed", "ValueError: bad order", None       (after every attempt failed)
     #   True, "checkpoint_failed", "ThrottlingException", None   (a CheckpointError escaped)
 
@@ -33,6 +34,11 @@ Each attempt runs in its own task, so nothing the handler does reaches the calle
 - a callback that is not a coroutine function is a failure that is not retried, named
   in one line; ``check_factory()`` refuses such a handler class at load, ``create()``
   any other handler at its creation.
+
+What the handler counted in its calls (``batch.stats``: a ``ChangeHandler``'s
+``on_update_success``, ...), failed attempts included, and each attempt that ran past
+``timeout`` (``timeout_count``) add up in ``stats`` until the worker takes them
+(``take_stats``) for the metrics.
 """
 
 from __future__ import annotations
