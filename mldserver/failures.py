@@ -60,18 +60,28 @@ def held_at(batch: Batch, sequence_number: Any, sub_sequence_number: Any) -> tup
     assert batch.failed
     first = min(batch.failed)
     records = batch.records
-    try:
-        limit = records[first].position
-    except ValueError:  # no position to compare with: hold at the record before it
-        limit = None
-    if sequence_number is not None and limit is not None and isinstance(sequence_number, (str, int)):
+    before = records[first - 1] if first > 0 else None
+    wanted = None
+    if sequence_number is not None and isinstance(sequence_number, (str, int)):
         wanted = Position.parse(str(sequence_number), sub_sequence_number or 0)
-        if wanted is not None:
+    if wanted is not None:
+        limit = _position(records[first])
+        if limit is not None:  # strictly before the failed record (all of a sequence number, without a sub)
             if sub_sequence_number is None and wanted.seq < limit.seq:
                 return sequence_number, sub_sequence_number
             if sub_sequence_number is not None and (wanted.seq, wanted.sub) < (limit.seq, limit.sub):
                 return sequence_number, sub_sequence_number
-    if first == 0:
+        else:  # no position to compare with: at most the record before it
+            last = _position(before) if before is not None else None
+            if last is not None and sub_sequence_number is not None and (wanted.seq, wanted.sub) <= last[:2]:
+                return sequence_number, sub_sequence_number
+    if before is None:
         return None
-    before = records[first - 1]
     return before.sequence_number, before.sub_sequence_number or 0
+
+
+def _position(record: Any) -> Position | None:
+    try:
+        return record.position
+    except ValueError:  # a record without a valid sequence number
+        return None

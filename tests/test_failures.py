@@ -58,3 +58,11 @@ def test_sub_sequence_numbers_of_one_aggregate_are_held_apart():
     assert held_at(batch, "100", 1) == ("100", 1)
     assert held_at(batch, "100", None) == ("100", 1)  # all of 100 would pass 100/2
     assert held_at(batch, "101", 0) == ("100", 1)
+
+
+def test_a_failed_record_without_a_position_holds_at_the_record_before_it_and_no_further():
+    batch = batch_of([("100", 0), ("101", 0), ("x", 0), ("103", 0)])
+    batch.fail(batch.records[2], "malformed")
+    assert held_at(batch, None, None) == ("101", 0)
+    assert held_at(batch, "100", 0) == ("100", 0)
+    assert held_at(batch, "103", 0) == ("101", 0)
