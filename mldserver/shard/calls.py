@@ -158,11 +158,12 @@ class Calls:
         # calls (a ChangeHandler's ``on_update_success``, ...), failed attempts included.
         self.stats: dict[str, int] = {}
 
-    def count(self, stats: dict[str, int] | None) -> None:
-        if stats:
+    def count(self, stats: Any) -> None:
+        if stats and type(stats) is dict:
             mine = self.stats
             for name, n in stats.items():
-                mine[name] = mine.get(name, 0) + n
+                if type(n) is int and type(name) is str:  # (what a handler put there: counts only)
+                    mine[name] = mine.get(name, 0) + n
 
     def take_stats(self) -> dict[str, int]:
         stats, self.stats = self.stats, {}

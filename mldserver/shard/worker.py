@@ -741,7 +741,13 @@ class Worker:
     async def _dead_letter_failed(self, records: list[Any], failed: list[Any]) -> None:
         """The records the handler gave up on (``batch.fail``), each with its error, in
         one write."""
-        entries = [(records[i].to_json(), error, attempts) for i, error, attempts in failed]
+        entries = [(records[i].to_json(), error, attempts) for i, error, attempts in failed
+                   if type(i) is int and 0 <= i < len(records)]
+        if len(entries) < len(failed):  # not from this batch: a defect on the handler's side of the seam
+            self.log.error("failed_records_unknown", failed=failed[:10], records=len(records),
+                           what_to_do="report this: the handler named records the batch does not have")
+        if not entries:
+            return
         path = await self.dead_letters.failed_records(self.conn.shard_id, entries, RECORD_FAILED)
         self.log.error("dead_lettered", reason=RECORD_FAILED, error=entries[0][1], records=len(entries),
                        path=str(path))
