@@ -74,3 +74,21 @@ async def test_without_a_sink_a_checkpoint_in_the_batch_stops_short_of_a_failed_
         assert daemon.checkpoints[SHARD] == (nxt[-1]["sequenceNumber"], 0)
         await shard.lease_lost()
         assert await shard.close() == 0
+
+
+async def test_a_records_retries_count_against_the_calls_execution_timeout(tmp_path):
+    # the poisoned record's backoff outlasts the call's time-out: the call fails, and the
+    # whole batch is dead-lettered as a failed call (no record twice, none lost)
+    sent = records()
+    async with running(tmp_path, "Changes", sink=False, workers=0, handler_backoff=2.0, execution_timeout=0.3,
+                       handler_retries=1) as (server, _, daemon):
+        shard = await daemon.shard(SHARD)
+        await shard.process_records(sent)
+        await shard.lease_lost()
+        assert await shard.close() == 0
+    letters = dead_letters(tmp_path, SHARD)
+    assert [letter["sequence_number"] for letter in letters] == [r["sequenceNumber"] for r in sent]
+    assert {letter["reason"] for letter in letters} == {"handler failed"}
+    assert "execution_timeout" in letters[0]["error"]
+    assert server.metrics.registry.get_sample_value("mldserver_handler_timeouts_total",
+                                                    {"callback": "process_records"}) == 2
