@@ -71,6 +71,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from operator import itemgetter
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -102,23 +103,19 @@ class ChangeError(ValueError):
     """A record a change handler cannot make a change of: given up without a retry."""
 
 
-class _Unset:
+class Meta(tuple):
+    """What a callback knows of its record besides the document: ``meta.record`` and,
+    for a DynamoDB change, ``meta.change`` (the Streams record, parsed JSON), read
+    through the properties below. Keys and images are decoded on each access (keep
+    what you use in a variable). Made at C speed, once a record."""
+
     __slots__ = ()
 
+    def __new__(cls, record: Record, change: dict[str, Any] | None = None) -> "Meta":
+        return _new(cls, (record, change))
 
-_UNSET = _Unset()
-
-
-class Meta:
-    """What a callback knows of its record besides the document. Decoded on first use."""
-
-    __slots__ = ("record", "change", "_keys", "_old")
-
-    def __init__(self, record: Record, change: dict[str, Any] | None = None) -> None:
-        self.record = record
-        self.change = change  # the DynamoDB Streams record (parsed JSON), None for Kinesis
-        self._keys: Any = _UNSET
-        self._old: Any = _UNSET
+    record = property(itemgetter(0), doc="The record (``mldserver.Record``).")
+    change = property(itemgetter(1), doc="The DynamoDB Streams record (parsed JSON), None for Kinesis.")
 
     # -- every record --------------------------------------------------------------
 
@@ -163,19 +160,15 @@ class Meta:
     @property
     def keys(self) -> dict[str, Any] | None:
         """The item's primary key attributes, decoded."""
-        if self._keys is _UNSET:
-            keys = None if self.change is None else self.change["dynamodb"].get("Keys")
-            self._keys = decode_item(keys, "dynamodb.Keys") if keys else None
-        return self._keys
+        keys = None if self.change is None else self.change["dynamodb"].get("Keys")
+        return decode_item(keys, "dynamodb.Keys") if keys else None
 
     @property
     def old(self) -> dict[str, Any] | None:
         """The item before the change, decoded, when the stream has old images
         (``OLD_IMAGE``, ``NEW_AND_OLD_IMAGES``); else None."""
-        if self._old is _UNSET:
-            old = None if self.change is None else self.change["dynamodb"].get("OldImage")
-            self._old = decode_item(old, "dynamodb.OldImage") if old else None
-        return self._old
+        old = None if self.change is None else self.change["dynamodb"].get("OldImage")
+        return decode_item(old, "dynamodb.OldImage") if old else None
 
     @property
     def creation_time_ms(self) -> int | None:
@@ -228,18 +221,18 @@ def parse_change(record: Record, kinesis_doc: Any = None) -> tuple[str, Any, Met
     try:
         obj = _loads(data)
     except _JSONDecodeError:
-        return UPDATE, data if kinesis_doc is None else kinesis_doc(data), Meta(record)
+        return UPDATE, data if kinesis_doc is None else kinesis_doc(data), _new(Meta, (record, None))
     if type(obj) is dict and obj.get("eventSource") == "aws:dynamodb":
         ddb = obj.get("dynamodb")
         if type(ddb) is dict:
             name = obj.get("eventName")
             if name == "INSERT" or name == "MODIFY":
                 image = ddb.get("NewImage")
-                return UPDATE, decode_item(image, "dynamodb.NewImage") if image else None, Meta(record, obj)
+                return UPDATE, decode_item(image, "dynamodb.NewImage") if image else None, _new(Meta, (record, obj))
             if name == "REMOVE":
-                return DELETE, None, Meta(record, obj)
+                return DELETE, None, _new(Meta, (record, obj))
             raise ChangeError(f"eventName {name!r:.60}: a DynamoDB stream record's is INSERT, MODIFY or REMOVE")
-    return UPDATE, obj if kinesis_doc is None else kinesis_doc(data), Meta(record)
+    return UPDATE, obj if kinesis_doc is None else kinesis_doc(data), _new(Meta, (record, None))
 
 
 _DEFAULTS: Any = None
@@ -264,8 +257,7 @@ class ChangeHandler(Handler):
     # The record being handled (set while a callback runs): class defaults, so that a
     # subclass's __init__ need not call ours.
     _batch: Batch | None = None
-    _record: Record | None = None
-    _meta: Meta | None = None
+    _meta: Meta | None = None  # (its record is the one being handled)
     _checkpointed_at: float | None = None
 
     async def on_update(self, doc: Any, meta: Meta) -> None:
@@ -290,9 +282,9 @@ class ChangeHandler(Handler):
         if rows is None:
             return  # no sink: rows are not collected
         meta = self._meta
-        if event_time_ms is None and meta.change is not None:  # type: ignore[union-attr]
+        if event_time_ms is None and meta[1] is not None:  # type: ignore[index]  (a DynamoDB change)
             event_time_ms = meta.creation_time_ms  # type: ignore[union-attr]
-        rows.append(_new(Emitted, (self._record, row, event_time_ms)))
+        rows.append(_new(Emitted, (meta[0], row, event_time_ms)))  # type: ignore[index]
 
     async def process_records(self, batch: Batch, checkpointer: Checkpointer) -> None:
         await self.dispatch(batch)
@@ -322,7 +314,7 @@ class ChangeHandler(Handler):
                     except ValueError as exc:  # (ChangeError, DynamoDBJSONError, bad base64)
                         self._give_up(batch, record, exc, callback=None, attempts=1)
                         break
-                    self._record, self._meta = record, meta
+                    self._meta = meta
                     mark = len(rows) if rows is not None else 0
                     try:
                         if callback is UPDATE:
@@ -355,7 +347,7 @@ class ChangeHandler(Handler):
                         delete_ok += 1
                     break
         finally:
-            self._batch = self._record = self._meta = None
+            self._batch = self._meta = None
             stats = batch.stats
             if stats is None:
                 stats = batch.stats = {}
