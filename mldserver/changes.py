@@ -142,6 +142,12 @@ class Meta(tuple):
         return self.record.sub_sequence_number
 
     @property
+    def position(self) -> Any:
+        """The record's :class:`~mldserver.positions.Position` (sequence and sub-sequence
+        numbers, compared as integers)."""
+        return self.record.position
+
+    @property
     def arrival_time_ms(self) -> int | None:
         """The record's ``approximateArrivalTimestamp`` (epoch ms)."""
         return self.record.approximate_arrival_timestamp

@@ -98,11 +98,13 @@ async def test_a_deletion_by_ttl_is_marked_expired():
 
 async def test_a_stream_without_new_images_gives_no_doc_and_seconds_are_read_as_seconds():
     keys_only = change(1, "INSERT", KEY, view="KEYS_ONLY", created=1795347960.5)
+    empty = change(2, "MODIFY", KEY, new={}, old={}, view="KEYS_ONLY")  # the KCL 3.x adapter writes absent maps so
     handler = Seen(context())
-    await handler.dispatch(batch_of([dynamodb_record(keys_only, v1=True)]))
-    (_, doc, meta), = handler.seen
+    await handler.dispatch(batch_of([dynamodb_record(keys_only, v1=True), dynamodb_record(empty)]))
+    (_, doc, meta), (_, doc2, meta2) = handler.seen
     assert doc is None and meta.keys == {"pk": "a"} and meta.old is None
     assert meta.creation_time_ms == 1795347960500 and meta.partition_key is None  # the KCL 1.x adapter's
+    assert doc2 is None and meta2.old is None and meta2.position.seq == 2
 
 
 async def test_kinesis_records_give_the_decoded_json_or_the_bytes():
