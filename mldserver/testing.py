@@ -22,6 +22,12 @@ Example, testing a handler through a running server::
     await shard.shard_ended()                                 # checkpoints SHARD_END
     assert daemon.checkpoints["shardId-000000000000"] == SHARD_END
     await shard.close()                                       # close stdin, child exits
+
+DynamoDB stream records as the KCL's DynamoDB Streams adapter delivers them, from the
+Streams API's own (boto3's ``get_records``; DynamoDB Local's stream too)::
+
+    records = [dynamodb_record(adapter_change(r)) for r in streams.get_records(...)["Records"]]
+    await shard.process_records(records)
 """
 
 from __future__ import annotations
