@@ -56,6 +56,8 @@ class _InitializeFailed(Exception):
 
 
 class ProcessCalls(Calls):
+    reads_line = True
+
     def __init__(
         self,
         pool: HandlerPool,

@@ -49,6 +49,7 @@ from ..context import Context
 from ..errors import CheckpointError, ConfigError
 from ..importer import import_from_string
 from ..logs import configure, get_logger
+from ..malloc import large_buffers_from_mmap
 from ..records import Batch, ShardInfo
 from ..shard.calls import check_factory
 from .frames import RUN, CallFrame, StartFrame, encode, encode_rows, read_frame_async, records_from
@@ -285,6 +286,7 @@ async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> N
     gc.collect()
     gc.freeze()
     gc.set_threshold(50_000, 20, 100)
+    large_buffers_from_mmap()
     stack = open(start["state"] + ".stack", "w")
     faulthandler.enable(stack, all_threads=True)
     faulthandler.register(signal.SIGUSR1, stack, all_threads=True)

@@ -22,7 +22,9 @@ What crosses, and how often (one shard's action is one ``call`` and one ``done``
 The records of a batch cross as the daemon's processRecords line, the bytes that
 arrived (``"line": true``), or, when the server changed them (KPL aggregates expanded,
 malformed records taken out), as one JSON array of record objects (``encode_records``);
-the child wraps them in lazy ``Record``s as the server does. The rows a batch emitted
+the child wraps them in lazy ``Record``s, each over its record in the line parsed once
+by pysimdjson (``protocol/lazy.py``): a field becomes a Python object when the handler
+reads it. The rows a batch emitted
 come back as one columnar body per batch, never a frame per row (``encode_rows`` /
 ``decode_rows``)::
 
@@ -40,6 +42,7 @@ from typing import Any, Iterable, Literal, Sequence, TypedDict
 
 import orjson
 
+from ..protocol.lazy import LazyRecords
 from ..records import EVENT_TIME, Record, valid_event_time
 from ..spark.frames import encode, read_frame, read_frame_async
 
@@ -105,6 +108,9 @@ def records_from(body: bytes, line: bool = False) -> list[Record]:
         return []
     if not line:
         return list(map(Record, orjson.loads(body)))
+    lazy = LazyRecords.parse(body, keep=True)  # each record read when the handler reads it
+    if lazy is not None:
+        return list(map(Record, lazy.objects()))
     try:
         message = orjson.loads(body)
     except orjson.JSONDecodeError:  # not UTF-8: decoded tolerantly, as the protocol core does
