@@ -53,7 +53,7 @@ from ..logs import configure, get_logger
 from ..malloc import large_buffers_from_mmap
 from ..records import Batch, ShardInfo
 from ..shard.calls import check_factory
-from .frames import RUN, CallFrame, StartFrame, encode, encode_rows, read_frame_async, records_from
+from .frames import RUN, CallFrame, StartFrame, encode, encode_head, encode_rows, read_frame_async, records_from
 
 log = get_logger("mldserver.handler")
 WATCH_INTERVAL = 0.05
@@ -167,7 +167,9 @@ class Child:
         self.beat = time.monotonic()
 
     def send(self, message: dict[str, Any], body: bytes = b"") -> None:
-        self.writer.write(encode(message, body))
+        self.writer.write(encode_head(message, len(body)))
+        if body:
+            self.writer.write(body)
 
     async def request(self, message: dict[str, Any]) -> dict[str, Any]:
         self.reqs += 1

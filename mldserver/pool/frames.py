@@ -44,7 +44,7 @@ import orjson
 
 from ..protocol.lazy import LazyRecords
 from ..records import EVENT_TIME, Record, valid_event_time
-from ..spark.frames import encode, read_frame, read_frame_async
+from ..spark.frames import HEADER, encode, read_frame, read_frame_async
 
 __all__ = [
     "CallFrame",
@@ -52,6 +52,7 @@ __all__ = [
     "StartFrame",
     "decode_rows",
     "encode",
+    "encode_head",
     "encode_records",
     "encode_rows",
     "read_frame",
@@ -92,6 +93,13 @@ class DoneFrame(TypedDict):
     traceback: str | None
     rows: int
     bad: list[tuple[int, str]]
+
+
+def encode_head(message: dict[str, Any], body_size: int) -> bytes:
+    """A frame without its body (``encode``'s first part): the body, a batch's line of
+    megabytes, is written after it as it is, not copied into one buffer with it."""
+    data = orjson.dumps(message, default=str)
+    return HEADER.pack(len(data), body_size) + data
 
 
 def encode_records(records: Sequence[Record]) -> bytes:

@@ -144,8 +144,9 @@ class LineRecords(Sequence[Record]):
             i += n
         if not 0 <= i < n:
             raise IndexError("record index out of range")
-        position = self.positions[i] if self.positions is not None else self._last if i == n - 1 else None
-        return Record(self.raws.obj(i), None, position)
+        if i == n - 1:  # the one the server always reads: kept from the first reading
+            return Record(self.raws.last(), None, self._last)
+        return Record(self.raws.obj(i), None, self.positions[i] if self.positions is not None else None)
 
 
 def _deaggregated(raws: list[Any]) -> tuple[list[Record], list[BadRecords]]:
