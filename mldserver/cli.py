@@ -203,9 +203,12 @@ def tune(*, sink: bool) -> None:
     """
     import gc
 
+    from .malloc import large_buffers_from_mmap
+
     gc.collect()
     gc.freeze()
     gc.set_threshold(50_000, 20, 100)
+    large_buffers_from_mmap()  # a batch's megabyte buffers go back to the system when freed
     if sink:
         # Sink commits run in a thread that needs the GIL between its system calls;
         # with the loop decoding batches, the default 5 ms hand-over made each commit

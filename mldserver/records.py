@@ -90,7 +90,8 @@ class Record:
 
     def to_json(self) -> dict[str, Any]:
         """The record as the daemon wrote it (data base64), e.g. for a dead letter."""
-        raw = dict(self._raw)
+        raw = self._raw
+        raw = dict(raw) if type(raw) is dict else raw.as_dict()  # (a record of a line read lazily)
         if raw.get("data") is None and self._data is not None:
             raw["data"] = binascii.b2a_base64(self._data, newline=False).decode("ascii")
         return raw

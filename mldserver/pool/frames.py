@@ -23,7 +23,9 @@ What crosses, and how often (one shard's action is one ``call`` and one ``done``
 The records of a batch cross as the daemon's processRecords line, the bytes that
 arrived (``"line": true``), or, when the server changed them (KPL aggregates expanded,
 malformed records taken out), as one JSON array of record objects (``encode_records``);
-the child wraps them in lazy ``Record``s as the server does. The rows a batch emitted
+the child wraps them in lazy ``Record``s, each over its record in the line parsed once
+by pysimdjson (``protocol/lazy.py``): a field becomes a Python object when the handler
+reads it. The rows a batch emitted
 come back as one columnar body per batch, never a frame per row (``encode_rows`` /
 ``decode_rows``)::
 
@@ -45,8 +47,9 @@ from typing import Any, Iterable, Literal, NotRequired, Sequence, TypedDict
 
 import orjson
 
+from ..protocol.lazy import LazyRecords
 from ..records import EVENT_TIME, Record, valid_event_time
-from ..spark.frames import encode, read_frame, read_frame_async
+from ..spark.frames import HEADER, encode, read_frame, read_frame_async
 
 __all__ = [
     "CallFrame",
@@ -54,6 +57,7 @@ __all__ = [
     "StartFrame",
     "decode_rows",
     "encode",
+    "encode_head",
     "encode_records",
     "encode_rows",
     "read_frame",
@@ -98,6 +102,13 @@ class DoneFrame(TypedDict):
     stats: NotRequired[dict[str, int]]  # what the handler counted (on_update_success, ...)
 
 
+def encode_head(message: dict[str, Any], body_size: int) -> bytes:
+    """A frame without its body (``encode``'s first part): the body, a batch's line of
+    megabytes, is written after it as it is, not copied into one buffer with it."""
+    data = orjson.dumps(message, default=str)
+    return HEADER.pack(len(data), body_size) + data
+
+
 def encode_records(records: Sequence[Record]) -> bytes:
     """The batch's records as the daemon wrote them (a de-aggregated record carries
     its user record's data, base64)."""
@@ -112,6 +123,9 @@ def records_from(body: bytes, line: bool = False) -> list[Record]:
         return []
     if not line:
         return list(map(Record, orjson.loads(body)))
+    lazy = LazyRecords.parse(body, keep=True)  # each record read when the handler reads it
+    if lazy is not None:
+        return list(map(Record, lazy.objects()))
     try:
         message = orjson.loads(body)
     except orjson.JSONDecodeError:  # not UTF-8: decoded tolerantly, as the protocol core does

@@ -30,7 +30,7 @@ from typing import Any, Awaitable, Callable
 from ..config import Settings, state_path
 from ..errors import MldserverError
 from ..logs import EventLogger
-from .frames import RUN, StartFrame, encode, read_frame_async
+from .frames import RUN, StartFrame, encode, encode_head, read_frame_async
 
 PIPE_LIMIT = 1 << 24
 START_TIMEOUT = 60.0
@@ -184,7 +184,9 @@ class HandlerProcess:
         if proc is None or proc.stdin is None or self.died.is_set():
             raise ProcessDied("already gone", blamed=False)
         try:
-            proc.stdin.write(encode(message, body))
+            proc.stdin.write(encode_head(message, len(body)))
+            if body:
+                proc.stdin.write(body)
         except (BrokenPipeError, ConnectionResetError) as exc:
             raise ProcessDied(str(exc), blamed=False) from None
 

@@ -144,6 +144,10 @@ class Calls:
     ``HandlerCalls`` runs the handler in this loop; ``pool.ProcessCalls`` in a handler
     process."""
 
+    # The handler reads a batch's records from the daemon's line (a handler process):
+    # the server's protocol core leaves them unread (``protocol/lazy.py``).
+    reads_line = False
+
     def __init__(self, context: Any, *, retries: int, timeout: float, backoff: Backoff, log: EventLogger) -> None:
         self.context = context
         self.retries = retries

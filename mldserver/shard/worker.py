@@ -218,6 +218,8 @@ class Worker:
             backoff=Backoff(first=settings.handler_backoff, cap=max(settings.handler_backoff, 5.0)),
             log=log,
         )
+        # A handler process reads the records from the line: this loop reads only what it needs.
+        self.conn.lazy = self.calls.reads_line
         self.progress = ShardProgress()
         self.shard: ShardInfo | None = None
         self.stopping = False

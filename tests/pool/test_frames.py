@@ -171,6 +171,6 @@ async def test_a_handler_that_cannot_be_imported_fails_the_start_with_the_import
 def test_records_cross_as_the_line_that_arrived_when_the_server_kept_them_one_for_one():
     raws = make_records(10, 2)
     line = orjson.dumps({"action": "processRecords", "records": raws, "millisBehindLatest": 0})
-    assert [r._raw for r in frames.records_from(line, line=True)] == raws
+    assert [r.to_json() for r in frames.records_from(line, line=True)] == raws
     broken = line.replace(b'"pk0"', b'"pk\xff"')  # not UTF-8: decoded tolerantly
     assert frames.records_from(broken, line=True)[0].partition_key == "pk\ufffd"
