@@ -317,7 +317,7 @@ class ChangeHandler(Handler):
                 while True:
                     try:
                         callback, doc, meta = parse_change(record, kinesis_doc)
-                    except ValueError as exc:  # (ChangeError, DynamoDBJSONError, bad base64)
+                    except Exception as exc:  # (ChangeError, DynamoDBJSONError, bad base64, not an object...)
                         self._give_up(batch, record, exc, callback=None, attempts=1)
                         break
                     self._meta = meta
@@ -365,12 +365,13 @@ class ChangeHandler(Handler):
                  attempts: int) -> None:
         error = f"{type(exc).__name__}: {exc}"
         batch.fail(record, error, attempts)
+        raw = getattr(record, "_raw", None)
         self._log().error(
             "record_failed",
             shard_id=batch.shard.shard_id,
             callback=callback,
-            sequence_number=record.sequence_number,
-            sub_sequence_number=record.sub_sequence_number,
+            sequence_number=raw.get("sequenceNumber") if hasattr(raw, "get") else None,
+            sub_sequence_number=raw.get("subSequenceNumber") if hasattr(raw, "get") else None,
             error=error,
             attempts=attempts,
             what_to_do="the record is dead-lettered with its data and this error; the batch goes on"

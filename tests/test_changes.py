@@ -167,13 +167,13 @@ async def test_a_failing_record_is_retried_alone_then_given_up_and_the_batch_goe
 async def test_a_record_that_is_not_a_change_it_can_read_is_given_up_at_once():
     bad_number = change(1, "INSERT", KEY, {"pk": {"S": "a"}, "n": {"N": "twelve"}})
     unknown = change(2, "TRUNCATE", KEY)
-    batch = batch_of([dynamodb_record(bad_number), dynamodb_record(unknown), kinesis(3, b"{}")])
+    batch = batch_of([dynamodb_record(bad_number), dynamodb_record(unknown), kinesis(3, b"{}"), 5])
     batch.records[2]._raw["data"] = "not base64!"  # (reading its data fails too)
     handler = Seen(context())
     await handler.dispatch(batch)
     assert handler.seen == []
     failed = batch.settle_failures()
-    assert [(i, attempts) for i, _, attempts in failed] == [(0, 1), (1, 1), (2, 1)]
+    assert [(i, attempts) for i, _, attempts in failed] == [(0, 1), (1, 1), (2, 1), (3, 1)]
     assert "dynamodb.NewImage.n: N holds 'twelve', expected a number as a string" in failed[0][1]
     assert "eventName 'TRUNCATE'" in failed[1][1]
 

@@ -169,6 +169,17 @@ class Slots:
             self._sem.release()
 
 
+def _as_daemon_wrote(records: Any, i: int) -> dict[str, Any]:
+    """Record ``i`` of a batch as the daemon wrote it, for a dead letter; one that is
+    not a JSON object (which the handler saw as such) as ``{"data": null, "value": ...}``."""
+    try:
+        return records[i].to_json()
+    except (AttributeError, TypeError, ValueError):  # not an object: its value from the line read whole
+        raws = getattr(records, "raws", None)
+        value = raws.records()[i] if raws is not None else getattr(records[i], "_raw", None)
+        return value if type(value) is dict else {"data": None, "value": value}
+
+
 class _Stopped(Exception):
     """The server stops and this worker has nothing to answer."""
 
@@ -743,7 +754,7 @@ class Worker:
     async def _dead_letter_failed(self, records: list[Any], failed: list[Any]) -> None:
         """The records the handler gave up on (``batch.fail``), each with its error, in
         one write."""
-        entries = [(records[i].to_json(), error, attempts) for i, error, attempts in failed
+        entries = [(_as_daemon_wrote(records, i), error, attempts) for i, error, attempts in failed
                    if type(i) is int and 0 <= i < len(records)]
         if len(entries) < len(failed):  # not from this batch: a defect on the handler's side of the seam
             self.log.error("failed_records_unknown", failed=failed[:10], records=len(records),
