@@ -130,6 +130,7 @@ class ProcessCalls(Calls):
                 message, rows = await self._wait(proc, frame, body, cp, action)
             except TimeoutError:
                 error = f"timed out after {self.timeout} s (execution_timeout): its process was killed"
+                self.count({"timeout_count": 1})
                 if proc is not None and proc.alive:
                     proc.killed_for = frame["id"] if frame is not None else -1
                     proc.killed_what = (self.shard.shard_id, action)
@@ -155,11 +156,13 @@ class ProcessCalls(Calls):
             except (_InitializeFailed, _NoProcess) as exc:
                 error = str(exc)
             else:
+                self.count(message.get("stats"))
                 if message["result"] != FAILED:
                     if action == "initialize":
                         self._moved = False  # the instance is made
                     return Outcome(message["result"], message["error"],
-                                   self._rows(arg, message, rows) if collect_rows else None)
+                                   self._rows(arg, message, rows) if collect_rows else None,
+                                   message.get("failed") or None)
                 error, traceback = message["error"], message.get("traceback")
             await self._settled()
             attempt += 1

@@ -48,6 +48,7 @@ from typing import Any
 from ..config import Settings
 from ..context import Context
 from ..errors import CheckpointError, ConfigError
+from ..failures import FailureGuard
 from ..importer import import_from_string
 from ..logs import configure, get_logger
 from ..malloc import large_buffers_from_mmap
@@ -221,7 +222,7 @@ class Child:
             if action == "process_records":
                 batch = Batch(records_from(body, bool(frame.get("line"))), frame.get("millis_behind_latest"), info,
                               [] if frame.get("collect") else None)
-                coro = handler.process_records(batch, cp)
+                coro = handler.process_records(batch, FailureGuard(cp, batch))
             elif action == "initialize":
                 coro = handler.initialize(info)
             elif action == "lease_lost":
@@ -236,11 +237,16 @@ class Child:
             if action == "initialize":
                 self.handlers.pop(shard, None)
         n, rows, bad = 0, b"", []
+        failed = batch.settle_failures() if batch is not None and result != "failed" else None
         if batch is not None and batch.rows and result != "failed":
             index = {id(r): i for i, r in enumerate(batch.records)}
             n, rows, bad = encode_rows(batch.rows, index)
-        self.send({"op": "done", "id": call_id, "result": result, "error": error, "traceback": tb,
-                   "rows": n, "bad": bad}, rows)
+        done = {"op": "done", "id": call_id, "result": result, "error": error, "traceback": tb, "rows": n, "bad": bad}
+        if failed:
+            done["failed"] = failed  # [index, error, attempts]: the server dead-letters them
+        if batch is not None and batch.stats:
+            done["stats"] = batch.stats  # a failed attempt's too: every callback counts
+        self.send(done, rows)
 
     # -- the loop's heartbeat, watched by a thread -----------------------------------
 

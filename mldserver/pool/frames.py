@@ -18,6 +18,7 @@ What crosses, and how often (one shard's action is one ``call`` and one ``done``
       {"op":"sql_fetch","id":7,"req":3,"cursor":1,"query":"SELECT ..","params":{},"n":64}
       {"op":"sql_close","id":7,"req":4,"cursor":1}
       {"op":"done","id":7,"result":"ok","error":null,"rows":2,"bad":[]} | rows, columnar
+      {"op":"done",...,"failed":[[41,"ValueError: bad order",3]],"stats":{"on_update_success":999}}
 
 The records of a batch cross as the daemon's processRecords line, the bytes that
 arrived (``"line": true``), or, when the server changed them (KPL aggregates expanded,
@@ -32,13 +33,17 @@ come back as one columnar body per batch, never a frame per row (``encode_rows``
 
 A row that orjson cannot encode, or whose ``event_time_ms`` is not epoch milliseconds
 (``records.valid_event_time``), is not in the body: ``bad`` holds ``[index, error]``.
+The records the handler gave up on (``batch.fail``; ``failures.py``) are in ``failed``
+as ``[index, error, attempts]``, their rows left out of the body; ``stats`` holds what
+the handler counted in the call (``ChangeHandler``: ``on_update_success``, ...). Both
+are left out when empty.
 """
 
 from __future__ import annotations
 
 import struct
 from array import array
-from typing import Any, Iterable, Literal, Sequence, TypedDict
+from typing import Any, Iterable, Literal, NotRequired, Sequence, TypedDict
 
 import orjson
 
@@ -93,6 +98,8 @@ class DoneFrame(TypedDict):
     traceback: str | None
     rows: int
     bad: list[tuple[int, str]]
+    failed: NotRequired[list[tuple[int, str, int]]]  # batch.fail: [index, error, attempts]
+    stats: NotRequired[dict[str, int]]  # what the handler counted (on_update_success, ...)
 
 
 def encode_head(message: dict[str, Any], body_size: int) -> bytes:
