@@ -272,6 +272,25 @@ async def test_a_forgotten_shard_that_comes_back_has_what_it_delivered_dropped_a
         await c.stop()
 
 
+async def test_a_redelivered_batch_does_not_move_the_watermark_however_late_its_event_times(settings, tmp_path):
+    """A batch at or below the shard's highest position is a replay: dropped whole, its
+    event times count for nothing, so a "closing" batch numbered below what the shard
+    already sent closes no window (what made the SIGHUP reload test flaky under load)."""
+    clock = FakeClock(1_000)
+    c = await started(settings, tmp_path, clock)
+    try:
+        await c.open_shard("A", "TRIM_HORIZON")
+        c.add_batch("A", items(100, [10_000, 11_000]), position(101), 100)
+        c.add_batch("A", items(99, [600 * MINUTE]), position(99), 100)  # below 101: a replay
+        assert c.ordering.duplicates == 1 and c.watermarks.value("A") == 11_000
+        assert await c.step() == 0 and not output(tmp_path / "out")
+        c.add_batch("A", items(102, [600 * MINUTE]), position(102), 100)  # the shard's next one
+        assert await c.step() == 1
+        assert output(tmp_path / "out") == {"0-60000.jsonl": [100, 101]}
+    finally:
+        await c.stop()
+
+
 async def test_a_spool_replayed_at_start_up_is_forgotten_once_committed(settings, tmp_path):
     clock = FakeClock(1_000)
     c = await started(settings, tmp_path, clock)

@@ -78,8 +78,15 @@ async def test_sighup_reloads_the_handler_while_shards_are_driven(tmp_path, capl
     await eventually(lambda: len(sent) >= count + 3 * SHARDS, timeout=20, what="batches after the failed reload")
     stop.set()
     batches = await driving
-    await asyncio.gather(*(shard.process_records(batch(s, 99, 99_000, at=T0 + 600 * 60_000),
-                                                 millis_behind_latest=1000) for s, shard in enumerate(shards)))
+    # The last batch, hours later in event time, closes every window before it: it is
+    # each shard's next batch. Its sequence numbers must be above every one the shard sent:
+    # a fixed 99_000 was, until a loaded machine made the reload take long enough for a
+    # shard to send 99 batches; then the coordinator rightly dropped it as a replay
+    # (``duplicates_dropped``), its event time never counted and the last window never
+    # closed ("every row in the sink not reached").
+    await asyncio.gather(*(shard.process_records(batch(s, n, 1000 * (n + 1), at=T0 + 600 * 60_000),
+                                                 millis_behind_latest=1000)
+                           for s, (shard, n) in enumerate(zip(shards, batches))))
     want = sum(batches) * 5
     await eventually(lambda: len(sink.rows) >= want, timeout=20, what="every row in the sink")
     for shard in shards:  # every relay is up; the conversation goes on
@@ -102,3 +109,4 @@ async def test_sighup_reloads_the_handler_while_shards_are_driven(tmp_path, capl
                 assert r["version"] == 2, (shard.shard_id, r)
     assert len(events(caplog, "shard_moved")) == SHARDS
     assert not events(caplog, "handler_failed") and not events(caplog, "handler_process_died")
+    assert not events(caplog, "duplicates_dropped")  # nothing was delivered twice, so nothing dropped
