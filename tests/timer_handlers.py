@@ -3,7 +3,10 @@
 A record's data is a JSON list of operations the handler runs in order::
 
     [["create", "ref-1", 1763719260.0, {"ref": "ref-1", "v": 1}],   # self.timers.create(fired, at, ref, context)
+     ["create_in", "ref-3", 2.5, {"ref": "ref-3", "v": 1}],         # at = now + 2.5 s, put in the context too
      ["cancel", "ref-2"]]                                          # self.timers.cancel(fired, ref)
+
+A fourth item names another callback of ``CALLBACKS`` (``"slow"``, ``"failing"``...).
 
 ``fired`` appends one JSON line per call to the file named by ``MLDSERVER_TEST_FIRED``
 (``os.write`` on an O_APPEND descriptor: whole lines, kept when the process is
@@ -41,6 +44,12 @@ async def slow(context):
     _append({**context, "fired_at": time.time(), "pid": os.getpid()})
 
 
+async def lingering(context):
+    """Writes its line first, then takes a while: killed meanwhile, it fires again."""
+    _append({**context, "fired_at": time.time(), "pid": os.getpid()})
+    await asyncio.sleep(context.get("sleep", 0.2))
+
+
 async def failing(context):
     _append({**context, "fired_at": time.time(), "pid": os.getpid()})
     raise ValueError(f"no such order: {context.get('ref')}")
@@ -58,15 +67,17 @@ async def rearm(context):
         await timers.create(rearm, time.time(), context["ref"], {**context, "left": context["left"] - 1})
 
 
-CALLBACKS = {"fired": fired, "slow": slow, "failing": failing, "blocking": blocking, "rearm": rearm}
+CALLBACKS = {"fired": fired, "slow": slow, "lingering": lingering, "failing": failing, "blocking": blocking, "rearm": rearm}
 
 
 class Scripted(mldserver.Handler):
     async def process_records(self, batch, checkpointer):
         for record in batch.records:
             for op in orjson.loads(record.data):
-                if op[0] == "create":
+                if op[0] in ("create", "create_in"):
                     _, ref, at, context, *rest = op
+                    if op[0] == "create_in":
+                        at = context["at"] = time.time() + at
                     await self.timers.create(CALLBACKS[rest[0] if rest else "fired"], at, ref, context)
                 elif op[0] == "cancel":
                     await self.timers.cancel(CALLBACKS[op[2] if len(op) > 2 else "fired"], op[1])
