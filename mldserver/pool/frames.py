@@ -19,7 +19,7 @@ What crosses, and how often (one shard's action is one ``call`` and one ``done``
       {"op":"sql_fetch","id":7,"req":3,"cursor":1,"query":"SELECT ..","params":{},"n":64}
       {"op":"sql_close","id":7,"req":4,"cursor":1}
       {"op":"done","id":7,"result":"ok","error":null,"rows":2,"bad":[]} | rows, columnar
-      {"op":"timer_create","id":7,"req":5,"callback":"mod:callback","reference":"ref","due_ms":..,"context":{..}}
+      {"op":"timer_create","id":7,"req":5,"timers":[["mod:callback","ref",1763719260000,{context}], ...]}
       {"op":"timer_cancel","id":7,"req":6,"callback":"mod:callback","reference":"ref"}
       {"op":"done","id":90,"result":"ok","fired":[null,["ValueError: ..","Traceback .."]]}  (a fire's)
 

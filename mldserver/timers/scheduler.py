@@ -189,36 +189,42 @@ class Scheduler:
     async def create(self, timer: Timer) -> None:
         """Store ``timer`` (replacing the one with its key) durably, then hold it if it
         is due soon. TimerError (retriable) if the store failed."""
+        await self.create_many([timer])
+
+    async def create_many(self, timers: list[Timer]) -> None:
+        """``create`` for each, in one commit (a handler process's creates of one
+        turn of its loop arrive together)."""
+        first = timers[0].reference if len(timers) == 1 else f"{timers[0].reference!r} and {len(timers) - 1} more"
         if self._closed:
-            self.stats.create_failures += 1
-            raise TimerError(f"timer {timer.reference!r} not stored: the server is stopping", retriable=True)
-        timer = timer._replace(version=new_version(), attempts=0)
+            self.stats.create_failures += len(timers)
+            raise TimerError(f"timer {first} not stored: the server is stopping", retriable=True)
+        timers = [t._replace(version=new_version(), attempts=0) for t in timers]
         try:
-            await self.store.put(timer)
+            await self.store.put(timers)
         except Exception as exc:
-            self.stats.create_failures += 1
+            self.stats.create_failures += len(timers)
             error = f"{type(exc).__name__}: {exc}"
-            self.log.error("timer_create_failed", callback=timer.callback, reference=timer.reference, error=error,
-                           store=repr(self.store),
+            self.log.error("timer_create_failed", callback=timers[0].callback, reference=timers[0].reference,
+                           timers=len(timers), error=error, store=repr(self.store),
                            what_to_do="the store refused the write (a full disk? DynamoDB unreachable?); the "
                                       "handler got a TimerError: its batch fails and is retried")
-            raise TimerError(f"timer {timer.reference!r} not stored ({error}) in {self.store!r}",
-                             retriable=True) from None
-        self.stats.created += 1
+            raise TimerError(f"timer {first} not stored ({error}) in {self.store!r}", retriable=True) from None
+        self.stats.created += len(timers)
         async with self._lock:
-            key = timer.key
-            self._redos.pop(key, None)
-            if key in self.in_flight:
-                self._superseded.add(key)
-                if self._loaded(timer):
-                    self._deferred[key] = timer
+            for timer in timers:
+                key = timer.key
+                self._redos.pop(key, None)
+                if key in self.in_flight:
+                    self._superseded.add(key)
+                    if self._loaded(timer):
+                        self._deferred[key] = timer
+                    else:
+                        self._deferred.pop(key, None)
+                elif self._loaded(timer):
+                    self._hold(timer)
+                    self._poke(timer.due_ms)
                 else:
-                    self._deferred.pop(key, None)
-            elif self._loaded(timer):
-                self._hold(timer)
-                self._poke(timer.due_ms)
-            else:
-                self.held.pop(key, None)
+                    self.held.pop(key, None)
 
     async def cancel(self, callback: str, reference: str) -> bool:
         """Delete the timer; whether one was pending. One being fired now finishes
@@ -250,18 +256,29 @@ class Scheduler:
                 "timer_refused": self._serve_refused}
 
     async def _serve_create(self, message: dict[str, Any]) -> dict[str, Any]:
-        try:
-            reference = str(message["reference"])
-            context = encode_context(message.get("context"), self.context_size, reference)
-            timer = Timer(str(message["callback"]), reference, int(message["due_ms"]), context)
-        except TimerError as exc:
-            self.refused(str(exc))
-            return {"error": str(exc), "retriable": False}
-        try:
-            await self.create(timer)
-        except TimerError as exc:
-            return {"error": str(exc), "retriable": exc.retriable}
-        return {"error": None}
+        """``timers``: ``[callback, reference, due_ms, context]`` each; ``errors``: one
+        ``[message, retriable]`` or null each, in order."""
+        items = message.get("timers") or []
+        errors: list[list[Any] | None] = [None] * len(items)
+        timers, where = [], []
+        for i, item in enumerate(items):
+            try:
+                callback, reference, due, context = item
+                timers.append(Timer(str(callback), str(reference), int(due),
+                                    encode_context(context, self.context_size, str(reference))))
+                where.append(i)
+            except TimerError as exc:
+                self.refused(str(exc))
+                errors[i] = [str(exc), False]
+            except (TypeError, ValueError) as exc:
+                errors[i] = [f"malformed timer_create request: {exc}", False]
+        if timers:
+            try:
+                await self.create_many(timers)
+            except TimerError as exc:
+                for i in where:
+                    errors[i] = [str(exc), exc.retriable]
+        return {"errors": errors}
 
     async def _serve_cancel(self, message: dict[str, Any]) -> dict[str, Any]:
         try:

@@ -50,6 +50,8 @@ CREATE TABLE IF NOT EXISTS timers (
 CREATE INDEX IF NOT EXISTS timers_due ON timers (due_ms, callback, reference);
 """
 _COLUMNS = "callback, reference, due_ms, context, version, attempts"
+_INSERT = f"INSERT INTO timers ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING"
+_UPDATE = "UPDATE timers SET due_ms = ?, context = ?, version = ?, attempts = ? WHERE callback = ? AND reference = ?"
 
 Op = Callable[[sqlite3.Connection], Any]
 
@@ -192,16 +194,15 @@ class SqliteStore:
 
     # -- writes (grouped) --------------------------------------------------------------
 
-    async def put(self, timer: Timer) -> None:
+    async def put(self, timers: Sequence[Timer]) -> None:
         def op(conn: sqlite3.Connection) -> None:
-            row = (timer.callback, timer.reference, timer.due_ms, timer.context, timer.version, timer.attempts)
-            inserted = conn.execute(f"INSERT INTO timers ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?) "
-                                    f"ON CONFLICT DO NOTHING", row).rowcount
-            if inserted:
-                self.pending = (self.pending or 0) + 1
-            else:
-                conn.execute("UPDATE timers SET due_ms = ?, context = ?, version = ?, attempts = ? "
-                             "WHERE callback = ? AND reference = ?", row[2:] + row[:2])
+            insert, update = conn.cursor(), conn.cursor()
+            for t in timers:
+                row = (t.callback, t.reference, t.due_ms, t.context, t.version, t.attempts)
+                if insert.execute(_INSERT, row).rowcount:
+                    self.pending = (self.pending or 0) + 1
+                else:  # a replacement: the pending count stays
+                    update.execute(_UPDATE, row[2:] + row[:2])
 
         await self.group.run(op)
 

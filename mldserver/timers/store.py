@@ -15,8 +15,8 @@ store so that retries and the dead letter survive a restart.
 The store's contract (each call durable when it returns; the scheduler is the only
 caller, and runs them on one event loop):
 
-- ``put(timer)`` inserts or replaces; ``delete(callback, reference)`` says whether
-  there was one;
+- ``put(timers)`` inserts or replaces each (in order: the last of a key wins), all
+  in one commit; ``delete(callback, reference)`` says whether there was one;
 - ``due(until_ms, limit, after)``: timers due at or before ``until_ms``, in
   ``(due_ms, callback, reference)`` order, after a key (``(due, callback, reference)``)
   or after a due time (an int, exclusive), at most ``limit`` of them;
@@ -70,7 +70,7 @@ class Store(Protocol):
 
     async def close(self) -> None: ...
 
-    async def put(self, timer: Timer) -> None: ...
+    async def put(self, timers: Sequence[Timer]) -> None: ...
 
     async def delete(self, callback: str, reference: str) -> bool: ...
 

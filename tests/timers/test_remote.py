@@ -39,15 +39,14 @@ async def test_live_timers_fire_once_with_their_latest_context_and_cancelled_one
         tmp_path, monkeypatch, workers):
     async with running(tmp_path, monkeypatch, workers=workers) as (server, daemon, fired):
         shards = [await daemon.shard(f"shardId-{s}") for s in range(2)]
-        at = time.time() + 2  # the ops on one timer are back to back in one call: done long before
         expected = {}
         for s, shard in enumerate(shards):
             ops = []
             for i in range(100):
-                ref = f"s{s}-{i}"
-                ops.append([["create", ref, at, {"ref": ref, "v": 1, "at": at}]])
+                ref = f"s{s}-{i}"  # due 2 s after its create; the ops on one timer are back to back
+                ops.append([["create_in", ref, 2, {"ref": ref, "v": 1}]])
                 if i % 4 == 1:
-                    ops[-1].append(["create", ref, at, {"ref": ref, "v": 2, "at": at}])
+                    ops[-1].append(["create_in", ref, 2, {"ref": ref, "v": 2}])
                 if i % 4 == 2:
                     ops[-1].append(["cancel", ref])
                     continue
