@@ -513,10 +513,10 @@ def open_store(settings: Settings) -> Store:
     """The store ``timer_store`` names."""
     spec = TimerStoreSpec.parse(settings.timer_store)
     if spec.kind == "dynamodb":
-        from .dynamodb import DynamoStore
+        from .dynamodb import CLAIM_SLACK_MS, DynamoStore
 
         return DynamoStore(spec.where, region=settings.aws_region,
-                           claim_ms=round((settings.execution_timeout + 30) * 1000))
+                           claim_ms=round(settings.execution_timeout * 1000) + CLAIM_SLACK_MS)
     from pathlib import Path
 
     from .sqlite import SqliteStore
