@@ -199,17 +199,37 @@ async def idle_memory(tmp: str, n: int) -> tuple[int, dict[str, float], int]:
     return sampler.peak.get("server", 0), metrics, size
 
 
+def commit_ms(tmp: str, n: int = 200) -> float:
+    """The disk's cost of one durable commit here: ``n`` one-row transactions of the
+    store's kind (WAL, synchronous FULL), median milliseconds."""
+    db = Path(tmp) / "probe" / "probe.db"
+    db.parent.mkdir(parents=True, exist_ok=True)
+    conn = sqlite3.connect(db, isolation_level=None)
+    conn.execute("PRAGMA journal_mode = WAL")
+    conn.execute("PRAGMA synchronous = FULL")
+    conn.execute("CREATE TABLE t (k INTEGER PRIMARY KEY)")
+    times = []
+    for i in range(n):
+        started = time.perf_counter()
+        conn.execute("INSERT INTO t VALUES (?)", (i,))
+        times.append(time.perf_counter() - started)
+    conn.close()
+    return sorted(times)[n // 2] * 1000
+
+
 async def run(quick: bool, tmp: str, workers: list[int | None]) -> None:
-    per_shard = 2_000 if quick else 25_000
+    each_n, gathered_n = (500, 2_000) if quick else (5_000, 25_000)
     n_fire = 20_000 if quick else 200_000
     n_idle = 50_000 if quick else 1_000_000
-    print(f"\ntimers: embedded store (SQLite, WAL, synchronous FULL), {SHARDS} shards, batches of {PER_BATCH:,}")
-    print(f"  create, {SHARDS} x {per_shard:,} timers (timers/s, all shards together):")
+    print(f"\ntimers: embedded store (SQLite, WAL, synchronous FULL), {SHARDS} shards, batches of {PER_BATCH:,}; "
+          f"one durable commit takes {await asyncio.to_thread(commit_ms, tmp):.2f} ms on this disk (median)")
+    print(f"  create (timers/s, all shards together; await each and direct: {SHARDS} x {each_n:,}, "
+          f"gathered: {SHARDS} x {gathered_n:,}):")
     print(f"  {'workers':>7} {'await each':>11} {'gathered':>10} {'direct':>10}")
     for w in workers:
-        each = await create_rate(tmp, "Creator", per_shard, w)
-        gathered = await create_rate(tmp, "Gatherer", per_shard, w)
-        direct = await create_rate(tmp, "Direct", per_shard, w) if w != 0 else None
+        each = await create_rate(tmp, "Creator", each_n, w)
+        gathered = await create_rate(tmp, "Gatherer", gathered_n, w)
+        direct = await create_rate(tmp, "Direct", each_n, w) if w != 0 else None
         print(f"  {'-' if w is None else w:>7} {each:11,.0f} {gathered:10,.0f} "
               f"{'-' if direct is None else f'{direct:,.0f}':>10}")
     print(f"  fire, {n_fire:,} due at start-up (timers/s; peak PSS of the server and its handler processes):")

@@ -132,6 +132,8 @@ class Scheduler:
         self._wake = asyncio.Event()
         self._asleep_until = 0.0
         self._closed = False
+        self._read_failures = 0  # reads of the store that failed in a row
+        self._read_again = 0.0  # when to read it again after one failed
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -178,6 +180,8 @@ class Scheduler:
             delay = min(delay, self._heap[0][0] - now)
         if self.store.shared:
             delay = min(delay, self._polled + self.poll_ms - now)
+        if self._read_failures:
+            delay = max(delay, self._read_again - now)
         return max(delay, 0.0)
 
     def _poke(self, due_ms: int) -> None:
@@ -355,7 +359,20 @@ class Scheduler:
         if self._closed:
             return 0
         now = self.clock()
-        await self._refill(now)
+        if now >= self._read_again:
+            try:
+                await self._refill(now)
+            except Exception as exc:  # the store is unreachable or failing: what is held still fires
+                self._read_failures += 1
+                self._read_again = now + STORE_RETRY.delay(min(self._read_failures - 1, 20)) * 1000
+                if self._read_failures == 1:
+                    self.log.error("timer_store_failed", store=repr(self.store), error=f"{type(exc).__name__}: {exc}",
+                                   what_to_do="reading the due timers is retried with backoff; the timers held "
+                                              "in memory still fire")
+            else:
+                if self._read_failures:
+                    self.log.warning("timer_store_recovered", store=repr(self.store), attempts=self._read_failures)
+                self._read_failures = 0
         batch: list[Timer] = []
         room = self.max_in_flight - len(self.in_flight)
         heap = self._heap

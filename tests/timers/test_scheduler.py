@@ -285,3 +285,27 @@ async def test_creates_after_stop_are_refused(make):
     with pytest.raises(Exception, match="stopping"):
         await s.create(timer("a", T0))
     assert s.stats.create_failures == 1
+
+
+async def test_a_store_that_cannot_be_read_is_read_again_later_and_held_timers_still_fire(make, clock, firing,
+                                                                                           caplog):
+    s = await make()
+    await s.create(timer("a", T0 + 10))
+    await fire(s)  # read: "a" is held
+    real = s.store.due
+    failures = []
+
+    async def failing(*args, **kwargs):
+        failures.append(1)
+        raise OSError(5, "Input/output error")
+
+    s.store.due = failing
+    clock.advance(2_000)  # time to read ahead again: it fails, "a" fires anyway
+    assert await fire(s) == 1 and len(failures) == 1
+    assert await fire(s) == 0 and len(failures) == 1  # not again at once: backoff
+    s.store.due = real
+    await s.create(timer("b", T0 + 100_000))
+    clock.advance(100_000)
+    assert await fire(s) == 1 and firing.refs() == ["a", "b"]
+    assert [r.getMessage() for r in caplog.records if r.getMessage().startswith("timer_store")] == [
+        "timer_store_failed", "timer_store_recovered"]
