@@ -8,6 +8,10 @@ The handler API (see :mod:`mldserver.handler`)::
         async def process_records(self, batch, checkpointer):
             ...
 
+    class Changes(mldserver.ChangeHandler):     # one callback per record (mldserver.changes)
+        async def on_update(self, doc, meta): ...
+        async def on_delete(self, meta): ...
+
 Names are imported lazily so that ``mldserver connect`` (the relay the daemon starts
 once per shard) pays for none of them.
 """
@@ -21,6 +25,8 @@ __version__ = "0.1.0"
 
 _EXPORTS = {
     "Handler": "mldserver.handler",
+    "ChangeHandler": "mldserver.changes",
+    "Meta": "mldserver.changes",
     "Record": "mldserver.records",
     "Batch": "mldserver.records",
     "ShardInfo": "mldserver.records",
@@ -38,6 +44,7 @@ _EXPORTS = {
 __all__ = list(_EXPORTS)
 
 if TYPE_CHECKING:
+    from .changes import ChangeHandler, Meta
     from .checkpointer import Checkpointer
     from .config import Settings
     from .context import Context

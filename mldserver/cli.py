@@ -88,9 +88,11 @@ def _parser():
                        help="relay part: also run the server with its /metrics scraped every SECONDS, side by side")
     bench.add_argument("--workers", type=int, nargs="+", default=None,
                        help="handler processes of the servers measured, side by side (default: the default and 0)")
-    bench.add_argument("--part", choices=["all", "relay", "coordinator", "spark", "timers"], default="all",
+    bench.add_argument("--part", choices=["all", "relay", "coordinator", "spark", "changes", "timers"],
+                       default="all",
                        help="relay: against amazon_kclpy; coordinator: with a sink against none; "
                             "spark: end to end into Spark against the bare handoff; "
+                            "changes: a ChangeHandler against a batch Handler decoding by hand; "
                             "timers: durable timers created and fired per second, and the store's memory")
 
     demo = sub.add_parser("demo", help="run the server on an example handler, driven by the fake daemon")
@@ -205,9 +207,12 @@ def tune(*, sink: bool) -> None:
     """
     import gc
 
+    from .malloc import large_buffers_from_mmap
+
     gc.collect()
     gc.freeze()
     gc.set_threshold(50_000, 20, 100)
+    large_buffers_from_mmap()  # a batch's megabyte buffers go back to the system when freed
     if sink:
         # Sink commits run in a thread that needs the GIL between its system calls;
         # with the loop decoding batches, the default 5 ms hand-over made each commit

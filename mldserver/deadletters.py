@@ -65,6 +65,29 @@ class DeadLetters:
         self._count(reason, len(lines))
         return path
 
+    async def failed_records(self, shard_id: str | None, entries: list[tuple[dict[str, Any], str, int]],
+                             reason: str) -> Path:
+        """Records each with its own error and attempts (``batch.fail``), in one write."""
+        ts = utc_timestamp()
+        lines = [
+            {
+                "ts": ts,
+                "shard_id": shard_id,
+                "reason": reason,
+                "error": error,
+                "attempts": attempts,
+                "sequence_number": r.get("sequenceNumber"),
+                "sub_sequence_number": r.get("subSequenceNumber"),
+                "partition_key": r.get("partitionKey"),
+                "approximate_arrival_timestamp": r.get("approximateArrivalTimestamp"),
+                "data": r.get("data"),
+            }
+            for r, error, attempts in entries
+        ]
+        path = await self._append(shard_id, lines)
+        self._count(reason, len(lines))
+        return path
+
     async def rows(self, window_id: str, rows: list[tuple[bytes, str]], reason: str) -> Path:
         """Rows a sink could not take (``(row, error)``), to ``rows.jsonl``."""
         ts = utc_timestamp()

@@ -20,7 +20,9 @@ server's own), shared with other shards: keep them non-blocking
                 await checkpointer.checkpoint(last.sequence_number, last.sub_sequence_number)
 
 A method that raises is retried (bounded, with backoff); a batch that still fails is
-dead-lettered with its data and the shard moves on. A ``CheckpointError`` escaping a
+dead-lettered with its data and the shard moves on. To give up on one record and go on
+with the batch: ``batch.fail(record, error)`` (``mldserver.failures``). For one callback
+per record, subclass ``mldserver.ChangeHandler`` (``mldserver.changes``). A ``CheckpointError`` escaping a
 method ends that action without a retry. Each call has an execution time-out
 (``execution_timeout``, default 60 s) that counts as a failure: in a handler process,
 even a call that blocks is stopped (its process is killed and replaced).

@@ -7,14 +7,22 @@ scraped, so the hot path pays one dict update a batch and nothing a record::
     metrics.batch("shardId-000000000001", records=500, millis_behind_latest=0)
     metrics.handler_call("process_records", "timeout", 60.0)
     metrics.dead_letter("handler failed", 500)   # kind="handler_failed"
+    metrics.handler_stats("process_records", {"on_update_success": 999, "on_update_failure": 3,
+                                              "timeout_count": 1})
     metrics.watch(server)                      # the collector reads the server at scrape
     generate_latest(metrics.registry)
     # mldserver_records_total{shard_id="shardId-000000000001"} 500.0
     # mldserver_handler_calls_total{callback="process_records",outcome="timeout"} 1.0
+    # mldserver_callbacks_total{callback="on_update",outcome="success"} 999.0
+    # mldserver_handler_timeouts_total{callback="process_records"} 1.0
 
 Handler calls are recorded where the worker calls its handler-call seam (one call of
 ``calls.call``, retries included), so they count the same whether the handler runs in
-the server's loop or in a handler process. Names (and the Couchbase Eventing
+the server's loop or in a handler process. What a handler counts inside its calls
+(a ``ChangeHandler``'s ``on_update_success``, ...: Couchbase Eventing's execution
+statistics) comes back with each call (a handler process sends it in its ``done``
+frame) and is recorded there too, with the attempts that ran past
+``execution_timeout`` (``timeout_count``). Names (and the Couchbase Eventing
 statistics they correspond to) are listed in README.md, "Metrics".
 """
 
@@ -60,6 +68,12 @@ class Metrics:
         self.handler_call_seconds = Histogram(
             "mldserver_handler_call_duration_seconds", "Handler call duration, retries included",
             ["callback"], buckets=CALL_BUCKETS, registry=r)
+        self.callbacks = Counter(
+            "mldserver_callbacks", "Calls of a handler's per-record callbacks (on_update, on_delete) by outcome "
+            "(success, failure); every attempt counts", ["callback", "outcome"], registry=r)
+        self.handler_timeouts = Counter(
+            "mldserver_handler_timeouts", "Handler call attempts that ran past execution_timeout (each retry "
+            "counts)", ["callback"], registry=r)
         self.dead_letters = Counter(
             "mldserver_dead_letters", "Entries written to the dead letters, by kind", ["kind"], registry=r)
         self.checkpoints = Counter(
@@ -92,6 +106,18 @@ class Metrics:
     def handler_call(self, callback: str, outcome: str, seconds: float) -> None:
         self.handler_calls.labels(callback, outcome).inc()
         self.handler_call_seconds.labels(callback).observe(seconds)
+
+    def handler_stats(self, callback: str, stats: dict[str, int]) -> None:
+        """What one call of ``callback`` counted: ``<callback>_<outcome>`` names
+        (``on_update_success``, ``on_delete_failure``; timers may add theirs the same way)
+        and ``timeout_count``; a name of another form is ignored."""
+        for name, n in stats.items():
+            if name == "timeout_count":
+                self.handler_timeouts.labels(callback).inc(n)
+                continue
+            inner, _, outcome = name.rpartition("_")
+            if inner and outcome in (SUCCESS, FAILURE) and type(n) is int and n > 0:
+                self.callbacks.labels(inner, outcome).inc(n)
 
     def dead_letter(self, reason: str, entries: int = 1) -> None:
         self.dead_letters.labels(kind_of(reason)).inc(entries)

@@ -90,7 +90,8 @@ class Record:
 
     def to_json(self) -> dict[str, Any]:
         """The record as the daemon wrote it (data base64), e.g. for a dead letter."""
-        raw = dict(self._raw)
+        raw = self._raw
+        raw = dict(raw) if type(raw) is dict else raw.as_dict()  # (a record of a line read lazily)
         if raw.get("data") is None and self._data is not None:
             raw["data"] = binascii.b2a_base64(self._data, newline=False).decode("ascii")
         return raw
@@ -143,9 +144,24 @@ class Batch:
     or whose event time is anything else, is a bad row: checked once, when the batch's
     rows are handed over, and dead-lettered with its record (the batch goes on). A
     server with no sink ignores rows.
+
+    ``fail`` gives up on one record (retry it first if that can help), and the batch
+    goes on::
+
+        try:
+            handle(record)
+        except ValueError as exc:
+            batch.fail(record, exc)
+
+    Once the call returns, the server dead-letters the record with its data and the
+    error (reason ``record failed``), before the batch's status; the rows it emitted are
+    dropped. Until then, a checkpoint the handler asks for stops short of the first
+    failed record (``failures.FailureGuard``); once dead-lettered, a failed record
+    counts as done. A failed call (the handler raised) dead-letters the whole batch as
+    before, with the records it failed.
     """
 
-    __slots__ = ("records", "millis_behind_latest", "shard", "rows", "line")
+    __slots__ = ("records", "millis_behind_latest", "shard", "rows", "line", "failed", "stats", "_index")
 
     def __init__(
         self,
@@ -161,10 +177,54 @@ class Batch:
         # The daemon's processRecords line, when ``records`` are its records one for one
         # (a handler process decodes them from it; nothing is encoded again).
         self.line: bytes | None = None
+        # batch.fail: the index of each failed record -> (error, attempts)
+        self.failed: dict[int, tuple[str, int]] | None = None
+        # what the handler counted during the call (ChangeHandler: on_update_success, ...)
+        self.stats: dict[str, int] | None = None
+        self._index: dict[int, int] | None = None  # id(record) -> its index, made by the first fail
 
     def emit(self, record: Record, row: dict[str, Any], event_time_ms: int | None = None) -> None:
         if self.rows is not None:
             self.rows.append(_new(Emitted, (record, row, event_time_ms)))  # C speed: once a row
+
+    def fail(self, record: Record, error: BaseException | str, attempts: int = 1) -> None:
+        """Give up on ``record``: dead-lettered with its data and ``error`` once the call
+        returns (``attempts``: how often it was tried, for the dead letter). A second
+        ``fail`` of the same record keeps the first error."""
+        index = self._index
+        if index is None:
+            index = self._index = {id(r): i for i, r in enumerate(self.records)}
+        i = index.get(id(record))
+        if i is None:
+            i = self._find(record)
+        if isinstance(error, BaseException):
+            error = f"{type(error).__name__}: {error}"
+        elif not isinstance(error, str):
+            error = str(error)
+        if self.failed is None:
+            self.failed = {}
+        self.failed.setdefault(i, (error, attempts))
+
+    def _find(self, record: Any) -> int:
+        """The index of a record given by value (a copy, a record made again): its position."""
+        key = (getattr(record, "sequence_number", None), getattr(record, "sub_sequence_number", None))
+        for i, r in enumerate(self.records):
+            if (r.sequence_number, r.sub_sequence_number) == key:
+                return i
+        raise ValueError(f"batch.fail({record!r:.200}): not a record of this batch; pass one of batch.records")
+
+    def settle_failures(self) -> list[tuple[int, str, int]]:
+        """The call is over: the failed records as ``(index, error, attempts)`` in batch
+        order, and the rows they emitted taken out of ``rows``."""
+        failed = self.failed
+        if not failed:
+            return []
+        if self.rows:
+            records = self.records
+            gone = {id(records[i]) for i in failed}
+            gone.update(key for key, i in (self._index or {}).items() if i in failed)
+            self.rows[:] = [e for e in self.rows if id(e[0]) not in gone]
+        return [(i, error, attempts) for i, (error, attempts) in sorted(failed.items())]
 
     def __len__(self) -> int:
         return len(self.records)

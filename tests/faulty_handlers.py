@@ -8,7 +8,9 @@ several tests: ``MLDSERVER_TEST_WORK`` (seconds of work before a checkpoint) and
 from __future__ import annotations
 
 import asyncio
+import base64
 import binascii
+import ctypes
 import json
 import os
 
@@ -64,6 +66,23 @@ class EmitRows(mldserver.Handler):
     async def process_records(self, batch, checkpointer):
         for record in batch.records:
             batch.emit(record, {"seq": record.sequence_number, "pk": record.partition_key})
+
+
+class FaultOnMarker(mldserver.Handler):
+    """The rows of tests/integration/recording.py (one per record, the record's shard,
+    position, partition key and base64 data), checkpointing nothing itself (the sink's
+    commits do); a record whose data is ``MARKER`` faults in C at every attempt: its
+    handler process dies of SIGSEGV, as a buggy C extension's would."""
+
+    MARKER = b"fault-in-c"
+
+    async def process_records(self, batch, checkpointer):
+        for r in batch.records:
+            if r.data == self.MARKER:
+                ctypes.string_at(0)  # reads address 0: SIGSEGV in C
+            batch.emit(r, {"shard_id": batch.shard.shard_id, "sequence_number": r.sequence_number,
+                           "sub_sequence_number": r.sub_sequence_number, "partition_key": r.partition_key,
+                           "data": base64.b64encode(r.data).decode()})
 
 
 class EmitSoon(mldserver.Handler):

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import os
+import pickle
 import time
 
 import mldserver
@@ -99,3 +100,49 @@ class Sql(mldserver.Handler):
                 break
         for record in batch.records:
             batch.emit(record, {"shard": batch.shard.shard_id, "seq": record.sequence_number, **row, "first": first})
+
+
+class Changes(mldserver.ChangeHandler):
+    """One row per record from ``on_update``; a record whose partition key is
+    ``poison`` raises every time (retried alone, then dead-lettered)."""
+
+    async def initialize(self, shard):
+        self.shard_id = shard.shard_id
+
+    async def on_update(self, doc, meta):
+        if meta.partition_key == "poison":
+            raise RuntimeError("poisoned record")
+        self.emit({"seq": meta.sequence_number, "shard": self.shard_id, "pid": os.getpid()})
+
+
+class FailOne(mldserver.Handler):
+    """A batch handler that gives up on the poisoned record with ``batch.fail``, emits
+    a row for every other, and checkpoints the batch's last record itself."""
+
+    async def process_records(self, batch, checkpointer):
+        for record in batch.records:
+            if record.partition_key == "poison":
+                batch.fail(record, ValueError("no such customer"))
+                continue
+            batch.emit(record, {"seq": record.sequence_number, "shard": batch.shard.shard_id, "pid": os.getpid()})
+        if batch.records:
+            last = batch.records[-1]
+            await checkpointer.checkpoint(last.sequence_number, last.sub_sequence_number)
+
+
+class RecordChanges(mldserver.ChangeHandler):
+    """Appends what each callback saw, pickled (exact Python values), to the file
+    ``MLDSERVER_TEST_SEEN`` names."""
+
+    async def on_update(self, doc, meta):
+        self._write("on_update", doc, meta)
+
+    async def on_delete(self, meta):
+        self._write("on_delete", None, meta)
+
+    def _write(self, callback, doc, meta):
+        entry = {"callback": callback, "doc": doc, "keys": meta.keys, "old": meta.old, "event_name": meta.event_name,
+                 "event_id": meta.event_id, "sequence_number": meta.sequence_number, "expired": meta.expired,
+                 "creation_time_ms": meta.creation_time_ms, "source": meta.source, "pid": os.getpid()}
+        with open(os.environ["MLDSERVER_TEST_SEEN"], "ab") as f:
+            pickle.dump(entry, f)

@@ -36,3 +36,20 @@ def test_two_servers_metrics_do_not_share_a_registry_nor_touch_the_global_one():
     assert {"mldserver_handler_calls", "mldserver_handler_call_duration_seconds", "mldserver_dead_letters",
             "mldserver_checkpoints", "mldserver_window_commit_duration_seconds",
             "mldserver_event_loop_lag_seconds"} <= names
+
+
+def test_what_a_handler_counted_becomes_callback_and_timeout_series():
+    m = Metrics()
+    m.handler_stats("process_records", {"on_update_success": 999, "on_update_failure": 3, "on_delete_success": 2,
+                                        "timeout_count": 1, "timer_callback_success": 4, "junk": 5,
+                                        "on_delete_failure": 0})
+    m.handler_stats("process_records", {"on_update_success": 1})
+    value = m.registry.get_sample_value
+    assert value("mldserver_callbacks_total", {"callback": "on_update", "outcome": "success"}) == 1000
+    assert value("mldserver_callbacks_total", {"callback": "on_update", "outcome": "failure"}) == 3
+    assert value("mldserver_callbacks_total", {"callback": "on_delete", "outcome": "success"}) == 2
+    assert value("mldserver_callbacks_total", {"callback": "timer_callback", "outcome": "success"}) == 4
+    assert value("mldserver_callbacks_total", {"callback": "on_delete", "outcome": "failure"}) is None
+    assert value("mldserver_handler_timeouts_total", {"callback": "process_records"}) == 1
+    names = {f.name for f in text_string_to_metric_families(generate_latest(m.registry).decode())}
+    assert {"mldserver_callbacks", "mldserver_handler_timeouts"} <= names

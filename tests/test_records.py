@@ -49,3 +49,34 @@ def test_emitted_rows_are_kept_only_when_something_collects_them():
     collected.emit(record, {"k": 2}, event_time_ms=1763719200000)
     assert collected.rows == [Emitted(record, {"k": 1}, None), Emitted(record, {"k": 2}, 1763719200000)]
     assert collected.rows[1].event_time_ms == 1763719200000 and type(collected.rows[0]) is Emitted
+
+
+def _batch(n=4, rows=True):
+    records = [Record({"sequenceNumber": str(100 + i), "subSequenceNumber": 0, "data": "eA=="}) for i in range(n)]
+    return Batch(records, 0, ShardInfo("shardId-0", None, None), [] if rows else None)
+
+
+def test_fail_keeps_each_failed_record_by_index_with_its_error_and_drops_its_rows():
+    batch = _batch()
+    r = batch.records
+    for record in r:
+        batch.emit(record, {"seq": record.sequence_number})
+    batch.fail(r[2], ValueError("bad order"), attempts=3)
+    batch.fail(r[0], "gave up")
+    batch.fail(r[2], "a second error is not kept")
+    assert batch.settle_failures() == [(0, "gave up", 1), (2, "ValueError: bad order", 3)]
+    assert [e.row["seq"] for e in batch.rows] == ["101", "103"]
+
+
+def test_fail_finds_a_record_given_by_value_and_refuses_one_from_elsewhere():
+    batch = _batch(rows=False)
+    batch.fail(Record({"sequenceNumber": "102", "subSequenceNumber": 0}), "copy")
+    assert batch.settle_failures() == [(2, "copy", 1)]
+    with pytest.raises(ValueError, match="not a record of this batch; pass one of batch.records"):
+        batch.fail(Record({"sequenceNumber": "7"}), "stranger")
+
+
+def test_a_batch_with_no_failure_settles_to_nothing():
+    batch = _batch()
+    batch.emit(batch.records[0], {"k": 1})
+    assert batch.settle_failures() == [] and len(batch.rows) == 1

@@ -23,7 +23,8 @@ from .helpers import FakeClock, eventually
 
 
 def run_serve(*args, timeout=20):
-    return subprocess.run([MLDSERVER, "serve", *args], cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
+    admin = [] if any(a.startswith("--admin") for a in args) else ["--admin", "127.0.0.1:0"]
+    return subprocess.run([MLDSERVER, "serve", *args, *admin], cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
                           capture_output=True, text=True, timeout=timeout)
 
 
@@ -172,7 +173,7 @@ async def test_shutdown_removes_only_the_unix_socket_it_bound(tmp_path):
 
 def test_console_log_format(tmp_path):
     proc = subprocess.Popen([MLDSERVER, "serve", "--handler", "tests.handlers:Noop", "--port", "0",
-                             "--log-format", "console", "--state-dir", str(tmp_path)],
+                             "--log-format", "console", "--state-dir", str(tmp_path), "--admin", "127.0.0.1:0"],
                             cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
                             stderr=subprocess.PIPE, text=True)
     line = proc.stderr.readline()

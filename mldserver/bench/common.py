@@ -81,6 +81,7 @@ class Sampler:
         self.pids: dict[str, list[int]] = {}
         self.trees: dict[str, int] = {}
         self.peak: dict[str, int] = {}
+        self.by_pid: dict[str, dict[int, int]] = {}  # each process's own peak, by group
         self._task: asyncio.Task | None = None
 
     def start(self) -> None:
@@ -89,7 +90,11 @@ class Sampler:
     def sample(self) -> None:
         groups = {**self.pids, **{group: descendants(pid) for group, pid in self.trees.items()}}
         for group, pids in groups.items():
-            self.peak[group] = max(self.peak.get(group, 0), sum(pss_kb(p) for p in pids))
+            each = {p: pss_kb(p) for p in pids}
+            self.peak[group] = max(self.peak.get(group, 0), sum(each.values()))
+            peaks = self.by_pid.setdefault(group, {})
+            for p, kb in each.items():
+                peaks[p] = max(peaks.get(p, 0), kb)
 
     async def _loop(self) -> None:
         while True:

@@ -89,6 +89,7 @@ class Result:
     per_shard_pss_kb: float = 0.0
     total_pss_kb: int = 0
     server_cpu_s: float = 0.0  # the server's CPU seconds during the run
+    server_peaks_kb: list[int] = field(default_factory=list)  # the server's, then its handler processes'
 
     @property
     def cpu_us_per_record(self) -> float:
@@ -200,6 +201,9 @@ async def _run_variant(name: str, k: int, records: int, size: int, batches: int,
     children, server = sampler.peak.get("children", 0), sampler.peak.get("server", 0)
     result.total_pss_kb = children + server
     result.per_shard_pss_kb = (children + server) / k
+    if server_pid:
+        peaks = sampler.by_pid.get("server", {})
+        result.server_peaks_kb = [peaks.get(server_pid, 0)] + [kb for p, kb in sorted(peaks.items()) if p != server_pid]
     return result
 
 
@@ -280,6 +284,11 @@ async def run(args, shard_counts: list[int], with_kclpy: bool, tmp: str) -> None
                 print(f"  --workers {w}, K={k}: relay cost {100 * (1 - relay.rate / direct.rate):+.1f}% records/s "
                       f"vs direct" + (f"; memory per shard {relay.per_shard_pss_kb / base.per_shard_pss_kb:.2f}x "
                                       f"one amazon_kclpy child" if base is not None else ""))
+                if relay.server_peaks_kb:
+                    server_kb, *handlers = relay.server_peaks_kb
+                    print(f"    peak PSS: server {server_kb / 1024:.1f} MiB"
+                          + (f", handler processes {', '.join(f'{kb / 1024:.1f}' for kb in handlers)} MiB"
+                             if handlers else ""))
             if scrape:
                 relay = pairs[0][1]
                 print(f"  /metrics every {scrape:g} s at K={k}: {scraped.rate:,.0f} vs {relay.rate:,.0f} records/s "

@@ -5,11 +5,16 @@ worked example ``mldserver demo`` runs, shipped with the package::
         --pipeline mldserver.examples.orders:per_customer --window 60
 
 The handler turns each change record (the DynamoDB Streams record the KCL adapter
-delivers, with a NEW_IMAGE or NEW_AND_OLD_IMAGES view) into one row::
+delivers, with a NEW_IMAGE or NEW_AND_OLD_IMAGES view; the adapter writes
+``ApproximateCreationDateTime`` in epoch milliseconds, the Streams API and Lambda in
+seconds: both are read) into one row::
 
-    {"eventName": "INSERT", "dynamodb": {"ApproximateCreationDateTime": 1763719200.5,
+    {"eventName": "INSERT", "eventSource": "aws:dynamodb", "dynamodb": {"ApproximateCreationDateTime": 1763719200500,
      "NewImage": {"order_id": {"S": "o-17"}, "customer": {"S": "c-7"}, "amount": {"N": "12.50"}}}}
     -> {"order_id": "o-17", "customer": "c-7", "amount": 12.5}     event time 1763719200500
+
+It decodes DynamoDB JSON by hand; ``mldserver.ChangeHandler`` does that for you, one
+``on_update(doc, meta)`` per record (see ``mldserver.changes``).
 
 Deletes (no new image) and records that are not such JSON emit nothing: the record
 counts as done, and the log says why. The pipeline runs in Spark on every closed
@@ -49,7 +54,7 @@ class Orders(mldserver.Handler):
                     "customer": image["customer"]["S"],
                     "amount": float(image["amount"]["N"]),
                 },
-                event_time_ms=int(created * 1000) if created is not None else None,
+                event_time_ms=None if created is None else int(created if created >= 1e11 else created * 1000),
             )
         if self.skipped:
             self.context.log.warning("records_skipped", shard_id=self.shard_id, records=self.skipped, reason="not a change record")
@@ -71,8 +76,9 @@ def change_record(order_id: int, customer: int, amount: float, created_ms: int) 
     return orjson.dumps(
         {
             "eventName": "INSERT",
+            "eventSource": "aws:dynamodb",
             "dynamodb": {
-                "ApproximateCreationDateTime": created_ms / 1000,
+                "ApproximateCreationDateTime": created_ms,
                 "NewImage": {
                     "order_id": {"S": f"o-{order_id}"},
                     "customer": {"S": f"c-{customer}"},

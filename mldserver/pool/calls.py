@@ -42,7 +42,7 @@ from ..shard.batches import BAD_ROW, BadRecords, EncodedRows, times_valid
 from ..shard.calls import FAILED, Calls, Outcome
 from .frames import decode_rows, encode_records
 from .pool import HandlerPool
-from .process import HandlerProcess, ProcessDied
+from .process import START_TIMEOUT, HandlerProcess, ProcessDied
 
 # A call redone because its process died while another call was running, at most this
 # often before the deaths count against it too.
@@ -55,7 +55,13 @@ class _InitializeFailed(Exception):
     pass
 
 
+class _NoProcess(Exception):
+    """No handler process could take the shard (every start failed for a while)."""
+
+
 class ProcessCalls(Calls):
+    reads_line = True
+
     def __init__(
         self,
         pool: HandlerPool,
@@ -73,6 +79,8 @@ class ProcessCalls(Calls):
         self.shard: ShardInfo | None = None
         self._cursors: dict[int, AsyncIterator[dict[str, Any]]] = {}
         self._left = 0  # the shard moves to a process numbered above this (see _leave)
+        self._moved = False  # placed in a new process: a fresh instance is initialized before the next call
+        self._moved_from: int | None = None
         self._stored: Any = None  # the position the daemon stored last (a Position)
         self._answering: set[asyncio.Task[Any]] = set()  # the handler's requests being answered
 
@@ -110,13 +118,19 @@ class ProcessCalls(Calls):
             traceback = None
             proc = frame = None
             try:
-                async with asyncio.timeout(self.timeout):
-                    proc = await self._process(action)
+                try:  # waiting for a process to start is not the handler's time
+                    async with asyncio.timeout(max(self.timeout, START_TIMEOUT)):
+                        proc = await self._placed()
+                except TimeoutError:
+                    raise _NoProcess(f"no handler process started within {max(self.timeout, START_TIMEOUT)} s") from None
+                if self._moved and action != "initialize":
+                    await self._initialize_here(proc)
                 cp = checkpointer()
                 frame, body = self._frame(action, arg, collect_rows)
                 message, rows = await self._wait(proc, frame, body, cp, action)
             except TimeoutError:
                 error = f"timed out after {self.timeout} s (execution_timeout): its process was killed"
+                self.count({"timeout_count": 1})
                 if proc is not None and proc.alive:
                     proc.killed_for = frame["id"] if frame is not None else -1
                     proc.killed_what = (self.shard.shard_id, action)
@@ -139,12 +153,16 @@ class ProcessCalls(Calls):
                     self.log.warning("handler_redone", callback=action, error=str(exc))
                     continue
                 error = str(exc)
-            except _InitializeFailed as exc:
+            except (_InitializeFailed, _NoProcess) as exc:
                 error = str(exc)
             else:
+                self.count(message.get("stats"))
                 if message["result"] != FAILED:
+                    if action == "initialize":
+                        self._moved = False  # the instance is made
                     return Outcome(message["result"], message["error"],
-                                   self._rows(arg, message, rows) if collect_rows else None)
+                                   self._rows(arg, message, rows) if collect_rows else None,
+                                   message.get("failed") or None)
                 error, traceback = message["error"], message.get("traceback")
             await self._settled()
             attempt += 1
@@ -161,7 +179,7 @@ class ProcessCalls(Calls):
         while self._answering:
             await asyncio.gather(*list(self._answering), return_exceptions=True)
 
-    async def _wait(self, proc: HandlerProcess, frame: dict[str, Any], body: bytes, cp: Checkpointer,
+    async def _wait(self, proc: HandlerProcess, frame: dict[str, Any], body: bytes, cp: Checkpointer | None,
                     action: str) -> tuple[dict[str, Any], bytes]:
         """The call's ``done``, or TimeoutError after ``execution_timeout`` of its own:
         time during which another shard's call held the process's loop (blocking it)
@@ -187,32 +205,38 @@ class ProcessCalls(Calls):
 
     # -- where the shard's instance lives -------------------------------------------
 
-    async def _process(self, action: str) -> HandlerProcess:
+    async def _placed(self) -> HandlerProcess:
+        """The shard's live process; a new one (``_moved``) if it had none, or its
+        process died, was killed or retires."""
         proc = self.proc
         if proc is not None and proc.alive and not proc.retiring:
             return proc
         assert self.shard is not None
-        moved_from = None
         if proc is not None:
-            moved_from = proc.pid
             self._leave()
         proc = await self.pool.assign(self.key, self.shard.shard_id, newer_than=self._left)
         self.proc = proc
-        if action != "initialize":
-            info = self._position()
-            self.log.info("shard_moved", pid=proc.pid, from_pid=moved_from, sequence_number=info.sequence_number,
-                          sub_sequence_number=info.sub_sequence_number)
-            message, _ = await proc.call(self._frame("initialize", info, False)[0], b"", self._requests(None),
-                                         (self.shard.shard_id, "initialize"))
-            if message["result"] == FAILED:
-                self.proc = None
-                self.pool.release(proc, self.key)
-                raise _InitializeFailed(f"initialize in a new handler process failed: {message['error']}")
+        self._moved = True
         return proc
+
+    async def _initialize_here(self, proc: HandlerProcess) -> None:
+        """A fresh handler instance for the shard in its new process: ``initialize``
+        with the shard's current position (under ``execution_timeout``, as any call)."""
+        assert self.shard is not None
+        info = self._position()
+        self.log.info("shard_moved", pid=proc.pid, from_pid=self._moved_from, sequence_number=info.sequence_number,
+                      sub_sequence_number=info.sub_sequence_number)
+        message, _ = await self._wait(proc, self._frame("initialize", info, False)[0], b"", None, "initialize")
+        if message["result"] == FAILED:
+            self.proc = None
+            self.pool.release(proc, self.key)
+            raise _InitializeFailed(f"initialize in a new handler process failed: {message['error']}")
+        self._moved = False
 
     def _leave(self) -> None:
         """Off the shard's process (dead, killed or retiring): the next goes to a newer one."""
         if self.proc is not None:
+            self._moved_from = self.proc.pid
             self._left = max(self._left, self.proc.floor)
             self.pool.release(self.proc, self.key)
             self.proc = None

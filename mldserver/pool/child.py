@@ -38,6 +38,7 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import faulthandler
+import fcntl
 import gc
 import mmap
 import os
@@ -51,13 +52,15 @@ from typing import Any
 from ..config import Settings
 from ..context import Context
 from ..errors import CheckpointError, ConfigError
+from ..failures import FailureGuard
 from ..importer import import_from_string
 from ..logs import configure, get_logger
+from ..malloc import large_buffers_from_mmap
 from ..records import Batch, ShardInfo
 from ..shard.calls import check_factory
 from ..timers import api as timers_api
 from ..timers import remote as timers_remote
-from .frames import RUN, CallFrame, StartFrame, encode, encode_rows, read_frame_async, records_from
+from .frames import RUN, CallFrame, StartFrame, encode, encode_head, encode_rows, read_frame_async, records_from
 
 log = get_logger("mldserver.handler")
 WATCH_INTERVAL = 0.05
@@ -173,7 +176,9 @@ class Child:
         self.beat = time.monotonic()
 
     def send(self, message: dict[str, Any], body: bytes = b"") -> None:
-        self.writer.write(encode(message, body))
+        self.writer.write(encode_head(message, len(body)))
+        if body:
+            self.writer.write(body)
 
     async def request(self, message: dict[str, Any]) -> dict[str, Any]:
         self.reqs += 1
@@ -231,7 +236,7 @@ class Child:
             if action == "process_records":
                 batch = Batch(records_from(body, bool(frame.get("line"))), frame.get("millis_behind_latest"), info,
                               [] if frame.get("collect") else None)
-                coro = handler.process_records(batch, cp)
+                coro = handler.process_records(batch, FailureGuard(cp, batch))
             elif action == "initialize":
                 coro = handler.initialize(info)
             elif action == "lease_lost":
@@ -246,11 +251,16 @@ class Child:
             if action == "initialize":
                 self.handlers.pop(shard, None)
         n, rows, bad = 0, b"", []
+        failed = batch.settle_failures() if batch is not None and result != "failed" else None
         if batch is not None and batch.rows and result != "failed":
             index = {id(r): i for i, r in enumerate(batch.records)}
             n, rows, bad = encode_rows(batch.rows, index)
-        self.send({"op": "done", "id": call_id, "result": result, "error": error, "traceback": tb,
-                   "rows": n, "bad": bad}, rows)
+        done = {"op": "done", "id": call_id, "result": result, "error": error, "traceback": tb, "rows": n, "bad": bad}
+        if failed:
+            done["failed"] = failed  # [index, error, attempts]: the server dead-letters them
+        if batch is not None and batch.stats:
+            done["stats"] = batch.stats  # a failed attempt's too: every callback counts
+        self.send(done, rows)
 
     async def fire(self, frame: dict[str, Any]) -> None:
         """Due timers' callbacks, each tracked under its own id (the server blames the
@@ -313,6 +323,7 @@ async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> N
     gc.collect()
     gc.freeze()
     gc.set_threshold(50_000, 20, 100)
+    large_buffers_from_mmap()
     stack = open(start["state"] + ".stack", "w")
     faulthandler.enable(stack, all_threads=True)
     faulthandler.register(signal.SIGUSR1, stack, all_threads=True)
@@ -330,7 +341,21 @@ async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> N
     await writer.drain()
 
 
+# Both pipes to the server hold this much (Linux's default maximum) instead of 64 KiB:
+# a batch's line, or its rows, cross in a few writes, not one per 64 KiB.
+PIPE_SIZE = 1 << 20
+
+
+def _widen_pipes() -> None:
+    for fd in (0, 1):
+        try:
+            fcntl.fcntl(fd, getattr(fcntl, "F_SETPIPE_SZ", 1031), PIPE_SIZE)
+        except OSError:
+            pass  # not a pipe, not Linux, or over /proc/sys/fs/pipe-max-size: the default works
+
+
 async def _main() -> None:
+    _widen_pipes()
     loop = asyncio.get_running_loop()
     reader = asyncio.StreamReader(limit=1 << 24)
     await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(os.dup(0), "rb"))

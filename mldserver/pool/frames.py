@@ -19,6 +19,7 @@ What crosses, and how often (one shard's action is one ``call`` and one ``done``
       {"op":"sql_fetch","id":7,"req":3,"cursor":1,"query":"SELECT ..","params":{},"n":64}
       {"op":"sql_close","id":7,"req":4,"cursor":1}
       {"op":"done","id":7,"result":"ok","error":null,"rows":2,"bad":[]} | rows, columnar
+      {"op":"done",...,"failed":[[41,"ValueError: bad order",3]],"stats":{"on_update_success":999}}
       {"op":"timer_create","id":7,"req":5,"timers":[["mod:callback","ref",1763719260000,{context}], ...]}
       {"op":"timer_cancel","id":7,"req":6,"callback":"mod:callback","reference":"ref"}
       {"op":"done","id":90,"result":"ok","fired":[null,["ValueError: ..","Traceback .."]]}  (a fire's)
@@ -30,7 +31,9 @@ server can tell which one blocks (``mldserver.timers.firing``, ``.remote``).
 The records of a batch cross as the daemon's processRecords line, the bytes that
 arrived (``"line": true``), or, when the server changed them (KPL aggregates expanded,
 malformed records taken out), as one JSON array of record objects (``encode_records``);
-the child wraps them in lazy ``Record``s as the server does. The rows a batch emitted
+the child wraps them in lazy ``Record``s, each over its record in the line parsed once
+by pysimdjson (``protocol/lazy.py``): a field becomes a Python object when the handler
+reads it. The rows a batch emitted
 come back as one columnar body per batch, never a frame per row (``encode_rows`` /
 ``decode_rows``)::
 
@@ -38,18 +41,23 @@ come back as one columnar body per batch, never a frame per row (``encode_rows``
 
 A row that orjson cannot encode, or whose ``event_time_ms`` is not epoch milliseconds
 (``records.valid_event_time``), is not in the body: ``bad`` holds ``[index, error]``.
+The records the handler gave up on (``batch.fail``; ``failures.py``) are in ``failed``
+as ``[index, error, attempts]``, their rows left out of the body; ``stats`` holds what
+the handler counted in the call (``ChangeHandler``: ``on_update_success``, ...). Both
+are left out when empty.
 """
 
 from __future__ import annotations
 
 import struct
 from array import array
-from typing import Any, Iterable, Literal, Sequence, TypedDict
+from typing import Any, Iterable, Literal, NotRequired, Sequence, TypedDict
 
 import orjson
 
+from ..protocol.lazy import LazyRecords
 from ..records import EVENT_TIME, Record, valid_event_time
-from ..spark.frames import encode, read_frame, read_frame_async
+from ..spark.frames import HEADER, encode, read_frame, read_frame_async
 
 __all__ = [
     "CallFrame",
@@ -58,6 +66,7 @@ __all__ = [
     "StartFrame",
     "decode_rows",
     "encode",
+    "encode_head",
     "encode_records",
     "encode_rows",
     "read_frame",
@@ -104,6 +113,15 @@ class DoneFrame(TypedDict):
     traceback: str | None
     rows: int
     bad: list[tuple[int, str]]
+    failed: NotRequired[list[tuple[int, str, int]]]  # batch.fail: [index, error, attempts]
+    stats: NotRequired[dict[str, int]]  # what the handler counted (on_update_success, ...)
+
+
+def encode_head(message: dict[str, Any], body_size: int) -> bytes:
+    """A frame without its body (``encode``'s first part): the body, a batch's line of
+    megabytes, is written after it as it is, not copied into one buffer with it."""
+    data = orjson.dumps(message, default=str)
+    return HEADER.pack(len(data), body_size) + data
 
 
 def encode_records(records: Sequence[Record]) -> bytes:
@@ -120,6 +138,9 @@ def records_from(body: bytes, line: bool = False) -> list[Record]:
         return []
     if not line:
         return list(map(Record, orjson.loads(body)))
+    lazy = LazyRecords.parse(body, keep=True)  # each record read when the handler reads it
+    if lazy is not None:
+        return list(map(Record, lazy.objects()))
     try:
         message = orjson.loads(body)
     except orjson.JSONDecodeError:  # not UTF-8: decoded tolerantly, as the protocol core does

@@ -10,9 +10,10 @@ answer its requests, notice its death. All asyncio; the loop only waits on pipes
 ``requests`` answers what the handler asks during the call (``checkpoint``,
 ``sql_fetch``, ``sql_close``): the call's owner (``calls.ProcessCalls``) is the only
 one that knows the shard's checkpointer. What the server answers whichever call asks
-(``timer_create``, ``timer_cancel``: ``mldserver.timers``) is in ``services``, by op. When the process dies, every call in flight
-fails with :class:`ProcessDied`, which says how (exit code or signal) and whether that
-call was the one running (``blamed``: its id was in the shared state file).
+(``timer_create``, ``timer_cancel``: ``mldserver.timers``) is in ``services``, by op.
+When the process dies, every call in flight fails with :class:`ProcessDied`, which
+says how (exit code or signal) and whether that call was the one running
+(``blamed``: its id was in the shared state file).
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from typing import Any, Awaitable, Callable
 from ..config import Settings, state_path
 from ..errors import MldserverError
 from ..logs import EventLogger
-from .frames import RUN, StartFrame, encode, read_frame_async
+from .frames import RUN, StartFrame, encode, encode_head, read_frame_async
 
 PIPE_LIMIT = 1 << 24
 START_TIMEOUT = 60.0
@@ -187,7 +188,9 @@ class HandlerProcess:
         if proc is None or proc.stdin is None or self.died.is_set():
             raise ProcessDied("already gone", blamed=False)
         try:
-            proc.stdin.write(encode(message, body))
+            proc.stdin.write(encode_head(message, len(body)))
+            if body:
+                proc.stdin.write(body)
         except (BrokenPipeError, ConnectionResetError) as exc:
             raise ProcessDied(str(exc), blamed=False) from None
 

@@ -76,8 +76,10 @@ def _transition_key(event: Action) -> str:
 class Connection:
     """One shard's conversation with the daemon, from the child's side."""
 
-    def __init__(self, max_line_size: int = DEFAULT_MAX_LINE_SIZE) -> None:
+    def __init__(self, max_line_size: int = DEFAULT_MAX_LINE_SIZE, lazy: bool = False) -> None:
+        """``lazy``: processRecords lines' records are read on demand (see :mod:`.lazy`)."""
         self._lines = LineBuffer(max_line_size)
+        self.lazy = lazy
         self.state = State.AWAITING_INITIALIZE
         self.dialect = Dialect.SEQUENCE
         self.shard_id: str | None = None
@@ -122,7 +124,7 @@ class Connection:
                 return ConnectionClosed()
             return NEED_DATA
         try:
-            event = decode(line)
+            event = decode(line, self.lazy)
         except RemoteProtocolError as exc:
             if self.state is State.CHECKPOINTING and (exc.action is None or exc.action in NEVER_OWED):
                 return self._settle(CheckpointReply(None, None, MALFORMED_REPLY, str(exc)))

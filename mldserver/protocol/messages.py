@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import enum
 import json
+import re
 from typing import Any
 
 import orjson
@@ -33,6 +34,7 @@ from .events import (
     Shutdown,
     Status,
 )
+from .lazy import LazyRecords
 
 
 class Dialect(enum.Enum):
@@ -76,8 +78,15 @@ def _int(value: Any, name: str, line: bytes, action: str) -> int | None:
     )
 
 
-def decode(line: bytes) -> Event:
-    """Turn one line from the daemon into an event, or raise RemoteProtocolError."""
+def decode(line: bytes, lazy: bool = False) -> Event:
+    """Turn one line from the daemon into an event, or raise RemoteProtocolError.
+
+    ``lazy``: a processRecords line's records are read on demand (a
+    :class:`~.lazy.LazyRecords`), not made into a dict each."""
+    if lazy and _PROCESS_RECORDS.match(line):
+        event = _lazy_process_records(line)
+        if event is not None:
+            return event
     try:
         obj = orjson.loads(line)
     except orjson.JSONDecodeError:
@@ -128,6 +137,18 @@ def decode(line: bytes) -> Event:
         reason = obj.get("reason")
         return Shutdown(reason if reason is None else str(reason))
     return cls()
+
+
+# The daemon writes "action" first: a line that starts so is worth reading lazily.
+_PROCESS_RECORDS = re.compile(rb'\s*\{\s*"action"\s*:\s*"processRecords"')
+
+
+def _lazy_process_records(line: bytes) -> ProcessRecords | None:
+    """The batch with its records unread, or None: the eager path decides."""
+    records = LazyRecords.parse(line)
+    if records is None:
+        return None
+    return ProcessRecords(records, records.millis_behind_latest, line)  # type: ignore[arg-type]
 
 
 def _dumps(obj: dict[str, Any]) -> bytes:

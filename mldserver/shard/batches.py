@@ -21,18 +21,24 @@ needs its record's position) every record's position is parsed here, at once, an
 record without one is returned as malformed; otherwise a record's position is parsed
 when first read (``Record.position``, kept), and a server without a sink never pays
 for it.
+
+Records the protocol core left unread (``LazyRecords``: handler processes read them
+from the line) stay so: ``decode_records`` checks the last record's position (with
+``positions``: every record's, in bulk) and returns a ``LineRecords``, whose
+``Record``s are made one at a time when asked for.
 """
 
 from __future__ import annotations
 
 from itertools import repeat
 from operator import itemgetter
-from typing import Any, Iterable, NamedTuple
+from typing import Any, Iterable, NamedTuple, Sequence
 
 import orjson
 
 from ..coordinator.ordering import Item
 from ..positions import Position
+from ..protocol.lazy import LazyRecords
 from ..records import EVENT_TIME, MAX_EVENT_TIME_MS, Emitted, Record, valid_event_time
 from .kpl import deaggregate, is_aggregate
 
@@ -68,6 +74,11 @@ def decode_records(
     """The handler's records, and what could not be made into records."""
     if not raws:
         return [], []
+    if type(raws) is LazyRecords and not deaggregate_kpl:
+        lazy = _lazy(raws, positions)
+        if lazy is not None:
+            return lazy, []
+        raws = raws.records()  # something is wrong with a record: read them all, as below
     last = raws[-1]
     position = Position.parse(last.get("sequenceNumber"), last.get("subSequenceNumber")) if type(last) is dict else None
     if position is None:
@@ -92,6 +103,50 @@ def decode_records(
         else:
             records.append(Record(raw, None, p))
     return records, bad
+
+
+def _lazy(raws: LazyRecords, positions: bool) -> LineRecords | None:
+    """The records of a line read lazily, or None if one of them is malformed."""
+    last = raws.last()
+    position = Position.parse(last.get("sequenceNumber"), last.get("subSequenceNumber")) if type(last) is dict else None
+    if position is None:
+        return None
+    if not positions:
+        return LineRecords(raws, None, position)
+    if not raws.all_objects():
+        return None
+    parsed = Position.parse_all(raws.column("sequenceNumber"), raws.column("subSequenceNumber"))
+    if None in parsed:
+        return None
+    return LineRecords(raws, parsed, position)
+
+
+class LineRecords(Sequence[Record]):
+    """The records of a processRecords line read lazily (a handler process reads them
+    from the line): a :class:`~mldserver.records.Record` is made only for the records
+    the server asks for (the last one, the records rows came from, a checkpoint's)."""
+
+    __slots__ = ("raws", "positions", "_last")
+
+    def __init__(self, raws: LazyRecords, positions: list[Position] | None, last: Position) -> None:
+        self.raws = raws
+        self.positions = positions
+        self._last = last
+
+    def __len__(self) -> int:
+        return len(self.raws)
+
+    def __getitem__(self, i: Any) -> Any:
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self.raws)))]
+        n = len(self.raws)
+        if i < 0:
+            i += n
+        if not 0 <= i < n:
+            raise IndexError("record index out of range")
+        if i == n - 1:  # the one the server always reads: kept from the first reading
+            return Record(self.raws.last(), None, self._last)
+        return Record(self.raws.obj(i), None, self.positions[i] if self.positions is not None else None)
 
 
 def _deaggregated(raws: list[Any]) -> tuple[list[Record], list[BadRecords]]:

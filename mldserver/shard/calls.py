@@ -12,6 +12,7 @@ can later run the handler in another process::
     outcome = await calls.call("process_records", batch, checkpointer, collect_rows=True)
     outcome.ok, outcome.result, outcome.error, outcome.rows
     #   True, "ok", None, [Emitted(record, {"k": 1}, None), ...]
+    #   (outcome.failed: [(41, "ValueError: bad", 3)], the records batch.fail gave up on)
     #   False, "failed", "ValueError: bad order", None       (after every attempt failed)
     #   True, "checkpoint_failed", "ThrottlingException", None   (a CheckpointError escaped)
 
@@ -33,6 +34,11 @@ Each attempt runs in its own task, so nothing the handler does reaches the calle
 - a callback that is not a coroutine function is a failure that is not retried, named
   in one line; ``check_factory()`` refuses such a handler class at load, ``create()``
   any other handler at its creation.
+
+What the handler counted in its calls (``batch.stats``: a ``ChangeHandler``'s
+``on_update_success``, ...), failed attempts included, and each attempt that ran past
+``timeout`` (``timeout_count``) add up in ``stats`` until the worker takes them
+(``take_stats``) for the metrics.
 """
 
 from __future__ import annotations
@@ -44,6 +50,7 @@ from typing import Any, Callable, NamedTuple
 from ..backoff import Backoff
 from ..checkpointer import Checkpointer
 from ..errors import CheckpointError, ConfigError
+from ..failures import FailureGuard
 from ..logs import EventLogger
 from ..records import Emitted
 
@@ -60,6 +67,9 @@ class Outcome(NamedTuple):
     result: str  # OK, CHECKPOINT_FAILED or FAILED
     error: str | None = None
     rows: list[Emitted] | None = None  # what process_records emitted, when collected
+    # process_records: the records it gave up on (batch.fail), (index in the batch,
+    # error, attempts), for the worker to dead-letter; the call itself is done
+    failed: list[tuple[int, str, int]] | None = None
 
     @property
     def ok(self) -> bool:
@@ -69,7 +79,7 @@ class Outcome(NamedTuple):
 
 def _invoke(handler: Any, action: str, arg: Any, cp: Checkpointer) -> Any:
     if action == "process_records":
-        return handler.process_records(arg, cp)
+        return handler.process_records(arg, FailureGuard(cp, arg))
     if action == "initialize":
         return handler.initialize(arg)
     if action == "lease_lost":
@@ -134,6 +144,10 @@ class Calls:
     ``HandlerCalls`` runs the handler in this loop; ``pool.ProcessCalls`` in a handler
     process."""
 
+    # The handler reads a batch's records from the daemon's line (a handler process):
+    # the server's protocol core leaves them unread (``protocol/lazy.py``).
+    reads_line = False
+
     def __init__(self, context: Any, *, retries: int, timeout: float, backoff: Backoff, log: EventLogger) -> None:
         self.context = context
         self.retries = retries
@@ -143,6 +157,21 @@ class Calls:
         self.running: str | None = None  # the callback being called, if any
         self._current: asyncio.Future[Any] | None = None  # the call under way (abort cancels it)
         self._aborted: str | None = None
+        # Counts since the worker last took them (``take_stats``): attempts that ran past
+        # execution_timeout (``timeout_count``), and what the handler counted in its
+        # calls (a ChangeHandler's ``on_update_success``, ...), failed attempts included.
+        self.stats: dict[str, int] = {}
+
+    def count(self, stats: Any) -> None:
+        if stats and type(stats) is dict:
+            mine = self.stats
+            for name, n in stats.items():
+                if type(n) is int and type(name) is str:  # (what a handler put there: counts only)
+                    mine[name] = mine.get(name, 0) + n
+
+    def take_stats(self) -> dict[str, int]:
+        stats, self.stats = self.stats, {}
+        return stats
 
     def abort(self, reason: str) -> None:
         """Cancel the call under way (its action is then answered as failed) and start
@@ -200,10 +229,15 @@ class HandlerCalls(Calls):
                 return Outcome(FAILED, f"not called: {self._aborted}")
             if collect_rows:
                 arg.rows = []  # a retried call starts over: no row twice
+            if action == "process_records":
+                arg.failed = arg.stats = None  # nor a failed record
             try:
                 outcome, error, final = await self._attempt(action, arg, checkpointer)
+                if action == "process_records":
+                    self.count(arg.stats)
                 if outcome is not None:
-                    return outcome._replace(rows=arg.rows if collect_rows else None)
+                    failed = arg.settle_failures() if action == "process_records" else None
+                    return outcome._replace(rows=arg.rows if collect_rows else None, failed=failed or None)
             finally:
                 if collect_rows:
                     arg.rows = None  # the rows are in the outcome (or dropped): the batch no longer collects
@@ -249,6 +283,7 @@ class HandlerCalls(Calls):
                 if not done:
                     _abandoned.add(task)
                     task.add_done_callback(_retrieve)
+                    self.count({"timeout_count": 1})
                     self.log.error(
                         "handler_stuck",
                         callback=action,
@@ -262,6 +297,7 @@ class HandlerCalls(Calls):
                     task.exception()  # retrieved: the time-out is what counts
                 if self._aborted is not None:
                     return None, f"cancelled: {self._aborted}", True
+                self.count({"timeout_count": 1})
                 return None, f"timed out after {self.timeout} s (execution_timeout)", False
         except asyncio.CancelledError:  # our own cancellation: the call goes with it
             task.cancel()

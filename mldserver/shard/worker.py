@@ -67,6 +67,7 @@ from ..config import Settings
 from ..deadletters import DeadLetters
 from ..durable import on_blocked, utc_timestamp
 from ..errors import CheckpointError
+from ..failures import RECORD_FAILED
 from ..logs import EventLogger
 from ..metrics import Metrics, call_outcome
 from ..pausing import Pause
@@ -168,6 +169,17 @@ class Slots:
             self._sem.release()
 
 
+def _as_daemon_wrote(records: Any, i: int) -> dict[str, Any]:
+    """Record ``i`` of a batch as the daemon wrote it, for a dead letter; one that is
+    not a JSON object (which the handler saw as such) as ``{"data": null, "value": ...}``."""
+    try:
+        return records[i].to_json()
+    except (AttributeError, TypeError, ValueError):  # not an object: its value from the line read whole
+        raws = getattr(records, "raws", None)
+        value = raws.records()[i] if raws is not None else getattr(records[i], "_raw", None)
+        return value if type(value) is dict else {"data": None, "value": value}
+
+
 class _Stopped(Exception):
     """The server stops and this worker has nothing to answer."""
 
@@ -217,6 +229,8 @@ class Worker:
             backoff=Backoff(first=settings.handler_backoff, cap=max(settings.handler_backoff, 5.0)),
             log=log,
         )
+        # A handler process reads the records from the line: this loop reads only what it needs.
+        self.conn.lazy = self.calls.reads_line
         self.progress = ShardProgress()
         self.shard: ShardInfo | None = None
         self.stopping = False
@@ -543,6 +557,8 @@ class Worker:
             self.progress.batch_done()  # an idle shard holds no batch in memory
         if not outcome.ok:
             await self._dead_letter_all([BadRecords(event.records, "handler failed", outcome.error or "")])
+        elif outcome.failed:
+            await self._dead_letter_failed(records, outcome.failed)  # before any checkpoint can pass them
         items, bad = encode_rows(outcome.rows or ())
         await self._dead_letter_all(bad)
         assert self.shard is not None
@@ -569,6 +585,9 @@ class Worker:
         if self.metrics is not None:
             self.metrics.handler_call(action, call_outcome(outcome.result, outcome.error),
                                       time.perf_counter() - started)
+            stats = self.calls.take_stats()
+            if stats:
+                self.metrics.handler_stats(action, stats)
         return outcome
 
     async def _paused(self, event: Action) -> None:
@@ -731,6 +750,20 @@ class Worker:
             self.log.error("dead_letter_failed", path=str(tmp), error=f"{type(exc).__name__}: {exc}")
             return None
         return path
+
+    async def _dead_letter_failed(self, records: list[Any], failed: list[Any]) -> None:
+        """The records the handler gave up on (``batch.fail``), each with its error, in
+        one write."""
+        entries = [(_as_daemon_wrote(records, i), error, attempts) for i, error, attempts in failed
+                   if type(i) is int and 0 <= i < len(records)]
+        if len(entries) < len(failed):  # not from this batch: a defect on the handler's side of the seam
+            self.log.error("failed_records_unknown", failed=failed[:10], records=len(records),
+                           what_to_do="report this: the handler named records the batch does not have")
+        if not entries:
+            return
+        path = await self.dead_letters.failed_records(self.conn.shard_id, entries, RECORD_FAILED)
+        self.log.error("dead_lettered", reason=RECORD_FAILED, error=entries[0][1], records=len(entries),
+                       path=str(path))
 
     async def _dead_letter_all(self, bad: list[BadRecords]) -> None:
         for raws, reason, error in bad:

@@ -135,6 +135,8 @@ def launch(tmp_path: Path, *args: str, timeout: float = 60.0, cwd=None, env=None
     log_path = tmp_path / f"launch-{n}.log"
     stderr_path = tmp_path / f"launch-{n}.stderr"
     argv = [MLDSERVER, "serve", *args]
+    if not any(a == "--admin" or a.startswith("--admin=") for a in args):
+        argv += ["--admin", "127.0.0.1:0"]  # never the default port, which another test may hold
     if not any(a == "--log-file" or a.startswith("--log-file=") for a in args):
         argv += ["--log-file", str(log_path)]
     with open(stderr_path, "wb") as stderr:

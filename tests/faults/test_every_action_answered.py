@@ -163,6 +163,10 @@ def _replier(replies: list):
 
 
 _shards = itertools.count(1)
+# How long the peer waits for a status before it calls the server hung. An action may
+# take several handler processes (each attempt that runs past execution_timeout kills
+# its process, and the next waits for a new one to start: seconds on a loaded machine).
+STATUS_BOUND = 30.0
 
 
 async def _converse(server, plans: dict, initialize_first: bool, steps: list, replies: list) -> None:
@@ -183,8 +187,8 @@ async def _converse(server, plans: dict, initialize_first: bool, steps: list, re
                 line = init
             await peer.send(line + b"\n")
             if owed is not None:
-                await peer.answer(owed, answer, timeout=5)
-        rest = await peer.finish(timeout=5)
+                await peer.answer(owed, answer, timeout=STATUS_BOUND)
+        rest = await peer.finish(timeout=STATUS_BOUND)
         assert rest == b"", f"the server wrote after the last status, when nothing was owed: {rest[:300]!r}"
     finally:
         peer.close()

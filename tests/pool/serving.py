@@ -36,8 +36,7 @@ class MemorySink:
 @contextlib.asynccontextmanager
 async def running(tmp_path, handler, *, sink=True, **overrides):
     settings = Settings(handler=f"tests.pool_handlers:{handler}", port=0, state_dir=str(tmp_path / "state"),
-                        handler_backoff=0.01, checkpoint_backoff=0.01, window=60.0,
-                        **{"workers": 2, **overrides})
+                        window=60.0, **{"workers": 2, "handler_backoff": 0.01, "checkpoint_backoff": 0.01, **overrides})
     memory = MemorySink() if sink else None
     server = Server(settings, clock=FakeClock(T0 + 3_600_000), sink=memory)
     await server.start()

@@ -83,6 +83,31 @@ async def test_the_child_alone_runs_calls_proxies_checkpoints_and_answers_done(t
     assert await asyncio.wait_for(proc.wait(), 10) == 0
 
 
+async def test_the_child_alone_sends_the_records_given_up_as_indexes_and_what_the_handler_counted(tmp_path):
+    proc = await _child(tmp_path, "tests.pool_handlers:Changes", handler_retries=1, handler_backoff=0.0)
+    await frames.read_frame_async(proc.stdout)
+    info = ["shardId-1", "TRIM_HORIZON", 0]
+    proc.stdin.write(frames.encode({"op": "call", "id": 1, "shard": 9, "action": "initialize", "info": info}))
+    await frames.read_frame_async(proc.stdout)
+    records = make_records(10, 4)
+    records[2]["partitionKey"] = "poison"
+    proc.stdin.write(frames.encode({"op": "call", "id": 2, "shard": 9, "action": "process_records", "info": info,
+                                    "millis_behind_latest": 0, "collect": True}, orjson.dumps(records)))
+    request, _ = await frames.read_frame_async(proc.stdout)  # checkpoint(): held short of the failed record
+    assert (request["op"], request["sequence_number"], request["sub_sequence_number"]) == ("checkpoint", "11", 0)
+    proc.stdin.write(frames.encode({"op": "reply", "req": request["req"], "error": None}))
+    done, body = await frames.read_frame_async(proc.stdout)
+    assert (done["result"], done["rows"], done["bad"]) == ("ok", 3, [])
+    assert done["failed"] == [[2, "RuntimeError: poisoned record", 2]]
+    assert done["stats"] == {"on_update_success": 3, "on_update_failure": 2}
+    assert frames.decode_rows(done["rows"], body)[0] == [0, 1, 3]
+    proc.stdin.write(frames.encode({"op": "call", "id": 3, "shard": 9, "action": "lease_lost", "info": info}))
+    done, _ = await frames.read_frame_async(proc.stdout)
+    assert done["result"] == "ok" and "failed" not in done and "stats" not in done
+    proc.stdin.write(frames.encode({"op": "stop"}))
+    assert await asyncio.wait_for(proc.wait(), 10) == 0
+
+
 async def test_the_child_alone_reports_an_import_failure_with_the_importers_message(tmp_path):
     proc = await _child(tmp_path, "tests.pool_handlers:Nope")
     failed, _ = await frames.read_frame_async(proc.stdout)
@@ -146,6 +171,6 @@ async def test_a_handler_that_cannot_be_imported_fails_the_start_with_the_import
 def test_records_cross_as_the_line_that_arrived_when_the_server_kept_them_one_for_one():
     raws = make_records(10, 2)
     line = orjson.dumps({"action": "processRecords", "records": raws, "millisBehindLatest": 0})
-    assert [r._raw for r in frames.records_from(line, line=True)] == raws
+    assert [r.to_json() for r in frames.records_from(line, line=True)] == raws
     broken = line.replace(b'"pk0"', b'"pk\xff"')  # not UTF-8: decoded tolerantly
     assert frames.records_from(broken, line=True)[0].partition_key == "pk\ufffd"

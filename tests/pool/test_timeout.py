@@ -32,6 +32,8 @@ async def test_a_handler_blocking_past_the_execution_timeout_is_killed_retried_a
         assert all(daemon.checkpoints[s.shard_id] == "SHARD_END" for s in shards)
 
     attempts = server.settings.handler_retries + 1
+    assert server.metrics.registry.get_sample_value("mldserver_handler_timeouts_total",
+                                                    {"callback": "process_records"}) == attempts
     timed_out = events(caplog, "handler_timed_out")
     assert len(timed_out) == attempts
     assert all("time.sleep" in t["stack"] or "misbehave" in t["stack"] for t in timed_out)

@@ -158,9 +158,11 @@ async def test_a_call_past_the_time_out_fails_and_each_attempt_gets_a_fresh_chec
             await asyncio.sleep(10)
 
     handed = iter(["first", "second"])
-    outcome = await calls_for(Slow, retries=1, timeout=0.01).call("shutdown_requested", None, lambda: next(handed))
+    calls = calls_for(Slow, retries=1, timeout=0.01)
+    outcome = await calls.call("shutdown_requested", None, lambda: next(handed))
     assert outcome.result == FAILED and "execution_timeout" in outcome.error
     assert given == ["first", "second"]
+    assert calls.take_stats() == {"timeout_count": 2} and calls.take_stats() == {}  # each attempt, taken once
 
 
 async def test_without_a_handler_every_call_fails_without_running():

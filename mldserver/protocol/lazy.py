@@ -1,0 +1,127 @@
+"""A ``processRecords`` line read lazily: what the conversation needs, without a
+Python object per record.
+
+With handler processes the server never looks inside most records: the line goes
+to the handler process as it arrived, and the server needs the action, the batch's
+size, ``millisBehindLatest`` and the last record's position (what ``checkpoint()``
+with no argument stores). pysimdjson parses the line once in C (checking the whole
+of it: JSON and UTF-8) and gives Python objects only for what is asked::
+
+    line = b'{"action":"processRecords","records":[{"data":"bWVvdw==",' \\
+           b'"sequenceNumber":"7","subSequenceNumber":0}],"millisBehindLatest":5}\\n'
+    records = LazyRecords.parse(line)          # None: not a line this reads (see below)
+    records.millis_behind_latest == 5
+    len(records) == 1; records.last() == {"data": "bWVvdw==", "sequenceNumber": "7", ...}
+    records.column("sequenceNumber") == ["7"]  # one field of every record (None where absent)
+    records.obj(0).get("data") == "bWVvdw=="   # one record, still lazy (a Mapping-like view)
+    records[0]                                  # a dict: the first such use parses the line
+                                                # whole with orjson, as the eager path does
+
+``parse`` returns None for a line it does not read (invalid JSON or UTF-8, an integer
+beyond 64 bits, ``records`` not an array): the eager decoder then reads it, with its
+own tolerance (invalid UTF-8 replaced) and its own error messages, so both paths
+accept and refuse the same lines. A record that is not a JSON object is ``None`` in
+``column`` and in ``obj``.
+
+The parsed line (larger than the line) is let go once the size and the last record
+are read; ``obj``, ``objects`` and ``column`` parse it again, once, and keep it. One
+parser per parse: a document stays valid as long as anything refers to it, and nothing
+else is parsed with its parser.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterator, Sequence
+
+import orjson
+import simdjson
+
+
+class LazyRecords(Sequence[Any]):
+    __slots__ = ("line", "millis_behind_latest", "_n", "_last", "_array", "_list")
+
+    def __init__(self, line: bytes, document: Any, array: Any) -> None:
+        self.line = line
+        self.millis_behind_latest = document.get("millisBehindLatest")
+        self._n = len(array)
+        self._last = _plain(array[self._n - 1]) if self._n else None
+        # The parsed line is let go (it is larger than the line): read again if asked.
+        self._array: Any = None
+        self._list: list[Any] | None = None
+
+    @classmethod
+    def parse(cls, line: bytes, keep: bool = False) -> LazyRecords | None:
+        """The line's records, or None: the eager decoder reads it. ``keep``: the
+        parsed line is kept (the records will be read)."""
+        try:
+            document = simdjson.Parser().parse(line)
+        except (ValueError, RuntimeError):  # UnicodeDecodeError is a ValueError
+            return None
+        if not isinstance(document, simdjson.Object):
+            return None
+        keys = list(document.keys())
+        if len(keys) != len(set(keys)):  # a key twice: orjson keeps the last, simdjson the first
+            return None
+        array = document.get("records")
+        if not isinstance(array, simdjson.Array) or document.get("action") != "processRecords":
+            return None
+        mbl = document.get("millisBehindLatest")
+        if mbl is not None and type(mbl) is not int:  # the eager decoder says what is wrong
+            return None
+        records = cls(line, document, array)
+        if keep:
+            records._array = array
+        return records
+
+    def __len__(self) -> int:
+        return self._n
+
+    def __getitem__(self, i: Any) -> Any:
+        return self.records()[i]
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self.records())
+
+    def records(self) -> list[Any]:
+        """Every record as a dict (or what the daemon sent in its place)."""
+        if self._list is None:
+            try:
+                self._list = orjson.loads(self.line)["records"]
+            except orjson.JSONDecodeError:  # pragma: no cover  (simdjson read it: so does orjson)
+                self._list = orjson.loads(self.line.decode("utf-8", "replace"))["records"]
+        return self._list
+
+    def last(self) -> Any:
+        """The last record as a dict (or what the daemon sent in its place)."""
+        return self._last
+
+    def _records(self) -> Any:
+        if self._array is None:
+            self._array = simdjson.Parser().parse(self.line)["records"]
+        return self._array
+
+    def objects(self) -> Iterator[Any]:
+        """Every record as a lazy mapping (or what the daemon sent in its place)."""
+        return iter(self._records())
+
+    def obj(self, i: int) -> Any:
+        """Record ``i`` as a lazy mapping (``get``, ``[]``), or None if not an object."""
+        value = self._records()[i]
+        return value if isinstance(value, simdjson.Object) else None
+
+    def column(self, key: str) -> list[Any]:
+        """``key`` of every record (None where absent, or where a record is not an object)."""
+        Object = simdjson.Object
+        return [r.get(key) if isinstance(r, Object) else None for r in self._records()]
+
+    def all_objects(self) -> bool:
+        Object = simdjson.Object
+        return all(isinstance(r, Object) for r in self._records())
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, simdjson.Object):
+        return value.as_dict()
+    if isinstance(value, simdjson.Array):
+        return value.as_list()
+    return value
