@@ -148,5 +148,11 @@ def test_handler_timers_is_the_contexts():
         timers = Counting()
 
     assert Plain(Context()).timers is Context.timers
+
+    class Changes(mldserver.ChangeHandler):  # change handlers get them too
+        async def on_update(self, doc, meta):
+            pass
+
+    assert Changes(Context()).timers is Context.timers
     with pytest.raises(mldserver.ConfigError, match="super\\(\\).__init__\\(context\\)"):
         Plain(object()).timers
