@@ -38,6 +38,7 @@ _EXPORTS = {
     "Settings": "mldserver.config",
     "WindowInfo": "mldserver.spark.pipeline",
     "SparkError": "mldserver.spark.process",
+    "TimerError": "mldserver.timers.api",
 }
 
 __all__ = list(_EXPORTS)
@@ -52,9 +53,12 @@ if TYPE_CHECKING:
     from .records import Batch, Record, ShardInfo
     from .spark.pipeline import WindowInfo
     from .spark.process import SparkError
+    from .timers.api import TimerError
 
 
 def __getattr__(name: str) -> Any:
+    if name == "timers":  # the module: mldserver.timers.create / .cancel in timer callbacks
+        return importlib.import_module("mldserver.timers")
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'mldserver' has no attribute {name!r}")

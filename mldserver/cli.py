@@ -51,6 +51,8 @@ def _parser():
     serve.add_argument("--pipeline", help="Spark pipeline, MODULE:ATTR")
     serve.add_argument("--spark-master", help="Spark master URL (default local[*])")
     serve.add_argument("--spark-remote", help="Spark Connect URL sc://host:port")
+    serve.add_argument("--timer-store", help="where durable timers are kept: sqlite (the state dir's, default), "
+                                             "sqlite:PATH or dynamodb:TABLE (shared by servers)")
     serve.add_argument("--admin", help="admin endpoint HOST:PORT: /metrics, /healthz, /readyz, /status, "
                                        "POST /pause /resume /reload (default 127.0.0.1:7071; off disables it)")
 
@@ -86,10 +88,12 @@ def _parser():
                        help="relay part: also run the server with its /metrics scraped every SECONDS, side by side")
     bench.add_argument("--workers", type=int, nargs="+", default=None,
                        help="handler processes of the servers measured, side by side (default: the default and 0)")
-    bench.add_argument("--part", choices=["all", "relay", "coordinator", "spark", "changes"], default="all",
+    bench.add_argument("--part", choices=["all", "relay", "coordinator", "spark", "changes", "timers"],
+                       default="all",
                        help="relay: against amazon_kclpy; coordinator: with a sink against none; "
                             "spark: end to end into Spark against the bare handoff; "
-                            "changes: a ChangeHandler against a batch Handler decoding by hand")
+                            "changes: a ChangeHandler against a batch Handler decoding by hand; "
+                            "timers: durable timers created and fired per second, and the store's memory")
 
     demo = sub.add_parser("demo", help="run the server on an example handler, driven by the fake daemon")
     demo.add_argument("--shards", type=int, default=4)

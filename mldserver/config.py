@@ -16,15 +16,18 @@ is a ConfigError naming the setting, the value, where it came from and what is a
     load(window=0.0)  ->  ConfigError("--window (command line): window = 0.0 is out of
                                        range: use 0.1 to 86400 seconds")
 
-``--sink`` is read here too, into a ``SinkSpec``::
+``--sink`` is read here too, into a ``SinkSpec``, and ``timer_store`` into a
+``TimerStoreSpec``::
 
     SinkSpec.parse("parquet:./out")  ->  SinkSpec(kind="parquet", directory=Path("/abs/out"))
+    TimerStoreSpec.parse("dynamodb:orders-timers")  ->  TimerStoreSpec(kind="dynamodb", where="orders-timers")
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+import re
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
@@ -50,6 +53,31 @@ class SinkSpec(NamedTuple):
         return cls(kind, Path(where).resolve())  # type: ignore[arg-type]
 
 
+class TimerStoreSpec(NamedTuple):
+    """Where durable timers are kept (``mldserver.timers``): ``sqlite`` (the state
+    dir's ``timers/timers.db``), ``sqlite:PATH``, or ``dynamodb:TABLE`` (shared by
+    every server that names it)."""
+
+    kind: Literal["sqlite", "dynamodb"]
+    where: str  # the database file ("" for the state dir's) or the table name
+
+    @classmethod
+    def parse(cls, spec: str) -> "TimerStoreSpec":
+        kind, colon, where = spec.partition(":")
+        if kind == "sqlite":
+            if colon and not where:
+                raise ConfigError(f"timer_store {spec!r}: give a file, as in sqlite:/var/lib/mldserver/timers.db, "
+                                  f"or just sqlite (the state dir's timers/timers.db)")
+            return cls("sqlite", where)
+        if kind == "dynamodb":
+            if not _DYNAMODB_TABLE.fullmatch(where):
+                raise ConfigError(f"timer_store {spec!r}: give a DynamoDB table name (3 to 255 of A-Z a-z 0-9 _ - .), "
+                                  f"as in dynamodb:orders-timers")
+            return cls("dynamodb", where)
+        raise ConfigError(f"timer_store {spec!r}: use sqlite (in the state dir), sqlite:PATH or dynamodb:TABLE")
+
+
+_DYNAMODB_TABLE = re.compile(r"[A-Za-z0-9_.-]{3,255}")
 MINUTE, HOUR, DAY = 60.0, 3600.0, 86400.0
 
 
@@ -174,6 +202,10 @@ class Settings:
     # the admin endpoint (metrics, health, status, pause/resume/reload): HOST:PORT or "off";
     # `mldserver serve` uses DEFAULT_ADMIN when unset, an embedded Server none
     admin: str | None = setting(None, str, empty=False)
+    # durable timers (mldserver.timers): where they are kept (sqlite, sqlite:PATH or
+    # dynamodb:TABLE) and the largest context a timer may carry (its JSON, in bytes)
+    timer_store: str = setting("sqlite", empty=False)
+    timer_context_size: int = setting(1024, low=20, high=256 * 1024, unit="bytes")
 
     @property
     def tcp_port(self) -> int | None:
@@ -208,6 +240,7 @@ def load(path: str | None = None, **overrides: Any) -> Settings:
     settings = Settings(**values)
     if settings.pipeline and not settings.sink:
         settings = settings.replace(sink=f"parquet:{state_path(settings, 'output')}")
+    TimerStoreSpec.parse(settings.timer_store)
     if settings.sink:
         if SinkSpec.parse(settings.sink).kind == "file" and settings.pipeline:
             raise ConfigError("--pipeline runs in Spark: use --sink parquet:DIR (or leave --sink out)")

@@ -40,6 +40,7 @@ class Context:
     log: EventLogger = field(default_factory=lambda: get_logger("mldserver.handler"))
     extras: dict[str, Any] = field(default_factory=dict)
     spark: "SparkProcess | None" = None
+    timers: Any = None  # mldserver.timers.Timers of this process: Handler.timers
 
     @property
     def state_dir(self) -> Path:

@@ -8,10 +8,18 @@ One JSON line per record (or per unparseable daemon line), appended and fsynced 
      "error":"ValueError: bad order","attempts":3,"sequence_number":"4959...","sub_sequence_number":0,
      "partition_key":"cust-7","approximate_arrival_timestamp":1476889707000,"data":"bWVvdw=="}
 
-``data`` is the record's base64 as the daemon sent it. Lines are whole or absent
-(``durable.append_fsync``). Writes run in a thread: the event loop never waits on the
-disk. A write that fails (a full disk) is logged once and retried until it succeeds
-(``durable.until_written``): the caller, and so the shard's status, waits for it.
+``data`` is the record's base64 as the daemon sent it. A timer whose callback failed
+every attempt goes to ``_timers.jsonl`` (no shard id makes that name) with its
+context, ready to be created again::
+
+    {"ts":"2026-11-21T10:00:00.123Z","reason":"timer callback failed","callback":"handlers.orders:remind",
+     "reference":"order-7","due_ms":1763719260000,"error":"ValueError: no such order","attempts":3,
+     "context":{"order":7}}
+
+Lines are whole or absent (``durable.append_fsync``). Writes run in a thread: the
+event loop never waits on the disk. A write that fails (a full disk) is logged once
+and retried until it succeeds (``durable.until_written``): the caller, and so the
+shard's status, waits for it.
 """
 
 from __future__ import annotations
@@ -92,6 +100,16 @@ class DeadLetters:
         written = await until_written(
             lambda: append_fsync(path, data), path, self.log, what="dead letter", window=window_id
         )
+        self._count(reason, len(entries))
+        return written
+
+    async def timers(self, entries: list[dict[str, Any]], reason: str = "timer callback failed") -> Path:
+        """Timers that failed every attempt (callback, reference, due_ms, error,
+        attempts, context), to ``_timers.jsonl``."""
+        ts = utc_timestamp()
+        path = self.directory / "_timers.jsonl"
+        data = b"".join(orjson.dumps({"ts": ts, "reason": reason, **e}, default=str) + b"\n" for e in entries)
+        written = await until_written(lambda: append_fsync(path, data), path, self.log, what="dead letter")
         self._count(reason, len(entries))
         return written
 

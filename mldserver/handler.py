@@ -26,15 +26,31 @@ per record, subclass ``mldserver.ChangeHandler`` (``mldserver.changes``). A ``Ch
 method ends that action without a retry. Each call has an execution time-out
 (``execution_timeout``, default 60 s) that counts as a failure: in a handler process,
 even a call that blocks is stopped (its process is killed and replaced).
+
+Durable timers (Couchbase Eventing's ``createTimer``/``cancelTimer``; see
+``mldserver.timers``): ``await self.timers.create(callback, at, reference, context)``
+calls ``await callback(context)`` at or after ``at``, at least once, even across
+restarts; ``await self.timers.cancel(callback, reference)`` removes it::
+
+    async def remind(context):                     # module level, async
+        ...
+
+    class Orders(mldserver.Handler):
+        async def process_records(self, batch, checkpointer):
+            for record in batch.records:
+                await self.timers.create(remind, time.time() + 3600, record.partition_key, {"id": 7})
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from .errors import ConfigError
+
 if TYPE_CHECKING:
     from .checkpointer import Checkpointer
     from .records import Batch, ShardInfo
+    from .timers.api import Timers
 
 
 class Handler:
@@ -42,6 +58,16 @@ class Handler:
 
     def __init__(self, context: Any) -> None:
         self.context = context
+
+    @property
+    def timers(self) -> "Timers":
+        """Durable timers: ``create(callback, at, reference, context=None)`` and
+        ``cancel(callback, reference)`` (``mldserver.timers``)."""
+        timers = getattr(self.context, "timers", None)
+        if timers is None:
+            raise ConfigError("self.timers needs the server's context: pass the context your factory was given "
+                              "to Handler.__init__ (super().__init__(context))")
+        return timers
 
     async def initialize(self, shard: "ShardInfo") -> None:
         """The shard and its stored checkpoint; no checkpointing here."""

@@ -18,6 +18,9 @@ on uvloop. Lifecycle (uvicorn's shape)::
               so /readyz answers 503 while Spark starts; it reads the server's
               metrics (mldserver.metrics), ``unhealthy()``, ``not_ready()``, and
               calls ``pause()`` / ``resume()`` (the gate in mldserver.pausing)
+    timers    once the handler processes are up, the timer scheduler (mldserver.timers)
+              starts: timers that fell due while the server was down fire now; it is
+              stopped after the connections, before the handler processes
     serve     each accepted connection gets a Worker task, owned by the server; the
               server waits on its listeners, the coordinator's tasks (committer,
               tick) and the Spark supervisor together with the stop signal
@@ -68,6 +71,9 @@ from .metrics import Metrics
 from .pausing import Pause
 from .pool import HandlerPool, ProcessCalls
 from .spark.process import SparkError, SparkProcess
+from .timers import api as timers_api
+from .timers.scheduler import scheduler_for
+from .timers.stats import TimerCollector
 from .shard import CoordinatorLink, NoSink, Worker
 from .shard.calls import check_factory, reap_abandoned
 from .shard.worker import Slots
@@ -112,6 +118,10 @@ class Server:
         self._reloads: set[asyncio.Task[Any]] = set()
         self.context = Context(settings)
         self.dead_letters = DeadLetters(state_path(settings, "dead-letters"))
+        # Durable timers: fired through the pool (or in this loop); handler processes ask for them as services.
+        self.timers, self.context.timers = scheduler_for(settings, pool=self.pool, dead_letters=self.dead_letters)
+        if self.pool is not None:
+            self.pool.services.update(self.timers.services())
         self.workers: dict[asyncio.Task[None], Worker] = {}
         self._ids = itertools.count(1)
         self._servers: list[asyncio.base_events.Server] = []
@@ -137,6 +147,7 @@ class Server:
         self.metrics = Metrics()
         self.metrics.watch(self)
         self.dead_letters.metrics = self.metrics
+        self.metrics.registry.register(TimerCollector(self.timers))
         if self.coordinator is not None:
             self.coordinator.metrics = self.metrics
         self.loop_lag = LoopLag(observe=self.metrics.loop_lag.observe)
@@ -170,6 +181,12 @@ class Server:
             await self.coordinator.start()  # commit log read, spool replayed, before any shard connects
         if self.pool is not None:
             await self.pool.start()  # every handler process imported the handler (or ConfigError)
+        try:
+            await self.timers.start()  # after the pool: timers due while we were down fire now
+        except Exception as exc:
+            raise ConfigError(f"timer_store {s.timer_store}: cannot open it ({type(exc).__name__}: {exc}): check "
+                              f"the file (or the table, its region and credentials), or choose another") from None
+        timers_api.current.set(self.context.timers)  # timers.create in this loop's tasks (workers = 0)
         # Bind everything before announcing anything: a refused port is not logged as listening.
         unix = await self._listen_unix(s.unix) if s.unix else None
         if unix is not None:
@@ -268,7 +285,8 @@ class Server:
     @property
     def tasks(self) -> list[asyncio.Task[None]]:
         """What the server owns besides its connections: listeners, the coordinator's
-        committer and tick, the Spark supervisor. None of them ends by itself."""
+        committer and tick, the Spark supervisor, the handler pool's supervisor, the
+        timer scheduler. None of them ends by itself."""
         tasks = list(self._listeners)
         if self.coordinator is not None:
             tasks += self.coordinator.tasks
@@ -276,6 +294,8 @@ class Server:
             tasks.append(self.spark.task)
         if self.pool is not None and self.pool.task is not None:
             tasks.append(self.pool.task)
+        if self.timers.task is not None:
+            tasks.append(self.timers.task)
         tasks += [c.task for c in self.companions if c.task is not None]
         return tasks
 
@@ -411,6 +431,8 @@ class Server:
         for task in list(self._reloads):
             task.cancel()
         await self._stopped(*list(self._reloads))
+        # Timer callbacks under way finish (they run in the pool); creates are refused from here on.
+        await self._stopped(self.timers.stop(self.settings.shutdown_timeout))
         if self.pool is not None:
             await self._stopped(self.pool.stop())
         if self.coordinator is not None:

@@ -40,5 +40,10 @@ def test_bench_prints_every_variant_side_by_side(tmp_path):
         assert re.search(rf"^\s+{workers}\s+1 by hand\s+[\d,]+\s+[\d.]+$", out.stdout, re.M), out.stdout
         assert re.search(rf"^\s+{workers}\s+1 ChangeHandler\s+[\d,]+\s+[\d.]+x\s+[\d.]+\s+[\d.]+x$", out.stdout,
                          re.M), out.stdout
+    # the timers part: created (await each, gathered, direct), fired per second, memory with many pending
+    for workers in (2, 0):
+        assert re.search(rf"^\s+{workers}\s+[\d,]+\s+[\d,]+\s+([\d,]+|-)$", out.stdout, re.M), out.stdout
+        assert re.search(rf"^\s+{workers}\s+[\d,]+/s\s+[\d.]+ MiB$", out.stdout, re.M), out.stdout
+    assert re.search(r"memory, idle: [\d,]+ pending [\d.]+ MiB PSS against [\d.]+ MiB with none", out.stdout)
     # the Spark part: end to end and the bare handoff side by side, latency and loop lag
     assert re.search(r"^\s+[\d,]+\s+[\d,]+\s+\d+%\s+[\d,]+ / [\d,]+ ms\s+[\d.]+ ms$", out.stdout, re.M), out.stdout

@@ -100,3 +100,19 @@ def test_a_config_file_that_is_not_utf8_is_named_with_the_byte(tmp_path):
         load(str(path))
     assert str(caught.value) == (f"config file {path} is not UTF-8 text (byte 0xe9 at offset 5): "
                                  "save it as UTF-8, as TOML requires")
+
+
+def test_the_timer_store_is_sqlite_a_file_or_a_dynamodb_table():
+    from mldserver.config import TimerStoreSpec
+
+    assert load().timer_store == "sqlite"
+    assert TimerStoreSpec.parse("sqlite") == TimerStoreSpec("sqlite", "")
+    assert TimerStoreSpec.parse("sqlite:/var/lib/t.db") == TimerStoreSpec("sqlite", "/var/lib/t.db")
+    assert TimerStoreSpec.parse("dynamodb:orders-timers") == TimerStoreSpec("dynamodb", "orders-timers")
+    with pytest.raises(ConfigError, match=r"timer_store 'redis:x': use sqlite \(in the state dir\), sqlite:PATH or "
+                                          r"dynamodb:TABLE"):
+        load(timer_store="redis:x")
+    with pytest.raises(ConfigError, match="give a DynamoDB table name"):
+        load(timer_store="dynamodb:a")
+    with pytest.raises(ConfigError, match=r"timer_context_size = 10 is out of range: use 20 to 262144 bytes"):
+        load(timer_context_size=10)

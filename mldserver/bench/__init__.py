@@ -1,13 +1,14 @@
 """``mldserver bench``: what mldserver costs, measured against what it replaces, in one run.
 
-Four parts, each in its own module, all sharing ``common.py`` (a server in its own
+Five parts, each in its own module, all sharing ``common.py`` (a server in its own
 process, PSS sampling, the coordinator and Spark parts' batches)::
 
     mldserver bench --part relay         # relay.py: throughput, latency, memory vs amazon_kclpy
     mldserver bench --part coordinator   # coordinator.py: the coordinator's cost (file sink vs none)
     mldserver bench --part spark         # spark.py: end to end vs the bare Spark hand-off
     mldserver bench --part changes       # changes.py: a ChangeHandler vs a batch Handler decoding by hand
-    mldserver bench                      # all four
+    mldserver bench --part timers        # timers.py: durable timers created and fired per second, memory
+    mldserver bench                      # all five
     mldserver bench --workers 2 0        # servers with 2 handler processes and with none, side by side
 
 The bare hand-off runs Spark in this process, through ``mldserver.spark.bench``: only
@@ -46,6 +47,10 @@ async def amain(args) -> None:
             from . import changes
 
             await changes.run(args, tmp)
+        if args.part in ("all", "timers"):
+            from . import timers
+
+            await timers.run(args.quick, tmp, args.workers)
         if args.part in ("all", "relay"):
             from . import relay
 

@@ -24,6 +24,10 @@ at a time. What the server learns when this process dies without a word:
   SIGUSR1 (the server sends it before killing a call that ran past
   ``execution_timeout``) and on a fatal signal.
 
+Timers (``mldserver.timers.remote``): ``self.timers.create`` / ``cancel`` are requests
+the server answers once its store has committed; a ``fire`` frame runs due timers'
+callbacks, each tracked as a call of its own, and is answered by one ``done``.
+
 A watchdog thread logs ``handler_blocked`` with the stack, once per episode, when the
 loop has not turned for ``handler_block_warning`` seconds. The process dies with the
 server (PR_SET_PDEATHSIG) and ignores SIGINT (a Ctrl-C is the server's to handle).
@@ -54,6 +58,8 @@ from ..logs import configure, get_logger
 from ..malloc import large_buffers_from_mmap
 from ..records import Batch, ShardInfo
 from ..shard.calls import check_factory
+from ..timers import api as timers_api
+from ..timers import remote as timers_remote
 from .frames import RUN, CallFrame, StartFrame, encode, encode_head, encode_rows, read_frame_async, records_from
 
 log = get_logger("mldserver.handler")
@@ -159,6 +165,8 @@ class Child:
 
         if uses_spark(self.settings):
             self.context.spark = SparkProxy(self)  # type: ignore[assignment]
+        self.context.timers = timers_remote.RemoteTimers(self.request, self.current_call,
+                                                         self.settings.timer_context_size)
         self.handlers: dict[int, Any] = {}
         self.pending: dict[int, asyncio.Future[dict[str, Any]]] = {}
         self.reqs = 0
@@ -190,6 +198,12 @@ class Child:
             task = asyncio.get_running_loop().create_task(self.call(message, body))
             self.calls[task] = message["id"]
             self.what[message["id"]] = {"shard_id": message["info"][0], "action": message["action"]}
+            self.tasks.add(task)
+            task.add_done_callback(self._finished)
+        elif op == "fire":
+            task = asyncio.get_running_loop().create_task(self.fire(message))
+            self.calls[task] = message["id"]
+            self.what[message["id"]] = {"timers": len(message["timers"])}  # type: ignore[dict-item]
             self.tasks.add(task)
             task.add_done_callback(self._finished)
         elif op == "reply":
@@ -248,6 +262,19 @@ class Child:
             done["stats"] = batch.stats  # a failed attempt's too: every callback counts
         self.send(done, rows)
 
+    async def fire(self, frame: dict[str, Any]) -> None:
+        """Due timers' callbacks, each tracked under its own id (the server blames the
+        one that blocks); one ``done`` frame with every result."""
+        async def track(coro: Any, call_id: int) -> Any:
+            return await Tracked(coro, call_id, self.running)
+
+        try:
+            done = await timers_remote.fire(frame, track=track, timeout=self.settings.execution_timeout, log=log)
+        except Exception as exc:  # a bug here, not in a callback: each timer is retried
+            failed = [f"{type(exc).__name__}: {exc}", traceback.format_exc()]
+            done = {"op": "done", "id": frame["id"], "result": "ok", "fired": [failed] * len(frame["timers"])}
+        self.send(done)
+
     # -- the loop's heartbeat, watched by a thread -----------------------------------
 
     async def heartbeat(self) -> None:
@@ -290,6 +317,7 @@ async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> N
         writer.write(encode({"op": "import_failed", "error": str(exc)}))
         await writer.drain()
         return
+    timers_api.current.set(child.context.timers)  # timers.create in callbacks (tasks copy it)
     # As the server does (cli.tune): a batch decodes into tens of thousands of objects;
     # fewer, larger young collections, and the imported code frozen out of them.
     gc.collect()

@@ -11,6 +11,7 @@ What crosses, and how often (one shard's action is one ``call`` and one ``done``
       {"op":"reply","req":2,"error":null}                      (a checkpoint's answer)
       {"op":"reply","req":3,"rows":[{...}],"done":false}       (context.sql rows)
       {"op":"drop","shard":3}                                  (the shard left this process)
+      {"op":"fire","id":90,"timers":[[91,"mod:callback","ref",{context}], ...]}   (due timers)
       {"op":"stop"}
     child -> server
       {"op":"ready","pid":4242}  or  {"op":"import_failed","error":"Could not import ..."}
@@ -19,6 +20,13 @@ What crosses, and how often (one shard's action is one ``call`` and one ``done``
       {"op":"sql_close","id":7,"req":4,"cursor":1}
       {"op":"done","id":7,"result":"ok","error":null,"rows":2,"bad":[]} | rows, columnar
       {"op":"done",...,"failed":[[41,"ValueError: bad order",3]],"stats":{"on_update_success":999}}
+      {"op":"timer_create","id":7,"req":5,"timers":[["mod:callback","ref",1763719260000,{context}], ...]}
+      {"op":"timer_cancel","id":7,"req":6,"callback":"mod:callback","reference":"ref"}
+      {"op":"done","id":90,"result":"ok","fired":[null,["ValueError: ..","Traceback .."]]}  (a fire's)
+
+A timer's requests are answered by the server whichever call sends them (services);
+a ``fire`` frame's callbacks each run under their own id (``[91, ...]``), so the
+server can tell which one blocks (``mldserver.timers.firing``, ``.remote``).
 
 The records of a batch cross as the daemon's processRecords line, the bytes that
 arrived (``"line": true``), or, when the server changed them (KPL aggregates expanded,
@@ -54,6 +62,7 @@ from ..spark.frames import HEADER, encode, read_frame, read_frame_async
 __all__ = [
     "CallFrame",
     "DoneFrame",
+    "FireFrame",
     "StartFrame",
     "decode_rows",
     "encode",
@@ -88,6 +97,12 @@ class CallFrame(TypedDict, total=False):
     millis_behind_latest: int | None
     collect: bool  # process_records: does the server want the rows?
     line: bool  # process_records: the body is the daemon's line (else a records array)
+
+
+class FireFrame(TypedDict):
+    op: Literal["fire"]
+    id: int
+    timers: list[tuple[int, str, str, Any]]  # (call id, callback name, reference, context)
 
 
 class DoneFrame(TypedDict):

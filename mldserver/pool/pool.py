@@ -30,7 +30,7 @@ from ..backoff import Backoff
 from ..config import Settings
 from ..errors import ConfigError
 from ..logs import EventLogger, get_logger
-from .process import HandlerImportFailed, HandlerProcess, describe_exit
+from .process import HandlerImportFailed, HandlerProcess, Requests, describe_exit
 
 # A process that dies younger than this counts towards the respawn backoff.
 YOUNG = 5.0
@@ -55,6 +55,7 @@ class HandlerPool:
         self.deaths = 0
         self.newest = 0  # the highest process number made so far
         self.replaced = 0
+        self.services: dict[str, Requests] = {}  # what every process's requests may ask the server (timers)
 
     # -- lifecycle --------------------------------------------------------------------
 
@@ -82,6 +83,7 @@ class HandlerPool:
         proc = HandlerProcess(self.settings, log=self.log, generation=generation or self.generation)
         self.newest = max(self.newest, proc.number)
         proc.on_death = self._died
+        proc.services = self.services
         await proc.start()
         # The first ones are in ``listening`` (``workers``); a replacement is news.
         (self.log.debug if initial else self.log.info)(
@@ -104,6 +106,18 @@ class HandlerPool:
                 proc = min(live, key=lambda p: (p.load, p.number))
                 proc.shards[key] = shard_id
                 return proc
+            self._added.clear()
+            self._wake.set()
+            await self._added.wait()
+
+    async def any_process(self) -> HandlerProcess:
+        """For work not tied to a shard (timer callbacks): the live process of the
+        current generation with the fewest calls in flight, waiting for a respawn if
+        there is none."""
+        while True:
+            live = self.serving()
+            if live:
+                return min(live, key=lambda p: (len(p.in_flight), p.number))
             self._added.clear()
             self._wake.set()
             await self._added.wait()

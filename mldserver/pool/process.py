@@ -9,9 +9,11 @@ answer its requests, notice its death. All asyncio; the loop only waits on pipes
 
 ``requests`` answers what the handler asks during the call (``checkpoint``,
 ``sql_fetch``, ``sql_close``): the call's owner (``calls.ProcessCalls``) is the only
-one that knows the shard's checkpointer. When the process dies, every call in flight
-fails with :class:`ProcessDied`, which says how (exit code or signal) and whether that
-call was the one running (``blamed``: its id was in the shared state file).
+one that knows the shard's checkpointer. What the server answers whichever call asks
+(``timer_create``, ``timer_cancel``: ``mldserver.timers``) is in ``services``, by op.
+When the process dies, every call in flight fails with :class:`ProcessDied`, which
+says how (exit code or signal) and whether that call was the one running
+(``blamed``: its id was in the shared state file).
 """
 
 from __future__ import annotations
@@ -87,6 +89,7 @@ class HandlerProcess:
         self.floor = 0
         self.stopping = False
         self.on_death: Callable[["HandlerProcess"], None] | None = None
+        self.services: dict[str, Requests] = {}  # requests answered by the server, not by a call's owner
 
     @property
     def alive(self) -> bool:
@@ -147,9 +150,10 @@ class HandlerProcess:
                 self.in_flight.pop(message["id"], None)
                 if entry is not None and not entry[0].done():
                     entry[0].set_result((message, body))
-            else:  # a request of a call: answered by the call's owner, concurrently
-                entry = self._calls.get(message["id"])
-                task = asyncio.create_task(self._answer(message, entry[1] if entry else None))
+            else:  # a request of a call: answered by the call's owner (or a service), concurrently
+                entry = self._calls.get(message.get("id"))
+                answer = self.services.get(op) or (entry[1] if entry else None)
+                task = asyncio.create_task(self._answer(message, answer))
                 self._serving.add(task)
                 task.add_done_callback(self._serving.discard)
         running = RUN.unpack_from(self._map)[0] if self._map is not None else 0

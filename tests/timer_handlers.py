@@ -1,0 +1,86 @@
+"""Handlers and timer callbacks for the timer tests.
+
+A record's data is a JSON list of operations the handler runs in order::
+
+    [["create", "ref-1", 1763719260.0, {"ref": "ref-1", "v": 1}],   # self.timers.create(fired, at, ref, context)
+     ["create_in", "ref-3", 2.5, {"ref": "ref-3", "v": 1}],         # at = now + 2.5 s, put in the context too
+     ["cancel", "ref-2"]]                                          # self.timers.cancel(fired, ref)
+
+A fourth item names another callback of ``CALLBACKS`` (``"slow"``, ``"failing"``...).
+
+``fired`` appends one JSON line per call to the file named by ``MLDSERVER_TEST_FIRED``
+(``os.write`` on an O_APPEND descriptor: whole lines, kept when the process is
+SIGKILLed right after), with the context, the time it ran and its pid.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+
+import orjson
+
+import mldserver
+from mldserver import timers
+
+_fds: dict[str, int] = {}  # one descriptor per file (tests in this process name a file each)
+
+
+def _append(entry: dict) -> None:
+    path = os.environ["MLDSERVER_TEST_FIRED"]
+    fd = _fds.get(path)
+    if fd is None:
+        fd = _fds[path] = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    os.write(fd, orjson.dumps(entry) + b"\n")
+
+
+async def fired(context):
+    _append({**context, "fired_at": time.time(), "pid": os.getpid()})
+
+
+async def slow(context):
+    await asyncio.sleep(context.get("sleep", 0.05))
+    _append({**context, "fired_at": time.time(), "pid": os.getpid()})
+
+
+async def lingering(context):
+    """Writes its line first, then takes a while: killed meanwhile, it fires again."""
+    _append({**context, "fired_at": time.time(), "pid": os.getpid()})
+    await asyncio.sleep(context.get("sleep", 0.2))
+
+
+async def failing(context):
+    _append({**context, "fired_at": time.time(), "pid": os.getpid()})
+    raise ValueError(f"no such order: {context.get('ref')}")
+
+
+async def blocking(context):
+    _append({**context, "fired_at": time.time(), "pid": os.getpid()})
+    time.sleep(context.get("block", 3600))
+
+
+async def rearm(context):
+    """Creates the next timer from inside a callback (no self: the module functions)."""
+    _append({**context, "fired_at": time.time(), "pid": os.getpid()})
+    if context["left"] > 0:
+        await timers.create(rearm, time.time(), context["ref"], {**context, "left": context["left"] - 1})
+
+
+CALLBACKS = {"fired": fired, "slow": slow, "lingering": lingering, "failing": failing, "blocking": blocking, "rearm": rearm}
+
+
+class Scripted(mldserver.Handler):
+    async def process_records(self, batch, checkpointer):
+        for record in batch.records:
+            for op in orjson.loads(record.data):
+                if op[0] in ("create", "create_in"):
+                    _, ref, at, context, *rest = op
+                    if op[0] == "create_in":
+                        at = context["at"] = time.time() + at
+                    await self.timers.create(CALLBACKS[rest[0] if rest else "fired"], at, ref, context)
+                elif op[0] == "cancel":
+                    await self.timers.cancel(CALLBACKS[op[2] if len(op) > 2 else "fired"], op[1])
+        if batch.records:
+            last = batch.records[-1]
+            await checkpointer.checkpoint(last.sequence_number, last.sub_sequence_number)

@@ -1,0 +1,106 @@
+"""Timers from handlers in handler processes (and, for comparison, in the server's
+loop), through the fake daemon and the real relay: a create is durable when it
+returns, replacements and cancellations made in a call hold, callbacks create timers
+themselves, mistakes reach the handler and are counted, failures end in the dead
+letters with their context."""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+
+import pytest
+from prometheus_client import generate_latest
+
+from ..helpers import eventually
+from .serving import dead_letters, fired_lines, records, running
+
+CB = "tests.timer_handlers:fired"
+
+
+def stored(tmp_path) -> dict[str, bytes]:
+    """What a fresh connection reads from the server's store: committed rows only."""
+    with sqlite3.connect(tmp_path / "state" / "timers" / "timers.db") as conn:
+        return dict(conn.execute("SELECT reference, context FROM timers"))
+
+
+@pytest.mark.parametrize("workers", [2, 0])
+async def test_a_create_is_committed_before_the_record_is_checkpointed(tmp_path, monkeypatch, workers):
+    async with running(tmp_path, monkeypatch, workers=workers) as (server, daemon, _):
+        shard = await daemon.shard("shardId-0")
+        await shard.process_records(records(1, [[["create", "later", time.time() + 3600, {"n": 1}]]]))
+        assert daemon.checkpoints["shardId-0"] == ("1", 0)
+        assert stored(tmp_path) == {"later": b'{"n":1}'}
+        await shard.close()
+
+
+@pytest.mark.parametrize("workers", [2, 0])
+async def test_live_timers_fire_once_with_their_latest_context_and_cancelled_ones_never(
+        tmp_path, monkeypatch, workers):
+    async with running(tmp_path, monkeypatch, workers=workers) as (server, daemon, fired):
+        shards = [await daemon.shard(f"shardId-{s}") for s in range(2)]
+        expected = {}
+        for s, shard in enumerate(shards):
+            ops = []
+            for i in range(100):
+                ref = f"s{s}-{i}"  # due 2 s after its create; the ops on one timer are back to back
+                ops.append([["create_in", ref, 2, {"ref": ref, "v": 1}]])
+                if i % 4 == 1:
+                    ops[-1].append(["create_in", ref, 2, {"ref": ref, "v": 2}])
+                if i % 4 == 2:
+                    ops[-1].append(["cancel", ref])
+                    continue
+                expected[ref] = 2 if i % 4 == 1 else 1
+            await shard.process_records(records(1, ops))
+        lines = await eventually(lambda: len(fired_lines(fired)) >= len(expected) and fired_lines(fired), 30,
+                                 what="every live timer fired")
+        assert {line["ref"]: line["v"] for line in lines} == expected
+        assert len(lines) == len(expected)  # no restart here: once each
+        assert all(line["fired_at"] >= line["at"] for line in lines)
+        await eventually(lambda: server.timers.store.pending == 0, what="every fired timer deleted")
+        stats = server.timers.stats
+        assert (stats.created, stats.cancelled, stats.success, stats.failure) == (250, 50, 150, 0)
+        metrics = generate_latest(server.metrics.registry).decode()
+        assert "mldserver_timer_callback_success_total 150.0" in metrics
+        assert "mldserver_pending_timers 0.0" in metrics
+        for shard in shards:
+            await shard.close()
+
+
+@pytest.mark.parametrize("workers", [2, 0])
+async def test_a_callback_creates_the_next_timer(tmp_path, monkeypatch, workers):
+    async with running(tmp_path, monkeypatch, workers=workers) as (server, daemon, fired):
+        shard = await daemon.shard("shardId-0")
+        await shard.process_records(records(1, [[["create", "chain", 0, {"ref": "chain", "left": 3}, "rearm"]]]))
+        lines = await eventually(lambda: len(fired_lines(fired)) == 4 and fired_lines(fired), 20,
+                                 what="the chain of four")
+        assert [line["left"] for line in lines] == [3, 2, 1, 0]
+        await shard.close()
+
+
+@pytest.mark.parametrize("workers", [2, 0])
+async def test_a_refused_create_fails_the_handler_call_and_is_counted(tmp_path, monkeypatch, workers):
+    async with running(tmp_path, monkeypatch, workers=workers, handler_retries=0,
+                       timer_context_size=64) as (server, daemon, _):
+        shard = await daemon.shard("shardId-0")
+        await shard.process_records(records(1, [[["create", "big", 0, {"blob": "x" * 100}]]]))
+        assert "shardId-0" not in daemon.checkpoints  # the batch failed: dead-lettered, not checkpointed
+        assert server.timers.stats.create_failures == 1 and server.timers.store.pending == 0
+        letters = (tmp_path / "state" / "dead-letters" / "shardId-0.jsonl").read_text()
+        assert "over timer_context_size (64 bytes)" in letters
+        await shard.close()
+
+
+@pytest.mark.parametrize("workers", [2, 0])
+async def test_a_callback_that_keeps_failing_is_dead_lettered_with_its_context(tmp_path, monkeypatch, workers):
+    async with running(tmp_path, monkeypatch, workers=workers, handler_retries=2) as (server, daemon, fired):
+        shard = await daemon.shard("shardId-0")
+        await shard.process_records(records(1, [[["create", "bad", 0, {"ref": "bad", "order": 7}, "failing"]]]))
+        await eventually(lambda: dead_letters(tmp_path), 20, what="the dead letter")
+        [letter] = dead_letters(tmp_path)
+        assert letter["context"] == {"ref": "bad", "order": 7} and letter["attempts"] == 3
+        assert letter["error"] == "ValueError: no such order: bad"
+        assert len(fired_lines(fired)) == 3 and server.timers.stats.failure == 3
+        # dead-lettered first, deleted from the store after: a crash between fires it again, never loses it
+        await eventually(lambda: server.timers.store.pending == 0, what="the timer deleted")
+        await shard.close()
