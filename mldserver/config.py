@@ -206,6 +206,9 @@ class Settings:
     # dynamodb:TABLE) and the largest context a timer may carry (its JSON, in bytes)
     timer_store: str = setting("sqlite", empty=False)
     timer_context_size: int = setting(1024, low=20, high=256 * 1024, unit="bytes")
+    # table bindings (mldserver.bindings): [bindings.ALIAS] table = "T", access = "read_only"
+    # or "read_write", allow_recursion = true (a read-write binding to the stream's own table)
+    bindings: dict | None = setting(None, dict)
 
     @property
     def tcp_port(self) -> int | None:
@@ -241,6 +244,9 @@ def load(path: str | None = None, **overrides: Any) -> Settings:
     if settings.pipeline and not settings.sink:
         settings = settings.replace(sink=f"parquet:{state_path(settings, 'output')}")
     TimerStoreSpec.parse(settings.timer_store)
+    from .bindings import check
+
+    check(settings, path or "settings")
     if settings.sink:
         if SinkSpec.parse(settings.sink).kind == "file" and settings.pipeline:
             raise ConfigError("--pipeline runs in Spark: use --sink parquet:DIR (or leave --sink out)")
