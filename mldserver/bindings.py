@@ -54,75 +54,19 @@ from __future__ import annotations
 
 import asyncio
 from contextvars import ContextVar
-from typing import Any, Iterable, Mapping, NamedTuple
+from typing import Any, Iterable, Mapping
 
+from .config import BindingSpec, stream_table
+from .config import check_bindings as check
+from .config import parse_bindings as parse
 from .dynamodb_json import decode_item, encode_item, encode_value
-from .errors import ConfigError, MldserverError
+from .errors import MldserverError
 
-__all__ = ["BindingError", "BindingSpec", "Bindings", "Table", "parse", "check", "table"]
-
-ACCESS = ("read_only", "read_write")
-KEYS = {"table", "access", "allow_recursion"}
+__all__ = ["BindingError", "BindingSpec", "Bindings", "Table", "check", "parse", "stream_table", "table"]
 
 
 class BindingError(MldserverError):
     """A binding used as its config does not allow: the message names the alias."""
-
-
-class BindingSpec(NamedTuple):
-    alias: str
-    table: str
-    access: str  # "read_only" or "read_write"
-    allow_recursion: bool = False
-
-
-def parse(raw: Mapping[str, Any] | None, where: str = "config") -> dict[str, BindingSpec]:
-    """The ``[bindings.ALIAS]`` tables, checked; a ConfigError says what, where and what to do."""
-    from .config import _DYNAMODB_TABLE
-
-    out: dict[str, BindingSpec] = {}
-    for alias, body in (raw or {}).items():
-        at = f"{where}: [bindings.{alias}]"
-        if not isinstance(body, dict):
-            raise ConfigError(f"{at} must be a table, as in [bindings.{alias}] table = \"customers\" "
-                              f"access = \"read_only\"; got {body!r:.60}")
-        unknown = set(body) - KEYS
-        if unknown:
-            raise ConfigError(f"{at}: unknown key(s) {', '.join(sorted(unknown))}: use table, access, allow_recursion")
-        table = body.get("table")
-        if not isinstance(table, str) or not _DYNAMODB_TABLE.fullmatch(table):
-            raise ConfigError(f"{at}: table = {table!r:.60}: give the DynamoDB table's name "
-                              f"(3 to 255 of A-Z a-z 0-9 _ - .), as in table = \"customers\"")
-        access = body.get("access", "read_only")
-        if access not in ACCESS:
-            raise ConfigError(f"{at}: access = {access!r:.60}: use \"read_only\" or \"read_write\"")
-        recursion = body.get("allow_recursion", False)
-        if not isinstance(recursion, bool):
-            raise ConfigError(f"{at}: allow_recursion = {recursion!r:.60}: use true or false")
-        out[alias] = BindingSpec(alias, table, access, recursion)
-    return out
-
-
-def stream_table(stream: str | None) -> str | None:
-    """The table of a DynamoDB stream ARN (``arn:aws:dynamodb:R:A:table/T/stream/L``), else None."""
-    if not stream or ":dynamodb:" not in stream or "/stream/" not in stream:
-        return None
-    return stream.partition(":table/")[2].partition("/stream/")[0] or None
-
-
-def check(settings: Any, where: str = "config") -> dict[str, BindingSpec]:
-    """``parse`` plus the recursion guard: a read-write binding to the stream's own
-    table needs ``allow_recursion = true``."""
-    specs = parse(settings.bindings, where)
-    own = stream_table(settings.stream)
-    for spec in specs.values():
-        if own is not None and spec.table == own and spec.access == "read_write" and not spec.allow_recursion:
-            raise ConfigError(
-                f"{where}: [bindings.{spec.alias}] writes to table {own}, whose stream this server reads "
-                f"({settings.stream}): every write is a new change for the handler, which may write again, "
-                f"forever. Make it access = \"read_only\", or add allow_recursion = true if the handler "
-                f"stops itself (writes only when something changes)")
-    return specs
 
 
 class Table:
