@@ -21,6 +21,14 @@ is a ConfigError naming the setting, the value, where it came from and what is a
 
     SinkSpec.parse("parquet:./out")  ->  SinkSpec(kind="parquet", directory=Path("/abs/out"))
     TimerStoreSpec.parse("dynamodb:orders-timers")  ->  TimerStoreSpec(kind="dynamodb", where="orders-timers")
+
+Table bindings (``mldserver.bindings``) are TOML tables, checked by ``check_bindings``
+(with the recursion guard: a read-write binding to the table whose DynamoDB stream
+``stream`` names needs ``allow_recursion = true``)::
+
+    [bindings.customers]
+    table = "customers"
+    access = "read_write"     ->  BindingSpec("customers", "customers", "read_write", False)
 """
 
 from __future__ import annotations
@@ -31,7 +39,7 @@ import re
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, NamedTuple
+from typing import Any, Literal, Mapping, NamedTuple
 
 from .errors import ConfigError
 from .protocol.framing import DEFAULT_MAX_LINE_SIZE
@@ -79,6 +87,66 @@ class TimerStoreSpec(NamedTuple):
 
 _DYNAMODB_TABLE = re.compile(r"[A-Za-z0-9_.-]{3,255}")
 MINUTE, HOUR, DAY = 60.0, 3600.0, 86400.0
+
+
+BINDING_ACCESS = ("read_only", "read_write")
+BINDING_KEYS = {"table", "access", "allow_recursion"}
+
+
+class BindingSpec(NamedTuple):
+    """A table binding, ``[bindings.ALIAS]`` in the config (``mldserver.bindings``)."""
+
+    alias: str
+    table: str
+    access: str  # "read_only" or "read_write"
+    allow_recursion: bool = False
+
+
+def parse_bindings(raw: Mapping[str, Any] | None, where: str = "config") -> dict[str, BindingSpec]:
+    """The ``[bindings.ALIAS]`` tables, checked; a ConfigError says what, where and what to do."""
+    out: dict[str, BindingSpec] = {}
+    for alias, body in (raw or {}).items():
+        at = f"{where}: [bindings.{alias}]"
+        if not isinstance(body, dict):
+            raise ConfigError(f"{at} must be a table, as in [bindings.{alias}] table = \"customers\" "
+                              f"access = \"read_only\"; got {body!r:.60}")
+        unknown = set(body) - BINDING_KEYS
+        if unknown:
+            raise ConfigError(f"{at}: unknown key(s) {', '.join(sorted(unknown))}: use table, access, allow_recursion")
+        table = body.get("table")
+        if not isinstance(table, str) or not _DYNAMODB_TABLE.fullmatch(table):
+            raise ConfigError(f"{at}: table = {table!r:.60}: give the DynamoDB table's name "
+                              f"(3 to 255 of A-Z a-z 0-9 _ - .), as in table = \"customers\"")
+        access = body.get("access", "read_only")
+        if access not in BINDING_ACCESS:
+            raise ConfigError(f"{at}: access = {access!r:.60}: use \"read_only\" or \"read_write\"")
+        recursion = body.get("allow_recursion", False)
+        if not isinstance(recursion, bool):
+            raise ConfigError(f"{at}: allow_recursion = {recursion!r:.60}: use true or false")
+        out[alias] = BindingSpec(alias, table, access, recursion)
+    return out
+
+
+def stream_table(stream: str | None) -> str | None:
+    """The table of a DynamoDB stream ARN (``arn:aws:dynamodb:R:A:table/T/stream/L``), else None."""
+    if not stream or ":dynamodb:" not in stream or "/stream/" not in stream:
+        return None
+    return stream.partition(":table/")[2].partition("/stream/")[0] or None
+
+
+def check_bindings(settings: Any, where: str = "config") -> dict[str, BindingSpec]:
+    """``parse`` plus the recursion guard: a read-write binding to the stream's own
+    table needs ``allow_recursion = true``."""
+    specs = parse_bindings(settings.bindings, where)
+    own = stream_table(settings.stream)
+    for spec in specs.values():
+        if own is not None and spec.table == own and spec.access == "read_write" and not spec.allow_recursion:
+            raise ConfigError(
+                f"{where}: [bindings.{spec.alias}] writes to table {own}, whose stream this server reads "
+                f"({settings.stream}): every write is a new change for the handler, which may write again, "
+                f"forever. Make it access = \"read_only\", or add allow_recursion = true if the handler "
+                f"stops itself (writes only when something changes)")
+    return specs
 
 
 @dataclass(frozen=True)
@@ -206,6 +274,9 @@ class Settings:
     # dynamodb:TABLE) and the largest context a timer may carry (its JSON, in bytes)
     timer_store: str = setting("sqlite", empty=False)
     timer_context_size: int = setting(1024, low=20, high=256 * 1024, unit="bytes")
+    # table bindings (mldserver.bindings): [bindings.ALIAS] table = "T", access = "read_only"
+    # or "read_write", allow_recursion = true (a read-write binding to the stream's own table)
+    bindings: dict | None = setting(None, dict)
 
     @property
     def tcp_port(self) -> int | None:
@@ -241,6 +312,7 @@ def load(path: str | None = None, **overrides: Any) -> Settings:
     if settings.pipeline and not settings.sink:
         settings = settings.replace(sink=f"parquet:{state_path(settings, 'output')}")
     TimerStoreSpec.parse(settings.timer_store)
+    check_bindings(settings, path or "settings")
     if settings.sink:
         if SinkSpec.parse(settings.sink).kind == "file" and settings.pipeline:
             raise ConfigError("--pipeline runs in Spark: use --sink parquet:DIR (or leave --sink out)")

@@ -16,6 +16,10 @@ One per server, shared by all shard connections::
 ``context.sql`` runs in the server's Spark process (started with ``--pipeline``,
 ``--sink parquet:DIR``, ``--spark-master`` or ``--spark-remote``). Parameters are
 bound by Spark (``:name`` markers, Spark's own ``args``), never pasted into the text.
+
+``context.table(alias)`` is a DynamoDB table binding declared in the config
+(``[bindings.ALIAS]``): ``await context.table("customers").get({"id": "c-7"})``; see
+``mldserver.bindings``.
 Nothing runs until the first row is asked for; leaving the loop early stops Spark
 from computing the partitions not yet read.
 """
@@ -31,6 +35,7 @@ from .errors import ConfigError
 from .logs import EventLogger, get_logger
 
 if TYPE_CHECKING:
+    from .bindings import Bindings, Table
     from .spark.process import SparkProcess
 
 
@@ -41,6 +46,21 @@ class Context:
     extras: dict[str, Any] = field(default_factory=dict)
     spark: "SparkProcess | None" = None
     timers: Any = None  # mldserver.timers.Timers of this process: Handler.timers
+    bindings: "Bindings | None" = None  # made on first use from settings.bindings
+
+    def table(self, alias: str) -> "Table":
+        """The table binding ``alias`` (``[bindings.ALIAS]`` in the config):
+        ``get``, ``put``, ``update``, ``delete`` with Python values (``mldserver.bindings``)."""
+        if self.bindings is None:
+            from .bindings import Bindings
+
+            self.bindings = Bindings(self.settings)
+        return self.bindings.table(alias)
+
+    async def close(self) -> None:
+        """Closes what this process opened for handlers (the bindings' client)."""
+        if self.bindings is not None:
+            await self.bindings.close()
 
     @property
     def state_dir(self) -> Path:

@@ -22,6 +22,17 @@ exact Python values::
 An attribute value is an object with exactly one of those keys (as the KCL's DynamoDB
 Streams adapter writes it, with binary as base64). Anything else raises
 ``DynamoDBJSONError`` naming where it is (``NewImage.lines[2]``) and what it was.
+Binary may also be ``bytes`` (as botocore's client returns it).
+
+The other way, ``encode_item`` / ``encode_value`` write Python values as attribute
+values for botocore's client (``bytes`` stay bytes: botocore base64s them)::
+
+    encode_item({"id": "c-7", "total": Decimal("12.50"), "n": 3, "tags": {"a"}, "raw": b"\\x00"})
+    -> {"id": {"S": "c-7"}, "total": {"N": "12.50"}, "n": {"N": "3"}, "tags": {"SS": ["a"]}, "raw": {"B": b"\\x00"}}
+
+A float is refused (inexact: use ``Decimal(str(x))`` or an int), as are an empty set
+(DynamoDB has none), a set mixing kinds and a map key that is not a string.
+
 Decimals and sets are not JSON: convert what you emit (``float(d)`` or ``str(d)``,
 ``sorted(s)``); a row orjson cannot encode is a bad row.
 """
@@ -32,7 +43,7 @@ import binascii
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
-__all__ = ["DynamoDBJSONError", "decode_item", "decode_value"]
+__all__ = ["DynamoDBJSONError", "decode_item", "decode_value", "encode_item", "encode_value"]
 
 TYPES = ("S", "N", "B", "BOOL", "NULL", "M", "L", "SS", "NS", "BS")
 
@@ -62,6 +73,8 @@ def _number(s: Any) -> int | Decimal:
 
 
 def _binary(s: Any) -> bytes:
+    if type(s) is bytes:
+        return s  # as botocore's client hands it over, already decoded
     if type(s) is not str:
         raise _Bad
     try:
@@ -175,3 +188,52 @@ def _explain(av: Any, where: str) -> None:
 def _show(v: Any) -> str:
     text = repr(v)
     return text if len(text) <= 80 else text[:77] + "..."
+
+
+def encode_value(v: Any, where: str = "value") -> dict[str, Any]:
+    """One Python value as an attribute value (``3`` -> ``{"N": "3"}``)."""
+    t = type(v)
+    if t is str:
+        return {"S": v}
+    if t is bool:
+        return {"BOOL": v}
+    if v is None:
+        return {"NULL": True}
+    if t is int:
+        return {"N": str(v)}
+    if isinstance(v, Decimal):
+        if not v.is_finite():
+            raise DynamoDBJSONError(f"{where}: {v!r} is not a finite number: DynamoDB stores finite numbers only")
+        return {"N": str(v)}
+    if t in (bytes, bytearray, memoryview):
+        return {"B": bytes(v)}
+    if isinstance(v, dict):
+        out = {}
+        for k, x in v.items():
+            if type(k) is not str:
+                raise DynamoDBJSONError(f"{where}: map key {k!r:.40} is not a string: DynamoDB map keys are strings")
+            out[k] = encode_value(x, f"{where}.{k}")
+        return {"M": out}
+    if isinstance(v, (list, tuple)):
+        return {"L": [encode_value(x, f"{where}[{i}]") for i, x in enumerate(v)]}
+    if isinstance(v, (set, frozenset)):
+        if not v:
+            raise DynamoDBJSONError(f"{where}: an empty set: DynamoDB has no empty sets; leave the attribute out")
+        kinds = {"S" if type(x) is str else "B" if type(x) in (bytes, bytearray) else
+                 "N" if (type(x) is int or isinstance(x, Decimal)) else "?" for x in v}
+        if len(kinds) != 1 or "?" in kinds:
+            raise DynamoDBJSONError(f"{where}: a set of {_show(v)}: a set holds only strings, only numbers "
+                                    f"(int or Decimal) or only bytes")
+        (kind,) = kinds
+        return {kind + "S": [encode_value(x, where)[kind] for x in v]}
+    if t is float:
+        raise DynamoDBJSONError(f"{where}: float {v!r} is inexact: use an int or a Decimal (Decimal(str(x)))")
+    raise DynamoDBJSONError(f"{where}: {t.__name__} {_show(v)} has no DynamoDB type: use str, int, Decimal, bytes, "
+                            f"bool, None, list, dict or set")
+
+
+def encode_item(item: Any, where: str = "item") -> dict[str, dict[str, Any]]:
+    """A dict of Python values as an item (attribute names to attribute values)."""
+    if not isinstance(item, dict):
+        raise DynamoDBJSONError(f"{where}: an item is a dict of attribute names to values, got {_show(item)}")
+    return encode_value(item, where)["M"]

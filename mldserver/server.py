@@ -71,6 +71,9 @@ from .metrics import Metrics
 from .pausing import Pause
 from .pool import HandlerPool, ProcessCalls
 from .spark.process import SparkError, SparkProcess
+from . import bindings as bindings_api
+from .bindings import Bindings
+from .bindings import check as bindings_check
 from .timers import api as timers_api
 from .timers.scheduler import scheduler_for
 from .timers.stats import TimerCollector
@@ -117,6 +120,8 @@ class Server:
             check_factory(self.factory)  # callbacks that are not ``async def``: refused at load
         self._reloads: set[asyncio.Task[Any]] = set()
         self.context = Context(settings)
+        bindings_check(settings)  # a read-write binding to the stream's own table: refused here
+        self.context.bindings = Bindings(settings)  # its client opened on first use
         self.dead_letters = DeadLetters(state_path(settings, "dead-letters"))
         # Durable timers: fired through the pool (or in this loop); handler processes ask for them as services.
         self.timers, self.context.timers = scheduler_for(settings, pool=self.pool, dead_letters=self.dead_letters)
@@ -187,6 +192,7 @@ class Server:
             raise ConfigError(f"timer_store {s.timer_store}: cannot open it ({type(exc).__name__}: {exc}): check "
                               f"the file (or the table, its region and credentials), or choose another") from None
         timers_api.current.set(self.context.timers)  # timers.create in this loop's tasks (workers = 0)
+        bindings_api.current.set(self.context.bindings)  # bindings.table in timer callbacks (workers = 0)
         # Bind everything before announcing anything: a refused port is not logged as listening.
         unix = await self._listen_unix(s.unix) if s.unix else None
         if unix is not None:
@@ -435,6 +441,7 @@ class Server:
         await self._stopped(self.timers.stop(self.settings.shutdown_timeout))
         if self.pool is not None:
             await self._stopped(self.pool.stop())
+        await self._stopped(self.context.close())  # the bindings' client
         if self.coordinator is not None:
             await self._stopped(self.coordinator.stop())
         if self.spark is not None:

@@ -7,6 +7,8 @@ from one::
 - ``passthrough.py``  one row per record, with everything the record carries
 - ``orders.py``       a DynamoDB stream of an orders table: the handler, its pipeline
                       (orders per customer per window) and the demo's data generator
+- ``order_tracker.py`` a DynamoDB orders table: per-customer totals kept in another
+                      table through a binding, unpaid orders expired by a timer
 
 The project's ``handlers/`` folder names them too (``handlers.orders:Orders``): write
 your own handlers there.

@@ -58,6 +58,8 @@ from ..logs import configure, get_logger
 from ..malloc import large_buffers_from_mmap
 from ..records import Batch, ShardInfo
 from ..shard.calls import check_factory
+from .. import bindings as bindings_api
+from ..bindings import Bindings
 from ..timers import api as timers_api
 from ..timers import remote as timers_remote
 from .frames import RUN, CallFrame, StartFrame, encode, encode_head, encode_rows, read_frame_async, records_from
@@ -161,6 +163,7 @@ class Child:
         self.factory = import_from_string(start["handler"], "handler")
         check_factory(self.factory)  # callbacks that are not ``async def``: refused at load, as in the server
         self.context = Context(self.settings)
+        self.context.bindings = Bindings(self.settings)  # its own client, opened on first use
         from ..config import uses_spark
 
         if uses_spark(self.settings):
@@ -318,6 +321,7 @@ async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> N
         await writer.drain()
         return
     timers_api.current.set(child.context.timers)  # timers.create in callbacks (tasks copy it)
+    bindings_api.current.set(child.context.bindings)  # bindings.table in timer callbacks
     # As the server does (cli.tune): a batch decodes into tens of thousands of objects;
     # fewer, larger young collections, and the imported code frozen out of them.
     gc.collect()
@@ -338,6 +342,10 @@ async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> N
     beat.cancel()
     for task in list(child.tasks):
         task.cancel()
+    try:
+        await child.context.close()  # the bindings' client
+    except Exception as exc:  # closing a client must not keep this process from ending
+        log.warning("bindings_close_failed", error=repr(exc))
     await writer.drain()
 
 

@@ -52,6 +52,18 @@ CLAIM_SLACK_MS = 10_000  # a claim outlives the call's time-out by this much
 COUNT_EVERY_S = 60.0
 
 
+def client(region: str | None = None, connections: int = CONCURRENCY) -> Any:
+    """An aioboto3 DynamoDB client (an async context manager) from the usual AWS
+    configuration: ``AWS_ENDPOINT_URL_DYNAMODB`` or ``AWS_ENDPOINT_URL``, ``region`` or
+    ``AWS_REGION``; standard retries. The timer store's and the table bindings'."""
+    import aioboto3
+    from botocore.config import Config
+
+    return aioboto3.Session().client(
+        "dynamodb", region_name=region or os.environ.get("AWS_REGION"),  # else AWS_DEFAULT_REGION
+        config=Config(max_pool_connections=connections, retries={"mode": "standard", "max_attempts": 5}))
+
+
 def _key(callback: str, reference: str) -> dict[str, Any]:
     return {"pk": {"S": f"{callback}\n{reference}"}}
 
@@ -96,12 +108,7 @@ class DynamoStore:
     async def open(self) -> None:
         if self.client is not None:
             return
-        import aioboto3
-        from botocore.config import Config
-
-        self._client_cm = aioboto3.Session().client(
-            "dynamodb", region_name=self.region or os.environ.get("AWS_REGION"),  # else AWS_DEFAULT_REGION
-            config=Config(max_pool_connections=CONCURRENCY, retries={"mode": "standard", "max_attempts": 5}))
+        self._client_cm = client(self.region)
         self.client = await self._client_cm.__aenter__()
         try:
             await self._ensure_table()
