@@ -47,7 +47,7 @@ def _parser():
                        help="handler processes (default 2; 0: handlers run in the server's own loop)")
     serve.add_argument("--max-line-size", type=int, help="largest daemon line in bytes (default 256 MiB)")
     serve.add_argument("--window", type=float, help="tumbling window size in seconds")
-    serve.add_argument("--sink", help="file:DIR or parquet:DIR")
+    serve.add_argument("--sink", help="file:DIR, parquet:DIR or iceberg:DIR")
     serve.add_argument("--pipeline", help="Spark pipeline, MODULE:ATTR")
     serve.add_argument("--spark-master", help="Spark master URL (default local[*])")
     serve.add_argument("--spark-remote", help="Spark Connect URL sc://host:port")

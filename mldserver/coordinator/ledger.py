@@ -86,6 +86,19 @@ class Ledger:
         state = self.shards.get(shard_id)
         return [] if state is None else list(state.pending)
 
+    def drop(self, shard_id: str) -> int:
+        """The shard's lease went to another server: its uncommitted rows are let go
+        (the new owner reads them again); what is safe stays safe. Returns their count."""
+        state = self.shards.get(shard_id)
+        if state is None:
+            return 0
+        count = len(state.pending)
+        self.rows -= count
+        self.bytes -= sum(map(len, map(_data, state.pending))) + ROW_OVERHEAD * count
+        state.pending.clear()
+        state.ends.clear()
+        return count
+
     def forget(self, shard_id: str) -> None:
         """Drop a shard whose rows are all committed (``done``): it is gone from here."""
         state = self.shards.pop(shard_id, None)

@@ -128,6 +128,30 @@ class Ordering:
             while len(self.retired) > RETIRED:
                 self.retired.popitem(last=False)
 
+    def drop(self, shard_id: str, high: Position | None) -> int:
+        """The shard's lease went to another server: its rows still here (open windows,
+        late, held) go, and it starts afresh should it come back, with ``high`` (what
+        is committed of it) as the position at or below which records are duplicates.
+        Returns the rows dropped."""
+        dropped = 0
+        for start, rows in list(self.buckets.items()):
+            kept = [row for row in rows if row.shard_id != shard_id]
+            dropped += len(rows) - len(kept)
+            if kept:
+                self.buckets[start] = kept
+            else:
+                del self.buckets[start]
+        late = [row for row in self.pending_late if row.shard_id != shard_id]
+        dropped += len(self.pending_late) - len(late)
+        self.pending_late = late
+        state = self.shards.pop(shard_id, None)
+        if state is not None:
+            dropped += len(state.held)
+        self.retired.pop(shard_id, None)
+        if high is not None:
+            self.retired[shard_id] = high
+        return dropped
+
     def delivered(self, shard_id: str, position: Position) -> None:
         """Positions up to here count as delivered (a commit log, a stored checkpoint)."""
         state = self.shard(shard_id)
@@ -252,9 +276,26 @@ def seal(closed: WindowRows) -> tuple[Window, dict[str, int]]:
     counts = Counter(map(_row_shard_id, rows))
     # A shard's rows are in its order: its last is its highest.
     last = dict(zip(map(_row_shard_id, rows), map(_row_position, rows)))
-    window = Window(closed.start, closed.end, list(map(_row_data, rows)), closed.late_rows, last)
+    window = Window(closed.start, closed.end, list(map(_row_data, rows)), closed.late_rows, last, RowSources(rows))
     closed.rows = []
     return window, counts
+
+
+class RowSources:
+    """A window's ``sources``: (shard id, position) per row, read from the sorted rows
+    only when a sink asks (the rows stay alive in the ledger until committed anyway)."""
+
+    __slots__ = ("_rows",)
+
+    def __init__(self, rows: list[Row]) -> None:
+        self._rows = rows
+
+    def __iter__(self):
+        rows = self._rows
+        return zip(map(_row_shard_id, rows), map(_row_position, rows))
+
+    def __len__(self) -> int:
+        return len(self._rows)
 
 
 # Field readers for map(), in C (an itemgetter by the field's index).
