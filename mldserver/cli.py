@@ -86,9 +86,12 @@ def _parser():
                        help="relay part: also run the server with its /metrics scraped every SECONDS, side by side")
     bench.add_argument("--workers", type=int, nargs="+", default=None,
                        help="handler processes of the servers measured, side by side (default: the default and 0)")
-    bench.add_argument("--part", choices=["all", "relay", "coordinator", "spark"], default="all",
+    bench.add_argument("--part", choices=["all", "relay", "coordinator", "spark", "table"], default="all",
                        help="relay: against amazon_kclpy; coordinator: with a sink against none; "
-                            "spark: end to end into Spark against the bare handoff")
+                            "spark: end to end into Spark against the bare handoff; "
+                            "table: the iceberg sink against the parquet sink, and reading a position back")
+    bench.add_argument("--commits", type=int, default=None,
+                       help="table part: commits in the table a position is read back from (default 10,000)")
 
     demo = sub.add_parser("demo", help="run the server on an example handler, driven by the fake daemon")
     demo.add_argument("--shards", type=int, default=4)

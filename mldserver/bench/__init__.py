@@ -1,12 +1,13 @@
 """``mldserver bench``: what mldserver costs, measured against what it replaces, in one run.
 
-Three parts, each in its own module, all sharing ``common.py`` (a server in its own
+Four parts, each in its own module, all sharing ``common.py`` (a server in its own
 process, PSS sampling, the coordinator and Spark parts' batches)::
 
     mldserver bench --part relay         # relay.py: throughput, latency, memory vs amazon_kclpy
     mldserver bench --part coordinator   # coordinator.py: the coordinator's cost (file sink vs none)
     mldserver bench --part spark         # spark.py: end to end vs the bare Spark hand-off
-    mldserver bench                      # all three
+    mldserver bench --part table         # table.py: the iceberg sink vs the parquet sink, position read-back
+    mldserver bench                      # all four
     mldserver bench --workers 2 0        # servers with 2 handler processes and with none, side by side
 
 The bare hand-off runs Spark in this process, through ``mldserver.spark.bench``: only
@@ -41,6 +42,10 @@ async def amain(args) -> None:
             from . import spark
 
             await spark.run(args.quick, tmp)
+        if args.part in ("all", "table"):
+            from . import table
+
+            await table.run(args.quick, tmp, getattr(args, "commits", None))
         if args.part in ("all", "relay"):
             from . import relay
 
