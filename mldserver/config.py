@@ -181,6 +181,8 @@ class Settings:
     table: str = setting("mldserver.windows", empty=False)
     table_catalog: dict | None = setting(None, dict)
     server_id: str | None = setting(None, str, empty=False)
+    # snapshots a commit keeps (older ones expire: the metadata read back stays small)
+    table_snapshots_kept: int = setting(16, low=1, high=1_000_000)
     # the admin endpoint (metrics, health, status, pause/resume/reload): HOST:PORT or "off";
     # `mldserver serve` uses DEFAULT_ADMIN when unset, an embedded Server none
     admin: str | None = setting(None, str, empty=False)

@@ -15,6 +15,9 @@ hand-off), so committing is popping from the front of the shard's pending rows::
     ledger.commit("s0", 1)             # row 11 too: the whole batch is done
     ledger.safe("s0")                  # Position(12, 0, "12")
 
+A shard whose lease is lost has its pending rows dropped (``ledger.drop("s0")``): the
+new owner reads them again; what was safe stays safe.
+
 It also keeps the count and size of buffered (uncommitted) rows: the memory the
 back-pressure cap applies to. A row's size is its JSON plus a fixed overhead.
 """

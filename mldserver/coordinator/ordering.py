@@ -16,7 +16,9 @@ one shard is never reordered. What keeps that promise where Bloop breaks it:
 - **late rows**: a row whose window has closed goes with the next window to close,
   counted in ``late_rows``; never dropped.
 
-A shard gone from here whose rows are all committed is ``forget``-ten; the highest
+A shard whose lease went to another server is ``drop``-ped: its rows leave the open
+windows at once, and only what is committed of it counts as delivered should it come
+back. A shard gone from here whose rows are all committed is ``forget``-ten; the highest
 position it delivered is kept a while (the last ``RETIRED`` such shards), so that a
 shard coming back (its SHARD_END or its lease lost, then taken again) has the rows it
 delivered before dropped as duplicates, not committed twice.
@@ -31,6 +33,7 @@ order as a tuple is the merge key: ``n`` numbers a shard's rows so no two keys t
     rows = ordering.add("s0", [Item(1_000, seven, b'{"k":1}')], last=seven, now=now)
     [closed] = ordering.close(until=60_000)   # WindowRows(0, 60000) holding that row
     window, counts = seal(closed)             # Window(0, 60000, rows=[b'{"k":1}']), {"s0": 1}
+    list(window.sources)                      # [("s0", Position("7", 0))]: where each row came from
 """
 
 from __future__ import annotations

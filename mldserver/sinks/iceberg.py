@@ -16,9 +16,11 @@ The table holds the rows (the handler's fields, as the ``parquet:`` sink writes 
 plus ``window`` (``"<start>-<end>"``, the window the rows were committed with, as the
 ``parquet:`` sink's ``window=<id>`` folder). Each commit is one Iceberg snapshot, made
 by one transaction that appends the window's rows and raises, in the table's own
-properties, the highest committed position of each of its shards::
+properties, the highest committed position of each of its shards, and the last
+window the committing server committed::
 
     mldserver.position/orders/shardId-000000000001 = ["49590338271490256608559692538361571095921575989136588898", 0]
+    mldserver.server/worker-1 = {"stream": "orders", "window": "1763719200000-1763719260000", "end": 1763719260000}
 
 and whose snapshot summary names it: ``mldserver.server`` (``server_id``, default
 host:pid), ``mldserver.stream``, ``mldserver.window``, ``mldserver.rows``,
@@ -28,9 +30,9 @@ server), ``mldserver.positions``.
 **Reading a position back** (``committed_position``, each time a shard is initialized
 here) is one catalog lookup and one read of the table's current metadata file: no
 data file, no manifest, and not the snapshots before it. The metadata stays small
-however many windows were committed: each commit expires all but the last
-``SNAPSHOTS_KEPT`` snapshots (time travel reaches that far back), and keeps
-``previous-versions-max`` metadata files.
+however many windows were committed: a commit expires all but the last
+``table_snapshots_kept`` snapshots once there are twice as many (time travel reaches
+that far back), and keeps ``previous-versions-max`` metadata files.
 
 **The commit protocol**, one window, retried until it commits:
 
@@ -93,7 +95,7 @@ log = get_logger("mldserver.sink")
 
 WINDOW_COLUMN = "window"
 POSITION_PREFIX = "mldserver.position/"
-SNAPSHOTS_KEPT = 16  # the last snapshots kept when a commit expires older ones
+SERVER_PREFIX = "mldserver.server/"
 CONFLICT_RETRIES = 8  # attempts inside one commit before the coordinator's backoff takes over
 TABLE_PROPERTIES = {
     "format-version": "2",
@@ -315,15 +317,19 @@ class IcebergSink:
         table = attempt.base
         try:
             if table is None:
-                schema = rows.schema if rows is not None else pq.read_schema(files[0])  # type: ignore[index]
+                schema = rows.schema if rows is not None else pq.read_schema(files[0].removeprefix("file://"))  # type: ignore[index]
                 try:
                     table = self._create(catalog, schema)
                 except TableAlreadyExistsError:
                     return False  # another server made it first: filter against its commits
             summary = self._summary(window, attempt)
             with table.transaction() as tx:
-                tx.set_properties({position_key(self.stream, s): orjson.dumps(p.to_json()).decode()
-                                   for s, p in attempt.raised.items()})
+                tx.set_properties({
+                    **{position_key(self.stream, s): orjson.dumps(p.to_json()).decode()
+                       for s, p in attempt.raised.items()},
+                    f"{SERVER_PREFIX}{self.server_id}": orjson.dumps(
+                        {"stream": self.stream, "window": window.id, "end": window.end}).decode(),
+                })
                 if files is None:
                     tx.append(rows, snapshot_properties=summary)
                 elif files:  # none: the pipeline's output was empty, only the positions move
@@ -357,11 +363,12 @@ class IcebergSink:
 
     def _expire(self, tx: Any, table: "Table") -> None:
         snapshots = table.metadata.snapshots
-        if len(snapshots) < 2 * SNAPSHOTS_KEPT:
+        kept = self.settings.table_snapshots_kept
+        if len(snapshots) < 2 * kept:
             return
         from pyiceberg.table.update.snapshot import ExpireSnapshots
 
-        ExpireSnapshots(transaction=tx).by_ids([s.snapshot_id for s in snapshots[:-SNAPSHOTS_KEPT]]).commit()
+        ExpireSnapshots(transaction=tx).by_ids([s.snapshot_id for s in snapshots[:-kept]]).commit()
 
     # -- the table ---------------------------------------------------------------------
 

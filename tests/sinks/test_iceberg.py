@@ -19,7 +19,6 @@ from mldserver.coordinator.handoff import Window
 from mldserver.deadletters import DeadLetters
 from mldserver.errors import ConfigError, retriable
 from mldserver.positions import Position
-from mldserver.sinks import iceberg
 from mldserver.sinks.iceberg import IcebergSink, TableUnavailable, fresh_rows, position_key
 
 TABLE = ("mldserver", "windows")
@@ -106,6 +105,10 @@ async def test_rows_another_server_committed_are_left_out_and_each_commit_names_
     assert [(c["mldserver.server"], c["mldserver.rows"], c["mldserver.skipped-rows"]) for c in summaries] == [
         ("server-a", "4", "0"), ("server-b", "3", "2")]
     assert all(c["mldserver.stream"] == "orders" and c["mldserver.window"] == "0-10" for c in summaries)
+    properties = catalog(tmp_path).load_table(TABLE).properties
+    assert {k: orjson.loads(v) for k, v in properties.items() if k.startswith("mldserver.server/")} == {
+        "mldserver.server/server-a": {"stream": "orders", "window": "0-10", "end": 10},
+        "mldserver.server/server-b": {"stream": "orders", "window": "0-10", "end": 10}}
     assert await a.committed_position("s0") == pos(5)
 
 
@@ -188,9 +191,8 @@ async def test_a_commit_that_landed_before_a_crash_is_not_added_again(tmp_path, 
     assert len(commits(tmp_path)) == 1
 
 
-async def test_old_snapshots_are_expired_so_the_metadata_stays_small(tmp_path, monkeypatch):
-    monkeypatch.setattr(iceberg, "SNAPSHOTS_KEPT", 3)
-    a = await sink(tmp_path)
+async def test_old_snapshots_are_expired_so_the_metadata_stays_small(tmp_path):
+    a = await sink(tmp_path, table_snapshots_kept=3)
     for n in range(12):
         await a.commit(window(n * 10, {"s0": [n]}))
     table = catalog(tmp_path).load_table(TABLE)
