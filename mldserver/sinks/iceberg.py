@@ -78,7 +78,7 @@ import pyarrow.parquet as pq
 
 from ..config import Settings, state_path
 from ..coordinator.handoff import Committed, Window
-from ..errors import MldserverError
+from ..errors import ConfigError, MldserverError
 from ..logs import get_logger
 from ..positions import Position
 from ..spark import schema as schemas
@@ -204,7 +204,14 @@ class IcebergSink:
     # -- the Sink protocol -------------------------------------------------------------
 
     async def start(self) -> Committed:
-        await asyncio.to_thread(self._start)
+        try:
+            await asyncio.to_thread(self._start)
+        except Exception as exc:  # before the server binds: one line, exit 2
+            where = self.settings.table_catalog or f"sqlite:///{self.directory}/catalog.db"
+            raise ConfigError(
+                f"--sink {self.settings.sink}: cannot open the table {'.'.join(self.identifier)} "
+                f"(catalog {where}): {type(exc).__name__}: {exc}; check the folder (writable?) or table_catalog"
+            ) from exc
         return Committed()  # positions are read per shard, when it is initialized here
 
     async def committed_position(self, shard_id: str) -> Position | None:
@@ -215,10 +222,11 @@ class IcebergSink:
             attempt = await asyncio.to_thread(self._attempt, window)
             if attempt.rejected:
                 await self._reject(window, attempt.rejected)
-            if attempt.kept_rows == 0:
+            if attempt.kept_rows == 0 and not attempt.raised:
                 log.info("window_already_committed", window=window.id, rows=len(window))
                 break
-            files = await self._spark_files(window, attempt) if self.spark is not None else None
+            spark = self.spark is not None and attempt.kept_rows > 0
+            files = await self._spark_files(window, attempt) if spark else None
             if await asyncio.to_thread(self._finish, window, attempt, files):
                 break
             self.conflicts += 1
@@ -331,7 +339,8 @@ class IcebergSink:
                         {"stream": self.stream, "window": window.id, "end": window.end}).decode(),
                 })
                 if files is None:
-                    tx.append(rows, snapshot_properties=summary)
+                    if rows.num_rows:  # none: every row was dead-lettered, only the positions move
+                        tx.append(rows, snapshot_properties=summary)
                 elif files:  # none: the pipeline's output was empty, only the positions move
                     tx.add_files(files, snapshot_properties=summary, check_duplicate_files=False)
                 self._expire(tx, table)

@@ -238,3 +238,10 @@ def test_the_table_sink_needs_a_stream_and_a_namespaced_table(tmp_path):
     with pytest.raises(ConfigError, match="NAMESPACE.NAME"):
         load(sink=f"iceberg:{tmp_path}", stream="orders", table="windows")
     assert load(sink=f"iceberg:{tmp_path}", stream="orders").table == "mldserver.windows"
+
+
+async def test_a_table_that_cannot_be_opened_is_a_config_error_naming_the_sink(tmp_path):
+    (tmp_path / "lake").write_text("a file where the warehouse should be")
+    s = IcebergSink(settings(tmp_path), tmp_path / "lake", DeadLetters(tmp_path / "dead-letters"))
+    with pytest.raises(ConfigError, match=r"--sink iceberg:.*lake: cannot open the table mldserver.windows"):
+        await s.start()
