@@ -13,8 +13,9 @@ one shard is never reordered. What keeps that promise where Bloop breaks it:
   can still add rows, and are then clamped to start no earlier than the parents'
   last rows (one millisecond later where the child's id sorts before a parent's, so
   the merge key itself puts parents first);
-- **late rows**: a row whose window has closed goes with the next window to close,
-  counted in ``late_rows``; never dropped.
+- **late rows**: a row whose window has closed goes with the next window to close
+  (alone, in the window after the last closed one, once that one is past the
+  watermark too), counted in ``late_rows``; never dropped.
 
 A shard whose lease went to another server is ``drop``-ped: its rows leave the open
 windows at once, and only what is committed of it counts as delivered should it come
@@ -256,8 +257,10 @@ class Ordering:
             rows = self.buckets.pop(start)
             windows.append(WindowRows(start, start + self.window_ms, rows))
             self.closed_until = max(self.closed_until, start + self.window_ms)
-        if self.pending_late and (windows or until == math.inf):
-            if not windows:  # late rows alone: the window after the last closed one
+        if self.pending_late and (windows or until >= self.closed_until + self.window_ms):
+            # late rows alone, once the window after the last closed one is itself past the
+            # watermark (say, a lease moved here with rows older than what this server closed)
+            if not windows:
                 end = int(self.closed_until)
                 windows.append(WindowRows(end, end + self.window_ms, []))
                 self.closed_until = end + self.window_ms

@@ -222,3 +222,14 @@ def test_seal_says_where_each_row_came_from():
     ordering.add("A", rows(1, [1_000, 3_000]), Position.parse("2"), now=0)
     window, _ = seal(ordering.close(until=MINUTE)[0])
     assert [(s, p.seq) for s, p in window.sources] == [("A", 1), ("B", 100), ("A", 2)]
+
+
+def test_late_rows_alone_are_handed_over_once_the_next_window_is_past_the_watermark():
+    ordering = Ordering(window_ms=MINUTE, blocks=lambda p, now: False, parents_of=lambda s: ())
+    ordering.add("A", rows(1, [1_000]), Position.parse("1"), now=0)
+    assert len(ordering.close(until=MINUTE)) == 1
+    moved = rows(100, [2_000, 3_000])  # a lease moved here: rows older than what closed
+    ordering.add("B", moved, last(moved), now=0)
+    assert ordering.close(until=MINUTE + 59_999) == []  # the next window may still get rows
+    [window] = ordering.close(until=2 * MINUTE)  # no row came: the late rows go alone
+    assert (window.start, window.end, window.late_rows, len(window.rows)) == (MINUTE, 2 * MINUTE, 2, 2)
