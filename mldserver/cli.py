@@ -47,7 +47,7 @@ def _parser():
                        help="handler processes (default 2; 0: handlers run in the server's own loop)")
     serve.add_argument("--max-line-size", type=int, help="largest daemon line in bytes (default 256 MiB)")
     serve.add_argument("--window", type=float, help="tumbling window size in seconds")
-    serve.add_argument("--sink", help="file:DIR or parquet:DIR")
+    serve.add_argument("--sink", help="file:DIR, parquet:DIR or iceberg:DIR")
     serve.add_argument("--pipeline", help="Spark pipeline, MODULE:ATTR")
     serve.add_argument("--spark-master", help="Spark master URL (default local[*])")
     serve.add_argument("--spark-remote", help="Spark Connect URL sc://host:port")
@@ -88,12 +88,15 @@ def _parser():
                        help="relay part: also run the server with its /metrics scraped every SECONDS, side by side")
     bench.add_argument("--workers", type=int, nargs="+", default=None,
                        help="handler processes of the servers measured, side by side (default: the default and 0)")
-    bench.add_argument("--part", choices=["all", "relay", "coordinator", "spark", "changes", "timers"],
+    bench.add_argument("--part", choices=["all", "relay", "coordinator", "spark", "changes", "timers", "table"],
                        default="all",
                        help="relay: against amazon_kclpy; coordinator: with a sink against none; "
                             "spark: end to end into Spark against the bare handoff; "
                             "changes: a ChangeHandler against a batch Handler decoding by hand; "
-                            "timers: durable timers created and fired per second, and the store's memory")
+                            "timers: durable timers created and fired per second, and the store's memory; "
+                            "table: the iceberg sink against the parquet sink, and reading a position back")
+    bench.add_argument("--commits", type=int, default=None,
+                       help="table part: commits in the table a position is read back from (default 10,000)")
 
     demo = sub.add_parser("demo", help="run the server on an example handler, driven by the fake daemon")
     demo.add_argument("--shards", type=int, default=4)

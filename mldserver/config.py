@@ -20,6 +20,7 @@ is a ConfigError naming the setting, the value, where it came from and what is a
 ``TimerStoreSpec``::
 
     SinkSpec.parse("parquet:./out")  ->  SinkSpec(kind="parquet", directory=Path("/abs/out"))
+    SinkSpec.parse("iceberg:/data/lake")  ->  SinkSpec(kind="iceberg", directory=Path("/data/lake"))
     TimerStoreSpec.parse("dynamodb:orders-timers")  ->  TimerStoreSpec(kind="dynamodb", where="orders-timers")
 
 Table bindings (``mldserver.bindings``) are TOML tables, checked by ``check_bindings``
@@ -46,16 +47,19 @@ from .protocol.framing import DEFAULT_MAX_LINE_SIZE
 
 
 class SinkSpec(NamedTuple):
-    """Where closed windows go: ``file:DIR`` (JSON lines) or ``parquet:DIR`` (Spark)."""
+    """Where closed windows go: ``file:DIR`` (JSON lines), ``parquet:DIR`` (Spark) or
+    ``iceberg:DIR`` (an Iceberg table several servers share; DIR is its warehouse)."""
 
-    kind: Literal["file", "parquet"]
+    kind: Literal["file", "parquet", "iceberg"]
     directory: Path  # absolute
 
     @classmethod
     def parse(cls, spec: str) -> "SinkSpec":
         kind, _, where = spec.partition(":")
-        if kind not in ("file", "parquet"):
-            raise ConfigError(f"--sink {spec!r}: use file:DIR (JSON lines) or parquet:DIR (Spark)")
+        if kind not in ("file", "parquet", "iceberg"):
+            raise ConfigError(
+                f"--sink {spec!r}: use file:DIR (JSON lines), parquet:DIR (Spark) or iceberg:DIR (a table)"
+            )
         if not where:
             raise ConfigError(f"--sink {spec!r}: give a directory, as in {kind}:./out")
         return cls(kind, Path(where).resolve())  # type: ignore[arg-type]
@@ -267,6 +271,14 @@ class Settings:
     spark_start_timeout: float = setting(180.0, low=1.0, high=HOUR, unit="seconds")  # for the session to come up
     sink_format: str = setting("parquet", empty=False)  # what Spark writes per window: parquet, json, orc, csv
     schema: dict | None = setting(None, dict)  # row schema, field = Arrow type name; default: inferred, then fixed
+    # the table sink (--sink iceberg:DIR): the table, NAMESPACE.NAME; its catalog, pyiceberg's
+    # properties ({type = "rest", uri = "..."}, glue, dynamodb; default: SQLite in DIR/catalog.db);
+    # the name each commit carries (default: host:pid)
+    table: str = setting("mldserver.windows", empty=False)
+    table_catalog: dict | None = setting(None, dict)
+    server_id: str | None = setting(None, str, empty=False)
+    # snapshots a commit keeps (older ones expire: the metadata read back stays small)
+    table_snapshots_kept: int = setting(16, low=1, high=1_000_000)
     # the admin endpoint (metrics, health, status, pause/resume/reload): HOST:PORT or "off";
     # `mldserver serve` uses DEFAULT_ADMIN when unset, an embedded Server none
     admin: str | None = setting(None, str, empty=False)
@@ -314,8 +326,18 @@ def load(path: str | None = None, **overrides: Any) -> Settings:
     TimerStoreSpec.parse(settings.timer_store)
     check_bindings(settings, path or "settings")
     if settings.sink:
-        if SinkSpec.parse(settings.sink).kind == "file" and settings.pipeline:
+        kind = SinkSpec.parse(settings.sink).kind
+        if kind == "file" and settings.pipeline:
             raise ConfigError("--pipeline runs in Spark: use --sink parquet:DIR (or leave --sink out)")
+        if kind == "iceberg":
+            if not settings.stream:
+                raise ConfigError(
+                    f"--sink {settings.sink}: the table keeps committed positions per stream and shard: "
+                    "set stream (the Kinesis stream name or ARN, or the DynamoDB stream ARN, the same on every server)"
+                )
+            namespace, _, name = settings.table.rpartition(".")
+            if not namespace or not name:
+                raise ConfigError(f"table = {settings.table!r}: name the table as NAMESPACE.NAME (mldserver.windows)")
     return settings
 
 

@@ -22,7 +22,7 @@ def test_a_sink_spec_names_its_kind_and_an_absolute_directory(tmp_path, monkeypa
 @pytest.mark.parametrize(
     "spec, says",
     [
-        ("s3:bucket", "use file:DIR (JSON lines) or parquet:DIR (Spark)"),
+        ("s3:bucket", "use file:DIR (JSON lines), parquet:DIR (Spark) or iceberg:DIR (a table)"),
         ("file:", "give a directory, as in file:./out"),
         ("parquet", "give a directory, as in parquet:./out"),
     ],

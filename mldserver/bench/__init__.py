@@ -1,6 +1,6 @@
 """``mldserver bench``: what mldserver costs, measured against what it replaces, in one run.
 
-Five parts, each in its own module, all sharing ``common.py`` (a server in its own
+Six parts, each in its own module, all sharing ``common.py`` (a server in its own
 process, PSS sampling, the coordinator and Spark parts' batches)::
 
     mldserver bench --part relay         # relay.py: throughput, latency, memory vs amazon_kclpy
@@ -8,7 +8,8 @@ process, PSS sampling, the coordinator and Spark parts' batches)::
     mldserver bench --part spark         # spark.py: end to end vs the bare Spark hand-off
     mldserver bench --part changes       # changes.py: a ChangeHandler vs a batch Handler decoding by hand
     mldserver bench --part timers        # timers.py: durable timers created and fired per second, memory
-    mldserver bench                      # all five
+    mldserver bench --part table         # table.py: the iceberg sink vs the parquet sink, position read-back
+    mldserver bench                      # all six
     mldserver bench --workers 2 0        # servers with 2 handler processes and with none, side by side
 
 The bare hand-off runs Spark in this process, through ``mldserver.spark.bench``: only
@@ -51,6 +52,10 @@ async def amain(args) -> None:
             from . import timers
 
             await timers.run(args.quick, tmp, args.workers)
+        if args.part in ("all", "table"):
+            from . import table
+
+            await table.run(args.quick, tmp, getattr(args, "commits", None))
         if args.part in ("all", "relay"):
             from . import relay
 

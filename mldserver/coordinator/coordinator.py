@@ -9,7 +9,15 @@ What the worker calls, per shard (all on the event loop)::
     await coordinator.admit(shard_id)                      # back-pressure, before the status
     coordinator.safe_position(shard_id)                    # what a checkpoint may cover
     await coordinator.shard_ended(shard_id)                # spools, before SHARD_END
+    coordinator.lease_lost(shard_id)                       # leaseLost / shutdown ZOMBIE
     coordinator.shard_closed(shard_id)                     # its connection ended
+
+A sink several servers share (``SharedSink``: ``iceberg:``) is asked at every
+``open_shard`` what is committed of the shard there now: the lease may come from a
+server that committed past what this one knew, and records at or below that are
+dropped as duplicates (``committed_position``, logged as ``committed_position_read``).
+``lease_lost`` lets go of the shard: its uncommitted rows are dropped (the new owner
+reads them again from the last checkpoint) and it stops holding the watermark back.
 
 Inside, one owned task (the committer) wakes on every change and on a tick and runs
 ``step()``: it releases children whose parents are done, computes the global
@@ -48,7 +56,7 @@ from ..config import Settings, state_path
 from ..errors import retriable
 from ..logs import EventLogger, get_logger
 from ..positions import Position
-from .handoff import Sink
+from .handoff import SharedSink, Sink
 from .ledger import Ledger
 from .lineage import Lineage, StreamShards
 from .ordering import Item, Ordering, WindowRows, seal
@@ -90,6 +98,8 @@ class Coordinator:
         self.spooled: set[str] = set()
         self.connections: dict[str, int] = {}  # shard -> its connections open here
         self.gone: set[str] = set()  # shards with none, to forget once done (see step)
+        self.committed: dict[str, Position] = {}  # shard -> the highest position known committed
+        self.lost: set[str] = set()  # leases lost during a pass: dropped once its windows commit
         self._changed = asyncio.Event()
         self._progress = asyncio.Condition()
         self._stepping = asyncio.Lock()  # passes never overlap: windows commit in order
@@ -111,6 +121,7 @@ class Coordinator:
         committed = await self.sink.start()
         for shard_id, position in committed.positions.items():
             self.ordering.delivered(shard_id, position)  # replays at or below are dropped
+            self.committed[shard_id] = position
         if committed.end is not None:
             self.ordering.resume(committed.end)
             self.log.info(
@@ -169,6 +180,8 @@ class Coordinator:
     # -- what workers call ---------------------------------------------------------
 
     async def open_shard(self, shard_id: str, checkpoint: Position | None) -> None:
+        self.lost.discard(shard_id)  # its lease came back before the drop
+        await self._read_committed(shard_id)
         await self.lineage.started(shard_id, checkpoint)
         self.connections[shard_id] = self.connections.get(shard_id, 0) + 1
         self.gone.discard(shard_id)
@@ -192,6 +205,65 @@ class Coordinator:
             self.log.info("duplicates_dropped", shard_id=shard_id, rows=self.ordering.duplicates - dropped)
         if self.ordering.clamped != clamped:
             self.log.info("event_time_clamped", shard_id=shard_id, rows=self.ordering.clamped - clamped)
+        self._changed.set()
+
+    async def _read_committed(self, shard_id: str) -> None:
+        """A shared sink's committed position of the shard, before its first batch: what
+        another server committed is a duplicate here. A failed read is logged and the
+        shard goes on: the sink's commit still leaves out what is committed."""
+        if not isinstance(self.sink, SharedSink):
+            return
+        started = time.perf_counter()
+        try:
+            position = await self.sink.committed_position(shard_id)
+        except Exception as exc:
+            if not retriable(exc):
+                raise
+            self.log.warning(
+                "committed_position_failed",
+                shard_id=shard_id,
+                error=f"{type(exc).__name__}: {exc}",
+                what_to_do="check the table's catalog; rows another server committed are left out at commit",
+            )
+            return
+        self.log.info(
+            "committed_position_read",
+            shard_id=shard_id,
+            position=position.to_json() if position is not None else None,
+            duration_ms=round((time.perf_counter() - started) * 1000, 3),
+        )
+        if position is not None:
+            self.ordering.delivered(shard_id, position)
+            self._committed_at_least(shard_id, position)
+
+    def _committed_at_least(self, shard_id: str, position: Position) -> None:
+        known = self.committed.get(shard_id)
+        if known is None or position > known:
+            self.committed[shard_id] = position
+
+    def lease_lost(self, shard_id: str) -> None:
+        """The shard's lease went to another server (``leaseLost``, KCL 1.x ``shutdown``
+        ZOMBIE): its uncommitted rows are dropped, for the new owner reads them again
+        from the last checkpoint, and it stops holding the watermark back. Should it
+        come back here, records up to what is committed of it are duplicates. A shard
+        whose rows are spooled (it ended here) keeps them: the spool is replayed."""
+        if shard_id in self.spooled:
+            return
+        if self._stepping.locked():  # windows closed with its rows are being committed
+            self.lost.add(shard_id)
+            return
+        self._drop(shard_id)
+
+    def _drop(self, shard_id: str) -> None:
+        floor = self.ledger.safe(shard_id)
+        known = self.committed.get(shard_id)
+        if known is not None and (floor is None or known > floor):
+            floor = known
+        rows = self.ledger.drop(shard_id)
+        self.ordering.drop(shard_id, floor)
+        self.watermarks.forget(shard_id)
+        self.log.info("lease_lost_rows_dropped", shard_id=shard_id, rows=rows,
+                      committed=floor.to_json() if floor is not None else None)
         self._changed.set()
 
     def safe_position(self, shard_id: str) -> Position | None:
@@ -230,6 +302,7 @@ class Coordinator:
         self.ordering.forget(shard_id)
         self.watermarks.forget(shard_id)
         self.lineage.forget(shard_id)
+        self.committed.pop(shard_id, None)
 
     def _forget_done(self, now: float) -> None:
         for shard_id in [s for s in self.gone if self._done_here(s, now)]:
@@ -302,6 +375,8 @@ class Coordinator:
             windows = self.ordering.close(watermark)
             for window in windows:
                 await self._commit(window, watermark, closed_at)
+            while self.lost:
+                self._drop(self.lost.pop())
             if self.gone:
                 self._forget_done(self.clock())
         async with self._progress:
@@ -340,6 +415,8 @@ class Coordinator:
                     exc_info=attempt == 1 and not remote,
                 )
                 await asyncio.sleep(delay)
+        for shard_id, position in window.positions.items():
+            self._committed_at_least(shard_id, position)
         for shard_id, count in counts.items():
             self.ledger.commit(shard_id, count)
             if shard_id in self.spooled and self.ledger.done(shard_id):

@@ -15,13 +15,23 @@ handler passed to ``batch.emit``). The first ``late_rows`` of them are late: row
 than a window already closed, handed over with the next window instead of dropped
 (they sort first: their event time is before this window's start). ``positions``
 maps each shard to the highest position this window covers: the commit log of a sink
-records it (``position.to_json()``).
+records it (``position.to_json()``). ``sources`` says, row by row, where each row came
+from (its shard and its record's position), for a sink that must leave out rows
+another server already committed (the table sink, ``sinks/iceberg.py``)::
+
+    list(window.sources)   # [("shardId-000000000001", Position(4959...8897, 0, ...)), ...]
 
 A sink has two methods::
 
     class Sink:
         async def start(self) -> Committed: ...      # what its commit log says is done
         async def commit(self, window: Window) -> None: ...
+
+A sink that several servers share (``iceberg:``) also says, for one shard, what is
+committed there now, asked each time a shard is initialized here (the lease may have
+come from another server, which committed past what ``start`` read)::
+
+        async def committed_position(self, shard_id: str) -> Position | None: ...
 
 ``commit`` is called one window at a time, in window order, and must be durable when
 it returns (the coordinator then marks the rows committed and lets shards checkpoint
@@ -33,7 +43,7 @@ filtered out of replays, and windows up to ``end`` are not closed again.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Iterable, Protocol, runtime_checkable
 
 from ..positions import Position
 
@@ -45,6 +55,9 @@ class Window:
     rows: list[bytes] = field(default_factory=list, repr=False)
     late_rows: int = 0
     positions: dict[str, Position] = field(default_factory=dict, repr=False)
+    # per row, in row order: (shard id, the position of the record it came from);
+    # None when whoever built the window did not say (a test's hand-made window)
+    sources: Iterable[tuple[str, Position]] | None = field(default=None, repr=False)
 
     @property
     def id(self) -> str:
@@ -67,3 +80,11 @@ class Sink(Protocol):
     async def start(self) -> Committed: ...
 
     async def commit(self, window: Window) -> None: ...
+
+
+@runtime_checkable
+class SharedSink(Sink, Protocol):
+    """A sink several servers commit to: a shard's committed position is read again
+    whenever the shard is initialized here (``Coordinator.open_shard``)."""
+
+    async def committed_position(self, shard_id: str) -> Position | None: ...

@@ -15,6 +15,9 @@ hand-off), so committing is popping from the front of the shard's pending rows::
     ledger.commit("s0", 1)             # row 11 too: the whole batch is done
     ledger.safe("s0")                  # Position(12, 0, "12")
 
+A shard whose lease is lost has its pending rows dropped (``ledger.drop("s0")``): the
+new owner reads them again; what was safe stays safe.
+
 It also keeps the count and size of buffered (uncommitted) rows: the memory the
 back-pressure cap applies to. A row's size is its JSON plus a fixed overhead.
 """
@@ -85,6 +88,19 @@ class Ledger:
     def uncommitted(self, shard_id: str) -> list[Row]:
         state = self.shards.get(shard_id)
         return [] if state is None else list(state.pending)
+
+    def drop(self, shard_id: str) -> int:
+        """The shard's lease went to another server: its uncommitted rows are let go
+        (the new owner reads them again); what is safe stays safe. Returns their count."""
+        state = self.shards.get(shard_id)
+        if state is None:
+            return 0
+        count = len(state.pending)
+        self.rows -= count
+        self.bytes -= sum(map(len, map(_data, state.pending))) + ROW_OVERHEAD * count
+        state.pending.clear()
+        state.ends.clear()
+        return count
 
     def forget(self, shard_id: str) -> None:
         """Drop a shard whose rows are all committed (``done``): it is gone from here."""

@@ -13,10 +13,13 @@ one shard is never reordered. What keeps that promise where Bloop breaks it:
   can still add rows, and are then clamped to start no earlier than the parents'
   last rows (one millisecond later where the child's id sorts before a parent's, so
   the merge key itself puts parents first);
-- **late rows**: a row whose window has closed goes with the next window to close,
-  counted in ``late_rows``; never dropped.
+- **late rows**: a row whose window has closed goes with the next window to close
+  (alone, in the window after the last closed one, once that one is past the
+  watermark too), counted in ``late_rows``; never dropped.
 
-A shard gone from here whose rows are all committed is ``forget``-ten; the highest
+A shard whose lease went to another server is ``drop``-ped: its rows leave the open
+windows at once, and only what is committed of it counts as delivered should it come
+back. A shard gone from here whose rows are all committed is ``forget``-ten; the highest
 position it delivered is kept a while (the last ``RETIRED`` such shards), so that a
 shard coming back (its SHARD_END or its lease lost, then taken again) has the rows it
 delivered before dropped as duplicates, not committed twice.
@@ -31,6 +34,7 @@ order as a tuple is the merge key: ``n`` numbers a shard's rows so no two keys t
     rows = ordering.add("s0", [Item(1_000, seven, b'{"k":1}')], last=seven, now=now)
     [closed] = ordering.close(until=60_000)   # WindowRows(0, 60000) holding that row
     window, counts = seal(closed)             # Window(0, 60000, rows=[b'{"k":1}']), {"s0": 1}
+    list(window.sources)                      # [("s0", Position("7", 0))]: where each row came from
 """
 
 from __future__ import annotations
@@ -127,6 +131,30 @@ class Ordering:
             self.retired.move_to_end(shard_id)
             while len(self.retired) > RETIRED:
                 self.retired.popitem(last=False)
+
+    def drop(self, shard_id: str, high: Position | None) -> int:
+        """The shard's lease went to another server: its rows still here (open windows,
+        late, held) go, and it starts afresh should it come back, with ``high`` (what
+        is committed of it) as the position at or below which records are duplicates.
+        Returns the rows dropped."""
+        dropped = 0
+        for start, rows in list(self.buckets.items()):
+            kept = [row for row in rows if row.shard_id != shard_id]
+            dropped += len(rows) - len(kept)
+            if kept:
+                self.buckets[start] = kept
+            else:
+                del self.buckets[start]
+        late = [row for row in self.pending_late if row.shard_id != shard_id]
+        dropped += len(self.pending_late) - len(late)
+        self.pending_late = late
+        state = self.shards.pop(shard_id, None)
+        if state is not None:
+            dropped += len(state.held)
+        self.retired.pop(shard_id, None)
+        if high is not None:
+            self.retired[shard_id] = high
+        return dropped
 
     def delivered(self, shard_id: str, position: Position) -> None:
         """Positions up to here count as delivered (a commit log, a stored checkpoint)."""
@@ -229,8 +257,10 @@ class Ordering:
             rows = self.buckets.pop(start)
             windows.append(WindowRows(start, start + self.window_ms, rows))
             self.closed_until = max(self.closed_until, start + self.window_ms)
-        if self.pending_late and (windows or until == math.inf):
-            if not windows:  # late rows alone: the window after the last closed one
+        if self.pending_late and (windows or until >= self.closed_until + self.window_ms):
+            # late rows alone, once the window after the last closed one is itself past the
+            # watermark (say, a lease moved here with rows older than what this server closed)
+            if not windows:
                 end = int(self.closed_until)
                 windows.append(WindowRows(end, end + self.window_ms, []))
                 self.closed_until = end + self.window_ms
@@ -252,9 +282,26 @@ def seal(closed: WindowRows) -> tuple[Window, dict[str, int]]:
     counts = Counter(map(_row_shard_id, rows))
     # A shard's rows are in its order: its last is its highest.
     last = dict(zip(map(_row_shard_id, rows), map(_row_position, rows)))
-    window = Window(closed.start, closed.end, list(map(_row_data, rows)), closed.late_rows, last)
+    window = Window(closed.start, closed.end, list(map(_row_data, rows)), closed.late_rows, last, RowSources(rows))
     closed.rows = []
     return window, counts
+
+
+class RowSources:
+    """A window's ``sources``: (shard id, position) per row, read from the sorted rows
+    only when a sink asks (the rows stay alive in the ledger until committed anyway)."""
+
+    __slots__ = ("_rows",)
+
+    def __init__(self, rows: list[Row]) -> None:
+        self._rows = rows
+
+    def __iter__(self):
+        rows = self._rows
+        return zip(map(_row_shard_id, rows), map(_row_position, rows))
+
+    def __len__(self) -> int:
+        return len(self._rows)
 
 
 # Field readers for map(), in C (an itemgetter by the field's index).

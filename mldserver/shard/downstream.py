@@ -10,6 +10,7 @@ One interface, two implementations, chosen once per connection by the server::
         ...                                              # checkpoint what is safe, now
     downstream.safe()                                    # how far a checkpoint may go
     await downstream.shard_ended()                       # before SHARD_END is stored
+    downstream.lease_lost()                              # leaseLost / shutdown ZOMBIE
     downstream.close()                                   # the connection ended
 
 One object per connection: the shard it serves is the one ``open`` named.
@@ -19,7 +20,8 @@ is clamped to what the sink has committed (``safe``), and the server checkpoints
 itself, at most every ``checkpoint_interval`` on a batch and on ``shutdownRequested``.
 ``batch`` hands the rows over, gives up the shard's in-flight slot (``release``) and
 waits out back-pressure before the batch's status goes back; ``shard_ended`` spools the
-shard's uncommitted rows, so SHARD_END may be stored before they commit; ``close``
+shard's uncommitted rows, so SHARD_END may be stored before they commit; ``lease_lost``
+drops them (the new owner reads them again) so they hold nothing back; ``close``
 tells the coordinator the connection is gone, so it can forget the shard once its rows
 are committed.
 """
@@ -50,6 +52,8 @@ class Downstream(Protocol):
 
     async def shard_ended(self) -> None: ...
 
+    def lease_lost(self) -> None: ...
+
     def close(self) -> None: ...
 
 
@@ -71,6 +75,9 @@ class NoSink:
         return None
 
     async def shard_ended(self) -> None:
+        pass
+
+    def lease_lost(self) -> None:
         pass
 
     def close(self) -> None:
@@ -117,6 +124,11 @@ class CoordinatorLink:
 
     async def shard_ended(self) -> None:
         await self.coordinator.shard_ended(self._shard_id())  # spooled before SHARD_END
+
+    def lease_lost(self) -> None:
+        """The lease is another worker's now: the shard's uncommitted rows go."""
+        if self._opened is not None:
+            self.coordinator.lease_lost(self._opened)
 
     def _shard_id(self) -> str:
         assert self._opened is not None, "open() names the shard before anything else"

@@ -11,7 +11,8 @@ sits beside it, one job a module::
     shardEnded / shutdown TERMINATE
                        -> downstream spools -> handler.shard_ended(checkpointer);
                           SHARD_END stored (retried)                      -> status
-    leaseLost / shutdown ZOMBIE -> handler.lease_lost()                  -> status
+    leaseLost / shutdown ZOMBIE -> downstream drops the uncommitted rows
+                          -> handler.lease_lost()                         -> status
 
 - ``calls``: a handler call that raises or runs past ``execution_timeout`` is retried
   ``handler_retries`` times with backoff; a batch that still fails is dead-lettered
@@ -515,6 +516,7 @@ class Worker:
             await self._shard_ended()
         elif isinstance(event, (LeaseLost, Shutdown)):
             self.log.info("lease_lost", action=event.action)
+            self.downstream.lease_lost()  # its uncommitted rows go: the new owner reads them again
             await self._call("lease_lost", None, self._checkpointers("lease_lost"))
         if isinstance(event, Action):
             await self._answer(event.action)

@@ -3,6 +3,8 @@
 
 - ``file:DIR``     JSON lines per window (``file.py``), at least once, no Spark
 - ``parquet:DIR``  the user's pipeline in Spark, exactly once (``spark/sink.py``)
+- ``iceberg:DIR``  one Iceberg table shared by any number of servers, exactly once
+                   across lease moves (``iceberg.py``); Spark only with a pipeline
 """
 
 from __future__ import annotations
@@ -25,6 +27,10 @@ def open_sink(settings: "Settings", *, spark: "SparkProcess | None", dead_letter
         from .file import FileSink
 
         return FileSink(where)
+    if kind == "iceberg":
+        from .iceberg import IcebergSink
+
+        return IcebergSink(settings, where, dead_letters, spark=spark)
     from ..spark.sink import SparkSink
 
     assert spark is not None

@@ -19,6 +19,11 @@ Then:
   the window's Arrow file, run ``pipeline(df, window)``, write what it returns under
   ``DIR/_staging/``, fsync it, rename it to ``DIR/window=<id>`` (replacing a
   half-written one: ``durable.publish_dir``), then append the commit-log entry.
+- ``write {window, path, out}`` (the ``iceberg:`` sink, ``frames.WriteRequest``): read the
+  window's Arrow file, run ``pipeline(df, window)``, add the ``window`` column, write
+  what it returns as parquet (microsecond timestamps, as Iceberg has them) under a
+  staging name, fsync it, rename it to ``out``; answer the files. The server's
+  table library commits them: no commit log here.
 - ``sql_fetch {cursor, query, args, n}``: the first fetch of a cursor runs
   ``spark.sql(query, args=args)`` and opens ``toLocalIterator`` (partition by
   partition); each fetch returns up to ``n`` rows as dicts and ``done``.
@@ -120,6 +125,29 @@ class SparkChild:
 
         return sum(pq.read_metadata(p).num_rows for p in final.glob("*.parquet"))
 
+    def write(self, request: dict[str, Any]) -> dict[str, Any]:
+        w = request["window"]
+        window = WindowInfo(id=w["id"], start=w["start"], end=w["end"], rows=w["rows"], late_rows=w["late"])
+        out = self.pipeline(self._read(request["path"]), window)
+        if out is None or not hasattr(out, "write"):
+            raise TypeError(
+                f"pipeline {self.options.get('pipeline')} returned {type(out).__name__}: with the iceberg sink, "
+                "return the DataFrame to commit to the table"
+            )
+        if "window" not in out.columns:
+            from pyspark.sql import functions as F
+
+            out = out.withColumn("window", F.lit(w["id"]))
+        final = Path(request["out"])
+        staging = final.with_name(f"_{final.name}")
+        self.spark.conf.set("spark.sql.parquet.outputTimestampType", "TIMESTAMP_MICROS")
+        out.write.parquet(str(staging))
+        publish_dir(staging, final)
+        import pyarrow.parquet as pq
+
+        files = sorted(final.glob("*.parquet"))
+        return {"files": [f"file://{p}" for p in files], "rows_out": sum(pq.read_metadata(p).num_rows for p in files)}
+
     # -- SQL ---------------------------------------------------------------------------
 
     def sql_fetch(self, request: dict[str, Any]) -> dict[str, Any]:
@@ -211,7 +239,7 @@ def main() -> None:
         reply({"id": options["id"], **_error(exc)})
         raise SystemExit(1) from None
     reply({"id": options["id"], "ok": True, **child.ready()})
-    ops = {"commit": child.commit, "sql_fetch": child.sql_fetch, "sql_close": child.sql_close}
+    ops = {"commit": child.commit, "write": child.write, "sql_fetch": child.sql_fetch, "sql_close": child.sql_close}
     while (frame := read_frame(requests)) is not None:
         request, _ = frame
         op = request.get("op")

@@ -9,7 +9,7 @@ part's length, the body's length), a JSON object, then an optional binary body::
 Every request carries an ``id``; its reply carries the same ``id`` and ``ok``. Window
 rows never cross as Python objects: a commit names an Arrow (parquet) file. The
 requests both sides build or read are typed below (``StartRequest``,
-``CommitRequest``), and so is the commit-log entry the Spark process writes
+``CommitRequest``, ``WriteRequest``), and so is the commit-log entry the Spark process writes
 (``CommitEntry``): one spelling of each shape, shared by both ends.
 """
 
@@ -53,6 +53,16 @@ class WindowFrame(TypedDict):
 class CommitRequest(TypedDict):
     op: Literal["commit"]
     path: str  # the window's rows, an Arrow (parquet) file
+    window: WindowFrame
+
+
+class WriteRequest(TypedDict):
+    """The ``iceberg:`` sink's: run the pipeline, write its output as parquet to ``out``
+    (answered with ``files``, ``file://`` URIs, and ``rows_out``); the server commits them."""
+
+    op: Literal["write"]
+    path: str  # the window's rows, an Arrow (parquet) file
+    out: str  # a folder that does not exist yet, where the table keeps its data
     window: WindowFrame
 
 

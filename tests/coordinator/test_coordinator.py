@@ -325,3 +325,85 @@ async def test_what_is_kept_per_shard_stays_bounded_over_many_shard_cycles(setti
         assert len(c.lineage._ended) <= 64 and not c.gone and not c.connections
     finally:
         await c.stop()
+
+
+async def test_a_lost_lease_drops_the_shards_uncommitted_rows_and_lets_go_of_the_watermark(settings, tmp_path):
+    clock = FakeClock(1_000)
+    c = await started(settings, tmp_path, clock)
+    try:
+        for s in ("A", "B"):
+            await c.open_shard(s, "TRIM_HORIZON")
+        c.add_batch("A", items(1, [10_000, 70_000]), position(2), 100)
+        c.add_batch("B", items(100, [5_000]), position(100), 100)
+        c.add_batch("B", items(101, [65_000]), position(101), 100)
+        assert await c.step() == 1  # [0, 60 s) closes: A's row 1, B's row 100
+        c.add_batch("B", items(102, [80_000]), position(102), 100)
+        c.lease_lost("B")  # B's lease went elsewhere: 101 and 102 are not committed here
+        assert c.ledger.rows == 1  # A's row at 70 s only
+        assert c.watermarks.value("B") == float("-inf") and "B" not in c.watermarks.shards
+        c.add_batch("A", items(3, [130_000]), position(3), 100)
+        await c.step()  # B no longer holds [60 s, 120 s) back (the committer may have closed it already)
+        assert output(tmp_path / "out") == {"0-60000.jsonl": [100, 1], "60000-120000.jsonl": [2]}
+
+        # B's lease comes back, from its last checkpoint: 101 and 102 are new here again
+        await c.open_shard("B", position(100))
+        c.add_batch("B", items(101, [65_000, 80_000]), position(102), 100)
+        assert c.ordering.duplicates == 0 and c.ledger.rows == 3
+        c.add_batch("B", items(100, [5_000]), position(100), 100)  # but a committed one is a duplicate
+        assert c.ordering.duplicates == 1
+    finally:
+        await c.stop()
+
+
+async def test_a_lease_lost_while_its_rows_commit_is_dropped_after_the_commit(settings, tmp_path):
+    clock = FakeClock(1_000)
+    gate = asyncio.Event()
+
+    class Slow(FileSink):
+        async def commit(self, window):
+            await gate.wait()
+            await super().commit(window)
+
+    c = await started(settings, tmp_path, clock, Slow(tmp_path / "out"))
+    try:
+        await c.open_shard("A", "TRIM_HORIZON")
+        c.add_batch("A", items(1, [10_000, 70_000, 130_000]), position(3), 100)
+        c.add_batch("A", items(4, [200_000]), position(4), 100)
+        passing = asyncio.create_task(c.step())  # windows [0, 60 s) .. [120 s, 180 s) close
+        await settle()
+        c.lease_lost("A")  # the windows already closed still commit; row 4 goes
+        gate.set()
+        await passing  # (or the committer's pass, which it waits for)
+        assert c.ledger.rows == 0 and c.safe_position("A") == position(3)
+        assert output(tmp_path / "out") == {"0-60000.jsonl": [1], "60000-120000.jsonl": [2],
+                                            "120000-180000.jsonl": [3]}
+    finally:
+        await c.stop()
+
+
+class SharedFileSink(FileSink):
+    """A file sink that says what another server committed of each shard."""
+
+    def __init__(self, directory, positions):
+        super().__init__(directory)
+        self.positions = positions
+        self.asked = []
+
+    async def committed_position(self, shard_id):
+        self.asked.append(shard_id)
+        return self.positions.get(shard_id)
+
+
+async def test_a_shared_sinks_committed_position_is_read_when_a_shard_opens_and_drops_what_is_below(settings,
+                                                                                                   tmp_path):
+    clock = FakeClock(1_000)
+    sink = SharedFileSink(tmp_path / "out", {"A": position(5)})
+    c = await started(settings, tmp_path, clock, sink)
+    try:
+        await c.open_shard("A", position(2))  # the checkpoint lags what another server committed
+        await c.open_shard("B", "TRIM_HORIZON")
+        assert sink.asked == ["A", "B"]
+        c.add_batch("A", items(3, [10_000, 11_000, 12_000, 13_000]), position(6), 0)
+        assert c.ordering.duplicates == 3 and c.ledger.rows == 1  # 3, 4 and 5 were committed there
+    finally:
+        await c.stop()

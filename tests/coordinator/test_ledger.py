@@ -55,3 +55,13 @@ def test_buffered_rows_and_bytes_are_counted_and_released():
     assert (ledger.rows, ledger.bytes) == (2, 30 + 2 * ROW_OVERHEAD)
     ledger.commit("A", 2)
     assert (ledger.rows, ledger.bytes) == (0, 0) and ledger.done("A")
+
+
+def test_a_lost_lease_drops_the_pending_rows_and_keeps_what_is_safe():
+    ledger = Ledger()
+    ledger.add("A", [row(10), row(11, data=b'{"k":1}')], last=pos(12))
+    ledger.commit("A", 1)
+    assert ledger.drop("A") == 1
+    assert ledger.rows == 0 and ledger.bytes == 0
+    assert ledger.safe("A") == pos(10) and ledger.done("A")
+    assert ledger.drop("unknown") == 0

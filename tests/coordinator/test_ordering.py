@@ -201,3 +201,35 @@ def test_seal_records_each_shards_highest_position():
     assert window.positions == {"A": Position(6, 0, "6"), "B": Position(1, 0, "1")}
     assert (window.start, window.end, window.late_rows, len(window)) == (0, MINUTE, 0, 3)
     assert all(type(row) is bytes for row in window.rows)
+
+
+def test_a_dropped_shard_leaves_the_windows_and_comes_back_with_only_its_committed_rows_duplicates():
+    ordering = Ordering(window_ms=MINUTE, blocks=lambda p, now: False, parents_of=lambda s: ())
+    a, b = rows(1, [1_000, 70_000], "a"), rows(100, [2_000, 3_000], "b")
+    ordering.add("A", a, last(a), now=0)
+    ordering.add("B", b, last(b), now=0)
+    assert ordering.drop("B", high=Position.parse("100")) == 2
+    [first, second] = ordering.close(until=float("inf"))
+    assert [r.shard_id for r in first.rows + second.rows] == ["A", "A"]
+    again = rows(100, [2_000, 3_000], "b")  # delivered again after the lease came back
+    kept = ordering.add("B", again, last(again), now=0)
+    assert [r.position.seq for r in kept] == [101] and ordering.duplicates == 1
+
+
+def test_seal_says_where_each_row_came_from():
+    ordering = Ordering(window_ms=MINUTE, blocks=lambda p, now: False, parents_of=lambda s: ())
+    ordering.add("B", rows(100, [2_000]), Position.parse("100"), now=0)
+    ordering.add("A", rows(1, [1_000, 3_000]), Position.parse("2"), now=0)
+    window, _ = seal(ordering.close(until=MINUTE)[0])
+    assert [(s, p.seq) for s, p in window.sources] == [("A", 1), ("B", 100), ("A", 2)]
+
+
+def test_late_rows_alone_are_handed_over_once_the_next_window_is_past_the_watermark():
+    ordering = Ordering(window_ms=MINUTE, blocks=lambda p, now: False, parents_of=lambda s: ())
+    ordering.add("A", rows(1, [1_000]), Position.parse("1"), now=0)
+    assert len(ordering.close(until=MINUTE)) == 1
+    moved = rows(100, [2_000, 3_000])  # a lease moved here: rows older than what closed
+    ordering.add("B", moved, last(moved), now=0)
+    assert ordering.close(until=MINUTE + 59_999) == []  # the next window may still get rows
+    [window] = ordering.close(until=2 * MINUTE)  # no row came: the late rows go alone
+    assert (window.start, window.end, window.late_rows, len(window.rows)) == (MINUTE, 2 * MINUTE, 2, 2)

@@ -113,3 +113,19 @@ async def test_a_connection_that_ends_tells_the_coordinator_once_and_only_if_it_
     second.close()
     assert coordinator.connections == {} and coordinator.gone == {"s"}
     NoSink().close()
+
+
+async def test_a_lost_lease_drops_the_shards_uncommitted_rows_from_the_coordinator(tmp_path):
+    out = tmp_path / "out"
+    async with running(EmitAndCheckpoint, tmp_path, sink=f"file:{out}", window=3600.0, checkpoint_interval=0.0,
+                       idle_timeout=3600.0) as (server, cmd):
+        daemon = FakeDaemon(cmd)
+        lost, kept = await daemon.shard("shardId-1"), await daemon.shard("shardId-2")
+        await lost.process_records(make_records(10, 3), millis_behind_latest=1000)
+        await kept.process_records(make_records(20, 2), millis_behind_latest=1000)
+        assert server.coordinator.ledger.rows == 5
+        await lost.lease_lost()
+        assert server.coordinator.ledger.rows == 2  # the new owner reads shardId-1's three again
+        assert "shardId-1" not in server.coordinator.watermarks.shards
+        await lost.close()
+        await kept.close()

@@ -1,0 +1,495 @@
+"""The table sink (``--sink iceberg:DIR``): every server's windows committed into one
+Apache Iceberg table, exactly once, however the shards' leases move between servers.
+
+One machine: a SQLite catalog (``DIR/catalog.db``) and the table's files under DIR.
+Many machines: any pyiceberg catalog (REST, Glue, DynamoDB), named in the config::
+
+    # mldserver.toml
+    sink = "iceberg:/data/lake"          # the warehouse, when the catalog names none
+    stream = "orders"                    # the key of every position: the same on every server
+    table = "mldserver.windows"          # NAMESPACE.NAME
+    [table_catalog]                      # pyiceberg's catalog properties; default SQLite in DIR
+    type = "rest"
+    uri = "https://catalog.example.com"
+
+The table holds the rows (the handler's fields, as the ``parquet:`` sink writes them)
+plus ``window`` (``"<start>-<end>"``, the window the rows were committed with, as the
+``parquet:`` sink's ``window=<id>`` folder). Each commit is one Iceberg snapshot, made
+by one transaction that appends the window's rows and raises, in the table's own
+properties, the highest committed position of each of its shards, and the last
+window the committing server committed::
+
+    mldserver.position/orders/shardId-000000000001 = ["49590338271490256608559692538361571095921575989136588898", 0]
+    mldserver.server/worker-1 = {"stream": "orders", "window": "1763719200000-1763719260000", "end": 1763719260000}
+
+and whose snapshot summary names it: ``mldserver.server`` (``server_id``, default
+host:pid), ``mldserver.stream``, ``mldserver.window``, ``mldserver.rows``,
+``mldserver.late-rows``, ``mldserver.skipped-rows`` (already committed by another
+server), ``mldserver.positions``.
+
+**Reading a position back** (``committed_position``, each time a shard is initialized
+here) is one catalog lookup and one read of the table's current metadata file: no
+data file, no manifest, and not the snapshots before it. The metadata stays small
+however many windows were committed: a commit expires all but the last
+``table_snapshots_kept`` snapshots once there are twice as many (time travel reaches
+that far back), and keeps ``previous-versions-max`` metadata files.
+
+**The commit protocol**, one window, retried until it commits:
+
+1. load the table (its current metadata: the base of this attempt);
+2. leave out each row at or below its shard's position in the base's properties:
+   another server committed it (a lease that moved; a retry of a commit that landed);
+3. append the rest and set the raised positions, in one transaction whose commit is a
+   compare-and-swap on the catalog's pointer to the metadata (the SQLite catalog's
+   ``UPDATE ... WHERE metadata_location = <base>``; the REST catalog's
+   ``assert-ref-snapshot-id``). pyiceberg's own retry, which would re-apply the same
+   positions and rows on a newer base, is switched off (``commit.retry.num-retries=0``);
+4. a conflict (another server committed first) goes back to 1 with the new base.
+
+So no row is added twice: a row lands only in a commit whose base says its shard's
+committed rows end below it, and that commit raises the position past it. A crash
+between writing data files and committing them leaves files no snapshot names
+(invisible to readers; a table maintenance job's orphan-file clean-up removes them);
+the retry writes its own. A commit that landed although its caller never heard
+(a crash just after) is found in step 2: nothing left to add.
+
+Without a pipeline the server parses the window's rows into Arrow (``window_table``)
+and pyiceberg writes and commits them: no Spark. With ``--pipeline``, the Spark
+process runs the pipeline on the window's remaining rows and writes the output files
+(``op: write``) where the table keeps its data; pyiceberg then commits those very
+files (``add_files``, no second copy). All of it runs in a thread: pyiceberg blocks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import socket
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import orjson
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from ..config import Settings, state_path
+from ..coordinator.handoff import Committed, Window
+from ..errors import ConfigError, MldserverError
+from ..logs import get_logger
+from ..positions import Position
+from ..spark import schema as schemas
+from ..spark.frames import WriteRequest
+
+if TYPE_CHECKING:
+    from pyiceberg.catalog import Catalog
+    from pyiceberg.table import Table
+
+    from ..deadletters import DeadLetters
+    from ..spark.process import SparkProcess
+
+log = get_logger("mldserver.sink")
+
+WINDOW_COLUMN = "window"
+POSITION_PREFIX = "mldserver.position/"
+SERVER_PREFIX = "mldserver.server/"
+CONFLICT_RETRIES = 8  # attempts inside one commit before the coordinator's backoff takes over
+TABLE_PROPERTIES = {
+    "format-version": "2",
+    "commit.retry.num-retries": "0",  # a conflict is ours to redo (filter again), never pyiceberg's
+    "commit.manifest-merge.enabled": "true",  # a manifest per commit would grow every scan
+    "write.metadata.delete-after-commit.enabled": "true",
+    "write.metadata.previous-versions-max": "16",
+}
+
+
+class TableConflict(MldserverError):
+    """Other servers kept committing first, ``CONFLICT_RETRIES`` times in a row: the
+    coordinator offers the window again after a backoff."""
+
+    retriable = True
+
+
+class TableUnavailable(MldserverError):
+    """The catalog or the table's storage failed (a locked SQLite file, a REST error):
+    retried like any sink I/O."""
+
+    retriable = True
+
+
+def position_key(stream: str, shard_id: str) -> str:
+    """The table property holding a shard's highest committed position. Shard ids
+    repeat across streams (``shardId-000000000000`` is in every Kinesis stream)."""
+    return f"{POSITION_PREFIX}{stream}/{shard_id}"
+
+
+def read_position(properties: dict[str, str], stream: str, shard_id: str) -> Position | None:
+    value = properties.get(position_key(stream, shard_id))
+    return None if value is None else Position.from_json(orjson.loads(value))
+
+
+def window_table(window: Window, schema: pa.Schema | None) -> tuple[pa.Table, list[int], list[tuple[bytes, str]]]:
+    """The one place this sink reads a window's rows: them as Arrow (with the ``window``
+    column), the index in ``window.rows`` of each table row, and the rows that do not
+    fit ``schema`` with the reason (None: inferred from the rows)."""
+    table, rejected = schemas.rows_to_table(window.rows, schema)
+    if rejected:
+        out = {i for i, _ in rejected}
+        indices = [i for i in range(len(window.rows)) if i not in out]
+    else:
+        indices = list(range(len(window.rows)))
+    table = table.append_column(WINDOW_COLUMN, pa.array([window.id] * table.num_rows, pa.string()))
+    return table, indices, [(window.rows[i], error) for i, error in rejected]
+
+
+def fresh_rows(window: Window, floors: dict[str, Position]) -> list[bool] | None:
+    """Per row of the window: is it above its shard's committed position (``floors``)?
+    None when every row is (the usual case: each shard's first row is above it; a
+    shard's rows are in its order, so its first is its lowest)::
+
+        fresh_rows(window, {"s0": Position(7, 0, "7")})   # [False, True, True] for s0 at 6, 8, 9
+    """
+    if not floors:
+        return None
+    if window.sources is None:
+        raise TypeError("the table sink needs window.sources (each row's shard and position)")
+    sources = list(window.sources)
+    first = dict(reversed(sources))  # the last write wins: each shard's first row
+    if not any(floor >= first[s] for s, floor in floors.items() if s in first):
+        return None
+    return [(floor := floors.get(s)) is None or p > floor for s, p in sources]
+
+
+@dataclass
+class Attempt:
+    """One try at committing a window: the base it read and what it decided."""
+
+    base: "Table | None"  # None: the table does not exist yet
+    keep: list[bool] | None  # per row of the window (None: all)
+    kept_rows: int
+    raised: dict[str, Position] = field(default_factory=dict)  # shard -> position to set
+    rejected: list[tuple[bytes, str]] = field(default_factory=list)  # rows parsed now that do not fit
+
+
+class IcebergSink:
+    def __init__(
+        self,
+        settings: Settings,
+        directory: Path,
+        dead_letters: "DeadLetters",
+        *,
+        spark: "SparkProcess | None" = None,
+        catalog: "Catalog | None" = None,
+    ) -> None:
+        assert settings.stream, "config.load refuses an iceberg sink without a stream"
+        self.settings = settings
+        self.directory = directory
+        self.dead_letters = dead_letters
+        self.spark = spark if settings.pipeline else None
+        self.stream = settings.stream
+        self.server_id = settings.server_id or f"{socket.gethostname()}:{os.getpid()}"
+        namespace, _, name = settings.table.rpartition(".")
+        self.identifier = (namespace, name)
+        self.catalog = catalog
+        self.row_schema = schemas.declared(settings.schema)  # a ConfigError before the server binds
+        self.inputs = state_path(settings, "spark", "windows").resolve()
+        self.conflicts = 0
+        self.rows_out = 0
+        # the window being committed, parsed with this schema: its Arrow rows, their indices
+        self._prepared: tuple[str, pa.Schema | None, pa.Table, list[int]] | None = None
+
+    # -- the Sink protocol -------------------------------------------------------------
+
+    async def start(self) -> Committed:
+        try:
+            await asyncio.to_thread(self._start)
+        except Exception as exc:  # before the server binds: one line, exit 2
+            where = self.settings.table_catalog or f"sqlite:///{self.directory}/catalog.db"
+            raise ConfigError(
+                f"--sink {self.settings.sink}: cannot open the table {'.'.join(self.identifier)} "
+                f"(catalog {where}): {type(exc).__name__}: {exc}; check the folder (writable?) or table_catalog"
+            ) from exc
+        return Committed()  # positions are read per shard, when it is initialized here
+
+    async def committed_position(self, shard_id: str) -> Position | None:
+        return await asyncio.to_thread(self._committed_position, shard_id)
+
+    async def commit(self, window: Window) -> None:
+        for attempt_number in range(CONFLICT_RETRIES):
+            attempt = await asyncio.to_thread(self._attempt, window)
+            if attempt.rejected:
+                await self._reject(window, attempt.rejected)
+            if attempt.kept_rows == 0 and not attempt.raised:
+                log.info("window_already_committed", window=window.id, rows=len(window))
+                break
+            spark = self.spark is not None and attempt.kept_rows > 0
+            files = await self._spark_files(window, attempt) if spark else None
+            if await asyncio.to_thread(self._finish, window, attempt, files):
+                break
+            self.conflicts += 1
+            log.info("table_commit_conflict", window=window.id, attempt=attempt_number + 1)
+            await asyncio.sleep(random.uniform(0.01, 0.05) * (attempt_number + 1))
+        else:
+            raise TableConflict(f"window {window.id}: {CONFLICT_RETRIES} commits in a row lost to other servers")
+        self._prepared = None
+
+    async def _reject(self, window: Window, rejected: list[tuple[bytes, str]]) -> None:
+        where = await self.dead_letters.rows(window.id, rejected, "row does not fit the table's schema")
+        log.error(
+            "rows_rejected",
+            window=window.id,
+            rows=len(rejected),
+            error=rejected[0][1],
+            path=str(where),
+            what_to_do="declare the schema in the config ([schema]) or fix what the handler emits",
+        )
+
+    # -- in a thread -------------------------------------------------------------------
+
+    def _start(self) -> None:
+        catalog = self._catalog()
+        try:
+            catalog.create_namespace_if_not_exists(self.identifier[0])
+            table = self._load(catalog)
+            if table is None and self.row_schema is not None:
+                table = self._create(catalog, self.row_schema)
+        except Exception as exc:
+            raise _unavailable(exc) if _transient(exc) else exc from exc
+        if table is not None:
+            if table.properties.get("commit.retry.num-retries") != "0":
+                with table.transaction() as tx:  # a table made elsewhere: our retries, not pyiceberg's
+                    tx.set_properties({"commit.retry.num-retries": "0"})
+                table = self._load(catalog)
+            self._adopt(table)
+        if self.spark is not None:
+            import shutil
+
+            shutil.rmtree(self.inputs, ignore_errors=True)
+            self.inputs.mkdir(parents=True, exist_ok=True)
+        log.info("table_opened", table=".".join(self.identifier), exists=table is not None,
+                 server=self.server_id, stream=self.stream)
+
+    def _committed_position(self, shard_id: str) -> Position | None:
+        try:
+            table = self._load(self._catalog())
+        except Exception as exc:
+            raise _unavailable(exc) if _transient(exc) else exc from exc
+        return None if table is None else read_position(table.properties, self.stream, shard_id)
+
+    def _prepare(self, window: Window) -> list[tuple[bytes, str]]:
+        """The window's rows as Arrow, parsed once per window and schema (an attempt
+        may find the table made meanwhile by another server, with its own schema)."""
+        if self._prepared is not None and self._prepared[:2] == (window.id, self.row_schema):
+            return []
+        table, indices, rejected = window_table(window, self.row_schema)
+        self._prepared = (window.id, self.row_schema, table, indices)
+        return rejected
+
+    def _attempt(self, window: Window) -> Attempt:
+        try:
+            base = self._load(self._catalog())
+        except Exception as exc:
+            raise _unavailable(exc) if _transient(exc) else exc from exc
+        if base is not None:
+            self._adopt(base)
+        rejected = self._prepare(window)
+        floors: dict[str, Position] = {}
+        if base is not None:
+            for shard_id in window.positions:
+                floor = read_position(base.properties, self.stream, shard_id)
+                if floor is not None:
+                    floors[shard_id] = floor
+        keep = fresh_rows(window, floors)
+        assert self._prepared is not None
+        _, _, rows, indices = self._prepared
+        kept = rows.num_rows if keep is None else sum(keep[i] for i in indices)
+        raised = {s: p for s, p in window.positions.items() if s not in floors or p > floors[s]}
+        return Attempt(base, keep, kept, raised, rejected)
+
+    def _rows(self, attempt: Attempt) -> pa.Table:
+        assert self._prepared is not None
+        _, _, rows, indices = self._prepared
+        if attempt.keep is None:
+            return rows
+        return rows.filter(pa.array([attempt.keep[i] for i in indices], pa.bool_()))
+
+    def _finish(self, window: Window, attempt: Attempt, files: list[str] | None) -> bool:
+        """Commit on the attempt's base; False when another commit got there first."""
+        from pyiceberg.exceptions import CommitFailedException, TableAlreadyExistsError
+
+        catalog = self._catalog()
+        rows = self._rows(attempt) if files is None else None
+        table = attempt.base
+        try:
+            if table is None:
+                schema = rows.schema if rows is not None else pq.read_schema(files[0].removeprefix("file://"))  # type: ignore[index]
+                try:
+                    table = self._create(catalog, schema)
+                except TableAlreadyExistsError:
+                    return False  # another server made it first: filter against its commits
+            summary = self._summary(window, attempt)
+            with table.transaction() as tx:
+                tx.set_properties({
+                    **{position_key(self.stream, s): orjson.dumps(p.to_json()).decode()
+                       for s, p in attempt.raised.items()},
+                    f"{SERVER_PREFIX}{self.server_id}": orjson.dumps(
+                        {"stream": self.stream, "window": window.id, "end": window.end}).decode(),
+                })
+                if files is None:
+                    if rows.num_rows:  # none: every row was dead-lettered, only the positions move
+                        tx.append(rows, snapshot_properties=summary)
+                elif files:  # none: the pipeline's output was empty, only the positions move
+                    tx.add_files(files, snapshot_properties=summary, check_duplicate_files=False)
+                self._expire(tx, table)
+        except CommitFailedException:
+            if files is not None:
+                _remove(files)
+            return False
+        except Exception as exc:
+            if _transient(exc):
+                raise _unavailable(exc) from exc
+            raise  # anything else is a bug, not something a retry mends
+        if table is not attempt.base:
+            self._adopt(table)
+        self.rows_out += attempt.kept_rows
+        if attempt.kept_rows < len(window):
+            log.info("rows_already_committed", window=window.id, rows=len(window) - attempt.kept_rows)
+        return True
+
+    def _summary(self, window: Window, attempt: Attempt) -> dict[str, str]:
+        return {
+            "mldserver.server": self.server_id,
+            "mldserver.stream": self.stream,
+            "mldserver.window": window.id,
+            "mldserver.rows": str(attempt.kept_rows),
+            "mldserver.late-rows": str(window.late_rows),
+            "mldserver.skipped-rows": str(len(window) - attempt.kept_rows),
+            "mldserver.positions": orjson.dumps({s: p.to_json() for s, p in window.positions.items()}).decode(),
+        }
+
+    def _expire(self, tx: Any, table: "Table") -> None:
+        snapshots = table.metadata.snapshots
+        kept = self.settings.table_snapshots_kept
+        if len(snapshots) < 2 * kept:
+            return
+        from pyiceberg.table.update.snapshot import ExpireSnapshots
+
+        ExpireSnapshots(transaction=tx).by_ids([s.snapshot_id for s in snapshots[:-kept]]).commit()
+
+    # -- the table ---------------------------------------------------------------------
+
+    def _catalog(self) -> "Catalog":
+        if self.catalog is None:
+            self.catalog = open_catalog(self.settings, self.directory)
+        return self.catalog
+
+    def _load(self, catalog: "Catalog") -> "Table | None":
+        from pyiceberg.exceptions import NoSuchTableError
+
+        try:
+            return catalog.load_table(self.identifier)
+        except NoSuchTableError:
+            return None
+
+    def _create(self, catalog: "Catalog", schema: pa.Schema) -> "Table":
+        if WINDOW_COLUMN not in schema.names:
+            schema = schema.append(pa.field(WINDOW_COLUMN, pa.string()))
+        table = catalog.create_table(self.identifier, schema=_iceberg_types(schema), properties=TABLE_PROPERTIES)
+        log.info("table_created", table=".".join(self.identifier), location=table.location(),
+                 schema=str(schema).replace("\n", "; "))
+        return table
+
+    def _adopt(self, table: "Table") -> None:
+        """Rows are parsed with the table's schema from now on (whoever made it)."""
+        schema = _arrow_schema(table)
+        self.row_schema = schema.remove(schema.get_field_index(WINDOW_COLUMN))
+
+    # -- with a pipeline: the Spark process writes the files ---------------------------
+
+    async def _spark_files(self, window: Window, attempt: Attempt) -> list[str]:
+        assert self.spark is not None
+        path = self.inputs / f"{window.id}.parquet"
+        await asyncio.to_thread(_write_parquet, self._rows(attempt).drop_columns([WINDOW_COLUMN]), path)
+        base = attempt.base.location() if attempt.base is not None else f"file://{self.directory}"
+        out = f"{base.removeprefix('file://')}/data/spark-{window.id}-{uuid.uuid4().hex[:12]}"
+        request: WriteRequest = {
+            "op": "write",
+            "path": str(path),
+            "out": out,
+            "window": {"id": window.id, "start": window.start, "end": window.end,
+                       "rows": attempt.kept_rows, "late": window.late_rows, "positions": {}},
+        }  # fmt: skip
+        reply = await self.spark.request(request)
+        await asyncio.to_thread(path.unlink, True)
+        return list(reply["files"])
+
+
+def open_catalog(settings: Settings, directory: Path) -> "Catalog":
+    """The catalog ``table_catalog`` names (pyiceberg's ``load_catalog`` properties),
+    else SQLite in ``DIR/catalog.db`` with DIR as the warehouse."""
+    if settings.table_catalog:
+        from pyiceberg.catalog import load_catalog
+
+        properties = {str(k): str(v) for k, v in settings.table_catalog.items()}
+        properties.setdefault("warehouse", f"file://{directory}")
+        return load_catalog("mldserver", **properties)
+    from pyiceberg.catalog.sql import SqlCatalog
+
+    directory.mkdir(parents=True, exist_ok=True)
+    for attempt in range(3):  # two servers creating the catalog's own tables at once
+        try:
+            return SqlCatalog("mldserver", uri=f"sqlite:///{directory}/catalog.db", warehouse=f"file://{directory}")
+        except Exception:
+            if attempt == 2:
+                raise
+            time.sleep(0.1)
+    raise AssertionError("unreachable")
+
+
+def _arrow_schema(table: "Table") -> pa.Schema:
+    schema = table.schema().as_arrow()
+    return pa.schema([pa.field(f.name, pa.string() if f.type == pa.large_string() else f.type, f.nullable)
+                      for f in schema])
+
+
+def _iceberg_types(schema: pa.Schema) -> pa.Schema:
+    """Arrow types Iceberg has: timestamps in microseconds, strings."""
+    fields = []
+    for f in schema:
+        t = f.type
+        if pa.types.is_timestamp(t) and t.unit in ("s", "ms"):
+            t = pa.timestamp("us", t.tz)
+        fields.append(pa.field(f.name, t, True))
+    return pa.schema(fields)
+
+
+def _write_parquet(table: pa.Table, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f"_{path.name}")
+    pq.write_table(table, tmp, compression="none")
+    tmp.replace(path)
+
+
+def _remove(files: list[str]) -> None:
+    for f in files:
+        try:
+            os.unlink(f.removeprefix("file://"))
+        except OSError:
+            pass
+
+
+def _unavailable(exc: Exception) -> TableUnavailable:
+    return TableUnavailable(f"{type(exc).__name__}: {exc}")
+
+
+def _transient(exc: Exception) -> bool:
+    """A failure of the catalog or the storage, which may pass (a locked SQLite file,
+    a REST catalog's 5xx, a full disk), not a bug."""
+    from pyiceberg.exceptions import CommitStateUnknownException, ServerError, ServiceUnavailableError
+
+    if isinstance(exc, (OSError, CommitStateUnknownException, ServerError, ServiceUnavailableError)):
+        return True
+    return type(exc).__module__.split(".")[0] in ("sqlalchemy", "requests", "urllib3", "botocore")

@@ -1,0 +1,247 @@
+"""The table sink against a real Iceberg table (pyiceberg, a SQLite catalog in a
+temporary folder): positions read back from the table's metadata, two servers'
+commits of the same shard's rows, a conflict between two writers, a crash between
+writing the data files and committing them, and one after the commit landed.
+
+Faults are injected at the catalog's edge (``commit_table``, the one call that
+publishes a commit), by a subclass of the real SQLite catalog."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import orjson
+import pytest
+from pyiceberg.catalog.sql import SqlCatalog
+
+from mldserver.config import Settings, load
+from mldserver.coordinator.handoff import Window
+from mldserver.deadletters import DeadLetters
+from mldserver.errors import ConfigError, retriable
+from mldserver.positions import Position
+from mldserver.sinks.iceberg import IcebergSink, TableUnavailable, fresh_rows, position_key
+
+TABLE = ("mldserver", "windows")
+
+
+def pos(seq: int) -> Position:
+    return Position(seq, 0, str(seq))
+
+
+def window(start: int, shards: dict[str, list[int]], late: int = 0) -> Window:
+    """A window as the coordinator seals it: rows in merged order, their sources, and
+    each shard's highest position."""
+    rows, sources = [], []
+    for shard_id, seqs in shards.items():
+        for seq in seqs:
+            rows.append(orjson.dumps({"shard_id": shard_id, "seq": seq}))
+            sources.append((shard_id, pos(seq)))
+    positions = {shard_id: pos(seqs[-1]) for shard_id, seqs in shards.items() if seqs}
+    return Window(start, start + 10, rows, late, positions, sources)
+
+
+def settings(tmp_path: Path, **changes) -> Settings:
+    base = Settings(stream="orders", state_dir=str(tmp_path / "state"), sink=f"iceberg:{tmp_path / 'lake'}",
+                    server_id="server-a")
+    return base.replace(**changes)
+
+
+def catalog(tmp_path: Path, kind=SqlCatalog, **extra) -> SqlCatalog:
+    lake = tmp_path / "lake"
+    lake.mkdir(exist_ok=True)
+    return kind("mldserver", uri=f"sqlite:///{lake}/catalog.db", warehouse=f"file://{lake}", **extra)
+
+
+async def sink(tmp_path: Path, server_id: str = "server-a", cat=None, **changes) -> IcebergSink:
+    s = IcebergSink(settings(tmp_path, server_id=server_id, **changes), tmp_path / "lake",
+                    DeadLetters(tmp_path / "state" / "dead-letters"), catalog=cat)
+    await s.start()
+    return s
+
+
+def table_rows(tmp_path: Path) -> list[tuple[str, int]]:
+    table = catalog(tmp_path).load_table(TABLE)
+    data = table.scan().to_arrow()
+    return sorted(zip(data.column("shard_id").to_pylist(), data.column("seq").to_pylist()))
+
+
+def commits(tmp_path: Path) -> list[dict[str, str]]:
+    table = catalog(tmp_path).load_table(TABLE)
+    return [s.summary.additional_properties for s in table.snapshots()]
+
+
+async def test_a_shards_position_is_read_back_from_the_table_per_stream(tmp_path):
+    a = await sink(tmp_path)
+    assert await a.committed_position("shardId-0") is None  # no table yet
+    await a.commit(window(0, {"shardId-0": [1, 2, 3], "shardId-1": [7]}))
+    b = await sink(tmp_path, "server-b")
+    assert await b.committed_position("shardId-0") == pos(3)
+    assert await b.committed_position("shardId-1") == pos(7)
+    assert await b.committed_position("shardId-2") is None
+    other_stream = await sink(tmp_path, "server-c", stream="payments")  # same shard ids, another stream
+    assert await other_stream.committed_position("shardId-0") is None
+    properties = catalog(tmp_path).load_table(TABLE).properties
+    assert orjson.loads(properties[position_key("orders", "shardId-0")]) == ["3", 0]
+
+
+async def test_reading_a_position_back_reads_no_data_file_and_no_manifest(tmp_path):
+    a = await sink(tmp_path)
+    for n in range(3):
+        await a.commit(window(n * 10, {"shardId-0": [n * 10 + 1, n * 10 + 2]}))
+    location = Path(catalog(tmp_path).load_table(TABLE).location().removeprefix("file://"))
+    for path in [*location.glob("data/**/*.parquet"), *location.glob("metadata/*.avro")]:
+        path.unlink()  # only the metadata file is left: a scan could not run now
+    assert await (await sink(tmp_path, "server-b")).committed_position("shardId-0") == pos(22)
+
+
+async def test_rows_another_server_committed_are_left_out_and_each_commit_names_its_server(tmp_path):
+    a, b = await sink(tmp_path), await sink(tmp_path, "server-b")
+    await a.commit(window(0, {"s0": [1, 2, 3], "s1": [10]}))
+    # b took s0's lease from a checkpoint before 3: it delivers 2 and 3 again, then 4 and 5
+    await b.commit(window(0, {"s0": [2, 3, 4, 5], "s1": [11]}))
+    await a.commit(window(0, {"s0": [1, 2, 3], "s1": [10]}))  # a retry of a's first commit: nothing new
+    assert table_rows(tmp_path) == [("s0", 1), ("s0", 2), ("s0", 3), ("s0", 4), ("s0", 5), ("s1", 10), ("s1", 11)]
+    summaries = commits(tmp_path)
+    assert [(c["mldserver.server"], c["mldserver.rows"], c["mldserver.skipped-rows"]) for c in summaries] == [
+        ("server-a", "4", "0"), ("server-b", "3", "2")]
+    assert all(c["mldserver.stream"] == "orders" and c["mldserver.window"] == "0-10" for c in summaries)
+    properties = catalog(tmp_path).load_table(TABLE).properties
+    assert {k: orjson.loads(v) for k, v in properties.items() if k.startswith("mldserver.server/")} == {
+        "mldserver.server/server-a": {"stream": "orders", "window": "0-10", "end": 10},
+        "mldserver.server/server-b": {"stream": "orders", "window": "0-10", "end": 10}}
+    assert await a.committed_position("s0") == pos(5)
+
+
+class Interleaved(SqlCatalog):
+    """A catalog whose first commit lets another writer commit first: a real conflict
+    on the compare-and-swap of the metadata pointer."""
+
+    before_first_commit = None
+
+    def commit_table(self, table, requirements, updates):
+        hook, Interleaved.before_first_commit = Interleaved.before_first_commit, None
+        if hook is not None:
+            hook()
+        return super().commit_table(table, requirements, updates)
+
+
+async def test_a_conflict_between_two_writers_is_retried_on_the_new_base_without_adding_a_row_twice(tmp_path):
+    a = await sink(tmp_path, cat=catalog(tmp_path, Interleaved))
+    b = await sink(tmp_path, "server-b")
+    await a.commit(window(0, {"s0": [1]}))  # the table exists
+    b_first = window(10, {"s0": [2, 3, 4], "s1": [50]})
+
+    def b_commits_first():
+        # b's commit lands between a's read of the base and a's compare-and-swap
+        import asyncio
+
+        asyncio.run(b.commit(b_first))
+
+    Interleaved.before_first_commit = b_commits_first
+    await a.commit(window(10, {"s0": [2, 3, 4, 5, 6], "s2": [70]}))
+    assert a.conflicts == 1
+    assert table_rows(tmp_path) == [("s0", 1), ("s0", 2), ("s0", 3), ("s0", 4), ("s0", 5), ("s0", 6),
+                                    ("s1", 50), ("s2", 70)]
+    last = commits(tmp_path)[-1]
+    assert (last["mldserver.server"], last["mldserver.rows"], last["mldserver.skipped-rows"]) == ("server-a", "3", "3")
+    assert await b.committed_position("s0") == pos(6)
+
+
+class CrashBeforeCommit(SqlCatalog):
+    """The data files are written; the process dies before the commit is published."""
+
+    def commit_table(self, table, requirements, updates):
+        raise OSError("killed between writing the data files and committing them")
+
+
+class CrashAfterCommit(SqlCatalog):
+    """The commit is published; the process dies before its caller hears of it."""
+
+    def commit_table(self, table, requirements, updates):
+        super().commit_table(table, requirements, updates)
+        raise OSError("killed after the commit landed")
+
+
+async def test_a_crash_between_writing_files_and_committing_them_adds_the_window_once(tmp_path):
+    a = await sink(tmp_path)
+    await a.commit(window(0, {"s0": [1]}))
+    crashing = await sink(tmp_path, cat=catalog(tmp_path, CrashBeforeCommit))
+    w = window(10, {"s0": [2, 3]})
+    with pytest.raises(TableUnavailable) as failed:
+        await crashing.commit(w)
+    assert retriable(failed.value)  # the coordinator offers the window again
+    location = Path(catalog(tmp_path).load_table(TABLE).location().removeprefix("file://"))
+    files_before = set(location.glob("data/**/*.parquet"))
+    assert len(files_before) == 2  # the first window's and the uncommitted one's (an orphan)
+    assert table_rows(tmp_path) == [("s0", 1)]  # readers see only what is committed
+
+    restarted = await sink(tmp_path)
+    await restarted.commit(w)  # the same window again, after the restart
+    assert table_rows(tmp_path) == [("s0", 1), ("s0", 2), ("s0", 3)]
+
+
+async def test_a_commit_that_landed_before_a_crash_is_not_added_again(tmp_path, caplog):
+    crashing = await sink(tmp_path, cat=catalog(tmp_path, CrashAfterCommit))
+    w = window(0, {"s0": [1, 2], "s1": [9]})
+    with pytest.raises(TableUnavailable):
+        await crashing.commit(w)
+    restarted = await sink(tmp_path)
+    await restarted.commit(w)
+    assert table_rows(tmp_path) == [("s0", 1), ("s0", 2), ("s1", 9)]
+    assert len(commits(tmp_path)) == 1
+
+
+async def test_old_snapshots_are_expired_so_the_metadata_stays_small(tmp_path):
+    a = await sink(tmp_path, table_snapshots_kept=3)
+    for n in range(12):
+        await a.commit(window(n * 10, {"s0": [n]}))
+    table = catalog(tmp_path).load_table(TABLE)
+    assert len(table.snapshots()) <= 2 * 3  # twelve without expiry
+    assert len(table_rows(tmp_path)) == 12  # expiring snapshots drops no row
+    assert await a.committed_position("s0") == pos(11)
+
+
+async def test_rows_that_do_not_fit_the_tables_schema_are_dead_lettered(tmp_path):
+    a = await sink(tmp_path)
+    await a.commit(window(0, {"s0": [1]}))  # the table's schema: shard_id string, seq int64
+    b = await sink(tmp_path, "server-b")
+    w = window(10, {"s0": [2, 3]})
+    w.rows[1] = orjson.dumps({"shard_id": "s0", "seq": 3, "extra": True})
+    await b.commit(w)
+    assert table_rows(tmp_path) == [("s0", 1), ("s0", 2)]
+    dead = [orjson.loads(line) for line in (tmp_path / "state" / "dead-letters" / "rows.jsonl").read_bytes().splitlines()]
+    assert [d["window"] for d in dead] == ["10-20"] and "extra" in dead[0]["error"]
+    assert await b.committed_position("s0") == pos(3)  # the rejected row's record is done
+
+
+async def test_a_table_made_elsewhere_gets_pyicebergs_own_retry_switched_off(tmp_path):
+    import pyarrow as pa
+
+    catalog(tmp_path).create_namespace("mldserver")
+    catalog(tmp_path).create_table(TABLE, schema=pa.schema([("shard_id", pa.string()), ("seq", pa.int64()),
+                                                            ("window", pa.string())]))
+    await sink(tmp_path)
+    assert catalog(tmp_path).load_table(TABLE).properties["commit.retry.num-retries"] == "0"
+
+
+def test_fresh_rows_leaves_out_each_shards_rows_at_or_below_its_committed_position():
+    w = window(0, {"s0": [6, 8, 9], "s1": [1, 2]})
+    assert fresh_rows(w, {}) is None
+    assert fresh_rows(w, {"s0": pos(5), "s1": pos(0)}) is None  # every shard's first row is above
+    assert fresh_rows(w, {"s0": pos(8)}) == [False, False, True, True, True]
+    assert fresh_rows(w, {"s0": pos(9), "s1": pos(2)}) == [False] * 5
+
+
+def test_the_table_sink_needs_a_stream_and_a_namespaced_table(tmp_path):
+    with pytest.raises(ConfigError, match="set stream"):
+        load(sink=f"iceberg:{tmp_path}")
+    with pytest.raises(ConfigError, match="NAMESPACE.NAME"):
+        load(sink=f"iceberg:{tmp_path}", stream="orders", table="windows")
+    assert load(sink=f"iceberg:{tmp_path}", stream="orders").table == "mldserver.windows"
+
+
+async def test_a_table_that_cannot_be_opened_is_a_config_error_naming_the_sink(tmp_path):
+    (tmp_path / "lake").write_text("a file where the warehouse should be")
+    s = IcebergSink(settings(tmp_path), tmp_path / "lake", DeadLetters(tmp_path / "dead-letters"))
+    with pytest.raises(ConfigError, match=r"--sink iceberg:.*lake: cannot open the table mldserver.windows"):
+        await s.start()
