@@ -46,21 +46,7 @@ class DeadLetters:
         self, shard_id: str | None, records: Iterable[dict[str, Any]], reason: str, error: str, **extra: Any
     ) -> Path:
         ts = utc_timestamp()
-        lines = [
-            {
-                "ts": ts,
-                "shard_id": shard_id,
-                "reason": reason,
-                "error": error,
-                **extra,
-                "sequence_number": r.get("sequenceNumber"),
-                "sub_sequence_number": r.get("subSequenceNumber"),
-                "partition_key": r.get("partitionKey"),
-                "approximate_arrival_timestamp": r.get("approximateArrivalTimestamp"),
-                "data": r.get("data"),
-            }
-            for r in records
-        ]
+        lines = [_record_entry(ts, shard_id, reason, error, r, extra) for r in records]
         path = await self._append(shard_id, lines)
         self._count(reason, len(lines))
         return path
@@ -69,21 +55,8 @@ class DeadLetters:
                              reason: str) -> Path:
         """Records each with its own error and attempts (``batch.fail``), in one write."""
         ts = utc_timestamp()
-        lines = [
-            {
-                "ts": ts,
-                "shard_id": shard_id,
-                "reason": reason,
-                "error": error,
-                "attempts": attempts,
-                "sequence_number": r.get("sequenceNumber"),
-                "sub_sequence_number": r.get("subSequenceNumber"),
-                "partition_key": r.get("partitionKey"),
-                "approximate_arrival_timestamp": r.get("approximateArrivalTimestamp"),
-                "data": r.get("data"),
-            }
-            for r, error, attempts in entries
-        ]
+        lines = [_record_entry(ts, shard_id, reason, error, r, {"attempts": attempts})
+                 for r, error, attempts in entries]
         path = await self._append(shard_id, lines)
         self._count(reason, len(lines))
         return path
@@ -102,6 +75,20 @@ class DeadLetters:
         )
         self._count(reason, len(entries))
         return written
+
+    async def rejected_rows(self, window_id: str, rows: list[tuple[bytes, str]], reason: str,
+                            log: EventLogger) -> None:
+        """A sink's rows that do not fit its table (``rows``), and the ``rows_rejected``
+        line that says where they went."""
+        where = await self.rows(window_id, rows, reason)
+        log.error(
+            "rows_rejected",
+            window=window_id,
+            rows=len(rows),
+            error=rows[0][1],
+            path=str(where),
+            what_to_do="declare the schema in the config ([schema]) or fix what the handler emits",
+        )
 
     async def timers(self, entries: list[dict[str, Any]], reason: str = "timer callback failed") -> Path:
         """Timers that failed every attempt (callback, reference, due_ms, error,
@@ -129,3 +116,20 @@ class DeadLetters:
         return await until_written(
             lambda: append_fsync(path, data), path, self.log, what="dead letter", shard_id=shard_id
         )
+
+
+def _record_entry(ts: str, shard_id: str | None, reason: str, error: str, r: dict[str, Any],
+                  extra: dict[str, Any]) -> dict[str, Any]:
+    """One dead-lettered record: why, and the record as the daemon wrote it."""
+    return {
+        "ts": ts,
+        "shard_id": shard_id,
+        "reason": reason,
+        "error": error,
+        **extra,
+        "sequence_number": r.get("sequenceNumber"),
+        "sub_sequence_number": r.get("subSequenceNumber"),
+        "partition_key": r.get("partitionKey"),
+        "approximate_arrival_timestamp": r.get("approximateArrivalTimestamp"),
+        "data": r.get("data"),
+    }

@@ -237,15 +237,7 @@ class IcebergSink:
         self._prepared = None
 
     async def _reject(self, window: Window, rejected: list[tuple[bytes, str]]) -> None:
-        where = await self.dead_letters.rows(window.id, rejected, "row does not fit the table's schema")
-        log.error(
-            "rows_rejected",
-            window=window.id,
-            rows=len(rejected),
-            error=rejected[0][1],
-            path=str(where),
-            what_to_do="declare the schema in the config ([schema]) or fix what the handler emits",
-        )
+        await self.dead_letters.rejected_rows(window.id, rejected, "row does not fit the table's schema", log)
 
     # -- in a thread -------------------------------------------------------------------
 

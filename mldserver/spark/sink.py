@@ -62,15 +62,7 @@ class SparkSink:
         if not path.exists():  # a retry after a failed attempt reuses the file
             rejected = await asyncio.to_thread(self._write_input, window, path)
             if rejected:
-                where = await self.dead_letters.rows(window.id, rejected, "row does not fit the schema")
-                log.error(
-                    "rows_rejected",
-                    window=window.id,
-                    rows=len(rejected),
-                    error=rejected[0][1],
-                    path=str(where),
-                    what_to_do="declare the schema in the config ([schema]) or fix what the handler emits",
-                )
+                await self.dead_letters.rejected_rows(window.id, rejected, "row does not fit the schema", log)
         request: CommitRequest = {
             "op": "commit",
             "path": str(path),
