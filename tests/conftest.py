@@ -97,3 +97,29 @@ def serve(tmp_path):
     yield start
     for server in servers:
         server.stop()
+
+
+# -- DynamoDB Local, for the tests that need it (one per test module) ---------------------
+
+@pytest.fixture(scope="module")
+def dynamodb(tmp_path_factory):
+    """A DynamoDB Local of this test module's own (``integration/components.py``)."""
+    from .integration.components import DynamoDBLocal
+
+    local = DynamoDBLocal(tmp_path_factory.mktemp("dynamodb-local"))
+    try:
+        yield local
+    finally:
+        local.terminate()
+
+
+@pytest.fixture
+def aws(dynamodb, monkeypatch):
+    """The usual AWS configuration, pointed at DynamoDB Local (handler processes inherit it)."""
+    from .integration.components import AWS
+
+    monkeypatch.setenv("AWS_ENDPOINT_URL_DYNAMODB", dynamodb.endpoint)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", AWS["aws_access_key_id"])
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", AWS["aws_secret_access_key"])
+    monkeypatch.setenv("AWS_REGION", AWS["region_name"])
+    return dynamodb

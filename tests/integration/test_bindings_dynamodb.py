@@ -24,27 +24,9 @@ from mldserver.server import Server
 from mldserver.testing import FakeDaemon, adapter_change, dynamodb_record
 
 from ..conftest import relay_command
-from .components import AWS, DynamoDBLocal
 from .test_dynamodb_changes import BIG, same, stream_records
 
 
-@pytest.fixture(scope="module")
-def dynamodb(tmp_path_factory):
-    local = DynamoDBLocal(tmp_path_factory.mktemp("dynamodb-local"))
-    try:
-        yield local
-    finally:
-        local.terminate()
-
-
-@pytest.fixture
-def aws(dynamodb, monkeypatch):
-    """The usual AWS configuration, pointed at DynamoDB Local (handler processes inherit it)."""
-    monkeypatch.setenv("AWS_ENDPOINT_URL_DYNAMODB", dynamodb.endpoint)
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", AWS["aws_access_key_id"])
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", AWS["aws_secret_access_key"])
-    monkeypatch.setenv("AWS_REGION", AWS["region_name"])
-    return dynamodb
 
 
 def make_table(client, name: str, key: str, stream: bool = False) -> str | None:

@@ -22,14 +22,6 @@ from ..pool.serving import running
 from .components import AWS, DynamoDBLocal
 
 
-@pytest.fixture(scope="module")
-def dynamodb(tmp_path_factory):
-    local = DynamoDBLocal(tmp_path_factory.mktemp("dynamodb-local"))
-    try:
-        yield local
-    finally:
-        local.terminate()
-
 
 BIG = 12345678901234567890123456789012345678  # 38 digits: DynamoDB's most
 ORDER = {

@@ -18,7 +18,6 @@ from mldserver.timers.scheduler import Scheduler
 from mldserver.timers.store import Timer
 
 from ..helpers import FakeClock
-from ..integration.components import AWS, DynamoDBLocal
 from .test_scheduler import Recording
 
 T0 = 1_763_719_200_000
@@ -26,21 +25,6 @@ CB = "tests.timer_handlers:fired"
 _tables = itertools.count(1)
 
 
-@pytest.fixture(scope="module")
-def dynamodb(tmp_path_factory):
-    local = DynamoDBLocal(tmp_path_factory.mktemp("dynamodb"))
-    yield local
-    local.terminate()
-
-
-@pytest.fixture
-def aws(dynamodb, monkeypatch):
-    """The usual AWS configuration, pointed at DynamoDB Local."""
-    monkeypatch.setenv("AWS_ENDPOINT_URL_DYNAMODB", dynamodb.endpoint)
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", AWS["aws_access_key_id"])
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", AWS["aws_secret_access_key"])
-    monkeypatch.setenv("AWS_REGION", AWS["region_name"])
-    return dynamodb
 
 
 @pytest.fixture
