@@ -30,8 +30,8 @@ import orjson
 from ..changes import ChangeHandler
 from ..dynamodb_json import decode_item
 from ..handler import Handler
-from ..testing import FakeDaemon, Shard, SocketChild
-from .common import cpu_s, descendants, start_server
+from ..testing import Shard
+from .common import cpu_s, descendants, open_shards, start_server
 
 RECORDS = 1_000  # changes per batch
 BY_HAND = "mldserver.bench.changes:ByHand"
@@ -133,11 +133,7 @@ class Served:
         name = self.handler.rsplit(":", 1)[1]
         self.server, port = await start_server(os.path.join(tmp, f"state-changes-{name}-{workers}-{shards}"),
                                                handler=self.handler, workers=workers)
-        daemon = FakeDaemon("", timeout=600)
-        for s in range(shards):
-            shard = Shard(daemon, f"shardId-{s:012d}", await SocketChild.open("127.0.0.1", port))
-            await shard.initialize("TRIM_HORIZON", 0)
-            self.shards.append(shard)
+        self.shards.extend(await open_shards(port, shards))
 
     async def round(self, batch_lines: list[tuple[bytes, dict]]) -> None:
         """Every shard gets ``batch_lines``, concurrently, each in lock-step."""

@@ -19,6 +19,8 @@ import subprocess
 import sys
 import time
 
+from typing import Any
+
 import orjson
 
 # One row per record with everything the record carries (shipped with the package).
@@ -106,6 +108,20 @@ class Sampler:
         self._task.cancel()
         await asyncio.gather(self._task, return_exceptions=True)
         self.sample()
+
+
+async def open_shards(port: int, k: int, daemon: Any = None) -> list[Any]:
+    """``k`` shards on direct connections to the server at ``port`` (no relay), each
+    initialized at TRIM_HORIZON, as the fake daemon drives them in every bench part."""
+    from ..testing import FakeDaemon, Shard, SocketChild
+
+    daemon = daemon or FakeDaemon("", timeout=600)
+    shards = []
+    for i in range(k):
+        shard = Shard(daemon, f"shardId-{i:012d}", await SocketChild.open("127.0.0.1", port))
+        await shard.initialize("TRIM_HORIZON", 0)
+        shards.append(shard)
+    return shards
 
 
 def free_port() -> int:

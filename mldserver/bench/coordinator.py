@@ -23,8 +23,8 @@ from pathlib import Path
 
 import orjson
 
-from ..testing import FakeDaemon, Shard, SocketChild
-from .common import PASSTHROUGH, RECORDS, SIZE, Sampler, lines, start_server
+from ..testing import Shard
+from .common import PASSTHROUGH, RECORDS, SIZE, Sampler, lines, open_shards, start_server
 
 
 def committed_rows(log: Path) -> int:
@@ -46,12 +46,7 @@ async def run_one(name: str, k: int, batch_lines: list, tmp: str,
     Path(state).mkdir(parents=True, exist_ok=True)
     server, port = await start_server(state, *extra, handler=PASSTHROUGH, workers=workers)
     try:
-        daemon = FakeDaemon("", timeout=600)
-        shards = []
-        for i in range(k):
-            shard = Shard(daemon, f"shardId-{i:012d}", await SocketChild.open("127.0.0.1", port))
-            await shard.initialize("TRIM_HORIZON", 0)
-            shards.append(shard)
+        shards = await open_shards(port, k)
         sampler = Sampler()
         sampler.trees["server"] = server.pid
         sampler.start()

@@ -27,8 +27,7 @@ from pathlib import Path
 import orjson
 
 from ..spark.bench import bare_handoff
-from ..testing import FakeDaemon, Shard, SocketChild
-from .common import PASSTHROUGH, RECORDS, lines, start_server
+from .common import PASSTHROUGH, RECORDS, lines, open_shards, start_server
 
 BATCHES_PER_WINDOW = 10  # 10 x 10,000 records = one 100,000-row window
 
@@ -57,9 +56,7 @@ async def end_to_end(tmp: str, windows: int) -> tuple[float, list[float], float 
     batch_lines = lines(windows * BATCHES_PER_WINDOW, ms_per_batch=1_000)
     total = len(batch_lines) * RECORDS
     try:
-        daemon = FakeDaemon("", timeout=600)
-        shard = Shard(daemon, "shardId-000000000000", await SocketChild.open("127.0.0.1", port))
-        await shard.initialize("TRIM_HORIZON", 0)
+        [shard] = await open_shards(port, 1)
         started = time.perf_counter()
         for line, last in batch_lines:
             await shard.process_line(line, last)

@@ -36,10 +36,10 @@ from pathlib import Path
 import orjson
 
 from ..handler import Handler
-from ..testing import FakeDaemon, Shard, SocketChild
+from ..testing import Shard
 from ..timers.sqlite import SCHEMA, SqliteStore
 from ..timers.store import Timer, new_version
-from .common import Sampler, free_port, start_server
+from .common import Sampler, free_port, open_shards, start_server
 
 SHARDS, PER_BATCH = 4, 1_000
 TOMORROW = 86_400
@@ -123,12 +123,7 @@ async def create_rate(tmp: str, handler: str, per_shard: int, workers: int | Non
     state = os.path.join(tmp, f"create-{handler}-{workers}")
     server, port = await start_server(state, handler=f"mldserver.bench.timers:{handler}", workers=workers)
     try:
-        daemon = FakeDaemon("", timeout=600)
-        shards = []
-        for s in range(SHARDS):
-            shard = Shard(daemon, f"shardId-{s:012d}", await SocketChild.open("127.0.0.1", port))
-            await shard.initialize("TRIM_HORIZON", 0)
-            shards.append(shard)
+        shards = await open_shards(port, SHARDS)
         at = time.time() + TOMORROW
         batches = [[batch_line(s, first, min(PER_BATCH, per_shard - first), at)
                     for first in range(0, per_shard, PER_BATCH)] for s in range(SHARDS)]
