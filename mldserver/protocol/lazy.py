@@ -114,10 +114,6 @@ class LazyRecords(Sequence[Any]):
         Object = simdjson.Object
         return [r.get(key) if isinstance(r, Object) else None for r in self._records()]
 
-    def all_objects(self) -> bool:
-        Object = simdjson.Object
-        return all(isinstance(r, Object) for r in self._records())
-
 
 def _plain(value: Any) -> Any:
     if isinstance(value, simdjson.Object):

@@ -113,8 +113,7 @@ def _lazy(raws: LazyRecords, positions: bool) -> LineRecords | None:
         return None
     if not positions:
         return LineRecords(raws, None, position)
-    if not raws.all_objects():
-        return None
+    # A record that is not an object has None in both columns: no position, as below.
     parsed = Position.parse_all(raws.column("sequenceNumber"), raws.column("subSequenceNumber"))
     if None in parsed:
         return None
