@@ -482,26 +482,65 @@ def _merge_out_of_order(closed: WindowRows, shards: list[str], parts: list[RowBa
 
 def _gather(parts: list[RowBatch], order: np.ndarray | None) -> Made:
     """The window's rows' JSON lines in merged order, and their offsets. Runs where the
-    sink first reads the rows (in its thread): a join of the parts when they are in
-    order already, else pyarrow's ``take`` (C++, the GIL released)."""
-    import numpy as np
-
+    sink first reads the rows (in its thread): the parts as they are, or copied one after
+    another when they are in order already; else gathered by pyarrow's ``take`` (C++,
+    the GIL released)."""
     if order is None:
         if len(parts) == 1:
             return parts[0].body, parts[0].offsets  # as it is: the offsets say where the rows are
         return _concat(parts)
+    return _take(parts, order)
+
+
+TAKE_BLOCK = 1 << 13  # rows gathered at a time (some 3 MB): pyarrow copies what it takes from first
+
+
+def _take(parts: list[RowBatch], order: np.ndarray) -> Made:
+    """Rows ``order`` (indexes into the parts one after another) into one buffer, a
+    block of rows at a time: a block takes from a narrow range of each part (a part's
+    rows come out in its order, or nearly), so pyarrow's copy of what it takes from
+    stays small and the window is not held twice."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    pool = pa.system_memory_pool()  # malloc's: the copies go back to the system once dropped
+    firsts = np.cumsum([0] + [len(rows) for rows in parts])  # each part's first row
+    sizes = np.concatenate([np.diff(rows.offsets) for rows in parts])[order]
+    offsets = np.zeros(len(order) + 1, dtype=np.int64)
+    np.cumsum(sizes, out=offsets[1:])
+    out = np.empty(int(offsets[-1]), dtype=np.uint8)
+    part_of = np.searchsorted(firsts, order, side="right") - 1
+    for a in range(0, len(order), TAKE_BLOCK):
+        b = min(a + TAKE_BLOCK, len(order))
+        rows, owner = order[a:b] - firsts[part_of[a:b]], part_of[a:b]  # (row in its part, part)
+        low = np.full(len(parts), np.iinfo(np.int64).max)
+        high = np.full(len(parts), -1)
+        np.minimum.at(low, owner, rows)
+        np.maximum.at(high, owner, rows)
+        used = np.flatnonzero(high >= 0)
+        spans = high[used] - low[used] + 1
+        bases = np.zeros(len(parts), dtype=np.int64)
+        bases[used] = np.cumsum(spans) - spans
+        values = pa.chunked_array([_arrow(parts[p], int(low[p]), int(high[p]) + 1) for p in used.tolist()],
+                                  type=pa.large_binary())
+        taken = pc.take(values, pa.array(rows - low[owner] + bases[owner]), memory_pool=pool)
+        for chunk in taken.chunks:
+            _, chunk_offsets, data = chunk.buffers()
+            first, last = np.frombuffer(chunk_offsets, dtype=np.int64)[[chunk.offset, chunk.offset + len(chunk)]]
+            out[offsets[a] : offsets[a] + last - first] = np.frombuffer(data, dtype=np.uint8, count=last - first,
+                                                                        offset=first)
+            a += len(chunk)
+    return out, offsets
+
+
+def _arrow(rows: RowBatch, start: int, stop: int) -> Any:
+    """Rows ``start`` to ``stop`` as a pyarrow large_binary array over the batch's buffer."""
     import pyarrow as pa
 
-    arrays = [
-        pa.LargeBinaryArray.from_buffers(pa.large_binary(), len(rows), [None, pa.py_buffer(rows.offsets),
-                                                                          pa.py_buffer(rows.body)])
-        for rows in parts
-    ]
-    taken = pa.chunked_array(arrays, type=pa.large_binary()).take(pa.array(order))
-    merged = taken.chunk(0) if taken.num_chunks == 1 else taken.combine_chunks()
-    _, offsets_buffer, data = merged.buffers()
-    offsets = np.frombuffer(offsets_buffer, dtype=np.int64)[merged.offset : merged.offset + len(merged) + 1]
-    return data, offsets
+    return pa.LargeBinaryArray.from_buffers(pa.large_binary(), stop - start,
+                                            [None, pa.py_buffer(rows.offsets), pa.py_buffer(rows.body)],
+                                            offset=start)
 
 
 def _concat(parts: Sequence[RowBatch]) -> tuple[np.ndarray, np.ndarray]:

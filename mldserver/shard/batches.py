@@ -228,26 +228,28 @@ def rows_from_columns(records: Sequence[Record], index: np.ndarray | None, times
             return None
         times = np.where(missing, arrivals if index is None else arrivals[index], times)
     positions = _positions(records)
-    if not all(positions):  # a record without one
+    if positions is None:
         return None
     if index is None:
         return RowBatch.each(times, positions, lines, offsets)
     return RowBatch(times, index, positions, lines, offsets)
 
 
-# The batch's records' arrival times and positions, each a list with one per record:
-# where a batch that reads its records lazily would answer in bulk.
+# The batch's records' arrival times and positions, one per record: where a batch that
+# reads its records lazily would answer in bulk. The coordinator reads only a few of the
+# positions (a window's last row, the ledger's head, a binary search for duplicates).
 
 def _arrival_times(records: Sequence[Record]) -> list[Any]:
     return list(map(_arrival, records))
 
 
-def _positions(records: Sequence[Record]) -> list[Position | None]:
+def _positions(records: Sequence[Record]) -> Sequence[Position] | None:
+    """None when some record has none."""
     try:
         # ``_position``: the decoder's, read without a call (``position`` parses it if unset)
         return [r._position or r.position for r in records]
-    except ValueError:  # a record without a position (no sink parsed them)
-        return [None]
+    except ValueError:  # a record whose sequence number is not digits (no sink parsed them)
+        return None
 
 
 def event_times(values: list[Any]) -> np.ndarray | None:

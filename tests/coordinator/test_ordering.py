@@ -8,7 +8,9 @@ import sys
 
 import numpy as np
 import orjson
+import pytest
 
+from mldserver.coordinator import ordering as ordering_module
 from mldserver.coordinator.ordering import Item, Ordering, RowBatch, seal
 from mldserver.positions import Position
 
@@ -288,3 +290,17 @@ def test_a_server_without_a_sink_and_the_handler_processes_never_load_numpy():
               "print(sorted(m for m in ('numpy', 'pyarrow') if m in sys.modules))\n")
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+@pytest.mark.parametrize("block", [1, 2, 5, 1 << 16])
+def test_interleaved_rows_are_gathered_in_merged_order_whatever_the_block_of_rows_taken_at_once(
+        monkeypatch, block):
+    monkeypatch.setattr(ordering_module, "TAKE_BLOCK", block)
+    o = ordering()
+    for shard_id in ("C", "A", "B"):
+        add(o, shard_id, 1, [1000, 2000, 2000, 3000], shard_id)
+    records = [Position.parse(str(s)) for s in (10, 11, 12)]
+    o.add("D", emitted(records, [2, 0, 1], time=2000, tag="D"), records[-1], now=0)  # out of record order
+    [closed] = o.close(until=MINUTE)
+    assert contents(closed) == [("A", 1), ("B", 1), ("C", 1), ("A", 2), ("A", 3), ("B", 2), ("B", 3), ("C", 2),
+                                ("C", 3), ("D", 10), ("D", 11), ("D", 12), ("A", 4), ("B", 4), ("C", 4)]
