@@ -94,8 +94,11 @@ def _explain(row: bytes, schema: pa.Schema, exc: Exception) -> str:
 
 def _parse(lines: bytes | memoryview, schema: pa.Schema | None) -> pa.Table:
     options = pj.ParseOptions(explicit_schema=schema, unexpected_field_behavior="error") if schema else None
+    # One thread: beside the event loop, the handler processes and Spark on a few cores,
+    # a pool of parsers only competes with them (bench --part spark: the loop's worst lag
+    # rose, throughput did not).
     return pj.read_json(
         pa.BufferReader(pa.py_buffer(lines)),
-        read_options=pj.ReadOptions(block_size=BLOCK_SIZE),
+        read_options=pj.ReadOptions(block_size=BLOCK_SIZE, use_threads=False),
         parse_options=options,
     )
