@@ -69,7 +69,11 @@ class Coordinator:
         clock: Callable[[], float] = wall_clock_ms,
         log: EventLogger | None = None,
     ) -> None:
-        import numpy  # noqa: F401  (the rows' columns: loaded here, not on the loop at the first batch)
+        # The rows' columns (numpy) and the gather of a window whose shards interleave
+        # (pyarrow): loaded here, before the loop serves. Left to the first batch and the
+        # first such window, the imports (half a second) stalled the loop and that commit.
+        import numpy  # noqa: F401
+        import pyarrow.compute  # noqa: F401
 
         self.settings = settings
         self.sink = sink
