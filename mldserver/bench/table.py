@@ -91,7 +91,7 @@ def _committed(log: Path) -> int:
 async def read_back(tmp: str, commits: int) -> tuple[float, float, float, int, int]:
     """(seconds to build, first read ms, median read ms, metadata bytes, snapshots)."""
     from ..config import Settings
-    from ..coordinator.handoff import Window
+    from ..coordinator.handoff import JsonLines, Window
     from ..deadletters import DeadLetters
     from ..logs import get_logger
     from ..positions import Position
@@ -111,7 +111,7 @@ async def read_back(tmp: str, commits: int) -> tuple[float, float, float, int, i
                 rows.append(orjson.dumps({"shard_id": f"shardId-{s:012d}", "seq": seq}))
                 sources.append((f"shardId-{s:012d}", Position(seq, 0, str(seq))))
         last = {f"shardId-{s:012d}": Position(c * 5 + 4, 0, str(c * 5 + 4)) for s in range(4)}
-        await sink.commit(Window(c * 1000, c * 1000 + 1000, rows, 0, last, sources))
+        await sink.commit(Window(c * 1000, c * 1000 + 1000, JsonLines.of(rows), 0, last, sources))
         if c and c % 1000 == 0:
             print(f"    ... {c:,} commits ({time.perf_counter() - built:,.0f} s)", flush=True)
     built = time.perf_counter() - built

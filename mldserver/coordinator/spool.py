@@ -29,7 +29,7 @@ import orjson
 from ..durable import atomic_write, safe_filename, until_written
 from ..logs import EventLogger, get_logger
 from ..positions import Position
-from .ordering import Item, Row
+from .ordering import Item, RowBatch
 
 
 @dataclass
@@ -37,7 +37,7 @@ class Spooled:
     shard_id: str
     last: Position | None
     parents: list[str]
-    items: list[Item]
+    rows: RowBatch
 
 
 class Spool:
@@ -49,14 +49,14 @@ class Spool:
     def path_for(self, shard_id: str) -> Path:
         return self.directory / f"{safe_filename(shard_id)}.jsonl"
 
-    async def store(self, shard_id: str, rows: list[Row], last: Position | None, parents: list[str]) -> Path:
+    async def store(self, shard_id: str, rows: RowBatch, last: Position | None, parents: list[str]) -> Path:
         """``write`` in a thread, retried until the rows are on disk."""
         return await until_written(
             lambda: self.write(shard_id, rows, last, parents), self.path_for(shard_id), self.log,
             what="spool", shard_id=shard_id,
         )
 
-    def write(self, shard_id: str, rows: list[Row], last: Position | None, parents: list[str]) -> Path:
+    def write(self, shard_id: str, rows: RowBatch, last: Position | None, parents: list[str]) -> Path:
         """Blocking (run it in a thread): the rows are on disk when this returns."""
         header = {"shard_id": shard_id, "last": last.to_json() if last else None, "parents": parents}
         lines = [orjson.dumps(header)]
@@ -80,7 +80,7 @@ class Spool:
                     t, seq, sub, row = orjson.loads(line)
                     items.append(Item(t, Position.from_json([seq, sub]), orjson.dumps(row)))
             position = Position.from_json(last) if last else None
-            out.append(Spooled(header["shard_id"], position, header.get("parents", []), items))
+            out.append(Spooled(header["shard_id"], position, header.get("parents", []), RowBatch.of(items)))
             self._found[header["shard_id"]] = path
         return out
 

@@ -19,9 +19,9 @@ apart; what changes is what a failure can be::
   the shard's current position (``shard_moved``).
 
 One call is one ``call`` frame and one ``done`` frame; the rows come back columnar
-(``decode_rows``) and are handed to the worker as the coordinator's items
-(``batches.EncodedRows``): each row the child's JSON bytes, never decoded or encoded
-again in the server.
+(``decode_rows``) and are handed to the worker as the coordinator's columns
+(``batches.EncodedRows``, a ``RowBatch``): each row the child's JSON line, read in
+place, never decoded, encoded or copied one by one in the server.
 """
 
 from __future__ import annotations
@@ -36,9 +36,8 @@ from ..checkpointer import Checkpointer
 from ..context import Context
 from ..errors import CheckpointError, ConfigError
 from ..logs import EventLogger
-from ..coordinator.ordering import Item
-from ..records import EVENT_TIME, Batch, ShardInfo, valid_event_time
-from ..shard.batches import BAD_ROW, BadRecords, EncodedRows, times_valid
+from ..records import Batch, ShardInfo
+from ..shard.batches import BAD_ROW, BadRecords, EncodedRows, encoded_rows
 from ..shard.calls import FAILED, Calls, Outcome
 from .frames import decode_rows, encode_records
 from .pool import HandlerPool
@@ -266,34 +265,13 @@ class ProcessCalls(Calls):
         return frame, body
 
     def _rows(self, batch: Batch, message: dict[str, Any], body: bytes) -> EncodedRows:
-        """The coordinator's items straight from the columnar body: each row stays the
-        child's JSON bytes; the record gives its position (and the event time if the
-        handler gave none, checked here as ``encode_rows`` checks it)."""
+        """The coordinator's columns straight from the columnar body, read in place:
+        each row stays the child's JSON line; its record gives its position (and the
+        event time if the handler gave none, checked here as ``encode_rows`` checks it)."""
         records = batch.records
-        idx, times, data = decode_rows(message["rows"], body)
         bad = [BadRecords([records[i].to_json()], BAD_ROW, error) for i, error in message["bad"]]
-        new = tuple.__new__
-        try:
-            items = [new(Item, (r.approximate_arrival_timestamp if t is None else t, r._position or r.position, d))
-                     for r, t, d in zip(map(records.__getitem__, idx), times, data)]
-            if times_valid([item.time for item in items]):
-                return EncodedRows(items, bad)
-        except ValueError:  # a record without a position (no sink parsed them)
-            pass
-        items = []
-        for i, t, d in zip(idx, times, data):
-            r = records[i]
-            if t is None:
-                t = r.approximate_arrival_timestamp
-                if t is not None and not valid_event_time(t):
-                    bad.append(BadRecords([r.to_json()], BAD_ROW, f"event time {t!r:.80} from the record's "
-                                                                   f"approximateArrivalTimestamp is not {EVENT_TIME}"))
-                    continue
-            try:
-                items.append(Item(t, r.position, d))
-            except ValueError as exc:
-                bad.append(BadRecords([r.to_json()], BAD_ROW, str(exc)))
-        return EncodedRows(items, bad)
+        rows, unfit = encoded_rows(records, *decode_rows(message["rows"], body))
+        return EncodedRows(rows, bad + unfit)
 
     # -- what the handler asks during a call ---------------------------------------------
 

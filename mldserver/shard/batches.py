@@ -9,10 +9,12 @@ why, for the driver to dead-letter; nothing here does I/O::
     # one that breaks half-way -> the records before the break, and
     #   BadRecords([raw], "invalid KPL aggregate", "partition key index 7 out of range")
 
-    items, bad = encode_rows(batch_rows)    # [Item(time, position, b'{"k":1}'), ...]
+    rows, bad = encode_rows(batch_rows)     # a RowBatch: times, record indexes, JSON lines
     # a row orjson cannot encode, a record with no valid position, or an event time
     # that is not epoch ms (emit(..., event_time_ms="soon"), an arrival time
     # "yesterday") -> BadRecords([record.to_json()], "bad row", "row not JSON-encodable: ...")
+    rows, bad = encoded_rows(batch.records, *frames.decode_rows(n, body))  # the same, from a
+    # handler process's columnar body: read in place, each row's JSON as the child wrote it
 
 A batch whose last record is not an object with a sequence number of digits is
 malformed whole (its position would be the shard's delivered one): no records, one
@@ -30,13 +32,14 @@ from the line) stay so: ``decode_records`` checks the last record's position (wi
 
 from __future__ import annotations
 
+import io
 from itertools import repeat
-from operator import itemgetter
-from typing import Any, Iterable, NamedTuple, Sequence
+from operator import attrgetter, itemgetter
+from typing import TYPE_CHECKING, Any, Iterable, NamedTuple, Sequence
 
 import orjson
 
-from ..coordinator.ordering import Item
+from ..coordinator.ordering import NO_TIME, Item, RowBatch
 from ..positions import Position
 from ..protocol.lazy import LazyRecords
 from ..records import EVENT_TIME, MAX_EVENT_TIME_MS, Emitted, Record, valid_event_time
@@ -46,8 +49,11 @@ MALFORMED = "malformed records"
 INVALID_AGGREGATE = "invalid KPL aggregate"
 BAD_ROW = "bad row"
 
-_new = tuple.__new__
-_item_time = itemgetter(Item._fields.index("time"))
+if TYPE_CHECKING:
+    import numpy as np
+
+_record, _row, _event_time = (itemgetter(Emitted._fields.index(name)) for name in Emitted._fields)
+_arrival = attrgetter("approximate_arrival_timestamp")
 
 
 class BadRecords(NamedTuple):
@@ -176,31 +182,40 @@ def _deaggregated(raws: list[Any]) -> tuple[list[Record], list[BadRecords]]:
 
 
 class EncodedRows(NamedTuple):
-    """What a batch emitted, already items (a handler process encoded the rows)."""
+    """What a batch emitted, already columns (a handler process encoded the rows)."""
 
-    items: list[Item]
+    rows: RowBatch
     bad: list[BadRecords]
 
 
-def encode_rows(emitted: Iterable[Emitted] | EncodedRows) -> tuple[list[Item], list[BadRecords]]:
-    """The coordinator's items for what a batch emitted, in order, and the rows that
-    cannot be items (their records, to dead-letter): a row orjson cannot encode, a
+def encode_rows(emitted: Iterable[Emitted] | EncodedRows) -> tuple[RowBatch, list[BadRecords]]:
+    """The coordinator's columns for what a batch emitted, in order, and the rows that
+    cannot be rows there (their records, to dead-letter): a row orjson cannot encode, a
     record with no position, or an event time (``emit``'s, else the record's arrival
     time) that is neither None nor epoch milliseconds (``records.valid_event_time``)."""
     if isinstance(emitted, EncodedRows):
-        return emitted.items, emitted.bad
+        return emitted.rows, emitted.bad
     emitted = list(emitted)
-    try:
-        # ``_position``: the decoder's, read without a call (``position`` parses it if unset)
-        items = [
-            _new(Item, (record.approximate_arrival_timestamp if t is None else t,
-                        record._position or record.position, encode(row)))
-            for record, row, t in emitted
-        ]
-        if times_valid(list(map(_item_time, items))):
-            return items, []
-    except (TypeError, ValueError):  # some row is not JSON, or its record has no position
-        pass
+    if not emitted:  # also every batch of a server without a sink
+        return RowBatch.empty(), []
+    times = event_times(list(map(_event_time, emitted)))
+    if times is not None:
+        lines = io.BytesIO()
+        try:
+            # Each row written at once: orjson's buffers kept by the thousand (a list of
+            # its results) make malloc several times slower.
+            sizes = list(map(lines.write, map(orjson.dumps, map(_row, emitted), repeat(None),
+                                              repeat(orjson.OPT_APPEND_NEWLINE))))
+        except TypeError:  # some row is not JSON: found one by one below
+            pass
+        else:
+            import numpy as np
+
+            offsets = np.zeros(len(sizes) + 1, dtype=np.int64)
+            np.cumsum(sizes, out=offsets[1:])
+            rows = rows_from_columns(list(map(_record, emitted)), None, times, offsets, lines.getvalue())
+            if rows is not None:
+                return rows, []
     items, bad = [], []
     for record, row, t in emitted:
         source = "the record's approximateArrivalTimestamp" if t is None else "batch.emit(event_time_ms=...)"
@@ -216,16 +231,104 @@ def encode_rows(emitted: Iterable[Emitted] | EncodedRows) -> tuple[list[Item], l
             bad.append(BadRecords([record.to_json()], BAD_ROW, f"row not JSON-encodable: {exc}"))
         except ValueError as exc:
             bad.append(BadRecords([record.to_json()], BAD_ROW, str(exc)))
-    return items, bad
+    return RowBatch.of(items), bad
 
 
-def times_valid(times: list[Any]) -> bool:
-    """Every time None or a valid event time: the check of the usual batch, in C."""
-    kinds = set(map(type, times))
+def encoded_rows(records: Sequence[Record], index: Any, times: Any, ends: Any, lines: Any
+                 ) -> tuple[RowBatch, list[BadRecords]]:
+    """The coordinator's columns for the rows a handler process encoded (``pool.frames``:
+    each row's record index, event time or ``NO_TIME``, and end in ``lines``, its JSON
+    lines), read in place; rows whose record gives no event time or position are
+    returned as bad rows, as ``encode_rows`` does."""
+    import numpy as np
+
+    n = len(times)
+    offsets = np.zeros(n + 1, dtype=np.int64)
+    offsets[1:] = np.frombuffer(ends, dtype=np.uint64, count=n)
+    index = np.frombuffer(index, dtype=np.uint32, count=n)
+    times = np.frombuffer(times, dtype=np.int64, count=n)
+    rows = rows_from_columns(records, index, times, offsets, lines)
+    if rows is not None:
+        return rows, []
+    items, bad = [], []
+    for i, t, start, end in zip(index.tolist(), times.tolist(), offsets.tolist(), offsets[1:].tolist()):
+        r = records[i]
+        if t == NO_TIME:
+            t = r.approximate_arrival_timestamp
+            if t is not None and not valid_event_time(t):
+                bad.append(BadRecords([r.to_json()], BAD_ROW, f"event time {t!r:.80} from the record's "
+                                                               f"approximateArrivalTimestamp is not {EVENT_TIME}"))
+                continue
+        try:
+            items.append(Item(t, r.position, bytes(lines[start : end - 1])))
+        except ValueError as exc:
+            bad.append(BadRecords([r.to_json()], BAD_ROW, str(exc)))
+    return RowBatch.of(items), bad
+
+
+def rows_from_columns(records: Sequence[Record], index: np.ndarray | None, times: np.ndarray,
+                      offsets: np.ndarray, lines: Any) -> RowBatch | None:
+    """A batch's rows as the coordinator keeps them: ``index`` maps each row to its
+    record in ``records`` (None: row ``i`` came from ``records[i]``), whose position it
+    takes, and whose arrival time stands for an event time not given (``NO_TIME``).
+    None when some record has no position or an arrival time that is not epoch ms:
+    the caller finds which, row by row."""
+    import numpy as np
+
+    missing = times == NO_TIME
+    if missing.any():
+        arrivals = event_times(_arrival_times(records))
+        if arrivals is None:
+            return None
+        times = np.where(missing, arrivals if index is None else arrivals[index], times)
+    positions = _positions(records)
+    if positions is None:
+        return None
+    if index is None:
+        return RowBatch.each(times, positions, lines, offsets)
+    return RowBatch(times, index, positions, lines, offsets)
+
+
+# The batch's records' arrival times and positions, one per record. A batch read
+# lazily (``LineRecords``) answers in bulk, from its line, without a Record each. The
+# coordinator reads only a few of the positions (a window's last row, the ledger's
+# head, a binary search for duplicates).
+
+def _arrival_times(records: Sequence[Record]) -> list[Any]:
+    if type(records) is LineRecords:
+        return records.raws.column("approximateArrivalTimestamp")
+    return list(map(_arrival, records))
+
+
+def _positions(records: Sequence[Record]) -> Sequence[Position] | None:
+    """None when some record has none."""
+    if type(records) is LineRecords and records.positions is not None:
+        return records.positions  # parsed in bulk, all valid (``decode_records``)
+    try:
+        # ``_position``: the decoder's, read without a call (``position`` parses it if unset)
+        return [r._position or r.position for r in records]
+    except ValueError:  # a record whose sequence number is not digits (no sink parsed them)
+        return None
+
+
+def event_times(values: list[Any]) -> np.ndarray | None:
+    """The times as int64 (``NO_TIME`` for None), or None if one is neither None nor
+    a valid event time (``records.valid_event_time``): the check of the usual batch, in C."""
+    import numpy as np
+
+    kinds = set(map(type, values))
     if kinds == {int}:
-        ints = times
-    elif kinds <= {int, type(None)}:
-        ints = [t for t in times if t is not None]
-    else:
-        return False
-    return not ints or (min(ints) >= 0 and max(ints) < MAX_EVENT_TIME_MS)
+        try:
+            times = np.array(values, dtype=np.int64)
+        except OverflowError:
+            return None
+        return times if times.min() >= 0 and times.max() < MAX_EVENT_TIME_MS else None
+    if not kinds <= _TIME_TYPES:
+        return None  # a float, a string, a bool...
+    ints = [t for t in values if t is not None]
+    if ints and (min(ints) < 0 or max(ints) >= MAX_EVENT_TIME_MS):
+        return None
+    return np.array([NO_TIME if t is None else t for t in values], dtype=np.int64)
+
+
+_TIME_TYPES = frozenset({int, type(None)})

@@ -6,7 +6,7 @@ One interface, two implementations, chosen once per connection by the server::
     CoordinatorLink(coordinator, interval=10.0)
 
     await downstream.open(shard_id, checkpoint)          # initialize (a Position or None)
-    if await downstream.batch(items, last, millis_behind, release):
+    if await downstream.batch(rows, last, millis_behind, release):   # rows: a RowBatch
         ...                                              # checkpoint what is safe, now
     downstream.safe()                                    # how far a checkpoint may go
     await downstream.shard_ended()                       # before SHARD_END is stored
@@ -31,11 +31,11 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Callable, Protocol
 
-from ..coordinator.ordering import Item
 from ..positions import Position
 
 if TYPE_CHECKING:
     from ..coordinator import Coordinator
+    from ..coordinator.ordering import RowBatch
 
 
 class Downstream(Protocol):
@@ -45,7 +45,7 @@ class Downstream(Protocol):
     async def open(self, shard_id: str, checkpoint: Position | None) -> None: ...
 
     async def batch(
-        self, items: list[Item], last: Position | None, millis_behind: int | None, release: Callable[[], None]
+        self, rows: RowBatch, last: Position | None, millis_behind: int | None, release: Callable[[], None]
     ) -> bool: ...
 
     def safe(self) -> Position | None: ...
@@ -67,7 +67,7 @@ class NoSink:
         pass
 
     async def batch(
-        self, items: list[Item], last: Position | None, millis_behind: int | None, release: Callable[[], None]
+        self, rows: RowBatch, last: Position | None, millis_behind: int | None, release: Callable[[], None]
     ) -> bool:
         return False
 
@@ -106,11 +106,11 @@ class CoordinatorLink:
         self._opened = shard_id
 
     async def batch(
-        self, items: list[Item], last: Position | None, millis_behind: int | None, release: Callable[[], None]
+        self, rows: RowBatch, last: Position | None, millis_behind: int | None, release: Callable[[], None]
     ) -> bool:
         """Hand the rows over, wait out back-pressure; True when a checkpoint is due."""
         shard_id = self._shard_id()
-        self.coordinator.add_batch(shard_id, items, last, millis_behind)
+        self.coordinator.add_batch(shard_id, rows, last, millis_behind)
         release()  # a delayed shard must not hold a slot the watermark's shard needs
         await self.coordinator.admit(shard_id)
         now = self.clock()

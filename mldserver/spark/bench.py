@@ -13,6 +13,8 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+from ..coordinator.handoff import JsonLines
+
 
 def bare_handoff(work: Path, rows: list[bytes], windows: int) -> float:
     """rows/s for pyarrow table -> parquet file -> Spark read -> parquet output."""
@@ -24,7 +26,7 @@ def bare_handoff(work: Path, rows: list[bytes], windows: int) -> float:
     work.mkdir(parents=True, exist_ok=True)
     spark = session.build({"work_dir": str(work)})
     try:
-        table, _ = schema.rows_to_table(rows, None)
+        table, _ = schema.rows_to_table(JsonLines.of(rows), None)
         spark_schema = from_arrow_schema(table.schema)
         spark.range(1).write.mode("overwrite").parquet(str(work / "warm"))  # JVM warm-up, not timed
         started = time.perf_counter()

@@ -11,9 +11,11 @@ value of another type) is rejected with a clear error, never coerced silently::
     amount = "double"
     order_time = "timestamp[ms]"
 
-    rows_to_table([b'{"customer":"c1","amount":3}'], schema)  -> (table, rejected=[])
+    rows_to_table(JsonLines.of([b'{"customer":"c1","amount":3}']), schema)  -> (table, rejected=[])
 
-Parsing is pyarrow's JSON reader (C++, the GIL released): call it off the event loop.
+The rows come as a window has them (``coordinator.handoff.JsonLines``): one buffer of
+JSON lines, which pyarrow's JSON reader (C++, the GIL released) parses as it is, not
+copied. Call it off the event loop.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import orjson
 import pyarrow as pa
 import pyarrow.json as pj
 
+from ..coordinator.handoff import JsonLines
 from ..errors import ConfigError
 
 BLOCK_SIZE = 1 << 24
@@ -58,24 +61,25 @@ def save(schema: pa.Schema, path: Path) -> None:
     tmp.replace(path)
 
 
-def rows_to_table(rows: list[bytes], schema: pa.Schema | None) -> tuple[pa.Table, list[tuple[int, str]]]:
+def rows_to_table(rows: JsonLines, schema: pa.Schema | None) -> tuple[pa.Table, list[tuple[int, str]]]:
     """The rows as a table; rows that do not fit the schema are left out and
     returned as (index, error). Without a schema, it is inferred from the rows (from
     the first row alone if they disagree)."""
     try:
-        return _parse(rows, schema), []
+        return _parse(rows.buffer(), schema), []
     except pa.ArrowInvalid:
         if schema is None:  # the rows disagree among themselves: the first one decides
-            schema = _parse(rows[:1], None).schema
+            schema = _parse(rows.buffer(0, 1), None).schema
     # Slow path, only when something does not fit: find the rows, keep the others.
     rejected, kept = [], []
-    for i, row in enumerate(rows):
+    for i in range(len(rows)):
+        line = rows.buffer(i, i + 1)
         try:
-            _parse([row], schema)
-            kept.append(row)
+            _parse(line, schema)
+            kept.append(line)
         except pa.ArrowInvalid as exc:
-            rejected.append((i, _explain(row, schema, exc)))
-    return (_parse(kept, schema) if kept else schema.empty_table()), rejected
+            rejected.append((i, _explain(rows[i], schema, exc)))
+    return (_parse(b"".join(kept), schema) if kept else schema.empty_table()), rejected
 
 
 def _explain(row: bytes, schema: pa.Schema, exc: Exception) -> str:
@@ -88,10 +92,13 @@ def _explain(row: bytes, schema: pa.Schema, exc: Exception) -> str:
     return f"{what} (schema: {expected})"
 
 
-def _parse(rows: list[bytes], schema: pa.Schema | None) -> pa.Table:
+def _parse(lines: bytes | memoryview, schema: pa.Schema | None) -> pa.Table:
     options = pj.ParseOptions(explicit_schema=schema, unexpected_field_behavior="error") if schema else None
+    # One thread: beside the event loop, the handler processes and Spark on a few cores,
+    # a pool of parsers only competes with them (bench --part spark: the loop's worst lag
+    # rose, throughput did not).
     return pj.read_json(
-        pa.BufferReader(b"\n".join(rows)),
-        read_options=pj.ReadOptions(block_size=BLOCK_SIZE),
+        pa.BufferReader(pa.py_buffer(lines)),
+        read_options=pj.ReadOptions(block_size=BLOCK_SIZE, use_threads=False),
         parse_options=options,
     )

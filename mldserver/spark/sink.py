@@ -2,8 +2,9 @@
 each closed window goes through the user's pipeline in the Spark process and is
 committed exactly once.
 
-Here, on the server's side, a window's rows become an Arrow table (``schema.py``,
-in a thread) written to ``<state-dir>/spark/windows/<id>.parquet``; the Spark process reads
+Here, on the server's side, a window's rows (JSON lines, in merged order) become an
+Arrow table (``schema.py``: pyarrow's JSON reader on the window's buffer as it is, in a
+thread) written to ``<state-dir>/spark/windows/<id>.parquet``; the Spark process reads
 that file into a DataFrame, runs the pipeline, publishes ``DIR/window=<id>/`` and
 appends ``DIR/_commits/<id>.json`` (``sinks/commitlog.py``)::
 

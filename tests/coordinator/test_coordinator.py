@@ -14,7 +14,7 @@ import pytest
 from mldserver.backoff import Backoff
 from mldserver.config import Settings
 from mldserver.coordinator import Coordinator
-from mldserver.coordinator.ordering import Item
+from mldserver.coordinator.ordering import Item, RowBatch
 from mldserver.errors import SparkError
 from mldserver.positions import Position
 from mldserver.sinks.file import FileSink
@@ -25,7 +25,8 @@ MINUTE = 60_000
 
 
 def items(first_seq, times):
-    return [Item(t, position(first_seq + i), orjson.dumps({"seq": first_seq + i})) for i, t in enumerate(times)]
+    return RowBatch.of(Item(t, position(first_seq + i), orjson.dumps({"seq": first_seq + i}))
+                       for i, t in enumerate(times))
 
 
 def position(seq):

@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 from mldserver.coordinator.ledger import ROW_OVERHEAD, Ledger
-from mldserver.coordinator.ordering import Row
+from mldserver.coordinator.ordering import Item, RowBatch
 from mldserver.positions import Position
 
 
 def row(seq, sub=0, data=b"{}"):
-    return Row(1000, "A", pos(seq, sub), seq, data)
+    return Item(1000, pos(seq, sub), data)
+
+
+def rows(*items):
+    return RowBatch.of(items)
 
 
 def pos(seq, sub=0):
@@ -17,7 +21,7 @@ def pos(seq, sub=0):
 
 def test_nothing_is_safe_until_rows_commit_then_the_prefix_is():
     ledger = Ledger()
-    ledger.add("A", [row(10), row(11)], last=pos(12))
+    ledger.add("A", rows(row(10), row(11)), last=pos(12))
     assert ledger.safe("A") is None
     ledger.commit("A", 1)
     assert ledger.safe("A") == pos(10)
@@ -27,13 +31,13 @@ def test_nothing_is_safe_until_rows_commit_then_the_prefix_is():
 
 def test_a_batch_without_rows_is_safe_at_once_when_nothing_is_pending():
     ledger = Ledger()
-    ledger.add("A", [], last=pos(5))
+    ledger.add("A", rows(), last=pos(5))
     assert ledger.safe("A") == pos(5)
 
 
 def test_a_record_with_rows_still_pending_is_not_safe():
     ledger = Ledger()
-    ledger.add("A", [row(10, data=b'{"a":1}'), row(10, data=b'{"a":2}'), row(11)], last=pos(11))
+    ledger.add("A", rows(row(10, data=b'{"a":1}'), row(10, data=b'{"a":2}'), row(11)), last=pos(11))
     ledger.commit("A", 1)  # one of record 10's two rows
     assert ledger.safe("A") is None
     ledger.commit("A", 1)
@@ -42,8 +46,8 @@ def test_a_record_with_rows_still_pending_is_not_safe():
 
 def test_later_batches_do_not_pass_an_earlier_pending_row():
     ledger = Ledger()
-    ledger.add("A", [row(10)], last=pos(10))
-    ledger.add("A", [], last=pos(20))
+    ledger.add("A", rows(row(10)), last=pos(10))
+    ledger.add("A", rows(), last=pos(20))
     assert ledger.safe("A") is None
     ledger.commit("A", 1)
     assert ledger.safe("A") == pos(20)
@@ -51,15 +55,15 @@ def test_later_batches_do_not_pass_an_earlier_pending_row():
 
 def test_buffered_rows_and_bytes_are_counted_and_released():
     ledger = Ledger()
-    ledger.add("A", [row(1, data=b"x" * 10), row(2, data=b"y" * 20)], last=pos(2))
-    assert (ledger.rows, ledger.bytes) == (2, 30 + 2 * ROW_OVERHEAD)
+    ledger.add("A", rows(row(1, data=b"x" * 10), row(2, data=b"y" * 20)), last=pos(2))
+    assert (ledger.rows, ledger.bytes) == (2, (10 + 1) + (20 + 1) + 2 * ROW_OVERHEAD)  # JSON lines
     ledger.commit("A", 2)
     assert (ledger.rows, ledger.bytes) == (0, 0) and ledger.done("A")
 
 
 def test_a_lost_lease_drops_the_pending_rows_and_keeps_what_is_safe():
     ledger = Ledger()
-    ledger.add("A", [row(10), row(11, data=b'{"k":1}')], last=pos(12))
+    ledger.add("A", rows(row(10), row(11, data=b'{"k":1}')), last=pos(12))
     ledger.commit("A", 1)
     assert ledger.drop("A") == 1
     assert ledger.rows == 0 and ledger.bytes == 0

@@ -28,11 +28,12 @@ def test_rows_cross_as_one_columnar_body_and_come_back_as_they_were_encoded():
     n, body, bad = frames.encode_rows(emitted, index)
     assert n == 3 and bad == [(1, "row not JSON-encodable: Type is not JSON serializable: set"),
                               (0, f"event time 5.5 from batch.emit(event_time_ms=...) is not {EVENT_TIME}")]
-    idx, times, data = frames.decode_rows(n, body)
-    assert idx == [0, 2, 2]
-    assert times == [None, 1763719200000, 5]
-    assert [orjson.loads(d) for d in data] == [{"k": 1}, {"é": [1, 2]}, {}]
-    assert frames.decode_rows(*frames.encode_rows([], {})[:2]) == ([], [], [])
+    columns = frames.decode_rows(n, body)
+    assert columns.records.tolist() == [0, 2, 2]
+    assert columns.times.tolist() == [frames.NO_TIME, 1763719200000, 5]
+    assert [orjson.loads(d) for d in columns.rows()] == [{"k": 1}, {"é": [1, 2]}, {}]
+    assert bytes(columns.lines).count(b"\n") == 3  # JSON lines, as a sink takes them
+    assert frames.decode_rows(*frames.encode_rows([], {})[:2]).rows() == []
 
 
 def test_records_cross_as_the_daemons_objects():
@@ -73,9 +74,9 @@ async def test_the_child_alone_runs_calls_proxies_checkpoints_and_answers_done(t
     done, body = await frames.read_frame_async(proc.stdout)
     assert (done["id"], done["result"], done["error"], done["rows"]) == (2, "checkpoint_failed",
                                                                         "ThrottlingException", 2)
-    idx, times, data = frames.decode_rows(done["rows"], body)
-    assert idx == [0, 1] and times == [None, None]
-    assert [orjson.loads(d)["seq"] for d in data] == ["10", "11"]
+    columns = frames.decode_rows(done["rows"], body)
+    assert columns.records.tolist() == [0, 1] and columns.times.tolist() == [frames.NO_TIME] * 2
+    assert [orjson.loads(d)["seq"] for d in columns.rows()] == ["10", "11"]
     proc.stdin.write(frames.encode({"op": "call", "id": 3, "shard": 8, "action": "lease_lost", "info": info}))
     done, _ = await frames.read_frame_async(proc.stdout)
     assert done["result"] == "failed" and "no handler for shard" in done["error"]
@@ -100,7 +101,7 @@ async def test_the_child_alone_sends_the_records_given_up_as_indexes_and_what_th
     assert (done["result"], done["rows"], done["bad"]) == ("ok", 3, [])
     assert done["failed"] == [[2, "RuntimeError: poisoned record", 2]]
     assert done["stats"] == {"on_update_success": 3, "on_update_failure": 2}
-    assert frames.decode_rows(done["rows"], body)[0] == [0, 1, 3]
+    assert frames.decode_rows(done["rows"], body).records.tolist() == [0, 1, 3]
     proc.stdin.write(frames.encode({"op": "call", "id": 3, "shard": 9, "action": "lease_lost", "info": info}))
     done, _ = await frames.read_frame_async(proc.stdout)
     assert done["result"] == "ok" and "failed" not in done and "stats" not in done
@@ -154,8 +155,9 @@ async def test_the_servers_side_alone_against_a_scripted_peer(tmp_path, monkeypa
     message, body = await proc.call({"op": "call", "id": 5, "action": "process_records"}, b"x" * 10, answer,
                                     ("s", "process_records"))
     assert message["result"] == "ok"
-    idx, times, data = frames.decode_rows(message["rows"], body)
-    assert (idx, times, [orjson.loads(d) for d in data]) == ([0], [7], [{"n": 10}])
+    columns = frames.decode_rows(message["rows"], body)
+    assert (columns.records.tolist(), columns.times.tolist(), [orjson.loads(d) for d in columns.rows()]) == (
+        [0], [7], [{"n": 10}])
     with pytest.raises(ProcessDied, match="exit_code 7") as died:
         await proc.call({"op": "call", "id": 6, "action": "lease_lost"}, b"", answer, ("s", "lease_lost"))
     assert died.value.blamed  # no call was marked running: each in flight may be the culprit

@@ -11,7 +11,8 @@ import pytest
 import mldserver
 from mldserver.positions import Position
 from mldserver.records import MAX_EVENT_TIME_MS, Emitted, Record, valid_event_time
-from mldserver.shard.batches import BAD_ROW, INVALID_AGGREGATE, MALFORMED, decode_records, encode_rows
+from mldserver.pool import frames
+from mldserver.shard.batches import BAD_ROW, INVALID_AGGREGATE, MALFORMED, decode_records, encode_rows, encoded_rows
 from mldserver.testing import SHARD_END, FakeDaemon, make_records
 
 from ..conftest import DATA
@@ -134,6 +135,43 @@ def test_rows_become_items_at_their_records_position_and_event_time():
     assert bad == []
     assert [(i.time, i.position, i.data) for i in items] == [
         (1000, Position(7, 0, "7"), b'{"k":1}'), (5000, Position(8, 1, "8"), b'{"k":2}')]
+
+
+def test_rows_a_handler_process_encoded_are_read_in_place_with_their_records_positions_and_times():
+    records = [Record({"sequenceNumber": "7", "approximateArrivalTimestamp": 1000}),
+               Record({"sequenceNumber": "8", "approximateArrivalTimestamp": "soon", "data": "eA=="}),
+               Record({"sequenceNumber": "9"})]
+    emitted = [(records[0], {"k": 1}, None), (records[2], {"k": 2}, None), (records[1], {"k": 3}, 5),
+               (records[1], {"k": 4}, None), (records[0], {"k": 5}, 6)]
+    n, body, bad = frames.encode_rows(emitted, {id(r): i for i, r in enumerate(records)})
+    rows, unfit = encoded_rows(records, *frames.decode_rows(n, body))
+    assert [(i.time, i.position.seq, i.data) for i in rows] == [
+        (1000, 7, b'{"k":1}'), (None, 9, b'{"k":2}'), (5, 8, b'{"k":3}'), (6, 7, b'{"k":5}')]
+    assert bad == [] and [(b.raws[0]["sequenceNumber"], b.reason) for b in unfit] == [("8", BAD_ROW)]
+    assert "approximateArrivalTimestamp" in unfit[0].error
+    n, body, _ = frames.encode_rows(emitted[:1], {id(records[0]): 0})
+    rows, unfit = encoded_rows(records[:1], *frames.decode_rows(n, body))
+    assert unfit == [] and bytes(rows.body) == b'{"k":1}\n'  # the child's JSON line, not copied
+
+
+def test_rows_of_a_lazily_read_line_take_the_positions_and_arrival_times_read_in_bulk(monkeypatch):
+    from mldserver.protocol.lazy import LazyRecords
+
+    raws = make_records(100, 4)
+    raws[1]["approximateArrivalTimestamp"] = 1234
+    del raws[3]["approximateArrivalTimestamp"]
+    line = json.dumps({"action": "processRecords", "records": raws}).encode()
+    records, bad = decode_records(LazyRecords.parse(line), deaggregate_kpl=False, positions=True)
+    assert bad == [] and type(records).__name__ == "LineRecords"
+    made = []
+    monkeypatch.setattr(Record, "__init__", lambda *a: made.append(a))  # a Record each would show here
+    marks = [object() for _ in raws]  # the child's records, as encode_rows sees them
+    emitted = [(marks[0], {"k": 0}, 5), (marks[1], {"k": 1}, None), (marks[3], {"k": 3}, 7)]
+    n, body, _ = frames.encode_rows(emitted, {id(m): i for i, m in enumerate(marks)})
+    rows, unfit = encoded_rows(records, *frames.decode_rows(n, body))
+    assert made == [] and unfit == [] and rows.positions is records.positions
+    assert rows.times.tolist() == [5, 1234, 7]
+    assert [rows.position(i).seq for i in range(3)] == [int(raws[i]["sequenceNumber"]) for i in (0, 1, 3)]
 
 
 def test_a_row_that_cannot_be_an_item_is_returned_with_its_record():

@@ -15,7 +15,7 @@ import pytest
 from pyiceberg.catalog.sql import SqlCatalog
 
 from mldserver.config import Settings, load
-from mldserver.coordinator.handoff import Window
+from mldserver.coordinator.handoff import JsonLines, Window
 from mldserver.deadletters import DeadLetters
 from mldserver.errors import ConfigError, retriable
 from mldserver.positions import Position
@@ -37,7 +37,7 @@ def window(start: int, shards: dict[str, list[int]], late: int = 0) -> Window:
             rows.append(orjson.dumps({"shard_id": shard_id, "seq": seq}))
             sources.append((shard_id, pos(seq)))
     positions = {shard_id: pos(seqs[-1]) for shard_id, seqs in shards.items() if seqs}
-    return Window(start, start + 10, rows, late, positions, sources)
+    return Window(start, start + 10, JsonLines.of(rows), late, positions, sources)
 
 
 def settings(tmp_path: Path, **changes) -> Settings:
@@ -206,7 +206,7 @@ async def test_rows_that_do_not_fit_the_tables_schema_are_dead_lettered(tmp_path
     await a.commit(window(0, {"s0": [1]}))  # the table's schema: shard_id string, seq int64
     b = await sink(tmp_path, "server-b")
     w = window(10, {"s0": [2, 3]})
-    w.rows[1] = orjson.dumps({"shard_id": "s0", "seq": 3, "extra": True})
+    w.rows = JsonLines.of([w.rows[0], orjson.dumps({"shard_id": "s0", "seq": 3, "extra": True})])
     await b.commit(w)
     assert table_rows(tmp_path) == [("s0", 1), ("s0", 2)]
     dead = [orjson.loads(line) for line in (tmp_path / "state" / "dead-letters" / "rows.jsonl").read_bytes().splitlines()]

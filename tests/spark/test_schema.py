@@ -5,12 +5,13 @@ from __future__ import annotations
 import pyarrow as pa
 import pytest
 
+from mldserver.coordinator.handoff import JsonLines
 from mldserver.errors import ConfigError
 from mldserver.spark import schema
 
 
 def test_schema_is_inferred_from_the_rows():
-    table, rejected = schema.rows_to_table([b'{"k":1,"v":"a"}', b'{"k":2,"v":null}'], None)
+    table, rejected = schema.rows_to_table(JsonLines.of([b'{"k":1,"v":"a"}', b'{"k":2,"v":null}']), None)
     assert rejected == [] and table.schema == pa.schema([("k", pa.int64()), ("v", pa.string())])
     assert table.column("k").to_pylist() == [1, 2]
 
@@ -18,7 +19,7 @@ def test_schema_is_inferred_from_the_rows():
 def test_rows_that_do_not_fit_a_fixed_schema_are_rejected_with_the_error_and_the_rest_kept():
     fixed = schema.declared({"k": "int64", "v": "string"})
     rows = [b'{"k":1,"v":"a"}', b'{"k":"two","v":"b"}', b'{"k":3,"extra":true}', b'{"k":4}']
-    table, rejected = schema.rows_to_table(rows, fixed)
+    table, rejected = schema.rows_to_table(JsonLines.of(rows), fixed)
     assert table.column("k").to_pylist() == [1, 4] and table.schema == fixed
     assert [i for i, _ in rejected] == [1, 2]
     assert "k" in rejected[0][1] and "extra" in rejected[1][1]
@@ -37,5 +38,5 @@ def test_a_fixed_schema_survives_a_restart(tmp_path):
 
 
 def test_rows_that_disagree_while_inferring_are_judged_by_the_first_row():
-    table, rejected = schema.rows_to_table([b'{"k":1}', b'{"k":"one"}', b'{"k":2}'], None)
+    table, rejected = schema.rows_to_table(JsonLines.of([b'{"k":1}', b'{"k":"one"}', b'{"k":2}']), None)
     assert table.column("k").to_pylist() == [1, 2] and [i for i, _ in rejected] == [1]

@@ -22,11 +22,14 @@ PASSTHROUGH = "handlers.passthrough:Passthrough"
 
 
 def committed_rows(out) -> Counter:
-    """(shard, sequence number) -> how many times it is in the committed output."""
-    if not out.exists() or not any(p.name.startswith("window=") for p in out.iterdir()):
-        return Counter()
-    table = ds.dataset(out, format="parquet", partitioning="hive").to_table(columns=["shard_id", "sequence_number"])
-    return Counter(zip(table.column("shard_id").to_pylist(), table.column("sequence_number").to_pylist()))
+    """(shard, sequence number) -> how many times it is in the committed output. Only
+    the published windows are read (each renamed into place whole): a listing of the
+    whole folder raced with Spark deleting its staging folders."""
+    counts: Counter = Counter()
+    for window in [p for p in out.iterdir() if p.name.startswith("window=")] if out.exists() else []:
+        table = ds.dataset(window, format="parquet").to_table(columns=["shard_id", "sequence_number"])
+        counts.update(zip(table.column("shard_id").to_pylist(), table.column("sequence_number").to_pylist()))
+    return counts
 
 
 def put_keys(model: Stream, shard_ids=None) -> set[tuple[str, str]]:
