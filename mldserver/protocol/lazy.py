@@ -24,7 +24,9 @@ accept and refuse the same lines. A record that is not a JSON object is ``None``
 ``column`` and in ``obj``.
 
 The parsed line (larger than the line) is let go once the size and the last record
-are read; ``obj``, ``objects`` and ``column`` parse it again, once, and keep it. One
+are read, or, with ``parse(keep=True)``, when ``release`` says so (the server reads
+every record's position and arrival time in one pass, ``columns``, then lets it go);
+``obj``, ``objects`` and ``column`` parse it again, once, and keep it. One
 parser per parse: a document stays valid as long as anything refers to it, and nothing
 else is parsed with its parser.
 """
@@ -100,6 +102,10 @@ class LazyRecords(Sequence[Any]):
             self._array = simdjson.Parser().parse(self.line)["records"]
         return self._array
 
+    def release(self) -> None:
+        """Let the parsed line go (kept by ``parse(keep=True)``); read again if asked."""
+        self._array = None
+
     def objects(self) -> Iterator[Any]:
         """Every record as a lazy mapping (or what the daemon sent in its place)."""
         return iter(self._records())
@@ -111,8 +117,13 @@ class LazyRecords(Sequence[Any]):
 
     def column(self, key: str) -> list[Any]:
         """``key`` of every record (None where absent, or where a record is not an object)."""
+        return self.columns(key)[0]
+
+    def columns(self, *keys: str) -> list[list[Any]]:
+        """Several keys' columns, the records read once (some 0.2 us a value)."""
         Object = simdjson.Object
-        return [r.get(key) if isinstance(r, Object) else None for r in self._records()]
+        objects = [r if isinstance(r, Object) else None for r in self._records()]
+        return [[None if r is None else r.get(key) for r in objects] for key in keys]
 
 
 def _plain(value: Any) -> Any:

@@ -145,7 +145,7 @@ _PROCESS_RECORDS = re.compile(rb'\s*\{\s*"action"\s*:\s*"processRecords"')
 
 def _lazy_process_records(line: bytes) -> ProcessRecords | None:
     """The batch with its records unread, or None: the eager path decides."""
-    records = LazyRecords.parse(line)
+    records = LazyRecords.parse(line, keep=True)  # the server reads its columns, then lets it go
     if records is None:
         return None
     return ProcessRecords(records, records.millis_behind_latest, line)  # type: ignore[arg-type]

@@ -80,11 +80,12 @@ def decode_records(
     """The handler's records, and what could not be made into records."""
     if not raws:
         return [], []
-    if type(raws) is LazyRecords and not deaggregate_kpl:
-        lazy = _lazy(raws, positions)
+    if type(raws) is LazyRecords:
+        lazy = None if deaggregate_kpl else _lazy(raws, positions)
         if lazy is not None:
             return lazy, []
-        raws = raws.records()  # something is wrong with a record: read them all, as below
+        raws.release()
+        raws = raws.records()  # aggregates, or something wrong with a record: read them all, as below
     last = raws[-1]
     position = Position.parse(last.get("sequenceNumber"), last.get("subSequenceNumber")) if type(last) is dict else None
     if position is None:
@@ -112,18 +113,24 @@ def decode_records(
 
 
 def _lazy(raws: LazyRecords, positions: bool) -> LineRecords | None:
-    """The records of a line read lazily, or None if one of them is malformed."""
-    last = raws.last()
-    position = Position.parse(last.get("sequenceNumber"), last.get("subSequenceNumber")) if type(last) is dict else None
-    if position is None:
-        return None
-    if not positions:
-        return LineRecords(raws, None, position)
-    # A record that is not an object has None in both columns: no position, as below.
-    parsed = Position.parse_all(raws.column("sequenceNumber"), raws.column("subSequenceNumber"))
-    if None in parsed:
-        return None
-    return LineRecords(raws, parsed, position)
+    """The records of a line read lazily, or None if one of them is malformed. The
+    parsed line the protocol core kept is read here once, then let go."""
+    try:
+        last = raws.last()
+        position = (Position.parse(last.get("sequenceNumber"), last.get("subSequenceNumber"))
+                    if type(last) is dict else None)
+        if position is None:
+            return None
+        if not positions:
+            return LineRecords(raws, None, position)
+        # A record that is not an object has None in every column: no position, as below.
+        seqs, subs, arrivals = raws.columns("sequenceNumber", "subSequenceNumber", "approximateArrivalTimestamp")
+        parsed = Position.parse_all(seqs, subs)
+        if None in parsed:
+            return None
+        return LineRecords(raws, parsed, position, arrivals)
+    finally:
+        raws.release()
 
 
 class LineRecords(Sequence[Record]):
@@ -131,11 +138,13 @@ class LineRecords(Sequence[Record]):
     from the line): a :class:`~mldserver.records.Record` is made only for the records
     the server asks for (the last one, the records rows came from, a checkpoint's)."""
 
-    __slots__ = ("raws", "positions", "_last")
+    __slots__ = ("raws", "positions", "arrivals", "_last")
 
-    def __init__(self, raws: LazyRecords, positions: list[Position] | None, last: Position) -> None:
+    def __init__(self, raws: LazyRecords, positions: list[Position] | None, last: Position,
+                 arrivals: list[Any] | None = None) -> None:
         self.raws = raws
-        self.positions = positions
+        self.positions = positions  # every record's, parsed in bulk (a sink is downstream)
+        self.arrivals = arrivals  # every record's approximateArrivalTimestamp, read with them
         self._last = last
 
     def __len__(self) -> int:
@@ -296,7 +305,8 @@ def rows_from_columns(records: Sequence[Record], index: np.ndarray | None, times
 
 def _arrival_times(records: Sequence[Record]) -> list[Any]:
     if type(records) is LineRecords:
-        return records.raws.column("approximateArrivalTimestamp")
+        arrivals = records.arrivals
+        return records.raws.column("approximateArrivalTimestamp") if arrivals is None else arrivals
     return list(map(_arrival, records))
 
 

@@ -174,6 +174,27 @@ def test_rows_of_a_lazily_read_line_take_the_positions_and_arrival_times_read_in
     assert [rows.position(i).seq for i in range(3)] == [int(raws[i]["sequenceNumber"]) for i in (0, 1, 3)]
 
 
+def test_a_line_the_protocol_read_lazily_is_parsed_once_for_its_positions_and_then_let_go(monkeypatch):
+    import simdjson
+
+    from mldserver.protocol import lazy, messages
+
+    parses = []
+
+    class Counting(simdjson.Parser):
+        def parse(self, *args, **kwargs):
+            parses.append(1)
+            return super().parse(*args, **kwargs)
+
+    monkeypatch.setattr(lazy.simdjson, "Parser", Counting)
+    raws = make_records(100, 3)
+    event = messages.decode(json.dumps({"action": "processRecords", "records": raws}).encode(), lazy=True)
+    records, bad = decode_records(event.records, deaggregate_kpl=False, positions=True)
+    assert parses == [1] and bad == [] and event.records._array is None  # not held past here
+    assert [p.seq for p in records.positions] == [100, 101, 102]
+    assert records.arrivals == [r["approximateArrivalTimestamp"] for r in raws]
+
+
 def test_a_row_that_cannot_be_an_item_is_returned_with_its_record():
     good = Record({"sequenceNumber": "7"})
     unparsable = Record({"sequenceNumber": "seven", "data": "eA=="})
