@@ -26,9 +26,9 @@ accept and refuse the same lines. A record that is not a JSON object is ``None``
 The parsed line (larger than the line) is let go once the size and the last record
 are read, or, with ``parse(keep=True)``, when ``release`` says so (the server reads
 every record's position and arrival time in one pass, ``columns``, then lets it go);
-``obj``, ``objects`` and ``column`` parse it again, once, and keep it. One
-parser per parse: a document stays valid as long as anything refers to it, and nothing
-else is parsed with its parser.
+``obj``, ``objects`` and ``column`` parse it again, once, and keep it. Parsers are
+reused (``POOLED_PARSERS`` of them), each only once nothing refers to its previous
+document: a document stays valid as long as anything refers to it.
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ class LazyRecords(Sequence[Any]):
         """The line's records, or None: the eager decoder reads it. ``keep``: the
         parsed line is kept (the records will be read)."""
         try:
-            document = simdjson.Parser().parse(line)
+            document = _parse(line)
         except (ValueError, RuntimeError):  # UnicodeDecodeError is a ValueError
             return None
         if not isinstance(document, simdjson.Object):
@@ -99,7 +99,7 @@ class LazyRecords(Sequence[Any]):
 
     def _records(self) -> Any:
         if self._array is None:
-            self._array = simdjson.Parser().parse(self.line)["records"]
+            self._array = _parse(self.line)["records"]
         return self._array
 
     def release(self) -> None:
@@ -124,6 +124,29 @@ class LazyRecords(Sequence[Any]):
         Object = simdjson.Object
         objects = [r if isinstance(r, Object) else None for r in self._records()]
         return [[None if r is None else r.get(key) for r in objects] for key in keys]
+
+
+# Parsers kept for reuse: a parser's buffers (some 8 MiB for a 3 MB line) are
+# allocated at its first parse, and allocating them again for every line (their pages
+# fresh from mmap: ``malloc.py``) cost 6 ms a line against 1 ms for the parse itself.
+# A parser is reused only when nothing refers to its last document any more (pysimdjson
+# refuses otherwise); a line that finds none free gets a parser of its own, not kept.
+POOLED_PARSERS = 4
+_parsers: list[Any] = []
+_IN_USE = "re-use a parser"  # pysimdjson's RuntimeError for a parser whose document lives on
+
+
+def _parse(line: bytes) -> Any:
+    for parser in _parsers:
+        try:
+            return parser.parse(line)
+        except RuntimeError as exc:
+            if _IN_USE not in str(exc):
+                raise
+    parser = simdjson.Parser()
+    if len(_parsers) < POOLED_PARSERS:
+        _parsers.append(parser)
+    return parser.parse(line)
 
 
 def _plain(value: Any) -> Any:

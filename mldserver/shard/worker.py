@@ -100,7 +100,9 @@ from .calls import HandlerCalls, Outcome
 from .downstream import Downstream, NoSink
 from .progress import ShardProgress
 
-READ_CHUNK = 1 << 20
+# Read a quarter MiB at a time: below the fixed mmap threshold (``malloc.py``), so
+# each piece reuses heap memory; the line is joined from them once (``LineBuffer``).
+READ_CHUNK = 1 << 18
 # Waiting for the daemon's next action: the only time a worker takes a slot.
 BETWEEN_ACTIONS = frozenset({State.AWAITING_INITIALIZE, State.READY, State.DRAINING})
 # Actions that carry no batch: they never take an in-flight slot (named in a line's

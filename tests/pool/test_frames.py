@@ -176,3 +176,17 @@ def test_records_cross_as_the_line_that_arrived_when_the_server_kept_them_one_fo
     assert [r.to_json() for r in frames.records_from(line, line=True)] == raws
     broken = line.replace(b'"pk0"', b'"pk\xff"')  # not UTF-8: decoded tolerantly
     assert frames.records_from(broken, line=True)[0].partition_key == "pk\ufffd"
+
+
+async def test_a_body_of_megabytes_is_read_whole_in_pieces_and_a_cut_one_reads_as_the_end():
+    from mldserver.spark import frames as spark_frames
+
+    body = bytes(range(256)) * 5000  # 1.28 MB: more than one piece
+    frame = spark_frames.encode({"op": "x"}, body)
+    reader = asyncio.StreamReader()
+    for i in range(0, len(frame), 100_000):
+        reader.feed_data(frame[i : i + 100_000])
+    reader.feed_data(frame[:-1])  # a second frame cut short by EOF
+    reader.feed_eof()
+    assert await spark_frames.read_frame_async(reader) == ({"op": "x"}, body)
+    assert await spark_frames.read_frame_async(reader) is None

@@ -66,3 +66,26 @@ def test_any_chunking_gives_the_same_lines(parts, step):
         chunked.feed(data[i : i + step])
         got += lines_of(chunked)
     assert got == lines_of(whole)
+
+
+@given(st.lists(st.sampled_from([b"a", b"bc", b"\r", b"\n", b" ", b"\r\n", b"xyz" * 5]), max_size=30), st.integers(1, 9))
+def test_any_chunking_of_line_ends_blanks_and_carriage_returns_gives_the_lines_split_at_newline(pieces, step):
+    data = b"".join(pieces)
+    expected = [line[:-1] if line.endswith(b"\r") else line for line in data.split(b"\n")[:-1]]
+    buf = LineBuffer()
+    got = []
+    for i in range(0, len(data), step):
+        buf.feed(data[i : i + step])
+        got += lines_of(buf)
+    assert got == [line for line in expected if line.strip()]
+    assert buf.pending == len(data) - (data.rfind(b"\n") + 1)
+
+
+def test_a_long_line_fed_in_many_pieces_comes_out_whole_as_bytes():
+    buf = LineBuffer()
+    line = b"y" * 100_000
+    for i in range(0, len(line), 4096):
+        buf.feed(line[i : i + 4096])
+    buf.feed(b"\r\n")
+    got = buf.next_line()
+    assert type(got) is bytes and got == line and buf.pending == 0

@@ -126,3 +126,37 @@ def test_a_lazy_batch_with_a_malformed_record_is_decoded_as_the_eager_one():
     lazy = decode(line_of(bad_last), lazy=True).records
     records, bad = decode_records(lazy, deaggregate_kpl=False, positions=False)
     assert records == [] and bad[0].raws == bad_last
+
+
+def test_records_read_from_a_line_stay_valid_while_more_lines_than_pooled_parsers_are_parsed(monkeypatch):
+    from mldserver.protocol import lazy
+
+    monkeypatch.setattr(lazy, "_parsers", [])
+    kept = []
+    for n in range(lazy.POOLED_PARSERS + 3):  # every parser's document still referred to
+        records = LazyRecords.parse(line_of([record(n), record(n + 1)]), keep=True)
+        kept.append(list(records.objects()))
+    assert [[r["partitionKey"] for r in objects] for objects in kept] == [
+        [f"pk-{n}", f"pk-{n + 1}"] for n in range(lazy.POOLED_PARSERS + 3)]
+    assert len(lazy._parsers) == lazy.POOLED_PARSERS
+
+
+def test_a_parser_is_reused_once_nothing_refers_to_its_document(monkeypatch):
+    import simdjson
+
+    from mldserver.protocol import lazy
+
+    made = []
+
+    class Counting(simdjson.Parser):
+        def __init__(self, *args, **kwargs):
+            made.append(1)
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(lazy, "_parsers", [])
+    monkeypatch.setattr(lazy.simdjson, "Parser", Counting)
+    for n in range(5):
+        records = LazyRecords.parse(line_of([record(n)]), keep=True)
+        assert records.obj(0)["sequenceNumber"] == str(100 + n)
+        records.release()
+    assert made == [1]
