@@ -58,7 +58,7 @@ import socket
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
-from . import preflight
+from . import pieces, preflight
 from .config import Settings, SinkSpec, state_path, uses_spark
 from .coordinator import Coordinator
 from .context import Context
@@ -224,7 +224,7 @@ class Server:
     async def _listen_unix(self, path: str) -> asyncio.base_events.Server:
         await asyncio.to_thread(preflight.free_unix_path, Path(path))
         try:
-            srv = await asyncio.start_unix_server(self._accept, path=path, limit=STREAM_LIMIT)
+            srv = await pieces.serve_unix(self._accept, path, STREAM_LIMIT)
         except (OSError, ValueError) as exc:
             raise ConfigError(f"--unix {path}: cannot listen there ({_reason(exc)}): choose another path") from None
         st = os.stat(path)
@@ -233,7 +233,7 @@ class Server:
 
     async def _listen_tcp(self, host: str, port: int) -> asyncio.base_events.Server:
         try:
-            return await asyncio.start_server(self._accept, host=host, port=port, limit=STREAM_LIMIT)
+            return await pieces.serve_tcp(self._accept, host, port, STREAM_LIMIT)
         except socket.gaierror as exc:
             raise ConfigError(
                 f"--host {host}: cannot resolve it ({_reason(exc)}): give an IP address or a name this machine "

@@ -56,6 +56,7 @@ from ..failures import FailureGuard
 from ..importer import import_from_string
 from ..logs import configure, get_logger
 from ..malloc import large_buffers_from_mmap
+from ..pieces import PieceReader
 from ..records import Batch, ShardInfo
 from ..shard.calls import check_factory
 from .. import bindings as bindings_api
@@ -365,7 +366,7 @@ def _widen_pipes() -> None:
 async def _main() -> None:
     _widen_pipes()
     loop = asyncio.get_running_loop()
-    reader = asyncio.StreamReader(limit=1 << 24)
+    reader = PieceReader(limit=1 << 24)  # a frame's body read in the pieces the pipe gave
     await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(os.dup(0), "rb"))
     transport, protocol = await loop.connect_write_pipe(asyncio.streams.FlowControlMixin, os.fdopen(os.dup(1), "wb"))
     writer = asyncio.StreamWriter(transport, protocol, reader, loop)

@@ -193,7 +193,8 @@ class _Lost(Exception):
 
 def _unread(reader: asyncio.StreamReader) -> int:
     """Bytes the stream has received that the worker has not read yet."""
-    return len(getattr(reader, "_buffer", b""))
+    unread = getattr(reader, "unread", None)  # a PieceReader's (the server's connections)
+    return unread if unread is not None else len(getattr(reader, "_buffer", b""))
 
 
 class Worker:

@@ -1,0 +1,88 @@
+"""PieceReader: the pieces a transport delivered, handed out as they came."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from mldserver import pieces
+from mldserver.pieces import PieceReader
+
+
+async def test_a_piece_that_fits_is_handed_out_as_it_came_and_a_larger_one_is_cut():
+    reader = PieceReader(limit=16)
+    first, second = b"a" * 10, b"b" * 30
+    reader.feed_data(first)
+    reader.feed_data(second)
+    assert reader.unread == 40
+    assert await reader.read(64) is first
+    assert await reader.read(12) == b"b" * 12 and reader.unread == 18
+    reader.feed_eof()
+    assert await reader.read(64) == b"b" * 18
+    assert await reader.read(64) == b"" and reader.at_eof()
+
+
+async def test_readexactly_gathers_pieces_and_says_how_much_came_before_the_end():
+    reader = PieceReader()
+    for piece in (b"he", b"llo wor", b"ld"):
+        reader.feed_data(piece)
+    assert await reader.readexactly(5) == b"hello"
+    reader.feed_eof()
+    with pytest.raises(asyncio.IncompleteReadError) as cut:
+        await reader.readexactly(10)
+    assert cut.value.partial == b" world"
+
+
+async def test_a_read_waits_for_data_and_an_error_is_raised_to_the_reader():
+    reader = PieceReader()
+    waiting = asyncio.ensure_future(reader.read(8))
+    await asyncio.sleep(0)
+    assert not waiting.done()
+    reader.feed_data(b"late")
+    assert await waiting == b"late"
+    reader.set_exception(ConnectionResetError("gone"))
+    with pytest.raises(ConnectionResetError):
+        await reader.read(8)
+
+
+async def test_reading_pauses_past_twice_the_limit_held_and_resumes_once_read_down():
+    class Transport(asyncio.ReadTransport):
+        paused = False
+
+        def pause_reading(self):
+            self.paused = True
+
+        def resume_reading(self):
+            self.paused = False
+
+    reader, transport = PieceReader(limit=10), Transport()
+    reader.set_transport(transport)
+    reader.feed_data(b"x" * 15)
+    assert not transport.paused
+    reader.feed_data(b"y" * 15)
+    assert transport.paused
+    await reader.read(15)
+    assert transport.paused  # 15 still held: more than the limit
+    await reader.read(5)
+    assert not transport.paused
+
+
+async def test_a_server_whose_connections_read_in_pieces_serves_a_line_of_megabytes():
+    got: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
+
+    async def connected(reader, writer):
+        assert isinstance(reader, PieceReader)
+        got.set_result(await reader.read(-1))
+        writer.close()
+
+    server = await pieces.serve_tcp(connected, "127.0.0.1", 0, 1 << 18)
+    port = server.sockets[0].getsockname()[1]
+    _, writer = await asyncio.open_connection("127.0.0.1", port)
+    line = bytes(range(256)) * 12_000  # 3 MB
+    writer.write(line)
+    await writer.drain()
+    writer.close()
+    assert await asyncio.wait_for(got, 30) == line
+    server.close()
+    await server.wait_closed()
