@@ -32,6 +32,7 @@ from typing import Any, Awaitable, Callable
 from ..config import Settings, state_path
 from ..errors import MldserverError
 from ..logs import EventLogger
+from ..pieces import PieceReader
 from .frames import RUN, StartFrame, encode, encode_head, read_frame_async
 
 PIPE_LIMIT = 1 << 24
@@ -70,6 +71,7 @@ class HandlerProcess:
         directory.mkdir(parents=True, exist_ok=True)
         self.state = str(directory / f"process-{os.getpid()}-{self.number}")
         self.proc: asyncio.subprocess.Process | None = None
+        self.stdout: PieceReader | None = None  # its frames
         self.pid: int | None = None
         self.shards: dict[int, str] = {}  # shard key -> shard id, assigned here
         self.in_flight: dict[int, tuple[str, str]] = {}  # call id -> (shard id, action)
@@ -105,11 +107,22 @@ class HandlerProcess:
         fd = os.open(self.state + ".run", os.O_RDWR)
         self._map = mmap.mmap(fd, RUN.size)
         os.close(fd)
-        self.proc = proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "mldserver.pool.child",
-            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=None,
-            start_new_session=True, limit=PIPE_LIMIT,
-        )  # fmt: skip
+        # Its frames are read from a pipe of ours, in the pieces it delivers (PieceReader:
+        # a batch's rows, megabytes, copied once): asyncio's subprocess reader copies thrice.
+        read_fd, write_fd = os.pipe()
+        try:
+            self.proc = proc = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "mldserver.pool.child",
+                stdin=asyncio.subprocess.PIPE, stdout=write_fd, stderr=None, start_new_session=True,
+            )  # fmt: skip
+        except BaseException:
+            os.close(read_fd)
+            raise
+        finally:
+            os.close(write_fd)
+        self.stdout = PieceReader(limit=PIPE_LIMIT)
+        await asyncio.get_running_loop().connect_read_pipe(
+            lambda: asyncio.StreamReaderProtocol(self.stdout), os.fdopen(read_fd, "rb", buffering=0))
         self.pid = proc.pid
         start: StartFrame = {
             "op": "start",
@@ -118,10 +131,10 @@ class HandlerProcess:
             "sys_path": [os.path.abspath(p or ".") for p in sys.path],
             "state": self.state,
         }
-        assert proc.stdin is not None and proc.stdout is not None
+        assert proc.stdin is not None
         proc.stdin.write(encode(start))
         try:
-            frame = await asyncio.wait_for(read_frame_async(proc.stdout), START_TIMEOUT)
+            frame = await asyncio.wait_for(read_frame_async(self.stdout), START_TIMEOUT)
         except asyncio.TimeoutError:
             frame = None
         if frame is None or frame[0].get("op") != "ready":
@@ -138,9 +151,9 @@ class HandlerProcess:
 
     async def _read(self) -> None:
         proc = self.proc
-        assert proc is not None and proc.stdout is not None
+        assert proc is not None and self.stdout is not None
         while True:
-            frame = await read_frame_async(proc.stdout)
+            frame = await read_frame_async(self.stdout)
             if frame is None:
                 break
             message, body = frame
