@@ -20,8 +20,12 @@ Any field but ``sequenceNumber`` may be null.
 from __future__ import annotations
 
 import binascii
+import io
 from dataclasses import dataclass
+from itertools import repeat
 from typing import Any, NamedTuple, Sequence
+
+import orjson
 
 from .positions import Position
 
@@ -110,6 +114,18 @@ class Record:
 # the year 57000 that would close every other.
 MAX_EVENT_TIME_MS = 253_402_300_800_000  # 10000-01-01T00:00:00Z
 EVENT_TIME = f"epoch milliseconds (an int in [0, {MAX_EVENT_TIME_MS}): 1970 to 9999)"
+
+
+def json_lines(rows: Sequence[Any]) -> tuple[list[int], bytes] | None:
+    """The rows as JSON lines in one buffer, and each line's size (newline included);
+    None if a row is not JSON (the caller finds which, row by row). Each row is written
+    as soon as orjson makes it: its results kept by the thousand slow malloc fourfold."""
+    lines = io.BytesIO()
+    try:
+        sizes = list(map(lines.write, map(orjson.dumps, rows, repeat(None), repeat(orjson.OPT_APPEND_NEWLINE))))
+    except TypeError:
+        return None
+    return sizes, lines.getvalue()
 
 
 def valid_event_time(t: Any) -> bool:

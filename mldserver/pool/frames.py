@@ -51,17 +51,16 @@ are left out when empty.
 
 from __future__ import annotations
 
-import io
 import struct
 from array import array
-from itertools import accumulate, repeat
+from itertools import accumulate
 from operator import itemgetter
 from typing import Any, Iterable, Literal, NamedTuple, NotRequired, Sequence, TypedDict
 
 import orjson
 
 from ..protocol.lazy import LazyRecords
-from ..records import EVENT_TIME, MAX_EVENT_TIME_MS, Record, valid_event_time
+from ..records import EVENT_TIME, MAX_EVENT_TIME_MS, Record, json_lines, valid_event_time
 from ..spark.frames import HEADER, encode, read_frame, read_frame_async
 
 __all__ = [
@@ -166,17 +165,13 @@ def encode_rows(emitted: Iterable[tuple[Record, Any, int | float | None]],
     kinds = set(map(type, given))
     ints = [t for t in given if t is not None] if type(None) in kinds else given
     if kinds <= _TIME_TYPES and (not ints or (min(ints) >= 0 and max(ints) < MAX_EVENT_TIME_MS)):
-        lines = io.BytesIO()  # each row written at once: orjson's buffers kept by the thousand slow malloc down
-        try:
-            sizes = list(map(lines.write, map(orjson.dumps, map(_row, emitted), repeat(None),
-                                              repeat(orjson.OPT_APPEND_NEWLINE))))
-        except TypeError:  # some row is not JSON: found one by one below
-            pass
-        else:
+        encoded = json_lines(list(map(_row, emitted)))
+        if encoded is not None:  # else some row is not JSON: found one by one below
+            sizes, lines = encoded
             idx = array(_U32, map(index.__getitem__, map(id, map(_record, emitted))))
             times = array(_I64, given if ints is given else [NO_TIME if t is None else t for t in given])
             ends = array(_U64, accumulate(sizes))
-            return len(idx), idx.tobytes() + times.tobytes() + ends.tobytes() + lines.getvalue(), []
+            return len(idx), idx.tobytes() + times.tobytes() + ends.tobytes() + lines, []
     idx, times, ends = array(_U32), array(_I64), array(_U64)
     body = bytearray()
     bad: list[tuple[int, str]] = []

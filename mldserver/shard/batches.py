@@ -32,7 +32,6 @@ from the line) stay so: ``decode_records`` checks the last record's position (wi
 
 from __future__ import annotations
 
-import io
 from itertools import repeat
 from operator import attrgetter, itemgetter
 from typing import TYPE_CHECKING, Any, Iterable, NamedTuple, Sequence
@@ -42,7 +41,7 @@ import orjson
 from ..coordinator.ordering import NO_TIME, Item, RowBatch
 from ..positions import Position
 from ..protocol.lazy import LazyRecords
-from ..records import EVENT_TIME, MAX_EVENT_TIME_MS, Emitted, Record, valid_event_time
+from ..records import EVENT_TIME, MAX_EVENT_TIME_MS, Emitted, Record, json_lines, valid_event_time
 from .kpl import deaggregate, is_aggregate
 
 MALFORMED = "malformed records"
@@ -209,20 +208,14 @@ def encode_rows(emitted: Iterable[Emitted] | EncodedRows) -> tuple[RowBatch, lis
         return RowBatch.empty(), []
     times = event_times(list(map(_event_time, emitted)))
     if times is not None:
-        lines = io.BytesIO()
-        try:
-            # Each row written at once: orjson's buffers kept by the thousand (a list of
-            # its results) make malloc several times slower.
-            sizes = list(map(lines.write, map(orjson.dumps, map(_row, emitted), repeat(None),
-                                              repeat(orjson.OPT_APPEND_NEWLINE))))
-        except TypeError:  # some row is not JSON: found one by one below
-            pass
-        else:
+        encoded = json_lines(list(map(_row, emitted)))
+        if encoded is not None:  # else some row is not JSON: found one by one below
             import numpy as np
 
+            sizes, lines = encoded
             offsets = np.zeros(len(sizes) + 1, dtype=np.int64)
             np.cumsum(sizes, out=offsets[1:])
-            rows = rows_from_columns(list(map(_record, emitted)), None, times, offsets, lines.getvalue())
+            rows = rows_from_columns(list(map(_record, emitted)), None, times, offsets, lines)
             if rows is not None:
                 return rows, []
     items, bad = [], []
