@@ -33,6 +33,7 @@ document: a document stays valid as long as anything refers to it.
 
 from __future__ import annotations
 
+import threading
 from typing import Any, Iterator, Sequence
 
 import orjson
@@ -132,20 +133,23 @@ class LazyRecords(Sequence[Any]):
 # A parser is reused only when nothing refers to its last document any more (pysimdjson
 # refuses otherwise); a line that finds none free gets a parser of its own, not kept.
 POOLED_PARSERS = 4
-_parsers: list[Any] = []
 _IN_USE = "re-use a parser"  # pysimdjson's RuntimeError for a parser whose document lives on
+_local = threading.local()  # each thread its own parsers: a parser is never shared across threads
 
 
 def _parse(line: bytes) -> Any:
-    for parser in _parsers:
+    parsers = getattr(_local, "parsers", None)
+    if parsers is None:
+        parsers = _local.parsers = []
+    for parser in parsers:
         try:
             return parser.parse(line)
         except RuntimeError as exc:
             if _IN_USE not in str(exc):
                 raise
     parser = simdjson.Parser()
-    if len(_parsers) < POOLED_PARSERS:
-        _parsers.append(parser)
+    if len(parsers) < POOLED_PARSERS:
+        parsers.append(parser)
     return parser.parse(line)
 
 

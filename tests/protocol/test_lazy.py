@@ -5,6 +5,7 @@ errors for what the daemon should never send."""
 from __future__ import annotations
 
 import json
+import threading
 
 import pytest
 from hypothesis import given, settings
@@ -131,14 +132,14 @@ def test_a_lazy_batch_with_a_malformed_record_is_decoded_as_the_eager_one():
 def test_records_read_from_a_line_stay_valid_while_more_lines_than_pooled_parsers_are_parsed(monkeypatch):
     from mldserver.protocol import lazy
 
-    monkeypatch.setattr(lazy, "_parsers", [])
+    monkeypatch.setattr(lazy, "_local", threading.local())
     kept = []
     for n in range(lazy.POOLED_PARSERS + 3):  # every parser's document still referred to
         records = LazyRecords.parse(line_of([record(n), record(n + 1)]), keep=True)
         kept.append(list(records.objects()))
     assert [[r["partitionKey"] for r in objects] for objects in kept] == [
         [f"pk-{n}", f"pk-{n + 1}"] for n in range(lazy.POOLED_PARSERS + 3)]
-    assert len(lazy._parsers) == lazy.POOLED_PARSERS
+    assert len(lazy._local.parsers) == lazy.POOLED_PARSERS
 
 
 def test_a_parser_is_reused_once_nothing_refers_to_its_document(monkeypatch):
@@ -153,10 +154,23 @@ def test_a_parser_is_reused_once_nothing_refers_to_its_document(monkeypatch):
             made.append(1)
             super().__init__(*args, **kwargs)
 
-    monkeypatch.setattr(lazy, "_parsers", [])
+    monkeypatch.setattr(lazy, "_local", threading.local())
     monkeypatch.setattr(lazy.simdjson, "Parser", Counting)
     for n in range(5):
         records = LazyRecords.parse(line_of([record(n)]), keep=True)
         assert records.obj(0)["sequenceNumber"] == str(100 + n)
         records.release()
     assert made == [1]
+
+
+def test_each_thread_parses_with_parsers_of_its_own(monkeypatch):
+    from concurrent.futures import ThreadPoolExecutor
+
+    from mldserver.protocol import lazy
+
+    monkeypatch.setattr(lazy, "_local", threading.local())
+    here = LazyRecords.parse(line_of([record(1)]), keep=True)
+    with ThreadPoolExecutor(1) as pool:
+        there = pool.submit(lambda: LazyRecords.parse(line_of([record(2)]), keep=True)).result()
+    assert len(lazy._local.parsers) == 1  # this thread's: the other thread made its own
+    assert here.obj(0)["partitionKey"] == "pk-1" and there.obj(0)["partitionKey"] == "pk-2"

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import json
+import threading
 
 import pytest
 
@@ -187,7 +188,7 @@ def test_a_line_the_protocol_read_lazily_is_parsed_once_for_its_positions_and_th
             return super().parse(*args, **kwargs)
 
     monkeypatch.setattr(lazy.simdjson, "Parser", Counting)
-    monkeypatch.setattr(lazy, "_parsers", [])
+    monkeypatch.setattr(lazy, "_local", threading.local())
     raws = make_records(100, 3)
     event = messages.decode(json.dumps({"action": "processRecords", "records": raws}).encode(), lazy=True)
     records, bad = decode_records(event.records, deaggregate_kpl=False, positions=True)
