@@ -94,6 +94,7 @@ from ..protocol import (
     Status,
     action_in,
 )
+from ..pieces import PieceReader
 from ..records import Batch, ShardInfo
 from .batches import INVALID_AGGREGATE, BadRecords, decode_records, encode_rows
 from .calls import HandlerCalls, Outcome
@@ -191,16 +192,10 @@ class _Lost(Exception):
     """The connection cannot go on (the peer went away, or never replied)."""
 
 
-def _unread(reader: asyncio.StreamReader) -> int:
-    """Bytes the stream has received that the worker has not read yet."""
-    unread = getattr(reader, "unread", None)  # a PieceReader's (the server's connections)
-    return unread if unread is not None else len(getattr(reader, "_buffer", b""))
-
-
 class Worker:
     def __init__(
         self,
-        reader: asyncio.StreamReader,
+        reader: PieceReader,  # the server's connections (pieces.serve_tcp, serve_unix)
         writer: asyncio.StreamWriter,
         *,
         factory: Callable[[Any], Any],
@@ -300,7 +295,7 @@ class Worker:
         on_blocked(self._release)  # a write waiting out a full disk gives the slot back
         try:
             while True:
-                if self.stopping and not self.conn.buffered and not _unread(self.reader):
+                if self.stopping and not self.conn.buffered and not self.reader.unread:
                     break
                 try:
                     event = await self._next_event()
@@ -379,7 +374,7 @@ class Worker:
         """The next bytes from the daemon (b"" at the end). A slot holder whose line
         stops growing gives the slot back; an idle worker can be stopped here."""
         idle = self.conn.state in BETWEEN_ACTIONS and self.conn.buffered == 0 and not self.conn.overflowing
-        if idle and self.stopping and not _unread(self.reader):
+        if idle and self.stopping and not self.reader.unread:
             raise _Stopped
         self._idle = idle
         self._reading = asyncio.current_task()
@@ -410,7 +405,7 @@ class Worker:
             if not self._idle:
                 raise
             task.uncancel()
-            if not _unread(self.reader):
+            if not self.reader.unread:
                 raise _Stopped from None
             self._idle = False
             return await self._received(self.reader.read(READ_CHUNK))

@@ -112,29 +112,10 @@ async def read_frame_async(reader: asyncio.StreamReader) -> tuple[dict[str, Any]
     try:
         size, body_size = HEADER.unpack(await reader.readexactly(HEADER.size))
         data = await reader.readexactly(size)
-        body = await _read_body(reader, body_size) if body_size else b""
+        body = await reader.readexactly(body_size) if body_size else b""
     except asyncio.IncompleteReadError:
         return None
     return orjson.loads(data), body
-
-
-BODY_PIECE = 1 << 18  # below the fixed mmap threshold (``malloc.py``): heap memory, reused
-
-
-async def _read_body(reader: asyncio.StreamReader, n: int) -> bytes:
-    """``n`` bytes, read a piece at a time and joined once: ``readexactly`` lets the
-    reader's buffer grow to the whole body and then copies it, both into pages fresh
-    from the kernel for a body of megabytes (a batch's line, its rows)."""
-    if n <= BODY_PIECE:
-        return await reader.readexactly(n)
-    pieces = []
-    while n:
-        piece = await reader.read(min(n, BODY_PIECE))
-        if not piece:
-            raise asyncio.IncompleteReadError(b"".join(pieces), None)
-        pieces.append(piece)
-        n -= len(piece)
-    return b"".join(pieces)
 
 
 def _read_exactly(stream: BinaryIO, n: int) -> bytes | None:

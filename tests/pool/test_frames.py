@@ -179,11 +179,12 @@ def test_records_cross_as_the_line_that_arrived_when_the_server_kept_them_one_fo
 
 
 async def test_a_body_of_megabytes_is_read_whole_in_pieces_and_a_cut_one_reads_as_the_end():
+    from mldserver.pieces import PieceReader
     from mldserver.spark import frames as spark_frames
 
     body = bytes(range(256)) * 5000  # 1.28 MB: more than one piece
     frame = spark_frames.encode({"op": "x"}, body)
-    reader = asyncio.StreamReader()
+    reader = PieceReader()  # as a handler process's pipes are read
     for i in range(0, len(frame), 100_000):
         reader.feed_data(frame[i : i + 100_000])
     reader.feed_data(frame[:-1])  # a second frame cut short by EOF
