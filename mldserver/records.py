@@ -133,6 +133,19 @@ def valid_event_time(t: Any) -> bool:
     return type(t) is int and 0 <= t < MAX_EVENT_TIME_MS
 
 
+def times_valid(times: list[Any]) -> bool:
+    """Is every time None or an event time (``valid_event_time``)? A batch's, checked
+    together in C: the types at once, then the smallest and the largest."""
+    kinds = set(map(type, times))
+    if not kinds <= _TIME_TYPES:
+        return False  # a float, a string, a bool...
+    ints = [t for t in times if t is not None] if type(None) in kinds else times
+    return not ints or (min(ints) >= 0 and max(ints) < MAX_EVENT_TIME_MS)
+
+
+_TIME_TYPES = frozenset({int, type(None)})
+
+
 class Emitted(NamedTuple):
     """One ``batch.emit``: the record a row is attributed to, the row, its event time."""
 

@@ -60,7 +60,7 @@ from typing import Any, Iterable, Literal, NamedTuple, NotRequired, Sequence, Ty
 import orjson
 
 from ..protocol.lazy import LazyRecords
-from ..records import EVENT_TIME, MAX_EVENT_TIME_MS, Record, json_lines, valid_event_time
+from ..records import EVENT_TIME, Record, json_lines, times_valid, valid_event_time
 from ..spark.frames import HEADER, encode, read_frame, read_frame_async
 
 __all__ = [
@@ -162,14 +162,12 @@ def encode_rows(emitted: Iterable[tuple[Record, Any, int | float | None]],
     batch. Returns the row count, the body and the rows that could not be encoded."""
     emitted = list(emitted)
     given = list(map(_time, emitted))
-    kinds = set(map(type, given))
-    ints = [t for t in given if t is not None] if type(None) in kinds else given
-    if kinds <= _TIME_TYPES and (not ints or (min(ints) >= 0 and max(ints) < MAX_EVENT_TIME_MS)):
+    if times_valid(given):
         encoded = json_lines(list(map(_row, emitted)))
         if encoded is not None:  # else some row is not JSON: found one by one below
             sizes, lines = encoded
             idx = array(_U32, map(index.__getitem__, map(id, map(_record, emitted))))
-            times = array(_I64, given if ints is given else [NO_TIME if t is None else t for t in given])
+            times = array(_I64, [NO_TIME if t is None else t for t in given] if None in given else given)
             ends = array(_U64, accumulate(sizes))
             return len(idx), idx.tobytes() + times.tobytes() + ends.tobytes() + lines, []
     idx, times, ends = array(_U32), array(_I64), array(_U64)
@@ -193,7 +191,6 @@ def encode_rows(emitted: Iterable[tuple[Record, Any, int | float | None]],
 
 
 _record, _row, _time = itemgetter(0), itemgetter(1), itemgetter(2)
-_TIME_TYPES = frozenset({int, type(None)})
 
 
 class RowColumns(NamedTuple):

@@ -41,7 +41,7 @@ import orjson
 from ..coordinator.ordering import NO_TIME, Item, RowBatch
 from ..positions import Position
 from ..protocol.lazy import LazyRecords
-from ..records import EVENT_TIME, MAX_EVENT_TIME_MS, Emitted, Record, json_lines, valid_event_time
+from ..records import EVENT_TIME, MAX_EVENT_TIME_MS, Emitted, Record, json_lines, times_valid, valid_event_time
 from .kpl import deaggregate, is_aggregate
 
 MALFORMED = "malformed records"
@@ -316,22 +316,15 @@ def _positions(records: Sequence[Record]) -> Sequence[Position] | None:
 
 def event_times(values: list[Any]) -> np.ndarray | None:
     """The times as int64 (``NO_TIME`` for None), or None if one is neither None nor
-    a valid event time (``records.valid_event_time``): the check of the usual batch, in C."""
+    a valid event time (``records.times_valid``)."""
     import numpy as np
 
-    kinds = set(map(type, values))
-    if kinds == {int}:
+    if set(map(type, values)) == {int}:  # the usual batch: converted at once, checked in numpy
         try:
             times = np.array(values, dtype=np.int64)
         except OverflowError:
             return None
         return times if times.min() >= 0 and times.max() < MAX_EVENT_TIME_MS else None
-    if not kinds <= _TIME_TYPES:
-        return None  # a float, a string, a bool...
-    ints = [t for t in values if t is not None]
-    if ints and (min(ints) < 0 or max(ints) >= MAX_EVENT_TIME_MS):
+    if not times_valid(values):
         return None
     return np.array([NO_TIME if t is None else t for t in values], dtype=np.int64)
-
-
-_TIME_TYPES = frozenset({int, type(None)})
