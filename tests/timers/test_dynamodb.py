@@ -17,7 +17,7 @@ from mldserver.timers.firing import OK
 from mldserver.timers.scheduler import Scheduler
 from mldserver.timers.store import Timer
 
-from ..helpers import FakeClock
+from ..helpers import FakeClock, eventually
 from .test_scheduler import Recording
 
 T0 = 1_763_719_200_000
@@ -146,6 +146,8 @@ async def test_a_dead_schedulers_claims_are_taken_over(stores):
     await a.create_many([t(f"r{i}", T0) for i in range(20)])
     await a.step()  # a claims and "fires" all 20, then dies
     assert len(a.in_flight) == 20
+    # its claims are conditional writes made by the firing tasks: b reads only once they hold
+    await eventually(lambda: dead.waiting == 20, 30, what="a's 20 claims made and its calls started")
     await b.step()
     await b.drain()
     assert alive.fired == []  # a's claims live
