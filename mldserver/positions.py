@@ -20,8 +20,9 @@ counts as 0, as the KCL does.
 
 from __future__ import annotations
 
+import sys
 from itertools import repeat
-from typing import Any, NamedTuple
+from typing import Any, Iterator, NamedTuple, Sequence, overload
 
 _DIGITS = "0123456789"
 
@@ -42,24 +43,18 @@ class Position(NamedTuple):
     def parse_all(cls, sequence_numbers: list[Any], sub_sequence_numbers: list[Any]) -> list[Position | None]:
         """``parse`` over a batch, at a fraction of the cost when every value is good
         (the usual case): checked together, converted in C."""
-        try:
-            joined = "".join(sequence_numbers)
-        except TypeError:  # some value is not a string
-            joined = ""
-        if (
-            joined.isascii()
-            and joined.encode("ascii").isdigit()  # bytes.isdigit is a byte table; str's walks Unicode
-            and "" not in sequence_numbers
-            and set(sub_sequence_numbers) <= _ZERO_SUBS
-            and set(map(type, sub_sequence_numbers)) <= _SUB_TYPES  # not False, which equals 0
-        ):
-            try:
-                seqs = list(map(int, sequence_numbers))
-            except ValueError:  # past int's digit limit
-                pass
-            else:
-                return list(map(_new, repeat(cls), zip(seqs, repeat(0), sequence_numbers)))
+        if _usual(sequence_numbers, sub_sequence_numbers):
+            return list(map(_new, repeat(cls), zip(map(int, sequence_numbers), repeat(0), sequence_numbers)))
         return list(map(_parse, sequence_numbers, sub_sequence_numbers))
+
+    @classmethod
+    def batch(cls, sequence_numbers: list[Any], sub_sequence_numbers: list[Any]) -> Sequence[Position | None]:
+        """``parse_all``'s answer for a batch, where each position is made only when
+        read if every value is good in its usual form (``Positions``): whoever keeps a
+        batch's rows (the coordinator) reads few of its positions."""
+        if _usual(sequence_numbers, sub_sequence_numbers):
+            return Positions(sequence_numbers)
+        return cls.parse_all(sequence_numbers, sub_sequence_numbers)
 
     def to_json(self) -> list[Any]:
         return [self.text, self.sub]
@@ -80,6 +75,66 @@ class Position(NamedTuple):
 _new = tuple.__new__
 _ZERO_SUBS = frozenset({0, None})  # what a record that is not a KPL sub-record carries
 _SUB_TYPES = frozenset({int, type(None)})
+
+
+def _usual(sequence_numbers: list[Any], sub_sequence_numbers: list[Any]) -> bool:
+    """Is every sequence number a string of ASCII digits ``int`` takes, and every
+    sub-sequence number 0 or None? Checked together, in C."""
+    try:
+        joined = "".join(sequence_numbers)
+    except TypeError:  # some value is not a string
+        return False
+    limit = sys.get_int_max_str_digits() or len(joined)  # 0: no limit
+    return (
+        joined.isascii()
+        and joined.encode("ascii").isdigit()  # bytes.isdigit is a byte table; str's walks Unicode
+        and "" not in sequence_numbers
+        and max(map(len, sequence_numbers)) <= limit
+        and set(sub_sequence_numbers) <= _ZERO_SUBS
+        and set(map(type, sub_sequence_numbers)) <= _SUB_TYPES  # not False, which equals 0
+    )
+
+
+class Positions(Sequence[Position]):
+    """A batch's positions, every one checked (``Position.batch``), each made when
+    read: the sequence numbers as the daemon wrote them, every sub-sequence number 0::
+
+        positions = Position.batch(["100", "101", "102"], [None, None, 0])
+        positions[-1] == Position(102, 0, "102"); len(positions) == 3
+        bisect.bisect_right(positions, Position(100, 0, "100")) == 1   # a few made, not all
+    """
+
+    __slots__ = ("texts",)
+
+    def __init__(self, texts: list[str]) -> None:
+        self.texts = texts
+
+    def __len__(self) -> int:
+        return len(self.texts)
+
+    @overload
+    def __getitem__(self, i: int) -> Position: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> list[Position]: ...
+
+    def __getitem__(self, i: int | slice) -> Position | list[Position]:
+        if isinstance(i, slice):
+            return [_made(text) for text in self.texts[i]]
+        return _made(self.texts[i])
+
+    def __iter__(self) -> Iterator[Position]:
+        return map(_made, self.texts)
+
+    def __contains__(self, value: object) -> bool:
+        return isinstance(value, Position) and value.sub == 0 and value.text in self.texts
+
+    def __repr__(self) -> str:
+        return f"Positions({len(self.texts)})"
+
+
+def _made(text: str) -> Position:
+    return _new(Position, (int(text), 0, text))
 
 
 def _parse(text: Any, sub: Any) -> Position | None:

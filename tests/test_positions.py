@@ -57,3 +57,28 @@ def test_a_batch_parses_as_each_value_would_alone():
     assert Position.parse_all(odd, subs) == [Position.parse(t, s) for t, s in zip(odd, subs)]
     assert Position.parse_all(odd, subs) == [Position(7, 0, "7"), None, None, None, Position(10, 3, "10"), None, None]
     assert Position.parse_all([], []) == []
+
+
+def test_a_batch_of_usual_values_makes_each_position_when_read_and_answers_as_the_parsed_list():
+    import bisect
+    import sys
+
+    from mldserver.positions import Positions
+
+    texts = ["7", "8", "000000000000000000028", LONG]
+    lazy = Position.batch(texts, [0, None, 0, None])
+    parsed = Position.parse_all(texts, [0, None, 0, None])
+    assert type(lazy) is Positions and len(lazy) == 4
+    assert list(lazy) == parsed and lazy[1:3] == parsed[1:3] and lazy[-1] == parsed[-1]
+    assert None not in lazy and Position(28, 0, "000000000000000000028") in lazy and Position(28, 0, "28") not in lazy
+    assert [bisect.bisect_right(lazy, p) for p in parsed] == [1, 2, 3, 4]
+    with pytest.raises(IndexError):
+        lazy[4]
+    # anything unusual is parsed at once, as parse_all does: a sub-record, a bad value, a huge number
+    odd = ["7", "8x", "9"]
+    assert Position.batch(odd, [0, 0, 0]) == [Position(7, 0, "7"), None, Position(9, 0, "9")]
+    assert Position.batch(["7", "8"], [0, 2]) == [Position(7, 0, "7"), Position(8, 2, "8")]
+    assert Position.batch(["7", "8"], [0, False]) == [Position(7, 0, "7"), None]
+    huge = "9" * (sys.get_int_max_str_digits() + 1)
+    assert Position.batch(["7", huge], [0, 0]) == [Position(7, 0, "7"), None]
+    assert Position.batch([], []) == []

@@ -37,12 +37,16 @@ reads it. The rows a batch emitted
 come back as one columnar body per batch, never a frame per row (``encode_rows`` /
 ``decode_rows``), which the server reads in place, into the coordinator's columns::
 
-    n x u32 record index | n x i64 event time (-1: none given) | n x u64 end offset | row JSON lines...
+    n x u32 record index | n x i64 event time (-1: none) | n x u64 end offset | row JSON lines...
 
-Each row's JSON ends in a newline: the rows are JSON lines, as a sink takes them.
+Each row's JSON ends in a newline: the rows are JSON lines, as a sink takes them. A
+row emitted without an event time carries its record's ``approximateArrivalTimestamp``
+(read here, where the record is made; -1 if the record has none), so the server reads
+no record field but the positions.
 
-A row that orjson cannot encode, or whose ``event_time_ms`` is not epoch milliseconds
-(``records.valid_event_time``), is not in the body: ``bad`` holds ``[index, error]``.
+A row that orjson cannot encode, or whose event time (``event_time_ms``, else the
+arrival time) is not epoch milliseconds (``records.valid_event_time``), is not in the
+body: ``bad`` holds ``[index, error]``.
 The records the handler gave up on (``batch.fail``; ``failures.py``) are in ``failed``
 as ``[index, error, attempts]``, their rows left out of the body; ``stats`` holds what
 the handler counted in the call (``ChangeHandler``: ``on_update_success``, ...). Both
@@ -54,7 +58,7 @@ from __future__ import annotations
 import struct
 from array import array
 from itertools import accumulate
-from operator import itemgetter
+from operator import attrgetter, itemgetter
 from typing import Any, Iterable, Literal, NamedTuple, NotRequired, Sequence, TypedDict
 
 import orjson
@@ -162,6 +166,8 @@ def encode_rows(emitted: Iterable[tuple[Record, Any, int | float | None]],
     batch. Returns the row count, the body and the rows that could not be encoded."""
     emitted = list(emitted)
     given = list(map(_time, emitted))
+    if None in given:  # the record's arrival time stands in, read here where the record is made
+        given = [_arrival(r) if t is None else t for r, _, t in emitted]
     if times_valid(given):
         encoded = json_lines(list(map(_row, emitted)))
         if encoded is not None:  # else some row is not JSON: found one by one below
@@ -175,8 +181,11 @@ def encode_rows(emitted: Iterable[tuple[Record, Any, int | float | None]],
     bad: list[tuple[int, str]] = []
     for record, row, t in emitted:
         i = index[id(record)]
+        source = "batch.emit(event_time_ms=...)"
+        if t is None:
+            t, source = _arrival(record), "the record's approximateArrivalTimestamp"
         if t is not None and not valid_event_time(t):
-            bad.append((i, f"event time {t!r:.80} from batch.emit(event_time_ms=...) is not {EVENT_TIME}"))
+            bad.append((i, f"event time {t!r:.80} from {source} is not {EVENT_TIME}"))
             continue
         try:
             data = orjson.dumps(row, None, orjson.OPT_APPEND_NEWLINE)
@@ -191,6 +200,7 @@ def encode_rows(emitted: Iterable[tuple[Record, Any, int | float | None]],
 
 
 _record, _row, _time = itemgetter(0), itemgetter(1), itemgetter(2)
+_arrival = attrgetter("approximate_arrival_timestamp")
 
 
 class RowColumns(NamedTuple):

@@ -19,8 +19,9 @@ why, for the driver to dead-letter; nothing here does I/O::
 A batch whose last record is not an object with a sequence number of digits is
 malformed whole (its position would be the shard's delivered one): no records, one
 ``BadRecords`` with all of it. With ``positions`` (a sink is downstream: every row
-needs its record's position) every record's position is parsed here, at once, and a
-record without one is returned as malformed; otherwise a record's position is parsed
+needs its record's position) every record's position is checked here, at once (each
+``Position`` made when read: ``positions.Positions``), and a record without one is
+returned as malformed; otherwise a record's position is parsed
 when first read (``Record.position``, kept), and a server without a sink never pays
 for it.
 
@@ -123,11 +124,10 @@ def _lazy(raws: LazyRecords, positions: bool) -> LineRecords | None:
         if not positions:
             return LineRecords(raws, None, position)
         # A record that is not an object has None in every column: no position, as below.
-        seqs, subs, arrivals = raws.columns("sequenceNumber", "subSequenceNumber", "approximateArrivalTimestamp")
-        parsed = Position.parse_all(seqs, subs)
+        parsed = Position.batch(*raws.columns("sequenceNumber", "subSequenceNumber"))
         if None in parsed:
             return None
-        return LineRecords(raws, parsed, position, arrivals)
+        return LineRecords(raws, parsed, position)
     finally:
         raws.release()
 
@@ -137,13 +137,11 @@ class LineRecords(Sequence[Record]):
     from the line): a :class:`~mldserver.records.Record` is made only for the records
     the server asks for (the last one, the records rows came from, a checkpoint's)."""
 
-    __slots__ = ("raws", "positions", "arrivals", "_last")
+    __slots__ = ("raws", "positions", "_last")
 
-    def __init__(self, raws: LazyRecords, positions: list[Position] | None, last: Position,
-                 arrivals: list[Any] | None = None) -> None:
+    def __init__(self, raws: LazyRecords, positions: Sequence[Position] | None, last: Position) -> None:
         self.raws = raws
-        self.positions = positions  # every record's, parsed in bulk (a sink is downstream)
-        self.arrivals = arrivals  # every record's approximateArrivalTimestamp, read with them
+        self.positions = positions  # every record's, checked in bulk (a sink is downstream)
         self._last = last
 
     def __len__(self) -> int:
@@ -294,12 +292,11 @@ def rows_from_columns(records: Sequence[Record], index: np.ndarray | None, times
 # The batch's records' arrival times and positions, one per record. A batch read
 # lazily (``LineRecords``) answers in bulk, from its line, without a Record each. The
 # coordinator reads only a few of the positions (a window's last row, the ledger's
-# head, a binary search for duplicates).
+# head, a binary search for duplicates): each is made when read (``Positions``).
 
 def _arrival_times(records: Sequence[Record]) -> list[Any]:
-    if type(records) is LineRecords:
-        arrivals = records.arrivals
-        return records.raws.column("approximateArrivalTimestamp") if arrivals is None else arrivals
+    if type(records) is LineRecords:  # rare: a handler process gives each row a time (``pool.frames``)
+        return records.raws.column("approximateArrivalTimestamp")
     return list(map(_arrival, records))
 
 

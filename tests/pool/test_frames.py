@@ -30,7 +30,11 @@ def test_rows_cross_as_one_columnar_body_and_come_back_as_they_were_encoded():
                               (0, f"event time 5.5 from batch.emit(event_time_ms=...) is not {EVENT_TIME}")]
     columns = frames.decode_rows(n, body)
     assert columns.records.tolist() == [0, 2, 2]
-    assert columns.times.tolist() == [frames.NO_TIME, 1763719200000, 5]
+    # no event time given: the record's arrival time stands in (none: NO_TIME)
+    assert columns.times.tolist() == [records[0].approximate_arrival_timestamp, 1763719200000, 5]
+    no_arrival = Record({"sequenceNumber": "7"})
+    n, body, _ = frames.encode_rows([(no_arrival, {}, None)], {id(no_arrival): 0})
+    assert frames.decode_rows(n, body).times.tolist() == [frames.NO_TIME]
     assert [orjson.loads(d) for d in columns.rows()] == [{"k": 1}, {"é": [1, 2]}, {}]
     assert bytes(columns.lines).count(b"\n") == 3  # JSON lines, as a sink takes them
     assert frames.decode_rows(*frames.encode_rows([], {})[:2]).rows() == []
@@ -75,7 +79,7 @@ async def test_the_child_alone_runs_calls_proxies_checkpoints_and_answers_done(t
     assert (done["id"], done["result"], done["error"], done["rows"]) == (2, "checkpoint_failed",
                                                                         "ThrottlingException", 2)
     columns = frames.decode_rows(done["rows"], body)
-    assert columns.records.tolist() == [0, 1] and columns.times.tolist() == [frames.NO_TIME] * 2
+    assert columns.records.tolist() == [0, 1] and columns.times.tolist() == [r["approximateArrivalTimestamp"] for r in records]
     assert [orjson.loads(d)["seq"] for d in columns.rows()] == ["10", "11"]
     proc.stdin.write(frames.encode({"op": "call", "id": 3, "shard": 8, "action": "lease_lost", "info": info}))
     done, _ = await frames.read_frame_async(proc.stdout)

@@ -148,14 +148,15 @@ def test_rows_a_handler_process_encoded_are_read_in_place_with_their_records_pos
     rows, unfit = encoded_rows(records, *frames.decode_rows(n, body))
     assert [(i.time, i.position.seq, i.data) for i in rows] == [
         (1000, 7, b'{"k":1}'), (None, 9, b'{"k":2}'), (5, 8, b'{"k":3}'), (6, 7, b'{"k":5}')]
-    assert bad == [] and [(b.raws[0]["sequenceNumber"], b.reason) for b in unfit] == [("8", BAD_ROW)]
-    assert "approximateArrivalTimestamp" in unfit[0].error
+    # the child fills in an arrival time where no event time was given, and refuses a bad one
+    assert unfit == [] and [i for i, _ in bad] == [1] and "from the record's approximateArrivalTimestamp" in bad[0][1]
     n, body, _ = frames.encode_rows(emitted[:1], {id(records[0]): 0})
     rows, unfit = encoded_rows(records[:1], *frames.decode_rows(n, body))
     assert unfit == [] and bytes(rows.body) == b'{"k":1}\n'  # the child's JSON line, not copied
 
 
-def test_rows_of_a_lazily_read_line_take_the_positions_and_arrival_times_read_in_bulk(monkeypatch):
+def test_rows_of_a_lazily_read_line_take_the_positions_checked_in_bulk_and_the_childs_times(monkeypatch):
+    from mldserver.positions import Positions
     from mldserver.protocol.lazy import LazyRecords
 
     raws = make_records(100, 4)
@@ -163,15 +164,15 @@ def test_rows_of_a_lazily_read_line_take_the_positions_and_arrival_times_read_in
     del raws[3]["approximateArrivalTimestamp"]
     line = json.dumps({"action": "processRecords", "records": raws}).encode()
     records, bad = decode_records(LazyRecords.parse(line), deaggregate_kpl=False, positions=True)
-    assert bad == [] and type(records).__name__ == "LineRecords"
+    assert bad == [] and type(records).__name__ == "LineRecords" and type(records.positions) is Positions
+    child = frames.records_from(line, True)  # the handler process's records, from the same line
+    emitted = [(child[0], {"k": 0}, 5), (child[1], {"k": 1}, None), (child[3], {"k": 3}, None)]
+    n, body, _ = frames.encode_rows(emitted, {id(r): i for i, r in enumerate(child)})
     made = []
     monkeypatch.setattr(Record, "__init__", lambda *a: made.append(a))  # a Record each would show here
-    marks = [object() for _ in raws]  # the child's records, as encode_rows sees them
-    emitted = [(marks[0], {"k": 0}, 5), (marks[1], {"k": 1}, None), (marks[3], {"k": 3}, 7)]
-    n, body, _ = frames.encode_rows(emitted, {id(m): i for i, m in enumerate(marks)})
     rows, unfit = encoded_rows(records, *frames.decode_rows(n, body))
     assert made == [] and unfit == [] and rows.positions is records.positions
-    assert rows.times.tolist() == [5, 1234, 7]
+    assert rows.times.tolist() == [5, 1234, frames.NO_TIME]  # given; the arrival time; none at all
     assert [rows.position(i).seq for i in range(3)] == [int(raws[i]["sequenceNumber"]) for i in (0, 1, 3)]
 
 
@@ -194,7 +195,6 @@ def test_a_line_the_protocol_read_lazily_is_parsed_once_for_its_positions_and_th
     records, bad = decode_records(event.records, deaggregate_kpl=False, positions=True)
     assert parses == [1] and bad == [] and event.records._array is None  # not held past here
     assert [p.seq for p in records.positions] == [100, 101, 102]
-    assert records.arrivals == [r["approximateArrivalTimestamp"] for r in raws]
 
 
 def test_a_row_that_cannot_be_an_item_is_returned_with_its_record():
