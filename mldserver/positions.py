@@ -90,8 +90,8 @@ def _usual(sequence_numbers: list[Any], sub_sequence_numbers: list[Any]) -> bool
         and joined.encode("ascii").isdigit()  # bytes.isdigit is a byte table; str's walks Unicode
         and "" not in sequence_numbers
         and max(map(len, sequence_numbers)) <= limit
+        and set(map(type, sub_sequence_numbers)) <= _SUB_TYPES  # not False, which equals 0; hashable
         and set(sub_sequence_numbers) <= _ZERO_SUBS
-        and set(map(type, sub_sequence_numbers)) <= _SUB_TYPES  # not False, which equals 0
     )
 
 

@@ -82,3 +82,4 @@ def test_a_batch_of_usual_values_makes_each_position_when_read_and_answers_as_th
     huge = "9" * (sys.get_int_max_str_digits() + 1)
     assert Position.batch(["7", huge], [0, 0]) == [Position(7, 0, "7"), None]
     assert Position.batch([], []) == []
+    assert Position.batch(["7", "8"], [[1], {}]) == Position.parse_all(["7", "8"], [[1], {}]) == [None, None]

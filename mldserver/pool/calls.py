@@ -266,8 +266,8 @@ class ProcessCalls(Calls):
 
     def _rows(self, batch: Batch, message: dict[str, Any], body: bytes) -> EncodedRows:
         """The coordinator's columns straight from the columnar body, read in place:
-        each row stays the child's JSON line; its record gives its position (and the
-        event time if the handler gave none, checked here as ``encode_rows`` checks it)."""
+        each row stays the child's JSON line and keeps the event time the child gave it
+        (the handler's, else its record's arrival time); its record gives its position."""
         records = batch.records
         bad = [BadRecords([records[i].to_json()], BAD_ROW, error) for i, error in message["bad"]]
         rows, unfit = encoded_rows(records, *decode_rows(message["rows"], body))

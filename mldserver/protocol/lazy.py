@@ -25,7 +25,7 @@ accept and refuse the same lines. A record that is not a JSON object is ``None``
 
 The parsed line (larger than the line) is let go once the size and the last record
 are read, or, with ``parse(keep=True)``, when ``release`` says so (the server reads
-every record's position and arrival time in one pass, ``columns``, then lets it go);
+every record's sequence and sub-sequence numbers in one pass, ``columns``, then lets it go);
 ``obj``, ``objects`` and ``column`` parse it again, once, and keep it. Parsers are
 reused (``POOLED_PARSERS`` of them), each only once nothing refers to its previous
 document: a document stays valid as long as anything refers to it.

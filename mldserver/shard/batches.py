@@ -237,9 +237,10 @@ def encode_rows(emitted: Iterable[Emitted] | EncodedRows) -> tuple[RowBatch, lis
 def encoded_rows(records: Sequence[Record], index: Any, times: Any, ends: Any, lines: Any
                  ) -> tuple[RowBatch, list[BadRecords]]:
     """The coordinator's columns for the rows a handler process encoded (``pool.frames``:
-    each row's record index, event time or ``NO_TIME``, and end in ``lines``, its JSON
-    lines), read in place; rows whose record gives no event time or position are
-    returned as bad rows, as ``encode_rows`` does."""
+    each row's record index, event time, and end in ``lines``, its JSON lines), read in
+    place. The handler process gave each row its time (``emit``'s, else its record's
+    arrival time, checked there); ``NO_TIME`` means the record has none. Rows whose
+    record has no position are returned as bad rows, as ``encode_rows`` does."""
     import numpy as np
 
     n = len(times)
@@ -247,36 +248,31 @@ def encoded_rows(records: Sequence[Record], index: Any, times: Any, ends: Any, l
     offsets[1:] = np.frombuffer(ends, dtype=np.uint64, count=n)
     index = np.frombuffer(index, dtype=np.uint32, count=n)
     times = np.frombuffer(times, dtype=np.int64, count=n)
-    rows = rows_from_columns(records, index, times, offsets, lines)
+    rows = rows_from_columns(records, index, times, offsets, lines, arrivals=False)
     if rows is not None:
         return rows, []
     items, bad = [], []
     for i, t, start, end in zip(index.tolist(), times.tolist(), offsets.tolist(), offsets[1:].tolist()):
         r = records[i]
-        if t == NO_TIME:
-            t = r.approximate_arrival_timestamp
-            if t is not None and not valid_event_time(t):
-                bad.append(BadRecords([r.to_json()], BAD_ROW, f"event time {t!r:.80} from the record's "
-                                                               f"approximateArrivalTimestamp is not {EVENT_TIME}"))
-                continue
         try:
-            items.append(Item(t, r.position, bytes(lines[start : end - 1])))
+            items.append(Item(None if t == NO_TIME else t, r.position, bytes(lines[start : end - 1])))
         except ValueError as exc:
             bad.append(BadRecords([r.to_json()], BAD_ROW, str(exc)))
     return RowBatch.of(items), bad
 
 
 def rows_from_columns(records: Sequence[Record], index: np.ndarray | None, times: np.ndarray,
-                      offsets: np.ndarray, lines: Any) -> RowBatch | None:
+                      offsets: np.ndarray, lines: Any, arrivals: bool = True) -> RowBatch | None:
     """A batch's rows as the coordinator keeps them: ``index`` maps each row to its
     record in ``records`` (None: row ``i`` came from ``records[i]``), whose position it
-    takes, and whose arrival time stands for an event time not given (``NO_TIME``).
+    takes, and (with ``arrivals``) whose arrival time stands for an event time not given
+    (``NO_TIME``).
     None when some record has no position or an arrival time that is not epoch ms:
     the caller finds which, row by row."""
     import numpy as np
 
     missing = times == NO_TIME
-    if missing.any():
+    if arrivals and missing.any():
         arrivals = event_times(_arrival_times(records))
         if arrivals is None:
             return None
@@ -290,13 +286,12 @@ def rows_from_columns(records: Sequence[Record], index: np.ndarray | None, times
 
 
 # The batch's records' arrival times and positions, one per record. A batch read
-# lazily (``LineRecords``) answers in bulk, from its line, without a Record each. The
-# coordinator reads only a few of the positions (a window's last row, the ledger's
-# head, a binary search for duplicates): each is made when read (``Positions``).
+# lazily (``LineRecords``) gives its positions in bulk, without a Record each; the
+# coordinator reads only a few of them (a window's last row, the ledger's head, a
+# binary search for duplicates): each is made when read (``Positions``). Its rows
+# come from a handler process, which gave each its time.
 
 def _arrival_times(records: Sequence[Record]) -> list[Any]:
-    if type(records) is LineRecords:  # rare: a handler process gives each row a time (``pool.frames``)
-        return records.raws.column("approximateArrivalTimestamp")
     return list(map(_arrival, records))
 
 

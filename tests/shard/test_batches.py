@@ -173,6 +173,7 @@ def test_rows_of_a_lazily_read_line_take_the_positions_checked_in_bulk_and_the_c
     rows, unfit = encoded_rows(records, *frames.decode_rows(n, body))
     assert made == [] and unfit == [] and rows.positions is records.positions
     assert rows.times.tolist() == [5, 1234, frames.NO_TIME]  # given; the arrival time; none at all
+    assert records.raws._array is None  # the line was not parsed again to look for arrival times
     assert [rows.position(i).seq for i in range(3)] == [int(raws[i]["sequenceNumber"]) for i in (0, 1, 3)]
 
 
