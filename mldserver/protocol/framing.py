@@ -100,9 +100,7 @@ class LineBuffer:
         parts = self._parts
         pieces = parts[:i]
         if nl:
-            pieces.append(parts[i][:nl])
-        while pieces and not pieces[-1]:
-            pieces.pop()
+            pieces.append(parts[i][:nl])  # parts are never empty: so neither is a piece
         if pieces and pieces[-1].endswith(b"\r"):
             pieces[-1] = pieces[-1][:-1]
         self._drop(i, nl)
