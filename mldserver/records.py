@@ -23,6 +23,7 @@ import binascii
 import io
 from dataclasses import dataclass
 from itertools import repeat
+from operator import itemgetter
 from typing import Any, NamedTuple, Sequence
 
 import orjson
@@ -152,6 +153,35 @@ class Emitted(NamedTuple):
     record: Record
     row: dict[str, Any]
     event_time_ms: int | None
+
+
+def row_times(emitted: Sequence[tuple[Record, Any, Any]]) -> list[Any]:
+    """Each emitted row's event time: ``emit``'s, else its record's
+    ``approximate_arrival_timestamp`` (None when neither is given). Checked by the
+    caller (``times_valid``); ``row_time`` says which one is wrong, and why."""
+    given = list(map(_given, emitted))
+    if None not in given:
+        return given
+    return [e[0].approximate_arrival_timestamp if t is None else t for e, t in zip(emitted, given)]
+
+
+_given = itemgetter(2)
+
+
+def row_time(record: Record, given: Any) -> tuple[Any, str | None]:
+    """One row's event time as ``row_times`` gives it, and the error if it is not
+    None or an event time::
+
+        row_time(record, 5.5)   # (5.5, "event time 5.5 from batch.emit(event_time_ms=...) is not ...")
+        row_time(record, None)  # (1763719200123, None): the record's arrival time
+    """
+    if given is not None:
+        t, source = given, "batch.emit(event_time_ms=...)"
+    else:
+        t, source = record.approximate_arrival_timestamp, "the record's approximateArrivalTimestamp"
+    if t is None or valid_event_time(t):
+        return t, None
+    return t, f"event time {t!r:.80} from {source} is not {EVENT_TIME}"
 
 
 _new = tuple.__new__

@@ -58,13 +58,13 @@ from __future__ import annotations
 import struct
 from array import array
 from itertools import accumulate
-from operator import attrgetter, itemgetter
+from operator import itemgetter
 from typing import Any, Iterable, Literal, NamedTuple, NotRequired, Sequence, TypedDict
 
 import orjson
 
 from ..protocol.lazy import LazyRecords
-from ..records import EVENT_TIME, Record, json_lines, times_valid, valid_event_time
+from ..records import Record, json_lines, row_time, row_times, times_valid
 from ..spark.frames import HEADER, encode, read_frame, read_frame_async
 
 __all__ = [
@@ -165,9 +165,7 @@ def encode_rows(emitted: Iterable[tuple[Record, Any, int | float | None]],
     """One body for a batch's rows: ``index`` maps ``id(record)`` to its place in the
     batch. Returns the row count, the body and the rows that could not be encoded."""
     emitted = list(emitted)
-    given = list(map(_time, emitted))
-    if None in given:  # the record's arrival time stands in, read here where the record is made
-        given = [_arrival(r) if t is None else t for r, _, t in emitted]
+    given = row_times(emitted)  # the record's arrival time stands in, read here where the record is made
     if times_valid(given):
         encoded = json_lines(list(map(_row, emitted)))
         if encoded is not None:  # else some row is not JSON: found one by one below
@@ -181,11 +179,9 @@ def encode_rows(emitted: Iterable[tuple[Record, Any, int | float | None]],
     bad: list[tuple[int, str]] = []
     for record, row, t in emitted:
         i = index[id(record)]
-        source = "batch.emit(event_time_ms=...)"
-        if t is None:
-            t, source = _arrival(record), "the record's approximateArrivalTimestamp"
-        if t is not None and not valid_event_time(t):
-            bad.append((i, f"event time {t!r:.80} from {source} is not {EVENT_TIME}"))
+        t, error = row_time(record, t)
+        if error is not None:
+            bad.append((i, error))
             continue
         try:
             data = orjson.dumps(row, None, orjson.OPT_APPEND_NEWLINE)
@@ -199,8 +195,7 @@ def encode_rows(emitted: Iterable[tuple[Record, Any, int | float | None]],
     return len(idx), idx.tobytes() + times.tobytes() + ends.tobytes() + body, bad
 
 
-_record, _row, _time = itemgetter(0), itemgetter(1), itemgetter(2)
-_arrival = attrgetter("approximate_arrival_timestamp")
+_record, _row = itemgetter(0), itemgetter(1)
 
 
 class RowColumns(NamedTuple):

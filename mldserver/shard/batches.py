@@ -34,7 +34,7 @@ from the line) stay so: ``decode_records`` checks the last record's position (wi
 from __future__ import annotations
 
 from itertools import repeat
-from operator import attrgetter, itemgetter
+from operator import itemgetter
 from typing import TYPE_CHECKING, Any, Iterable, NamedTuple, Sequence
 
 import orjson
@@ -42,7 +42,7 @@ import orjson
 from ..coordinator.ordering import NO_TIME, Item, RowBatch
 from ..positions import Position
 from ..protocol.lazy import LazyRecords
-from ..records import EVENT_TIME, MAX_EVENT_TIME_MS, Emitted, Record, json_lines, times_valid, valid_event_time
+from ..records import MAX_EVENT_TIME_MS, Emitted, Record, json_lines, row_time, row_times, times_valid
 from .kpl import deaggregate, is_aggregate
 
 MALFORMED = "malformed records"
@@ -52,8 +52,7 @@ BAD_ROW = "bad row"
 if TYPE_CHECKING:
     import numpy as np
 
-_record, _row, _event_time = (itemgetter(Emitted._fields.index(name)) for name in Emitted._fields)
-_arrival = attrgetter("approximate_arrival_timestamp")
+_record, _row = itemgetter(Emitted._fields.index("record")), itemgetter(Emitted._fields.index("row"))
 
 
 class BadRecords(NamedTuple):
@@ -204,7 +203,7 @@ def encode_rows(emitted: Iterable[Emitted] | EncodedRows) -> tuple[RowBatch, lis
     emitted = list(emitted)
     if not emitted:  # also every batch of a server without a sink
         return RowBatch.empty(), []
-    times = event_times(list(map(_event_time, emitted)))
+    times = event_times(row_times(emitted))
     if times is not None:
         encoded = json_lines(list(map(_row, emitted)))
         if encoded is not None:  # else some row is not JSON: found one by one below
@@ -218,11 +217,8 @@ def encode_rows(emitted: Iterable[Emitted] | EncodedRows) -> tuple[RowBatch, lis
                 return rows, []
     items, bad = [], []
     for record, row, t in emitted:
-        source = "the record's approximateArrivalTimestamp" if t is None else "batch.emit(event_time_ms=...)"
-        if t is None:
-            t = record.approximate_arrival_timestamp
-        if t is not None and not valid_event_time(t):
-            error = f"event time {t!r:.80} from {source} is not {EVENT_TIME}"
+        t, error = row_time(record, t)
+        if error is not None:
             bad.append(BadRecords([record.to_json()], BAD_ROW, error))
             continue
         try:
@@ -248,7 +244,7 @@ def encoded_rows(records: Sequence[Record], index: Any, times: Any, ends: Any, l
     offsets[1:] = np.frombuffer(ends, dtype=np.uint64, count=n)
     index = np.frombuffer(index, dtype=np.uint32, count=n)
     times = np.frombuffer(times, dtype=np.int64, count=n)
-    rows = rows_from_columns(records, index, times, offsets, lines, arrivals=False)
+    rows = rows_from_columns(records, index, times, offsets, lines)
     if rows is not None:
         return rows, []
     items, bad = [], []
@@ -262,21 +258,12 @@ def encoded_rows(records: Sequence[Record], index: Any, times: Any, ends: Any, l
 
 
 def rows_from_columns(records: Sequence[Record], index: np.ndarray | None, times: np.ndarray,
-                      offsets: np.ndarray, lines: Any, arrivals: bool = True) -> RowBatch | None:
+                      offsets: np.ndarray, lines: Any) -> RowBatch | None:
     """A batch's rows as the coordinator keeps them: ``index`` maps each row to its
     record in ``records`` (None: row ``i`` came from ``records[i]``), whose position it
-    takes, and (with ``arrivals``) whose arrival time stands for an event time not given
-    (``NO_TIME``).
-    None when some record has no position or an arrival time that is not epoch ms:
-    the caller finds which, row by row."""
-    import numpy as np
-
-    missing = times == NO_TIME
-    if arrivals and missing.any():
-        arrivals = event_times(_arrival_times(records))
-        if arrivals is None:
-            return None
-        times = np.where(missing, arrivals if index is None else arrivals[index], times)
+    takes; ``times`` are the rows' (``records.row_times``: ``NO_TIME`` where neither
+    ``emit`` nor the record gave one). None when some record has no position: the
+    caller finds which, row by row."""
     positions = _positions(records)
     if positions is None:
         return None
@@ -285,15 +272,10 @@ def rows_from_columns(records: Sequence[Record], index: np.ndarray | None, times
     return RowBatch(times, index, positions, lines, offsets)
 
 
-# The batch's records' arrival times and positions, one per record. A batch read
-# lazily (``LineRecords``) gives its positions in bulk, without a Record each; the
-# coordinator reads only a few of them (a window's last row, the ledger's head, a
-# binary search for duplicates): each is made when read (``Positions``). Its rows
-# come from a handler process, which gave each its time.
-
-def _arrival_times(records: Sequence[Record]) -> list[Any]:
-    return list(map(_arrival, records))
-
+# The batch's records' positions, one per record. A batch read lazily (``LineRecords``)
+# gives them in bulk, without a Record each; the coordinator reads only a few of them
+# (a window's last row, the ledger's head, a binary search for duplicates): each is
+# made when read (``Positions``).
 
 def _positions(records: Sequence[Record]) -> Sequence[Position] | None:
     """None when some record has none."""
