@@ -88,15 +88,25 @@ def _parser():
                        help="relay part: also run the server with its /metrics scraped every SECONDS, side by side")
     bench.add_argument("--workers", type=int, nargs="+", default=None,
                        help="handler processes of the servers measured, side by side (default: the default and 0)")
-    bench.add_argument("--part", choices=["all", "relay", "coordinator", "spark", "changes", "timers", "table"],
+    bench.add_argument("--part", choices=["all", "relay", "coordinator", "spark", "changes", "timers", "table",
+                                          "chaos"],
                        default="all",
                        help="relay: against amazon_kclpy; coordinator: with a sink against none; "
                             "spark: end to end into Spark against the bare handoff; "
                             "changes: a ChangeHandler against a batch Handler decoding by hand; "
                             "timers: durable timers created and fired per second, and the store's memory; "
-                            "table: the iceberg sink against the parquet sink, and reading a position back")
+                            "table: the iceberg sink against the parquet sink, and reading a position back; "
+                            "chaos (not part of all): 24 shards with poisoned batches and handler processes "
+                            "SIGKILLed, against an undisturbed run, and the checks (no connection closed, "
+                            "every record handled or dead-lettered)")
     bench.add_argument("--commits", type=int, default=None,
                        help="table part: commits in the table a position is read back from (default 10,000)")
+    bench.add_argument("--duration", type=float, default=None, metavar="SECONDS",
+                       help="chaos part: seconds of chaos (default 300; 20 with --quick), after an undisturbed "
+                            "run of a tenth of that (5 to 30 s)")
+    bench.add_argument("--seed", type=int, default=None,
+                       help="chaos part: the campaign's seed: its batches, faults and kill intervals "
+                            "(default: a random one, printed)")
 
     demo = sub.add_parser("demo", help="run the server on an example handler, driven by the fake daemon")
     demo.add_argument("--shards", type=int, default=4)

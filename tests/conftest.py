@@ -10,7 +10,10 @@ import sys
 import time
 from pathlib import Path
 
+import asyncio
+
 import pytest
+import uvloop
 
 from mldserver import testing
 
@@ -18,6 +21,19 @@ ROOT = Path(__file__).resolve().parent.parent
 DATA = Path(__file__).resolve().parent / "data"  # conformance scenarios and KPL vectors, copied as they are
 BIN = Path(sys.executable).parent
 MLDSERVER = str(BIN / "mldserver")
+
+
+# Tests run what ships: the CLI serves on uvloop (``uvloop.run``), so does every test's
+# loop. The pool's, the worker's and the fault tests run on the stock loop as well: a
+# failure of a pipe or a socket is raised by one loop and logged and dropped by the other.
+BOTH_LOOPS = ("tests/pool/", "tests/shard/", "tests/faults/")
+
+
+def pytest_asyncio_loop_factories(config, item):
+    path = Path(str(item.path)).resolve().relative_to(ROOT).as_posix()
+    if path.startswith(BOTH_LOOPS):
+        return {"uvloop": uvloop.new_event_loop, "asyncio": asyncio.new_event_loop}
+    return {"uvloop": uvloop.new_event_loop}
 
 
 def relay_command(port: int) -> str:

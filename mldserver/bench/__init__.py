@@ -1,6 +1,6 @@
 """``mldserver bench``: what mldserver costs, measured against what it replaces, in one run.
 
-Six parts, each in its own module, all sharing ``common.py`` (a server in its own
+Seven parts, each in its own module, all sharing ``common.py`` (a server in its own
 process, PSS sampling, the coordinator and Spark parts' batches)::
 
     mldserver bench --part relay         # relay.py: throughput, latency, memory vs amazon_kclpy
@@ -9,7 +9,9 @@ process, PSS sampling, the coordinator and Spark parts' batches)::
     mldserver bench --part changes       # changes.py: a ChangeHandler vs a batch Handler decoding by hand
     mldserver bench --part timers        # timers.py: durable timers created and fired per second, memory
     mldserver bench --part table         # table.py: the iceberg sink vs the parquet sink, position read-back
-    mldserver bench                      # all six
+    mldserver bench --part chaos         # chaos.py: poisoned batches and SIGKILLed handler processes
+                                         #   vs an undisturbed run, and the checks (--duration 300, --seed N)
+    mldserver bench                      # every part but chaos (which runs for --duration)
     mldserver bench --workers 2 0        # servers with 2 handler processes and with none, side by side
 
 The bare hand-off runs Spark in this process, through ``mldserver.spark.bench``: only
@@ -23,7 +25,7 @@ import tempfile
 
 async def amain(args) -> None:
     shard_counts = [1, 2] if args.quick and args.shards == [1, 32] else args.shards
-    with_kclpy = not args.no_kclpy
+    with_kclpy = not args.no_kclpy and args.part in ("all", "relay")
     if with_kclpy:
         try:
             import amazon_kclpy  # noqa: F401
@@ -60,6 +62,10 @@ async def amain(args) -> None:
             from . import relay
 
             await relay.run(args, shard_counts, with_kclpy, tmp)
+        if args.part == "chaos":
+            from . import chaos
+
+            await chaos.run(args, tmp)
 
 
 def main(args) -> None:

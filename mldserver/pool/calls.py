@@ -11,9 +11,15 @@ apart; what changes is what a failure can be::
   (``handler_timed_out``), the process killed (the pool replaces it), and that counts
   as a failed attempt;
 - the process died while the call was running (a fault in C, ``os._exit``, a kill
-  during a blocking call): a failed attempt, redone in a fresh process; a call of
-  another shard that was only waiting in that process is redone without counting
-  (``handler_redone``);
+  during a blocking call): a failed attempt;
+- after either, the call is retried in quarantine: a process spawned for it alone
+  (``HandlerPool.quarantine``), so a poisoned batch never kills a process that serves
+  other shards twice; the shard goes back to the pool's processes after that action;
+- a call of another shard that was only waiting in that process is redone at once in a
+  live process, without counting (``handler_redone``), up to ``UNBLAMED_REDOS`` times;
+- anything else that goes wrong on our side of the call (a bug of ours) is logged
+  ``action_failed_internally`` with its traceback and counts as a failed attempt: the
+  worker answers the action whatever happens here;
 - before the first call in a new process (after a death, a memory replacement or a
   reload), the shard gets a fresh handler instance there: ``initialize`` again with
   the shard's current position (``shard_moved``).
@@ -41,11 +47,11 @@ from ..shard.batches import BAD_ROW, BadRecords, EncodedRows, encoded_rows
 from ..shard.calls import FAILED, Calls, Outcome
 from .frames import decode_rows, encode_records
 from .pool import HandlerPool
-from .process import START_TIMEOUT, HandlerProcess, ProcessDied
+from .process import START_TIMEOUT, HandlerImportFailed, HandlerProcess, ProcessDied
 
-# A call redone because its process died while another call was running, at most this
-# often before the deaths count against it too.
-UNBLAMED_REDOS = 10
+# A call redone because its process died while another call was running (or while no
+# call ran: a kill from outside), at most this often before the deaths count against it too.
+UNBLAMED_REDOS = 3
 
 _keys = itertools.count(1)
 
@@ -77,7 +83,7 @@ class ProcessCalls(Calls):
         self.proc: HandlerProcess | None = None
         self.shard: ShardInfo | None = None
         self._cursors: dict[int, AsyncIterator[dict[str, Any]]] = {}
-        self._left = 0  # the shard moves to a process numbered above this (see _leave)
+        self._quarantine = False  # the next attempt runs in a process of its own
         self._moved = False  # placed in a new process: a fresh instance is initialized before the next call
         self._moved_from: int | None = None
         self._stored: Any = None  # the position the daemon stored last (a Position)
@@ -111,66 +117,77 @@ class ProcessCalls(Calls):
         attempts = self.retries + 1
         attempt = redone = 0
         error = ""
-        while attempt < attempts:
-            if self._aborted is not None:
-                return Outcome(FAILED, f"not called: {self._aborted}")
-            traceback = None
-            proc = frame = None
-            try:
-                try:  # waiting for a process to start is not the handler's time
-                    async with asyncio.timeout(max(self.timeout, START_TIMEOUT)):
-                        proc = await self._placed()
+        try:
+            while attempt < attempts:
+                if self._aborted is not None:
+                    return Outcome(FAILED, f"not called: {self._aborted}")
+                traceback = None
+                proc = frame = None
+                try:
+                    proc = await self._placed()
+                    if self._moved and action != "initialize":
+                        await self._initialize_here(proc)
+                    cp = checkpointer()
+                    frame, body = self._frame(action, arg, collect_rows)
+                    message, rows = await self._wait(proc, frame, body, cp, action)
                 except TimeoutError:
-                    raise _NoProcess(f"no handler process started within {max(self.timeout, START_TIMEOUT)} s") from None
-                if self._moved and action != "initialize":
-                    await self._initialize_here(proc)
-                cp = checkpointer()
-                frame, body = self._frame(action, arg, collect_rows)
-                message, rows = await self._wait(proc, frame, body, cp, action)
-            except TimeoutError:
-                error = f"timed out after {self.timeout} s (execution_timeout): its process was killed"
-                self.count({"timeout_count": 1})
-                if proc is not None and proc.alive:
-                    proc.killed_for = frame["id"] if frame is not None else -1
-                    proc.killed_what = (self.shard.shard_id, action)
-                    proc.floor = self.pool.newest
-                    stack = await proc.stack()
-                    self.log.error("handler_timed_out", callback=action, pid=proc.pid, timeout_s=self.timeout,
-                                   stack=stack, what_to_do="the stack shows where it was; the process is replaced")
-                    proc.kill()
-                    await proc.died.wait()  # the death is logged with this shard among its shards
-                self._leave()
-            except ProcessDied as exc:
-                if self.proc is not None:  # a broken pipe may come before the reader sees the death
-                    with contextlib.suppress(TimeoutError):
-                        async with asyncio.timeout(5):
-                            await self.proc.died.wait()
-                self._leave()
-                if not exc.blamed and redone < UNBLAMED_REDOS:
-                    await self._settled()
-                    redone += 1
-                    self.log.warning("handler_redone", callback=action, error=str(exc))
-                    continue
-                error = str(exc)
-            except (_InitializeFailed, _NoProcess) as exc:
-                error = str(exc)
-            else:
-                self.count(message.get("stats"))
-                if message["result"] != FAILED:
-                    if action == "initialize":
-                        self._moved = False  # the instance is made
-                    return Outcome(message["result"], message["error"],
-                                   self._rows(arg, message, rows) if collect_rows else None,
-                                   message.get("failed") or None)
-                error, traceback = message["error"], message.get("traceback")
-            await self._settled()
-            attempt += 1
-            retry = attempt < attempts
-            self.log.error("handler_failed", callback=action, error=error, attempt=attempt, attempts=attempts,
-                           retry=retry, traceback=traceback)
-            if retry:
-                await asyncio.sleep(self.backoff.delay(attempt - 1))
-        return Outcome(FAILED, error)
+                    error = f"timed out after {self.timeout} s (execution_timeout): its process was killed"
+                    self.count({"timeout_count": 1})
+                    await self._kill(proc, frame, action)
+                    self._quarantine = True
+                except ProcessDied as exc:
+                    self._leave()
+                    if not exc.blamed and redone < UNBLAMED_REDOS:
+                        await self._settled()
+                        redone += 1
+                        self.log.warning("handler_redone", callback=action, error=str(exc))
+                        continue
+                    error = str(exc)
+                    self._quarantine = True
+                except (_InitializeFailed, _NoProcess) as exc:
+                    error = str(exc)
+                except Exception as exc:  # a bug of ours: one failed attempt, never a closed connection
+                    error = f"internal error: {type(exc).__name__}: {exc}"
+                    self.log.error("action_failed_internally", callback=action, error=error, exc_info=True)
+                    self._leave()
+                else:
+                    self.count(message.get("stats"))
+                    if message["result"] != FAILED:
+                        if action == "initialize":
+                            self._moved = False  # the instance is made
+                        return Outcome(message["result"], message["error"],
+                                       self._rows(arg, message, rows) if collect_rows else None,
+                                       message.get("failed") or None)
+                    error, traceback = message["error"], message.get("traceback")
+                await self._settled()
+                attempt += 1
+                retry = attempt < attempts
+                self.log.error("handler_failed", callback=action, error=error, attempt=attempt, attempts=attempts,
+                               retry=retry, traceback=traceback)
+                if retry:
+                    await asyncio.sleep(self.backoff.delay(attempt - 1))
+            return Outcome(FAILED, error)
+        finally:
+            self._quarantine = False
+            if self.proc is not None and self.proc.quarantine:
+                self._leave()  # the action is over: the shard goes back to the pool's processes
+
+    async def _kill(self, proc: HandlerProcess | None, frame: dict[str, Any] | None, action: str) -> None:
+        """The call ran past ``execution_timeout``: its stack logged, its process killed
+        (the death is logged with this shard among its shards)."""
+        assert self.shard is not None
+        if proc is not None and proc.alive:
+            proc.killed_for = frame["id"] if frame is not None else -1
+            proc.killed_what = (self.shard.shard_id, action)
+            stack = await proc.stack()
+            self.log.error("handler_timed_out", callback=action, pid=proc.pid, timeout_s=self.timeout,
+                           stack=stack, what_to_do="the stack shows where it was; the process is replaced and "
+                                                   "the action retried in a process of its own")
+            proc.kill()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(5):
+                    await proc.died.wait()
+        self._leave()
 
     async def _settled(self) -> None:
         """Before an action is redone: the requests of the attempt that failed are
@@ -206,14 +223,25 @@ class ProcessCalls(Calls):
 
     async def _placed(self) -> HandlerProcess:
         """The shard's live process; a new one (``_moved``) if it had none, or its
-        process died, was killed or retires."""
+        process died, was killed or retires; a process of its own when the last attempt
+        killed its process or ran too long (``_quarantine``)."""
         proc = self.proc
-        if proc is not None and proc.alive and not proc.retiring:
+        if proc is not None and proc.alive and not proc.retiring and proc.quarantine == self._quarantine:
             return proc
         assert self.shard is not None
         if proc is not None:
             self._leave()
-        proc = await self.pool.assign(self.key, self.shard.shard_id, newer_than=self._left)
+        wait = max(self.timeout, START_TIMEOUT)
+        try:  # waiting for a process to start is not the handler's time
+            async with asyncio.timeout(wait):
+                if self._quarantine:
+                    proc = await self.pool.quarantine(self.key, self.shard.shard_id)
+                else:
+                    proc = await self.pool.assign(self.key, self.shard.shard_id)
+        except TimeoutError:
+            raise _NoProcess(f"no handler process started within {wait} s") from None
+        except HandlerImportFailed as exc:
+            raise _NoProcess(f"no handler process for it: {exc}") from None
         self.proc = proc
         self._moved = True
         return proc
@@ -233,10 +261,10 @@ class ProcessCalls(Calls):
         self._moved = False
 
     def _leave(self) -> None:
-        """Off the shard's process (dead, killed or retiring): the next goes to a newer one."""
+        """Off the shard's process (dead, killed, retiring or its quarantine over): the
+        next call gets a fresh instance elsewhere."""
         if self.proc is not None:
             self._moved_from = self.proc.pid
-            self._left = max(self._left, self.proc.floor)
             self.pool.release(self.proc, self.key)
             self.proc = None
 

@@ -3,15 +3,22 @@
     pool = HandlerPool(settings)
     await pool.start()                 # every process imported the handler, or ConfigError
     proc = await pool.assign(key, "shardId-0")   # the least loaded live process
+    proc = await pool.quarantine(key, "shardId-0")   # a process of its own (a poisoned call)
     await pool.reload()                # SIGHUP: a new generation, or the old one keeps serving
     await pool.stop()
 
 - A process that dies (any signal or exit) is logged ``handler_process_died`` with its
   pid, exit code or signal, the shards it held and the actions in flight (the one
   running, and faulthandler's stack for a fatal signal), and replaced. Its shards move
-  to fresh instances at their next call (``calls.ProcessCalls``). Respawns back off
-  when processes die young or do not start: a handler that crashes on import does not
-  spin the CPU.
+  to fresh instances in the live processes at their next call (``calls.ProcessCalls``),
+  at once: they wait for no respawn while another process serves.
+- Quarantine: a call whose process died while it ran, or that ran past
+  ``execution_timeout``, is retried in a process spawned for it alone
+  (``handler_process_quarantined``), never again beside other shards; that process is
+  stopped once the call is over. Its death is logged but never respawned.
+- Respawns back off only when processes do not start, or die young before serving any
+  call: a handler that crashes on import does not spin the CPU, and a poisoned batch
+  does not delay the bystanders' fresh process.
 - ``max_handler_memory`` (MiB, 0: no limit): a process over it is marked retiring
   (``handler_process_memory``) and a new one started; its shards move between two
   actions and it is stopped once empty, so nothing in flight is lost.
@@ -45,7 +52,7 @@ class HandlerPool:
         self.processes: list[HandlerProcess] = []
         self.generation = 1
         self.backoff = Backoff(first=0.2, cap=10.0)
-        self.failures = 0  # deaths of young processes and failed starts in a row
+        self.failures = 0  # failed starts, and deaths of young processes that served nothing, in a row
         self.call_ids = itertools.count(1)
         self.task: asyncio.Task[None] | None = None  # the supervisor, watched by the server
         self._wake = asyncio.Event()
@@ -56,6 +63,7 @@ class HandlerPool:
         self.newest = 0  # the highest process number made so far
         self.replaced = 0
         self.services: dict[str, Requests] = {}  # what every process's requests may ask the server (timers)
+        self.quarantined: list[HandlerProcess] = []  # one call each (``quarantine``), stopped once it is over
 
     # -- lifecycle --------------------------------------------------------------------
 
@@ -76,7 +84,7 @@ class HandlerPool:
         if self.task is not None:
             self.task.cancel()
             await asyncio.gather(self.task, return_exceptions=True)
-        await asyncio.gather(*(p.stop() for p in self.processes))
+        await asyncio.gather(*(p.stop() for p in self.processes + self.quarantined))
         self.log.info("handler_pool_stopped", deaths=self.deaths, replaced=self.replaced)
 
     async def _spawn(self, generation: int | None = None, initial: bool = False) -> HandlerProcess:
@@ -95,13 +103,11 @@ class HandlerPool:
     def serving(self) -> list[HandlerProcess]:
         return [p for p in self.processes if p.alive and not p.retiring]
 
-    async def assign(self, key: int, shard_id: str, newer_than: int = 0) -> HandlerProcess:
-        """The least loaded live process of the current generation numbered above
-        ``newer_than`` (a shard leaving a dead or killed process goes to one started
-        after the death: ``HandlerProcess.floor``), waiting for a respawn if there is
-        none; the shard is counted on it."""
+    async def assign(self, key: int, shard_id: str) -> HandlerProcess:
+        """The least loaded live process of the current generation, waiting for a
+        respawn only if there is none; the shard is counted on it."""
         while True:
-            live = [p for p in self.serving() if p.number > newer_than]
+            live = self.serving()
             if live:
                 proc = min(live, key=lambda p: (p.load, p.number))
                 proc.shards[key] = shard_id
@@ -122,9 +128,31 @@ class HandlerPool:
             self._wake.set()
             await self._added.wait()
 
+    async def quarantine(self, key: int, shard_id: str) -> HandlerProcess:
+        """A process of the shard's own, for a call that killed its process or ran past
+        its time: whatever it does next harms no other shard. HandlerImportFailed if
+        it does not start."""
+        proc = HandlerProcess(self.settings, log=self.log, generation=self.generation)
+        proc.quarantine = True
+        proc.on_death = self._died
+        proc.services = self.services
+        proc.shards[key] = shard_id
+        self.quarantined.append(proc)
+        try:
+            await proc.start()
+        except BaseException:
+            self.quarantined.remove(proc)
+            raise
+        self.log.info("handler_process_quarantined", pid=proc.pid, process=proc.number, shard_id=shard_id)
+        return proc
+
     def release(self, proc: HandlerProcess, key: int) -> None:
+        """The shard leaves ``proc``: its instance is dropped there. A dead process
+        keeps its list (what it held when it died); nothing is sent to it."""
+        if not proc.alive:
+            return
         proc.drop(key)
-        if proc.retiring:
+        if proc.retiring or proc.quarantine:
             self._wake.set()
 
     # -- supervision ------------------------------------------------------------------
@@ -133,7 +161,6 @@ class HandlerPool:
         """Called by the process's reader when the pipe closes (before its calls fail)."""
         if proc.stopping:
             return
-        proc.floor = proc.floor or self.newest
         self.deaths += 1
         how = describe_exit(proc.returncode)
         lived = time.monotonic() - proc.started
@@ -148,11 +175,15 @@ class HandlerPool:
             in_flight=[{"shard_id": s, "action": a} for s, a in proc.in_flight.values()],
             running=None if running is None else {"shard_id": running[0], "action": running[1]},
             lived_s=round(lived, 1),
+            quarantine=proc.quarantine,
             stack=proc.crash_stack() if fatal else None,
-            what_to_do="its shards get fresh handler instances in a new process and the action in flight is "
-                       "redone there; an action that keeps killing its process is dead-lettered",
+            what_to_do="the action that was running is retried in a process of its own, then dead-lettered; "
+                       "the other shards get fresh handler instances in the live processes and their actions "
+                       "in flight are redone there",
         )
-        if lived < YOUNG:
+        if proc.quarantine:
+            pass  # never respawned, and no reason to hold back the pool's own processes
+        elif lived < YOUNG and not proc.served:
             self.failures += 1
         else:
             self.failures = 0
@@ -166,8 +197,13 @@ class HandlerPool:
             except asyncio.TimeoutError:
                 pass
             self._wake.clear()
+            for proc in [p for p in self.processes + self.quarantined if not p.alive and p.proc is not None]:
+                proc.kill()  # its stdin failed: no frame reaches it any more
             for proc in [p for p in self.processes if p.died.is_set()]:
                 self.processes.remove(proc)
+                await proc.stop()
+            for proc in [p for p in self.quarantined if p.died.is_set() or not p.shards]:
+                self.quarantined.remove(proc)
                 await proc.stop()
             if limit > 0:
                 for proc in self.serving():

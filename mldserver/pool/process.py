@@ -14,6 +14,14 @@ one that knows the shard's checkpointer. What the server answers whichever call 
 When the process dies, every call in flight fails with :class:`ProcessDied`, which
 says how (exit code or signal) and whether that call was the one running
 (``blamed``: its id was in the shared state file).
+
+This class is the process boundary, and :class:`ProcessDied` is the only shape a
+failure takes when it crosses it. Whatever goes wrong writing to, reading from or
+waiting on the process (a closed pipe, a transport the loop closed before the death was
+noticed (uvloop does, the stock loop drops the write), a frame that cannot be read) is
+``ProcessDied`` for the calls it affects; ``drop`` and ``stop`` of a dead process do
+nothing. ``alive`` is false from the moment its stdin closes, so nobody places a shard
+on a process that is dying.
 """
 
 from __future__ import annotations
@@ -83,19 +91,22 @@ class HandlerProcess:
         self.task: asyncio.Task[None] | None = None
         self.started = 0.0
         self._map: mmap.mmap | None = None
+        self._stdout_pipe: asyncio.ReadTransport | None = None
         self.last_running = 0  # the call id running when it died (0: none was)
         self.killed_for = 0  # the call id whose time-out killed it
         self.killed_what: tuple[str, str] | None = None  # its (shard id, action)
-        # Once it died (or was killed): the newest process number then; its shards go
-        # to a process started after that, never to a sibling that shared the failure.
-        self.floor = 0
+        self.quarantine = False  # spawned for one shard's call that killed its process or ran too long
+        self.served = 0  # calls sent to it
+        self.killed = False  # by us: no longer alive, though its death may not be noticed yet
         self.stopping = False
         self.on_death: Callable[["HandlerProcess"], None] | None = None
         self.services: dict[str, Requests] = {}  # requests answered by the server, not by a call's owner
 
     @property
     def alive(self) -> bool:
-        return self.proc is not None and not self.died.is_set()
+        proc = self.proc
+        return (proc is not None and not self.died.is_set() and not self.killed
+                and proc.stdin is not None and not proc.stdin.is_closing())
 
     @property
     def load(self) -> int:
@@ -121,7 +132,7 @@ class HandlerProcess:
         finally:
             os.close(write_fd)
         self.stdout = PieceReader(limit=PIPE_LIMIT)
-        await asyncio.get_running_loop().connect_read_pipe(
+        self._stdout_pipe, _ = await asyncio.get_running_loop().connect_read_pipe(
             lambda: asyncio.StreamReaderProtocol(self.stdout), os.fdopen(read_fd, "rb", buffering=0))
         self.pid = proc.pid
         start: StartFrame = {
@@ -137,11 +148,17 @@ class HandlerProcess:
             frame = await asyncio.wait_for(read_frame_async(self.stdout), START_TIMEOUT)
         except asyncio.TimeoutError:
             frame = None
+        except BaseException:  # cancelled (the pool stops while it starts): it must not outlive us
+            self.kill()
+            self._close_pipes()
+            self._cleanup()
+            raise
         if frame is None or frame[0].get("op") != "ready":
             if proc.returncode is None:
                 proc.kill()
             code = await proc.wait()
             self.died.set()
+            self._close_pipes()
             self._cleanup()
             if frame is not None and frame[0].get("op") == "import_failed":
                 raise HandlerImportFailed(frame[0]["error"])
@@ -152,10 +169,43 @@ class HandlerProcess:
     async def _read(self) -> None:
         proc = self.proc
         assert proc is not None and self.stdout is not None
+        try:
+            await self._frames()
+        except Exception as exc:  # a frame that cannot be read: the process is of no more use
+            self.log.error("handler_process_unreadable", pid=self.pid, process=self.number,
+                           error=f"{type(exc).__name__}: {exc}", exc_info=True,
+                           what_to_do="it is killed and replaced; its calls are redone elsewhere")
+            self.kill()
+        running = RUN.unpack_from(self._map)[0] if self._map is not None else 0
+        if proc.stdin is not None:
+            proc.stdin.close()  # nothing more is written to it (a write now is ProcessDied)
+        self.returncode = await proc.wait()
+        self._close_pipes()
+        self.last_running = running = self.killed_for or running
+        self.died.set()
+        if self.on_death is not None:
+            self.on_death(self)
+        how = describe_exit(self.returncode)
+        text = ", ".join(f"{k} {v}" for k, v in how.items())
+        alone = len(self._calls) == 1
+        for call_id, (future, _) in self._calls.items():
+            if not future.done():
+                # Blame the call that was running (or whose time-out killed it); when none
+                # was, the only call in flight. Killed from outside while several calls
+                # awaited, none is blamed: the call's owner redoes each a few times
+                # (``calls.UNBLAMED_REDOS``) before the deaths count against it too.
+                future.set_exception(ProcessDied(text, blamed=call_id == running or (running == 0 and alone)))
+        self._calls.clear()
+        # Requests being answered are not cancelled: a checkpoint round trip with the
+        # daemon must finish (the call's owner waits for it before it redoes the action).
+
+    async def _frames(self) -> None:
+        """Until its end of output: each ``done`` to its call, each request answered."""
+        assert self.stdout is not None
         while True:
             frame = await read_frame_async(self.stdout)
             if frame is None:
-                break
+                return
             message, body = frame
             op = message["op"]
             if op == "done":
@@ -169,56 +219,49 @@ class HandlerProcess:
                 task = asyncio.create_task(self._answer(message, answer))
                 self._serving.add(task)
                 task.add_done_callback(self._serving.discard)
-        running = RUN.unpack_from(self._map)[0] if self._map is not None else 0
-        self.returncode = await proc.wait()
-        self.last_running = running = self.killed_for or running
-        self.died.set()
-        if self.on_death is not None:
-            self.on_death(self)
-        how = describe_exit(self.returncode)
-        text = ", ".join(f"{k} {v}" for k, v in how.items())
-        for call_id, (future, _) in self._calls.items():
-            if not future.done():
-                # Blame the call that was running; none was (killed while every call
-                # awaited): each call in flight may be the culprit.
-                future.set_exception(ProcessDied(text, blamed=call_id == running or running == 0))
-        self._calls.clear()
-        # Requests being answered are not cancelled: a checkpoint round trip with the
-        # daemon must finish (the call's owner waits for it before it redoes the action).
 
     async def _answer(self, message: dict[str, Any], requests: Requests | None) -> None:
         if requests is None:
             reply: dict[str, Any] = {"error": "InvalidStateException", "detail": "the action is over"}
         else:
-            reply = await requests(message)
+            try:
+                reply = await requests(message)
+            except Exception as exc:  # a bug of ours: the handler gets an error, not silence
+                self.log.error("request_failed_internally", op=message.get("op"), pid=self.pid,
+                               error=f"{type(exc).__name__}: {exc}", exc_info=True)
+                reply = {"error": f"{type(exc).__name__}: {exc}"}
         try:
             self._write({"op": "reply", "req": message["req"], **reply})
         except ProcessDied:
             pass  # nobody is left to read it
 
     def _write(self, message: dict[str, Any], body: bytes = b"") -> None:
-        proc = self.proc
-        if proc is None or proc.stdin is None or self.died.is_set():
+        """One frame to the process, or ProcessDied (whatever its pipe raised)."""
+        if not self.alive:
             raise ProcessDied("already gone", blamed=False)
+        stdin = self.proc.stdin  # type: ignore[union-attr]
         try:
-            proc.stdin.write(encode_head(message, len(body)))
+            stdin.write(encode_head(message, len(body)))  # type: ignore[union-attr]
             if body:
-                proc.stdin.write(body)
-        except (BrokenPipeError, ConnectionResetError) as exc:
-            raise ProcessDied(str(exc), blamed=False) from None
+                stdin.write(body)  # type: ignore[union-attr]
+        except Exception as exc:  # BrokenPipeError, or uvloop's RuntimeError on a closed transport
+            self.kill()  # no frame reaches it any more: of no use, even if it still runs
+            raise ProcessDied(f"its stdin failed: {type(exc).__name__}: {exc}", blamed=False) from None
 
     async def call(self, frame: dict[str, Any], body: bytes, requests: Requests,
                    what: tuple[str, str]) -> tuple[dict[str, Any], bytes]:
         future: asyncio.Future[tuple[dict[str, Any], bytes]] = asyncio.get_running_loop().create_future()
         self._calls[frame["id"]] = (future, requests)
         self.in_flight[frame["id"]] = what
+        self.served += 1
         try:
             self._write(frame, body)
-            assert self.proc is not None and self.proc.stdin is not None
-            await self.proc.stdin.drain()
+            try:
+                await self.proc.stdin.drain()  # type: ignore[union-attr]
+            except Exception as exc:  # the pipe closed under the write
+                self.kill()
+                raise ProcessDied(f"its stdin failed: {type(exc).__name__}: {exc}", blamed=False) from None
             return await future
-        except (BrokenPipeError, ConnectionResetError) as exc:
-            raise ProcessDied(str(exc), blamed=False) from None
         finally:
             self._calls.pop(frame["id"], None)
             self.in_flight.pop(frame["id"], None)
@@ -271,6 +314,7 @@ class HandlerProcess:
             return None
 
     def kill(self) -> None:
+        self.killed = True
         if self.proc is not None and self.proc.returncode is None:
             try:
                 self.proc.kill()
@@ -292,6 +336,15 @@ class HandlerProcess:
                 self.kill()
                 await self.task
         self._cleanup()
+
+    def _close_pipes(self) -> None:
+        """Its pipes' and its own transports, once it has exited (uvloop holds them
+        open otherwise, and its loop cannot close)."""
+        if self._stdout_pipe is not None:
+            self._stdout_pipe.close()
+        transport = getattr(self.proc, "_transport", None)
+        if transport is not None:
+            transport.close()
 
     def _cleanup(self) -> None:
         if self._map is not None:

@@ -188,6 +188,10 @@ class _Stopped(Exception):
     """The server stops and this worker has nothing to answer."""
 
 
+async def _done() -> None:
+    return None
+
+
 class _Lost(Exception):
     """The connection cannot go on (the peer went away, or never replied)."""
 
@@ -311,6 +315,10 @@ class Worker:
                     self.last_action, self.last_action_at = self._owed, time.time()
                 try:
                     await self._dispatch(event)
+                except (_Lost, _Stopped):
+                    raise
+                except Exception as exc:  # a bug of ours ends this action, never the connection
+                    await self._failed_internally(event, exc)
                 finally:
                     del event  # a batch must not stay alive while the shard waits for the next
                     self._release()
@@ -323,13 +331,44 @@ class Worker:
         finally:
             if self._outstanding is not None and not self._outstanding.done():
                 self._outstanding.cancel()
-            self._release()
-            self.calls.close()
-            self.downstream.close()  # the coordinator may forget the shard once it is done
+            for step in (self._release, self.calls.close,
+                         self.downstream.close):  # the coordinator may forget the shard once it is done
+                try:
+                    step()
+                except Exception:  # each step is done whatever the one before raised
+                    self.log.error("close_failed_internally", step=step.__qualname__, exc_info=True)
             if self.metrics is not None and self.shard is not None:
                 self.metrics.forget(self.shard.shard_id)
             self.log.info("closed", batches=self.batches, records=self.records, state=self.conn.state.name)
             self.writer.close()
+
+    async def _failed_internally(self, event: Event, exc: Exception) -> None:
+        """An exception of ours inside one action: logged with its traceback, the batch
+        dead-lettered with its data, the action answered once; the next action is read
+        as usual. Only the daemon's end of input, a lost connection or the server's
+        shutdown end a connection."""
+        action = event.action if isinstance(event, Action) else None
+        self.log.error("action_failed_internally", action=action, error=f"{type(exc).__name__}: {exc}",
+                       exc_info=exc, what_to_do="a bug in mldserver: the action is answered and the "
+                       "connection goes on; please report it with this traceback")
+        if isinstance(event, ShardEnded) or (isinstance(event, Shutdown) and event.is_shard_end):
+            self.log.error("shard_end_not_stored", error=f"{type(exc).__name__}: {exc}",
+                           what_to_do="the shard's rows could not be made safe, so SHARD_END was not stored; "
+                           "the daemon will not process this shard's children until it is: restart the daemon")
+        steps = []
+        if isinstance(event, ProcessRecords) and event.records:
+            bad = BadRecords(event.records, "internal error", f"{type(exc).__name__}: {exc}")
+            steps.append(("dead_letter", lambda: self._dead_letter_all([bad])))
+        if action is not None:
+            steps.append(("status", lambda: self._answer(action) if self.conn.owes_status == action else _done()))
+        for step, run in steps:  # the status is sent even if the dead letter could not be written
+            try:
+                await run()
+            except (_Lost, _Stopped):
+                raise
+            except Exception as again:
+                self.log.error("action_failed_internally", action=action, step=step,
+                               error=f"{type(again).__name__}: {again}", exc_info=again)
 
     async def _next_event(self) -> Event:
         while True:
@@ -603,7 +642,11 @@ class Worker:
         if self.shard is not None:
             await self.downstream.shard_ended()  # spooled before SHARD_END
         cp = self._checkpointer("shard_ended", budget=self.settings.shard_end_budget, clamped=False)
-        await self._call("shard_ended", None, lambda: cp)
+        try:
+            await self._call("shard_ended", None, lambda: cp)
+        except Exception as exc:  # SHARD_END is stored whatever the call did
+            self.log.error("action_failed_internally", action="shardEnded", error=f"{type(exc).__name__}: {exc}",
+                           exc_info=exc, what_to_do="a bug in mldserver: SHARD_END is stored all the same")
         if cp.stored_all:
             self.log.info("shard_end_stored")
             return

@@ -196,7 +196,6 @@ class PoolFiring:
     async def _kill(self, proc: "HandlerProcess", timer: Timer, call_id: int) -> None:
         proc.killed_for = call_id
         proc.killed_what = ("(timers)", timer.callback)
-        proc.floor = self.pool.newest
         stack = await proc.stack()
         self.log.error("handler_timed_out", callback=timer.callback, reference=timer.reference, pid=proc.pid,
                        timeout_s=self.timeout, stack=stack,

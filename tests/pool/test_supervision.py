@@ -51,13 +51,19 @@ async def test_a_handler_that_kills_its_process_costs_a_respawn_and_a_dead_lette
             assert await shard.close() == 0
         assert all(daemon.checkpoints[s.shard_id] == "SHARD_END" for s in shards)
         attempts = server.settings.handler_retries + 1
-        await eventually(lambda: len(events(caplog, "handler_process_started")) == attempts, timeout=20,
-                         what="each dead process replaced")
+        await eventually(lambda: len(events(caplog, "handler_process_started")) == 1, timeout=20,
+                         what="the pool's dead process replaced")
         assert len(server.pool.serving()) == 2
+        # The retries ran in quarantine: one process each, for shard 3 alone.
+        quarantined = events(caplog, "handler_process_quarantined")
+        assert [q["shard_id"] for q in quarantined] == ["shardId-000000000003"] * (attempts - 1)
+        await eventually(lambda: not server.pool.quarantined, timeout=20, what="quarantine processes stopped")
 
     died = events(caplog, "handler_process_died")
-    assert len([d for d in died if d["running"] == {"shard_id": "shardId-000000000003", "action": "process_records"}]) \
-        == attempts
+    poisoned = [d for d in died if d["running"] == {"shard_id": "shardId-000000000003", "action": "process_records"}]
+    assert len(poisoned) == attempts
+    assert [d["quarantine"] for d in poisoned] == [False] + [True] * (attempts - 1)
+    assert all(d["shards"] == ["shardId-000000000003"] for d in poisoned[1:])  # nobody else paid for it twice
     first = died[0]
     if how == "segv":
         assert first["signal"] == "SIGSEGV" and "pool_handlers.py" in first["stack"]
