@@ -1,4 +1,4 @@
-"""Checkpointing from a handler, with the daemon's errors handled per PROTOCOL.md.
+"""Checkpointing from a handler, with the daemon's errors handled per docs/protocol.md (section 5).
 
 A ``Checkpointer`` lives for one action (a batch, a shutdown request, a shard end)::
 

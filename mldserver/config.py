@@ -246,7 +246,7 @@ class Settings:
     max_batches_in_flight: int = setting(8, low=0, high=1_000_000)
     # shutdown: how long in-flight actions get to finish after SIGTERM
     shutdown_timeout: float = setting(30.0, low=0.0, high=HOUR, unit="seconds")
-    # pipeline (coordinator and Spark; see DESIGN.md). With no sink, rows are not collected.
+    # pipeline (the coordinator, then the sink: README, "One ordered stream"). With no sink, rows are not collected.
     window: float = setting(60.0, low=0.1, high=DAY, unit="seconds")  # tumbling event-time windows
     sink: str | None = setting(None, str)  # file:DIR (JSON lines) or parquet:DIR (Spark)
     # watermarks: a caught-up shard stands at the wall clock minus this margin

@@ -46,7 +46,7 @@ if TYPE_CHECKING:
 MAIN_CLASS = "software.amazon.kinesis.multilang.MultiLangDaemon"
 JAXB_JAR = Path(os.environ.get("MLDSERVER_JAXB_JAR", "/usr/share/java/jaxb-api.jar"))
 # After SIGTERM the JVM runs its graceful shutdown for shutdownGraceMillis, then exits
-# (about 2 s more, REAL-MLD.md); past this much more it is killed.
+# (about 2 s more, seen with shutdownGraceMillis = 10000); past this much more it is killed.
 STOP_MARGIN_S = 30.0
 READ_CHUNK = 1 << 16
 LINE_LIMIT = 1 << 16  # longest line scanned for an event (the log file has it whole)

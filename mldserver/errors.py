@@ -17,7 +17,7 @@ The coordinator reads ``retriable`` to decide what a failed commit means::
 
 from __future__ import annotations
 
-# The daemon's transient errors (PROTOCOL.md section 5): retried with backoff.
+# The daemon's transient errors (docs/protocol.md, section 5): retried with backoff.
 RETRIABLE_CHECKPOINT_ERRORS = frozenset({"ThrottlingException", "KinesisClientLibDependencyException"})
 
 

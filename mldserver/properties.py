@@ -1,5 +1,5 @@
 """The KCL MultiLangDaemon's properties file: read it as the daemon does (Java
-``Properties.load``), and check it against what mldserver needs (PROTOCOL.md section 7).
+``Properties.load``), and check it against what mldserver needs (docs/protocol.md, section 7).
 
 The daemon silently ignores a key it does not know, and some values defeat the
 server's guarantees, so ``mldserver check --properties`` and ``mldserver run`` report

@@ -1,4 +1,4 @@
-"""Checkpoint error policy (PROTOCOL.md section 5), with plain calls and a fake clock."""
+"""Checkpoint error policy (docs/protocol.md, section 5), with plain calls and a fake clock."""
 
 import pytest
 

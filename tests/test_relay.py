@@ -1,4 +1,4 @@
-"""The relay (``mldserver connect``) per PROTOCOL.md section 6, against plain sockets."""
+"""The relay (``mldserver connect``) per docs/protocol.md, section 6, against plain sockets."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """``mldserver bench --part chaos``: a seeded, randomised chaos campaign against a server
-with handler processes, and the checks that say whether it kept its promises (DESIGN.md,
-invariants 1 to 3: no connection closed, one status per action, no record lost).
+with handler processes, and the checks that say whether it kept its promises: no
+connection closed, one status per action, no record lost.
 
 The campaign drives ``shards`` shards through real relays (``mldserver connect``) with the
 strict fake daemon (``mldserver.testing.FakeDaemon``): each is initialized, then sends

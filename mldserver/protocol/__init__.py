@@ -1,6 +1,6 @@
 """The MultiLangDaemon protocol, sans-IO: framing, events, states, the connection.
 
-See :mod:`.connection` for how it is driven and PROTOCOL.md for the rules it keeps.
+See :mod:`.connection` for how it is driven and docs/protocol.md for the rules it keeps.
 """
 
 from .connection import NEED_DATA, Connection, action_in

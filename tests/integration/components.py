@@ -1,4 +1,4 @@
-"""The real components of REAL-MLD.md, started on loopback for a test: kinesis-local,
+"""The real components (from PyPI, npm and Debian: scripts/setup --test), started on loopback for a test: kinesis-local,
 DynamoDB Local, and ``mldserver run``, which starts the KCL 3.x MultiLangDaemon (Java)
 as its child. All are installed by ``scripts/setup --test`` under .deps/ and .venv/;
 nothing here is a mock."""
@@ -127,7 +127,7 @@ class DynamoDBLocal(Process):
 
 def write_properties(tmp: Path, name: str, *, stream: str, app: str, kinesis: KinesisLocal, dynamodb: DynamoDBLocal,
                      extra: dict[str, str] | None = None) -> Path:
-    """The daemon's properties file for these endpoints (REAL-MLD.md). Its
+    """The daemon's properties file for these endpoints (the ones seen to work). Its
     executableName is a stale one: ``mldserver run`` sets its own relay."""
     props = {
         "executableName": "mldserver connect 127.0.0.1:1",

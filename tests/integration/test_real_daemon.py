@@ -2,7 +2,7 @@
 run`` (the server, then the daemon as its supervised child, its executableName set to
 the server's relay whatever the file says).
 
-kinesis-local, DynamoDB Local and the Java daemon run on loopback (REAL-MLD.md).
+kinesis-local, DynamoDB Local and the Java daemon run on loopback (components.py).
 One long test (the daemon takes a minute to take its first leases), in the order a
 deployment lives through:
 
