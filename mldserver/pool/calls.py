@@ -177,13 +177,10 @@ class ProcessCalls(Calls):
         (the death is logged with this shard among its shards)."""
         assert self.shard is not None
         if proc is not None and proc.alive:
-            proc.killed_for = frame["id"] if frame is not None else -1
-            proc.killed_what = (self.shard.shard_id, action)
-            stack = await proc.stack()
+            stack = await proc.kill_for(frame["id"] if frame is not None else -1, (self.shard.shard_id, action))
             self.log.error("handler_timed_out", callback=action, pid=proc.pid, timeout_s=self.timeout,
                            stack=stack, what_to_do="the stack shows where it was; the process is replaced and "
                                                    "the action retried in a process of its own")
-            proc.kill()
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(5):
                     await proc.died.wait()

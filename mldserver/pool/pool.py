@@ -30,6 +30,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import time
 
@@ -57,10 +58,9 @@ class HandlerPool:
         self.task: asyncio.Task[None] | None = None  # the supervisor, watched by the server
         self._wake = asyncio.Event()
         self._added = asyncio.Event()
-        self._stopping = False
+        self._stopping = asyncio.Event()
         self._reloading = asyncio.Lock()
         self.deaths = 0
-        self.newest = 0  # the highest process number made so far
         self.replaced = 0
         self.services: dict[str, Requests] = {}  # what every process's requests may ask the server (timers)
         self.quarantined: list[HandlerProcess] = []  # one call each (``quarantine``), stopped once it is over
@@ -80,18 +80,23 @@ class HandlerPool:
         self.task = asyncio.create_task(self._supervise(), name="handler-pool")
 
     async def stop(self) -> None:
-        self._stopping = True
-        if self.task is not None:
-            self.task.cancel()
+        self._stopping.set()
+        if self.task is not None:  # not cancelled: a process it is starting must be known, to be stopped
+            self._wake.set()
             await asyncio.gather(self.task, return_exceptions=True)
         await asyncio.gather(*(p.stop() for p in self.processes + self.quarantined))
         self.log.info("handler_pool_stopped", deaths=self.deaths, replaced=self.replaced)
 
-    async def _spawn(self, generation: int | None = None, initial: bool = False) -> HandlerProcess:
+    def _process(self, generation: int | None = None) -> HandlerProcess:
+        """A process of this pool, not started: its death reported here, its requests
+        answered by the pool's services."""
         proc = HandlerProcess(self.settings, log=self.log, generation=generation or self.generation)
-        self.newest = max(self.newest, proc.number)
         proc.on_death = self._died
         proc.services = self.services
+        return proc
+
+    async def _spawn(self, generation: int | None = None, initial: bool = False) -> HandlerProcess:
+        proc = self._process(generation)
         await proc.start()
         # The first ones are in ``listening`` (``workers``); a replacement is news.
         (self.log.debug if initial else self.log.info)(
@@ -131,11 +136,11 @@ class HandlerPool:
     async def quarantine(self, key: int, shard_id: str) -> HandlerProcess:
         """A process of the shard's own, for a call that killed its process or ran past
         its time: whatever it does next harms no other shard. HandlerImportFailed if
-        it does not start."""
-        proc = HandlerProcess(self.settings, log=self.log, generation=self.generation)
+        it does not start (or the pool stops)."""
+        if self._stopping.is_set():
+            raise HandlerImportFailed("the server is stopping")
+        proc = self._process()
         proc.quarantine = True
-        proc.on_death = self._died
-        proc.services = self.services
         proc.shards[key] = shard_id
         self.quarantined.append(proc)
         try:
@@ -191,7 +196,7 @@ class HandlerPool:
 
     async def _supervise(self) -> None:
         limit = self.settings.max_handler_memory
-        while True:
+        while not self._stopping.is_set():
             try:
                 await asyncio.wait_for(self._wake.wait(), CHECK_INTERVAL)
             except asyncio.TimeoutError:
@@ -218,9 +223,12 @@ class HandlerPool:
                 await proc.stop()
                 self.log.info("handler_process_retired", pid=proc.pid, process=proc.number,
                               generation=proc.generation)
-            while len(self.serving()) < self.size and not self._stopping:
+            while len(self.serving()) < self.size and not self._stopping.is_set():
                 if self.failures:
-                    await asyncio.sleep(self.backoff.delay(self.failures - 1))
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self._stopping.wait(), self.backoff.delay(self.failures - 1))
+                    if self._stopping.is_set():
+                        break
                 try:
                     proc = await self._spawn()
                 except HandlerImportFailed as exc:

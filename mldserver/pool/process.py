@@ -131,9 +131,38 @@ class HandlerProcess:
             raise
         finally:
             os.close(write_fd)
+        if self.killed:  # stopped while it was being created
+            proc.kill()
+        try:
+            frame = await self._handshake(os.fdopen(read_fd, "rb", buffering=0))
+        except BaseException:  # cancelled (the pool stops while it starts): it must not outlive us
+            self.kill()
+            self._cleanup()
+            raise
+        if frame is None or frame[0].get("op") != "ready":
+            if proc.returncode is None:
+                proc.kill()
+            code = await proc.wait()
+            self.died.set()
+            self._cleanup()
+            if frame is not None and frame[0].get("op") == "import_failed":
+                raise HandlerImportFailed(frame[0]["error"])
+            raise HandlerImportFailed(f"the handler process did not start ({describe_exit(code)})")
+        self.started = time.monotonic()
+        self.task = asyncio.create_task(self._read(), name=f"handler-process-{self.number}")
+
+    async def _handshake(self, frames: Any) -> tuple[dict[str, Any], bytes] | None:
+        """Its frames read from ``frames`` (our end of its stdout), the start frame sent:
+        its first frame (``ready``, or why not), None if none came in START_TIMEOUT."""
+        proc = self.proc
+        assert proc is not None and proc.stdin is not None
         self.stdout = PieceReader(limit=PIPE_LIMIT)
-        self._stdout_pipe, _ = await asyncio.get_running_loop().connect_read_pipe(
-            lambda: asyncio.StreamReaderProtocol(self.stdout), os.fdopen(read_fd, "rb", buffering=0))
+        try:
+            self._stdout_pipe, _ = await asyncio.get_running_loop().connect_read_pipe(
+                lambda: asyncio.StreamReaderProtocol(self.stdout), frames)
+        except BaseException:
+            frames.close()
+            raise
         self.pid = proc.pid
         start: StartFrame = {
             "op": "start",
@@ -142,29 +171,11 @@ class HandlerProcess:
             "sys_path": [os.path.abspath(p or ".") for p in sys.path],
             "state": self.state,
         }
-        assert proc.stdin is not None
         proc.stdin.write(encode(start))
         try:
-            frame = await asyncio.wait_for(read_frame_async(self.stdout), START_TIMEOUT)
+            return await asyncio.wait_for(read_frame_async(self.stdout), START_TIMEOUT)
         except asyncio.TimeoutError:
-            frame = None
-        except BaseException:  # cancelled (the pool stops while it starts): it must not outlive us
-            self.kill()
-            self._close_pipes()
-            self._cleanup()
-            raise
-        if frame is None or frame[0].get("op") != "ready":
-            if proc.returncode is None:
-                proc.kill()
-            code = await proc.wait()
-            self.died.set()
-            self._close_pipes()
-            self._cleanup()
-            if frame is not None and frame[0].get("op") == "import_failed":
-                raise HandlerImportFailed(frame[0]["error"])
-            raise HandlerImportFailed(f"the handler process did not start ({describe_exit(code)})")
-        self.started = time.monotonic()
-        self.task = asyncio.create_task(self._read(), name=f"handler-process-{self.number}")
+            return None
 
     async def _read(self) -> None:
         proc = self.proc
@@ -245,8 +256,13 @@ class HandlerProcess:
             if body:
                 stdin.write(body)  # type: ignore[union-attr]
         except Exception as exc:  # BrokenPipeError, or uvloop's RuntimeError on a closed transport
-            self.kill()  # no frame reaches it any more: of no use, even if it still runs
-            raise ProcessDied(f"its stdin failed: {type(exc).__name__}: {exc}", blamed=False) from None
+            raise self._stdin_failed(exc) from None
+
+    def _stdin_failed(self, exc: Exception) -> ProcessDied:
+        """Its stdin raised: no frame reaches it any more, so it is of no use even if it
+        still runs. Killed; the calls affected get the ProcessDied returned."""
+        self.kill()
+        return ProcessDied(f"its stdin failed: {type(exc).__name__}: {exc}", blamed=False)
 
     async def call(self, frame: dict[str, Any], body: bytes, requests: Requests,
                    what: tuple[str, str]) -> tuple[dict[str, Any], bytes]:
@@ -259,8 +275,7 @@ class HandlerProcess:
             try:
                 await self.proc.stdin.drain()  # type: ignore[union-attr]
             except Exception as exc:  # the pipe closed under the write
-                self.kill()
-                raise ProcessDied(f"its stdin failed: {type(exc).__name__}: {exc}", blamed=False) from None
+                raise self._stdin_failed(exc) from None
             return await future
         finally:
             self._calls.pop(frame["id"], None)
@@ -313,6 +328,14 @@ class HandlerProcess:
         except (OSError, ValueError, IndexError):
             return None
 
+    async def kill_for(self, call_id: int, what: tuple[str, str]) -> str:
+        """A call of ``what`` (shard id, action) ran past its time: every thread's stack,
+        then the process killed, its death blamed on ``call_id``."""
+        self.killed_for, self.killed_what = call_id, what
+        stack = await self.stack()
+        self.kill()
+        return stack
+
     def kill(self) -> None:
         self.killed = True
         if self.proc is not None and self.proc.returncode is None:
@@ -322,8 +345,11 @@ class HandlerProcess:
                 pass
 
     async def stop(self, timeout: float = 5.0) -> None:
-        """Ask it to exit; kill it if it does not within ``timeout``."""
+        """Ask it to exit; kill it if it does not within ``timeout`` (or is still
+        starting: ``start`` then fails)."""
         self.stopping = True
+        if self.task is None:
+            self.kill()
         if self.alive:
             try:
                 self._write({"op": "stop"})
@@ -347,6 +373,7 @@ class HandlerProcess:
             transport.close()
 
     def _cleanup(self) -> None:
+        self._close_pipes()
         if self._map is not None:
             self._map.close()
             self._map = None

@@ -188,10 +188,6 @@ class _Stopped(Exception):
     """The server stops and this worker has nothing to answer."""
 
 
-async def _done() -> None:
-    return None
-
-
 class _Lost(Exception):
     """The connection cannot go on (the peer went away, or never replied)."""
 
@@ -355,20 +351,22 @@ class Worker:
             self.log.error("shard_end_not_stored", error=f"{type(exc).__name__}: {exc}",
                            what_to_do="the shard's rows could not be made safe, so SHARD_END was not stored; "
                            "the daemon will not process this shard's children until it is: restart the daemon")
-        steps = []
         if isinstance(event, ProcessRecords) and event.records:
             bad = BadRecords(event.records, "internal error", f"{type(exc).__name__}: {exc}")
-            steps.append(("dead_letter", lambda: self._dead_letter_all([bad])))
-        if action is not None:
-            steps.append(("status", lambda: self._answer(action) if self.conn.owes_status == action else _done()))
-        for step, run in steps:  # the status is sent even if the dead letter could not be written
-            try:
-                await run()
-            except (_Lost, _Stopped):
-                raise
-            except Exception as again:
-                self.log.error("action_failed_internally", action=action, step=step,
-                               error=f"{type(again).__name__}: {again}", exc_info=again)
+            await self._step_of_failed(action, "dead_letter", self._dead_letter_all([bad]))
+        if action is not None and self.conn.owes_status == action:  # sent even if the dead letter was not
+            await self._step_of_failed(action, "status", self._answer(action))
+
+    async def _step_of_failed(self, action: str | None, step: str, work: Any) -> None:
+        """One step of answering an action that failed internally; its own failure is
+        logged, and the next step is still taken."""
+        try:
+            await work
+        except (_Lost, _Stopped):
+            raise
+        except Exception as again:
+            self.log.error("action_failed_internally", action=action, step=step,
+                           error=f"{type(again).__name__}: {again}", exc_info=again)
 
     async def _next_event(self) -> Event:
         while True:

@@ -194,11 +194,8 @@ class PoolFiring:
         return [OK if r is None else Result(False, r[0], r[1]) for r in message["fired"]]
 
     async def _kill(self, proc: "HandlerProcess", timer: Timer, call_id: int) -> None:
-        proc.killed_for = call_id
-        proc.killed_what = ("(timers)", timer.callback)
-        stack = await proc.stack()
+        stack = await proc.kill_for(call_id, ("(timers)", timer.callback))
         self.log.error("handler_timed_out", callback=timer.callback, reference=timer.reference, pid=proc.pid,
                        timeout_s=self.timeout, stack=stack,
                        what_to_do="the timer callback blocks its process's loop; the process is replaced and the "
                                   "timer retried: await asyncio.to_thread(...) for blocking work")
-        proc.kill()
