@@ -97,13 +97,13 @@ def _parser():
                             "timers: durable timers created and fired per second, and the store's memory; "
                             "table: the iceberg sink against the parquet sink, and reading a position back; "
                             "chaos (not part of all): 24 shards with poisoned batches and handler processes "
-                            "SIGKILLed, against an undisturbed run, and the checks (no connection closed, "
-                            "every record handled or dead-lettered)")
+                            "SIGKILLed, rarely (chaos) and often (storm), against an undisturbed run, and the "
+                            "checks (no connection closed, every record handled or dead-lettered)")
     bench.add_argument("--commits", type=int, default=None,
                        help="table part: commits in the table a position is read back from (default 10,000)")
     bench.add_argument("--duration", type=float, default=None, metavar="SECONDS",
-                       help="chaos part: seconds of chaos (default 300; 20 with --quick), after an undisturbed "
-                            "run of a tenth of that (5 to 30 s)")
+                       help="chaos part: seconds of each chaos run (default 300; 20 with --quick), after an "
+                            "undisturbed run of a tenth of that (5 to 30 s)")
     bench.add_argument("--seed", type=int, default=None,
                        help="chaos part: the campaign's seed: its batches, faults and kill intervals "
                             "(default: a random one, printed)")

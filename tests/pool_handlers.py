@@ -4,7 +4,9 @@ A record whose partition key is ``poison`` misbehaves as ``MLDSERVER_TEST_POISON
 says, in the handler process: ``segv`` (a fault in C, through ctypes), ``exit``
 (``os._exit(3)``), ``badrow`` (emits a row orjson cannot encode), ``checkpoint-exit`` (exits while its
 checkpoint request is being answered), ``block`` (``time.sleep`` for a minute: the test SIGKILLs the
-process, or ``execution_timeout`` does), ``raise``. Every row carries the module's
+process, or ``execution_timeout`` interrupts it), ``stubborn`` (blocks, and blocks again when
+interrupted: ``execution_timeout`` kills its process), ``await`` (awaits a minute:
+``execution_timeout`` cancels it), ``raise``. Every row carries the module's
 ``VERSION`` and the process's pid, so a test can tell which code handled a batch.
 """
 
@@ -33,6 +35,11 @@ def misbehave() -> None:
             with open(marker, "a") as f:
                 f.write(f"{os.getpid()}\n")
         time.sleep(60)
+    elif how == "stubborn":
+        try:
+            time.sleep(60)
+        except BaseException:  # the server's interrupt, swallowed
+            time.sleep(60)
     raise RuntimeError("poisoned record")
 
 
@@ -51,6 +58,8 @@ class Emit(mldserver.Handler):
                     await asyncio.sleep(0)
                     await asyncio.sleep(0)
                     os._exit(3)
+                if os.environ.get("MLDSERVER_TEST_POISON") == "await":
+                    await asyncio.sleep(60)
                 misbehave()
             batch.emit(record, {"seq": record.sequence_number, "shard": batch.shard.shard_id,
                                 "version": VERSION, "pid": os.getpid()})

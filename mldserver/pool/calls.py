@@ -8,8 +8,11 @@ apart; what changes is what a failure can be::
 - the handler raised: ``handler_failed`` (with the child's traceback), retried with
   backoff, then ``Outcome(FAILED)`` (the worker dead-letters the batch);
 - the call ran past ``execution_timeout``: the process's stack is logged
-  (``handler_timed_out``), the process killed (the pool replaces it), and that counts
-  as a failed attempt;
+  (``handler_timed_out``) and the call stopped alone (``HandlerProcess.interrupt``:
+  cancelled where it awaits, interrupted where it blocks the loop), so the other
+  shards' calls in that process go on; only a call that is not stopped within
+  ``STOP_GRACE`` seconds has its process killed (the pool replaces it). That counts as
+  a failed attempt;
 - the process died while the call was running (a fault in C, ``os._exit``, a kill
   during a blocking call): a failed attempt;
 - after either, the call is retried in quarantine: a process spawned for it alone
@@ -52,8 +55,15 @@ from .process import START_TIMEOUT, HandlerImportFailed, HandlerProcess, Process
 # A call redone because its process died while another call was running (or while no
 # call ran: a kill from outside), at most this often before the deaths count against it too.
 UNBLAMED_REDOS = 3
+# Seconds a call past execution_timeout has to end once it is cancelled or interrupted,
+# before its process is killed.
+STOP_GRACE = 1.0
 
 _keys = itertools.count(1)
+
+
+# How a call past execution_timeout was stopped (handler_timed_out's ``stopped``).
+CANCELLED, INTERRUPTED, KILLED = "cancelled", "interrupted", "killed"
 
 
 class _InitializeFailed(Exception):
@@ -62,6 +72,15 @@ class _InitializeFailed(Exception):
 
 class _NoProcess(Exception):
     """No handler process could take the shard (every start failed for a while)."""
+
+
+class _TimedOut(Exception):
+    """The call ran past ``execution_timeout`` and was stopped (``how``: cancelled,
+    interrupted or killed with its process); ``stack``: where it was."""
+
+    def __init__(self, how: str, stack: str) -> None:
+        super().__init__(how)
+        self.how, self.stack = how, stack
 
 
 class ProcessCalls(Calls):
@@ -130,10 +149,12 @@ class ProcessCalls(Calls):
                     cp = checkpointer()
                     frame, body = self._frame(action, arg, collect_rows)
                     message, rows = await self._wait(proc, frame, body, cp, action)
-                except TimeoutError:
-                    error = f"timed out after {self.timeout} s (execution_timeout): its process was killed"
+                except _TimedOut as exc:
+                    error = f"timed out after {self.timeout} s (execution_timeout): {exc.how}"
                     self.count({"timeout_count": 1})
-                    await self._kill(proc, frame, action)
+                    self._timed_out(proc, action, exc)
+                    if exc.how == KILLED:
+                        await self._dead(proc)
                     self._quarantine = True
                 except ProcessDied as exc:
                     self._leave()
@@ -172,19 +193,40 @@ class ProcessCalls(Calls):
             if self.proc is not None and self.proc.quarantine:
                 self._leave()  # the action is over: the shard goes back to the pool's processes
 
-    async def _kill(self, proc: HandlerProcess | None, frame: dict[str, Any] | None, action: str) -> None:
-        """The call ran past ``execution_timeout``: its stack logged, its process killed
-        (the death is logged with this shard among its shards)."""
-        assert self.shard is not None
-        if proc is not None and proc.alive:
-            stack = await proc.kill_for(frame["id"] if frame is not None else -1, (self.shard.shard_id, action))
-            self.log.error("handler_timed_out", callback=action, pid=proc.pid, timeout_s=self.timeout,
-                           stack=stack, what_to_do="the stack shows where it was; the process is replaced and "
-                                                   "the action retried in a process of its own")
+    def _timed_out(self, proc: HandlerProcess | None, action: str, exc: _TimedOut) -> None:
+        self.log.error("handler_timed_out", callback=action, pid=proc.pid if proc else None, timeout_s=self.timeout,
+                       stopped=exc.how, stack=exc.stack,
+                       what_to_do="the stack shows where it was; the action is retried in a process of its own"
+                                  + ("" if exc.how != KILLED else "; its process did not stop it and was replaced"))
+
+    async def _dead(self, proc: HandlerProcess | None) -> None:
+        """Off a process we killed, once its death is noticed (logged with this shard
+        among its shards)."""
+        if proc is not None:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(5):
                     await proc.died.wait()
         self._leave()
+
+    async def _stop(self, proc: HandlerProcess, call: asyncio.Future[tuple[dict[str, Any], bytes]],
+                    frame: dict[str, Any], action: str) -> tuple[dict[str, Any], bytes]:
+        """The call ran past ``execution_timeout``: its stack taken, then it is stopped
+        alone (cancelled, or interrupted where it blocks the loop); its process is killed
+        only if it has not ended ``STOP_GRACE`` seconds later. _TimedOut, or the call's
+        answer if it ended well after all."""
+        assert self.shard is not None
+        blocking = proc.running() == frame["id"]
+        stack = await proc.stack() if blocking else ""  # (an awaiting call's is in its traceback)
+        proc.interrupt(frame["id"])
+        done, _ = await asyncio.wait({call}, timeout=STOP_GRACE)
+        if done and call.exception() is None:
+            message, body = call.result()
+            if not message.get("stopped"):
+                return message, body  # it ended before the stop reached it
+            raise _TimedOut(INTERRUPTED if blocking else CANCELLED, message.get("traceback") or stack)
+        if proc.alive:
+            stack = await proc.kill_for(frame["id"], (self.shard.shard_id, action), stack=not stack) or stack
+        raise _TimedOut(KILLED, stack)
 
     async def _settled(self) -> None:
         """Before an action is redone: the requests of the attempt that failed are
@@ -194,9 +236,9 @@ class ProcessCalls(Calls):
 
     async def _wait(self, proc: HandlerProcess, frame: dict[str, Any], body: bytes, cp: Checkpointer | None,
                     action: str) -> tuple[dict[str, Any], bytes]:
-        """The call's ``done``, or TimeoutError after ``execution_timeout`` of its own:
+        """The call's ``done``, or _TimedOut after ``execution_timeout`` of its own:
         time during which another shard's call held the process's loop (blocking it)
-        does not count; that call's own time-out kills the process."""
+        does not count; that call's own time-out stops it."""
         assert self.shard is not None
         call = asyncio.ensure_future(proc.call(frame, body, self._requests(cp), (self.shard.shard_id, action)))
         self._current = call
@@ -210,7 +252,7 @@ class ProcessCalls(Calls):
                 running = proc.running()
                 if proc.alive and running not in (0, frame["id"]):
                     continue  # a bystander: another call blocks the loop
-                raise TimeoutError
+                return await self._stop(proc, call, frame, action)
         finally:
             self._current = None
             if not call.done():

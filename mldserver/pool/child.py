@@ -21,8 +21,15 @@ at a time. What the server learns when this process dies without a word:
   ``os._exit`` or a kill during a blocking call is blamed on its action, not on the
   other shards' actions waiting in ``await``;
 - the stack: ``faulthandler`` writes every thread's stack to ``<state>.stack`` on
-  SIGUSR1 (the server sends it before killing a call that ran past
-  ``execution_timeout``) and on a fatal signal.
+  SIGUSR1 (the server sends it when a call runs past ``execution_timeout``) and on a
+  fatal signal.
+
+A call past ``execution_timeout`` is stopped alone, so the other shards' calls in this
+process go on: a ``cancel`` frame cancels it where it awaits (``CancelledError`` at its
+``await``), and where it blocks the loop (``time.sleep``, a long loop in Python) the
+server writes its id to the state file (STOP) and sends SIGUSR2, which raises
+:class:`ExecutionTimeout` in its code. Either way it answers ``done`` with
+``"stopped": true``; the server kills the process only if that does not come soon.
 
 Timers (``mldserver.timers.remote``): ``self.timers.create`` / ``cancel`` are requests
 the server answers once its store has committed; a ``fire`` frame runs due timers'
@@ -63,22 +70,38 @@ from .. import bindings as bindings_api
 from ..bindings import Bindings
 from ..timers import api as timers_api
 from ..timers import remote as timers_remote
-from .frames import RUN, CallFrame, StartFrame, encode, encode_head, encode_rows, read_frame_async, records_from
+from .frames import BEAT, BEAT_AT, RUN, STATE_SIZE, STOP, STOP_AT, WATCH_INTERVAL, CallFrame, StartFrame, encode, encode_head, encode_rows, read_frame_async, records_from
 
 log = get_logger("mldserver.handler")
-WATCH_INTERVAL = 0.05
+
+
+class ExecutionTimeout(BaseException):
+    """Raised in a handler's code that blocks the loop past ``execution_timeout`` (the
+    server's SIGUSR2). Not an Exception: a handler's ``except Exception`` lets it pass."""
 
 
 class Running:
-    """The call whose coroutine is executing now, in shared memory for the server."""
+    """The call whose coroutine is executing now, in shared memory for the server; and
+    the call the server stops (SIGUSR2 raises ExecutionTimeout only in that call's code);
+    when the loop last turned."""
 
     def __init__(self, path: str) -> None:
         fd = os.open(path, os.O_RDWR)
-        self.map = mmap.mmap(fd, RUN.size)
+        self.map = mmap.mmap(fd, STATE_SIZE)
         os.close(fd)
 
     def set(self, call_id: int) -> None:
         RUN.pack_into(self.map, 0, call_id)
+
+    def beat(self) -> None:
+        """The loop turned (the server places no new shard on a loop that stopped turning)."""
+        BEAT.pack_into(self.map, BEAT_AT, time.monotonic_ns())
+
+    def interrupt(self, signum: int, frame: Any) -> None:
+        """SIGUSR2: the call the server stops, if its code is the one executing."""
+        call_id = RUN.unpack_from(self.map, 0)[0]
+        if call_id and call_id == STOP.unpack_from(self.map, STOP_AT)[0]:
+            raise ExecutionTimeout(f"call {call_id} blocked its handler process past execution_timeout")
 
 
 class Tracked:
@@ -214,6 +237,10 @@ class Child:
             future = self.pending.pop(message["req"], None)
             if future is not None and not future.done():
                 future.set_result(message)
+        elif op == "cancel":  # past execution_timeout: this call alone, where it awaits
+            for task, call_id in self.calls.items():
+                if call_id == message["id"]:
+                    task.cancel()
         elif op == "drop":
             self.handlers.pop(message["shard"], None)
         elif op == "stop":
@@ -230,6 +257,7 @@ class Child:
         batch = None
         error = tb = None
         result = "ok"
+        stopped = False
         try:
             if action == "initialize":
                 self.handlers[shard] = self.factory(self.context)
@@ -250,8 +278,11 @@ class Child:
             await Tracked(coro, call_id, self.running)
         except CheckpointError as exc:
             result, error = "checkpoint_failed", exc.error
-        except Exception as exc:
+        except (Exception, asyncio.CancelledError, ExecutionTimeout) as exc:
             result, error, tb = "failed", f"{type(exc).__name__}: {exc}", traceback.format_exc()
+            stopped = not isinstance(exc, Exception)  # the server's cancel frame or SIGUSR2
+            if stopped:
+                self.running.set(0)  # (SIGUSR2 may land before Tracked clears it)
             if action == "initialize":
                 self.handlers.pop(shard, None)
         n, rows, bad = 0, b"", []
@@ -260,6 +291,8 @@ class Child:
             index = {id(r): i for i, r in enumerate(batch.records)}
             n, rows, bad = encode_rows(batch.rows, index)
         done = {"op": "done", "id": call_id, "result": result, "error": error, "traceback": tb, "rows": n, "bad": bad}
+        if stopped:
+            done["stopped"] = True
         if failed:
             done["failed"] = failed  # [index, error, attempts]: the server dead-letters them
         if batch is not None and batch.stats:
@@ -284,6 +317,7 @@ class Child:
     async def heartbeat(self) -> None:
         while True:
             self.beat = time.monotonic()
+            self.running.beat()
             await asyncio.sleep(WATCH_INTERVAL)
 
     def watch(self, threshold: float, main: int) -> None:
@@ -332,6 +366,7 @@ async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> N
     stack = open(start["state"] + ".stack", "w")
     faulthandler.enable(stack, all_threads=True)
     faulthandler.register(signal.SIGUSR1, stack, all_threads=True)
+    signal.signal(signal.SIGUSR2, child.running.interrupt)
     threading.Thread(target=child.watch, args=(float(s.get("handler_block_warning", 1.0)), threading.get_ident()),
                      daemon=True, name="watchdog").start()
     beat = asyncio.get_running_loop().create_task(child.heartbeat())

@@ -82,8 +82,16 @@ __all__ = [
     "records_from",
 ]
 
-# The state file a child keeps the running call's id in (shared memory, little-endian i64).
+# The state file a child shares with the server (shared memory, little-endian i64s): the
+# id of the call whose code is executing (RUN, written by the child around every step),
+# the id of a call the server stops (STOP, written by the server before its SIGUSR2), and
+# when the child's loop last turned (BEAT, time.monotonic_ns(), every WATCH_INTERVAL).
 RUN = struct.Struct("<q")
+STOP = struct.Struct("<q")
+BEAT = struct.Struct("<q")
+STOP_AT, BEAT_AT = RUN.size, RUN.size + STOP.size
+STATE_SIZE = RUN.size + STOP.size + BEAT.size
+WATCH_INTERVAL = 0.05
 
 ACTIONS = ("initialize", "process_records", "shutdown_requested", "shard_ended", "lease_lost")
 

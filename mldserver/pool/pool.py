@@ -2,7 +2,7 @@
 
     pool = HandlerPool(settings)
     await pool.start()                 # every process imported the handler, or ConfigError
-    proc = await pool.assign(key, "shardId-0")   # the least loaded live process
+    proc = await pool.assign(key, "shardId-0")   # the least loaded live process not blocked
     proc = await pool.quarantine(key, "shardId-0")   # a process of its own (a poisoned call)
     await pool.reload()                # SIGHUP: a new generation, or the old one keeps serving
     await pool.stop()
@@ -12,6 +12,9 @@
   running, and faulthandler's stack for a fatal signal), and replaced. Its shards move
   to fresh instances in the live processes at their next call (``calls.ProcessCalls``),
   at once: they wait for no respawn while another process serves.
+- A shard is placed (at its first call, or when it moves) on the least loaded live
+  process whose loop is not blocked (``HandlerProcess.blocked``: its heartbeat stopped),
+  so a shard moving off a dead process does not queue behind another's ``time.sleep``.
 - Quarantine: a call whose process died while it ran, or that ran past
   ``execution_timeout``, is retried in a process spawned for it alone
   (``handler_process_quarantined``), never again beside other shards; that process is
@@ -109,12 +112,13 @@ class HandlerPool:
         return [p for p in self.processes if p.alive and not p.retiring]
 
     async def assign(self, key: int, shard_id: str) -> HandlerProcess:
-        """The least loaded live process of the current generation, waiting for a
-        respawn only if there is none; the shard is counted on it."""
+        """The least loaded live process of the current generation whose loop is not
+        blocked (any, if every one is), waiting for a respawn only if there is none; the
+        shard is counted on it."""
         while True:
             live = self.serving()
             if live:
-                proc = min(live, key=lambda p: (p.load, p.number))
+                proc = min(live, key=lambda p: (p.blocked(), p.load, p.number))
                 proc.shards[key] = shard_id
                 return proc
             self._added.clear()
@@ -128,7 +132,7 @@ class HandlerPool:
         while True:
             live = self.serving()
             if live:
-                return min(live, key=lambda p: (len(p.in_flight), p.number))
+                return min(live, key=lambda p: (p.blocked(), len(p.in_flight), p.number))
             self._added.clear()
             self._wake.set()
             await self._added.wait()

@@ -41,10 +41,11 @@ from ..config import Settings, state_path
 from ..errors import MldserverError
 from ..logs import EventLogger
 from ..pieces import PieceReader
-from .frames import RUN, StartFrame, encode, encode_head, read_frame_async
+from .frames import BEAT, BEAT_AT, RUN, STATE_SIZE, STOP, STOP_AT, WATCH_INTERVAL, StartFrame, encode, encode_head, read_frame_async
 
 PIPE_LIMIT = 1 << 24
 START_TIMEOUT = 60.0
+BLOCKED = 4  # heartbeats missed: its loop is blocked
 Requests = Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]
 
 
@@ -114,9 +115,9 @@ class HandlerProcess:
 
     async def start(self) -> None:
         with open(self.state + ".run", "wb") as f:
-            f.write(b"\0" * RUN.size)
+            f.write(b"\0" * STATE_SIZE)
         fd = os.open(self.state + ".run", os.O_RDWR)
-        self._map = mmap.mmap(fd, RUN.size)
+        self._map = mmap.mmap(fd, STATE_SIZE)
         os.close(fd)
         # Its frames are read from a pipe of ours, in the pieces it delivers (PieceReader:
         # a batch's rows, megabytes, copied once): asyncio's subprocess reader copies thrice.
@@ -287,6 +288,14 @@ class HandlerProcess:
         """The id of the call whose handler code is executing now (0: none is)."""
         return RUN.unpack_from(self._map)[0] if self._map is not None else 0
 
+    def blocked(self) -> bool:
+        """Its loop has not turned for BLOCKED beats: a call blocks it (``time.sleep``,
+        a long computation), and a call sent now would wait behind it."""
+        if self._map is None:
+            return False
+        beat = BEAT.unpack_from(self._map, BEAT_AT)[0]
+        return beat != 0 and time.monotonic_ns() - beat > BLOCKED * WATCH_INTERVAL * 1e9
+
     def drop(self, key: int) -> None:
         self.shards.pop(key, None)
         if self.alive:
@@ -328,13 +337,27 @@ class HandlerProcess:
         except (OSError, ValueError, IndexError):
             return None
 
-    async def kill_for(self, call_id: int, what: tuple[str, str]) -> str:
-        """A call of ``what`` (shard id, action) ran past its time: every thread's stack,
-        then the process killed, its death blamed on ``call_id``."""
+    def interrupt(self, call_id: int) -> None:
+        """Stop one call that ran past its time, and only it: cancelled where it awaits
+        (a ``cancel`` frame), interrupted where its code blocks the loop (its id in the
+        state file's STOP, then SIGUSR2: ExecutionTimeout is raised there). Its ``done``
+        then comes with ``"stopped": true``; the other calls go on."""
+        if not self.alive or self._map is None or self.pid is None:
+            return
+        STOP.pack_into(self._map, STOP_AT, call_id)
+        try:
+            self._write({"op": "cancel", "id": call_id})
+            os.kill(self.pid, signal.SIGUSR2)
+        except (ProcessDied, ProcessLookupError):
+            pass  # its death is noticed by the reader
+
+    async def kill_for(self, call_id: int, what: tuple[str, str], stack: bool = True) -> str:
+        """A call of ``what`` (shard id, action) ran past its time: every thread's stack
+        (unless taken already), then the process killed, its death blamed on ``call_id``."""
         self.killed_for, self.killed_what = call_id, what
-        stack = await self.stack()
+        text = await self.stack() if stack else ""
         self.kill()
-        return stack
+        return text
 
     def kill(self) -> None:
         self.killed = True

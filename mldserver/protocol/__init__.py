@@ -3,26 +3,10 @@
 See :mod:`.connection` for how it is driven and docs/protocol.md for the rules it keeps.
 """
 
-from .connection import NEED_DATA, Connection, action_in
-from .errors import LocalProtocolError, ProtocolError, RemoteProtocolError
-from .events import (
-    Action,
-    Checkpoint,
-    CheckpointReply,
-    ConnectionClosed,
-    Event,
-    MALFORMED_REPLY,
-    Initialize,
-    LeaseLost,
-    ProcessRecords,
-    ShardEnded,
-    Shutdown,
-    ShutdownRequested,
-    Status,
-)
-from .framing import DEFAULT_MAX_LINE_SIZE
-from .messages import Dialect, UnknownAction
-from .state import State
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 __all__ = [
     "NEED_DATA", "Connection", "action_in", "MALFORMED_REPLY", "LocalProtocolError", "ProtocolError", "RemoteProtocolError",
@@ -30,3 +14,61 @@ __all__ = [
     "LeaseLost", "ProcessRecords", "ShardEnded", "Shutdown", "ShutdownRequested", "Status",
     "DEFAULT_MAX_LINE_SIZE", "Dialect", "UnknownAction", "State",
 ]
+
+if TYPE_CHECKING:
+    from .connection import NEED_DATA, Connection, action_in
+    from .errors import LocalProtocolError, ProtocolError, RemoteProtocolError
+    from .events import (
+        Action,
+        Checkpoint,
+        CheckpointReply,
+        ConnectionClosed,
+        Event,
+        MALFORMED_REPLY,
+        Initialize,
+        LeaseLost,
+        ProcessRecords,
+        ShardEnded,
+        Shutdown,
+        ShutdownRequested,
+        Status,
+    )
+    from .framing import DEFAULT_MAX_LINE_SIZE
+    from .messages import Dialect, UnknownAction
+    from .state import State
+
+
+_MODULES = {
+    "NEED_DATA": ".connection",
+    "Connection": ".connection",
+    "action_in": ".connection",
+    "LocalProtocolError": ".errors",
+    "ProtocolError": ".errors",
+    "RemoteProtocolError": ".errors",
+    "Action": ".events",
+    "Checkpoint": ".events",
+    "CheckpointReply": ".events",
+    "ConnectionClosed": ".events",
+    "Event": ".events",
+    "MALFORMED_REPLY": ".events",
+    "Initialize": ".events",
+    "LeaseLost": ".events",
+    "ProcessRecords": ".events",
+    "ShardEnded": ".events",
+    "Shutdown": ".events",
+    "ShutdownRequested": ".events",
+    "Status": ".events",
+    "DEFAULT_MAX_LINE_SIZE": ".framing",
+    "Dialect": ".messages",
+    "UnknownAction": ".messages",
+    "State": ".state",
+}
+
+
+def __getattr__(name: str) -> Any:
+    """Imported when asked for: ``Settings`` needs ``DEFAULT_MAX_LINE_SIZE`` alone, and a
+    handler process nothing else of the protocol."""
+    module = _MODULES.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(module, __name__), name)

@@ -53,7 +53,7 @@ async def _child(tmp_path, handler: str, **settings):
     s = Settings(handler=handler, state_dir=str(tmp_path), log_format="json", **settings)
     state = str(tmp_path / "child")
     with open(state + ".run", "wb") as f:
-        f.write(b"\0" * frames.RUN.size)
+        f.write(b"\0" * frames.STATE_SIZE)
     proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "mldserver.pool.child",
                                                 stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE)
     proc.stdin.write(frames.encode({"op": "start", "handler": handler, "settings": dataclasses.asdict(s),

@@ -15,6 +15,7 @@ from mldserver.server import Server
 from mldserver.testing import SHARD_END, Child, FakeDaemon, errors_in_order, make_records
 
 from ..conftest import relay_command
+from ..helpers import eventually
 from .serving import dead_letters, recorder, running
 
 
@@ -117,7 +118,9 @@ async def test_one_broken_connection_does_not_affect_another(tmp_path):
             await asyncio.gather(good.process_records(make_records(10 * i + 1, 3)),
                                  bad.process_records(make_records(10 * i + 1, 3)))
             await bad.child.write(b"\x00\xff garbage\n")
-        await bad.child.kill()  # the bad child dies mid-conversation
+        # every line reached the server before the bad child dies mid-conversation
+        await eventually(lambda: len(dead_letters(tmp_path, "bad")) == 5 * 3 + 5, what="the garbage dead-lettered")
+        await bad.child.kill()
         await good.process_records(make_records(100, 1))
         await good.shard_ended()
         assert await good.close() == 0
