@@ -2,6 +2,7 @@
 on loopback by default (``--admin 127.0.0.1:7071``; ``--admin off`` disables it; an
 embedded ``Server`` has none unless ``Settings.admin`` names one)::
 
+    GET  /          JSON: these endpoints, each with what it answers
     GET  /metrics   Prometheus text from the server's own registry (mldserver.metrics)
     GET  /healthz   200 "ok" while the loop answers and every task the server owns is
                     alive; 503 and the reason otherwise
@@ -58,6 +59,17 @@ def parse_address(value: str) -> tuple[str, int] | None:
     return host, int(port)
 
 
+ENDPOINTS = {
+    "GET /metrics": "Prometheus metrics",
+    "GET /healthz": "200 while the server and every task it owns are alive, else 503 and why",
+    "GET /readyz": "200 once it serves shards (and Spark is up, with a pipeline), else 503 and what is missing",
+    "GET /status": "JSON: each shard, the coordinator, Spark",
+    "POST /pause": "hold every shard before its next handler call",
+    "POST /resume": "go on from where each shard stopped",
+    "POST /reload": "import the handler module afresh (SIGHUP)",
+}
+
+
 class Admin:
     def __init__(self, server: Any, value: str) -> None:
         self.server = server
@@ -72,6 +84,7 @@ class Admin:
         host, port = self.address
         app = web.Application(middlewares=[_errors])
         app.add_routes([
+            web.get("/", self.index),
             web.get("/metrics", self.metrics),
             web.get("/healthz", self.healthz),
             web.get("/readyz", self.readyz),
@@ -103,6 +116,9 @@ class Admin:
             await runner.cleanup()
 
     # -- GET -------------------------------------------------------------------------
+
+    async def index(self, request: web.Request) -> web.Response:
+        return web.json_response({"endpoints": ENDPOINTS})
 
     async def metrics(self, request: web.Request) -> web.Response:
         body = generate_latest(self.server.metrics.registry)

@@ -286,7 +286,8 @@ class ChangeHandler(Handler):
                 "(in process_records of a Handler, use batch.emit(record, row))")
         rows = batch.rows
         if rows is None:
-            return  # no sink: rows are not collected
+            batch.discarded()  # no sink: rows are not collected
+            return
         meta = self._meta
         if event_time_ms is None and meta[1] is not None:  # type: ignore[index]  (a DynamoDB change)
             event_time_ms = meta.creation_time_ms  # type: ignore[union-attr]

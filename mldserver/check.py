@@ -39,6 +39,8 @@ from typing import Any, Callable, TextIO
 
 from . import kcl_keys, logs, preflight, properties as daemon_properties
 from .config import Settings
+from .context import Context
+from .handler_checks import check_handler, emits
 from .importer import import_from_string
 
 
@@ -66,7 +68,11 @@ def handler(given: Given) -> tuple[str, str] | None:
     spec = given.settings.handler
     if not spec:
         return None  # checking only --properties
-    return "handler", f"{spec} ({_kind(import_from_string(spec, 'handler'))})"
+    factory = import_from_string(spec, "handler")
+    handler = check_handler(factory, Context(given.settings), spec)  # as each handler process does at start-up
+    return "handler", f"{spec} ({_kind(factory)}; its callbacks and constructor checked)" + (
+        "; it emits rows, but no sink keeps them: add --sink" if emits(type(handler)) and not given.settings.sink
+        else "")
 
 
 def pipeline(given: Given) -> tuple[str, str] | None:
@@ -96,6 +102,7 @@ def listen(given: Given) -> tuple[str, str]:
 
 
 def sink(given: Given) -> tuple[str, str]:
+    preflight.extras(given.settings)  # the sink's (or the pipeline's) extra is installed
     return "sink", given.settings.sink or "(none: rows are not collected)"
 
 

@@ -25,12 +25,15 @@ def main(argv: list[str] | None = None) -> None:
 def _parser():
     import argparse
 
+    from . import __version__
+
     class Parser(argparse.ArgumentParser):
         def error(self, message: str):  # one line, as every other mistake (not usage + error)
-            self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")
+            self.exit(2, f"{self.prog}: {message}{_nearest(message, self)} (see {self.prog} --help)\n")
 
     p = Parser(prog="mldserver", description="Serve KCL MultiLangDaemon shards over TCP.")
-    sub = p.add_subparsers(dest="command", required=True)
+    p.add_argument("--version", action="version", version=f"mldserver {__version__}")
+    sub = p.add_subparsers(dest="command", required=True, parser_class=Parser)
 
     serve = sub.add_parser("serve", help="run the server until SIGTERM/SIGINT")
     serve.add_argument("--handler", help="the handler factory, MODULE:ATTR")
@@ -79,7 +82,8 @@ def _parser():
     connect.add_argument("--connect-timeout", type=float)
 
     bench = sub.add_parser("bench", help="throughput and memory against amazon_kclpy, in one run")
-    bench.add_argument("--shards", type=int, nargs="+", default=[1, 32])
+    bench.add_argument("--shards", type=int, nargs="+", default=[1, 32],
+                       help="relay part: shard counts to run, each a row (default 1 32)")
     bench.add_argument("--batches", type=int, default=None, help="batches per shard (default: by load)")
     bench.add_argument("--load", nargs="+", default=["10000x100", "1000x1024"], help="RECORDSxBYTES per batch")
     bench.add_argument("--quick", action="store_true", help="a short run (for tests)")
@@ -109,9 +113,12 @@ def _parser():
                             "(default: a random one, printed)")
 
     demo = sub.add_parser("demo", help="run the server on an example handler, driven by the fake daemon")
-    demo.add_argument("--shards", type=int, default=4)
-    demo.add_argument("--records", type=int, default=300_000)
-    demo.add_argument("--dir", default="./mldserver-demo")
+    demo.add_argument("--shards", type=int, default=4,
+                      help="shards the fake daemon drives, one of which splits in two (default 4)")
+    demo.add_argument("--records", type=int, default=300_000,
+                      help="DynamoDB-stream order records in all (default 300,000)")
+    demo.add_argument("--dir", default="./mldserver-demo",
+                      help="where the output, the state and the logs go (default ./mldserver-demo)")
     demo.add_argument("--admin", default="127.0.0.1:7071",
                       help="the demo server's admin endpoint (default 127.0.0.1:7071; off disables it)")
 
@@ -120,6 +127,27 @@ def _parser():
                          help="run the server, then the real KCL MultiLangDaemon as its supervised child")
     run.add_argument("--properties", required=True, help="the KCL MultiLangDaemon's properties file")
     return p
+
+
+def _nearest(message: str, parser) -> str:
+    """"; did you mean --port?" for an argparse error about an unknown flag or command."""
+    import argparse
+    import difflib
+    import re
+
+    known: list[str] = list(parser._option_string_actions)
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            known += list(action.choices)
+            for subparser in action.choices.values():
+                known += list(subparser._option_string_actions)
+    wrong = re.findall(r"(?:unrecognized arguments: |invalid choice: ')(\S+?)'?(?:\s|$)", message)
+    wrong += re.findall(r"unrecognized arguments: .*?\s(--?\S+)", message)
+    for word in wrong:
+        near = difflib.get_close_matches(word.partition("=")[0], sorted(set(known)), n=1, cutoff=0.6)
+        if near:
+            return f"; did you mean {near[0]}?"
+    return ""
 
 
 def _main(argv: list[str]) -> None:
@@ -141,8 +169,9 @@ def _main(argv: list[str]) -> None:
         elif args.command == "check":
             from . import check
 
-            if not (args.config or args.properties):
-                raise ConfigError("nothing to check: give --config FILE, --properties FILE or both")
+            if not (args.config or args.properties or args.handler):
+                raise ConfigError("nothing to check: give --config FILE, --properties FILE, --handler MODULE:ATTR "
+                                  "or several")
             settings = _settings(args, need_handler=not args.properties)
             _importable_cwd()
             if check.run(check.Given(settings, args.config, args.properties), sys.stdout):

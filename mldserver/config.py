@@ -35,6 +35,7 @@ Table bindings (``mldserver.bindings``) are TOML tables, checked by ``check_bind
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import math
 import re
 import tomllib
@@ -314,8 +315,9 @@ def load(path: str | None = None, **overrides: Any) -> Settings:
         for key, value in _read(path).items():
             name = key.replace("-", "_")
             if name not in RULES:
-                known = ", ".join(sorted(RULES))
-                raise ConfigError(f"{path}: unknown setting {key!r} (known: {known})")
+                near = difflib.get_close_matches(name, sorted(RULES), n=1, cutoff=0.6)
+                hint = f"did you mean {near[0]!r}?" if near else "the settings are the fields of mldserver.config.Settings"
+                raise ConfigError(f"{path}: unknown setting {key!r}: {hint}")
             values[name] = RULES[name].check(name, value, path)
     for name, value in overrides.items():
         if value is not None:
@@ -323,6 +325,9 @@ def load(path: str | None = None, **overrides: Any) -> Settings:
     settings = Settings(**values)
     if settings.pipeline and not settings.sink:
         settings = settings.replace(sink=f"parquet:{state_path(settings, 'output')}")
+    if "window" in values and not settings.sink:
+        raise ConfigError(f"window = {settings.window:g}: windows collect the rows handlers emit, but no sink keeps "
+                          f"them: add --sink parquet:DIR (or file:DIR, iceberg:DIR), or leave window out")
     TimerStoreSpec.parse(settings.timer_store)
     check_bindings(settings, path or "settings")
     if settings.sink:

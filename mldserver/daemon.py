@@ -29,13 +29,12 @@ import asyncio
 import importlib.util
 import os
 import re
-import shutil
 import signal
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from . import properties
+from . import preflight, properties
 from .config import Settings, state_path
 from .errors import ConfigError, MldserverError
 from .logs import EventLogger, get_logger
@@ -86,16 +85,6 @@ class DaemonExited(MldserverError):
     """The daemon exited while the server did not ask it to."""
 
 
-def java() -> str:
-    """The java to run the daemon with: $JAVA_HOME/bin/java, else java on PATH."""
-    home = os.environ.get("JAVA_HOME")
-    if home and os.access(Path(home) / "bin" / "java", os.X_OK):
-        return str(Path(home) / "bin" / "java")
-    found = shutil.which("java")
-    if not found:
-        raise ConfigError("no Java: mldserver run starts the KCL MultiLangDaemon with java 17 or later; install it "
-                          "(apt-get install openjdk-17-jre-headless) or set JAVA_HOME")
-    return found
 
 
 def jars() -> Path:
@@ -141,7 +130,7 @@ class Daemon:
         self.settings = settings
         self.log = log or get_logger("mldserver.daemon")
         self.props = properties.read(properties_file)  # ConfigError: missing, does not parse
-        self.java = java()
+        self.java = preflight.java("mldserver run (the KCL MultiLangDaemon)")
         self.classpath = classpath(self.log)
         self.dir = state_path(settings, "daemon").resolve()
         self.log_path = self.dir / "daemon.log"

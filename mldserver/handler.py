@@ -25,7 +25,11 @@ with the batch: ``batch.fail(record, error)`` (``mldserver.failures``). For one 
 per record, subclass ``mldserver.ChangeHandler`` (``mldserver.changes``). A ``CheckpointError`` escaping a
 method ends that action without a retry. Each call has an execution time-out
 (``execution_timeout``, default 60 s) that counts as a failure: in a handler process,
-even a call that blocks is stopped (its process is killed and replaced).
+even a call that blocks is stopped (interrupted where it blocks, with ``ExecutionTimeout``;
+its process killed and replaced only if that does not stop it). The handler is checked at
+start-up (``mldserver.handler_checks``): a near miss of a callback's name
+(``process_record``) is refused with "did you mean", and so is a handler with no
+``process_records``.
 
 Durable timers (Couchbase Eventing's ``createTimer``/``cancelTimer``; see
 ``mldserver.timers``): ``await self.timers.create(callback, at, reference, context)``

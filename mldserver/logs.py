@@ -15,9 +15,10 @@ Only the CLI calls :func:`configure`; library code only gets loggers.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import sys
-from typing import Any, TextIO
+from typing import Any, Iterator, TextIO
 
 import orjson
 
@@ -126,3 +127,18 @@ def file_handler(file: str) -> logging.FileHandler:
             f"--log-file {file}: cannot open it for appending ({exc.strerror}): "
             f"create its folder or fix the permissions, or choose another path"
         ) from None
+
+
+@contextlib.contextmanager
+def errors_only() -> Iterator[None]:
+    """Within it, mldserver logs errors alone: the clean-up after a start-up that failed
+    (its one-line error says what happened; "shutting_down" and "stopped" would say a
+    server had run)."""
+    root = logging.getLogger("mldserver")
+    level = root.level
+    root.setLevel(max(level, logging.ERROR))
+    try:
+        yield
+    finally:
+        root.setLevel(level)
+

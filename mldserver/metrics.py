@@ -74,6 +74,8 @@ class Metrics:
         self.handler_timeouts = Counter(
             "mldserver_handler_timeouts", "Handler call attempts that ran past execution_timeout (each retry "
             "counts)", ["callback"], registry=r)
+        self.rows_discarded = Counter(
+            "mldserver_rows_discarded", "Rows handlers emitted with no sink to keep them (--sink)", registry=r)
         self.dead_letters = Counter(
             "mldserver_dead_letters", "Entries written to the dead letters, by kind", ["kind"], registry=r)
         self.checkpoints = Counter(
@@ -114,6 +116,9 @@ class Metrics:
         for name, n in stats.items():
             if name == "timeout_count":
                 self.handler_timeouts.labels(callback).inc(n)
+                continue
+            if name == "rows_discarded":
+                self.rows_discarded.inc(n)
                 continue
             inner, _, outcome = name.rpartition("_")
             if inner and outcome in (SUCCESS, FAILURE) and type(n) is int and n > 0:

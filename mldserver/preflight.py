@@ -8,20 +8,90 @@ one line that names the path and what to do::
     free_unix_path(Path("/run/mldserver.sock"))      # a stale socket is removed
         -> ConfigError("--unix /run/mldserver.sock: another server listens there: ...")
 
-They block (a file system, a connect): call them before the loop serves, or in a thread.
+    extras(settings)          # pyspark for --pipeline / --sink parquet:, pyiceberg for --sink iceberg:
+        -> ConfigError("--sink parquet:out needs Spark, which this installation lacks: pip install 'mldserver[spark]' ...")
+    java("Spark (--pipeline, --sink parquet: or iceberg:)")   # $JAVA_HOME/bin/java, else java on PATH
+        -> "/usr/lib/jvm/java-17-openjdk-amd64/bin/java"
+        -> ConfigError("Spark (...) needs Java 17 or later, and there is none: JAVA_HOME is not set
+                        and no java is on PATH; install one (Debian/Ubuntu: ...) or set JAVA_HOME")
+
+They block (a file system, a connect, ``java -version``): call them before the loop
+serves, or in a thread.
 """
 
 from __future__ import annotations
 
 import errno
+import importlib.util
 import os
+import re
+import shutil
 import socket
 import stat
+import subprocess
 from pathlib import Path
+
+from typing import TYPE_CHECKING
 
 from .errors import ConfigError
 
+if TYPE_CHECKING:
+    from .config import Settings
+
 PROBE = ".mldserver-probe"
+JAVA = 17  # the oldest Java that Spark 4 and the KCL 3 daemon run on
+INSTALL_JAVA = ("install one (Debian/Ubuntu: apt-get install openjdk-17-jre-headless; macOS: brew install "
+                "openjdk@17; a container: FROM eclipse-temurin:17-jre) or set JAVA_HOME to one")
+
+
+def extras(settings: "Settings") -> None:
+    """What the settings use is installed: Spark (``mldserver[spark]``) for a pipeline or
+    a parquet sink, Iceberg (``mldserver[iceberg]``) for the table sink; a ConfigError
+    naming the extra otherwise. The core install runs everything else."""
+    from .config import uses_spark
+
+    if uses_spark(settings) and importlib.util.find_spec("pyspark") is None:
+        raise ConfigError(f"{_spark_use(settings)} needs Spark, which this installation lacks: "
+                          f"pip install 'mldserver[spark]' (and Java 17 or later)")
+    if (settings.sink or "").startswith("iceberg:") and importlib.util.find_spec("pyiceberg") is None:
+        raise ConfigError(f"--sink {settings.sink} needs Iceberg, which this installation lacks: "
+                          f"pip install 'mldserver[iceberg]'")
+
+
+def _spark_use(settings: "Settings") -> str:
+    if settings.pipeline:
+        return f"--pipeline {settings.pipeline}"
+    if settings.sink:
+        return f"--sink {settings.sink}"
+    return "--spark-master/--spark-remote"
+
+
+def java(what: str) -> str:
+    """The java ``what`` runs on: $JAVA_HOME/bin/java, else java on PATH, if it is Java
+    17 or later; else a ConfigError saying what was found and what to install."""
+    home = os.environ.get("JAVA_HOME")
+    if home:
+        found = str(Path(home) / "bin" / "java")
+        if not os.access(found, os.X_OK):
+            raise ConfigError(f"{what} needs Java {JAVA} or later, and JAVA_HOME={home} has no bin/java; "
+                              f"{INSTALL_JAVA}")
+    else:
+        found = shutil.which("java") or ""
+        if not found:
+            raise ConfigError(f"{what} needs Java {JAVA} or later, and there is none: JAVA_HOME is not set and no "
+                              f"java is on PATH; {INSTALL_JAVA}")
+    try:
+        out = subprocess.run([found, "-version"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise ConfigError(f"{what} needs Java {JAVA} or later, and {found} does not run ({exc}); {INSTALL_JAVA}"
+                          ) from None
+    version = re.search(r'version "(\d+)(?:\.(\d+))?', out.stderr + out.stdout)
+    major = None if version is None else int(version[2] if version[1] == "1" and version[2] else version[1])
+    if major is None or major < JAVA:
+        said = (out.stderr or out.stdout).strip().splitlines()
+        raise ConfigError(f"{what} needs Java {JAVA} or later, and {found} is "
+                          f"{'Java ' + str(major) if major else repr(said[0] if said else '')}; {INSTALL_JAVA}")
+    return found
 
 
 def writable_state_dir(path: Path) -> Path:

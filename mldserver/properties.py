@@ -22,6 +22,7 @@ import ipaddress
 import math
 import os
 import shutil
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -269,6 +270,12 @@ def _executable(props: Properties, settings: Settings) -> list[Finding]:
     problem = _relay_problem(words, settings)
     if problem:
         return [Finding("error", entry.line, entry.key, f"{problem}: use executableName = {relay_example(settings)}")]
+    program = words[0]
+    if program == "mldserver" and relay_program() != "mldserver":
+        return [Finding("warning", entry.line, entry.key,
+                        f"mldserver is not on the PATH this check runs with: mldserver run sets executableName to "
+                        f"this installation's relay itself, but a daemon you start must find it on its PATH, or use "
+                        f"executableName = {relay_example(settings)}")]
     return []
 
 
@@ -276,8 +283,11 @@ def _relay_problem(words: list[str], settings: Settings) -> str | None:
     if len(words) < 3 or words[-2] != "connect" or "mldserver" not in " ".join(words[:-2]):
         return f"{' '.join(words)!r} is not the relay (mldserver connect HOST:PORT)"
     program = words[0]
+    if program == "mldserver":
+        program = relay_program()  # (on PATH, or this installation's: a warning says which)
     if not (shutil.which(program) or (os.path.isfile(program) and os.access(program, os.X_OK))):
-        return f"{program!r} is not a program the daemon can start (not on PATH, not an executable file)"
+        return (f"{program!r} is not a program the daemon can start (not on the PATH this check runs with, "
+                f"not an executable file)")
     target = words[-1]
     if target.startswith("unix:"):
         if settings.unix and os.path.abspath(target[5:]) == os.path.abspath(settings.unix):
@@ -310,6 +320,16 @@ def _listens(settings: Settings) -> str:
 def relay_example(settings: Settings) -> str:
     target = f"unix:{settings.unix}" if settings.unix and settings.tcp_port is None else \
         f"{'127.0.0.1' if settings.host in ('0.0.0.0', '::') else settings.host}:{settings.tcp_port}"
-    return f"mldserver connect {target}"
+    return f"{relay_program()} connect {target}"
+
+
+def relay_program() -> str:
+    """How the daemon starts this installation's ``mldserver``: the bare name when PATH
+    finds it, else its absolute path (a virtualenv not activated where the daemon runs)."""
+    mine = Path(sys.executable).parent / "mldserver"
+    found = shutil.which("mldserver")
+    if found and (not mine.exists() or os.path.realpath(found) == os.path.realpath(mine)):
+        return "mldserver"
+    return str(mine) if mine.exists() else "mldserver"
 
 

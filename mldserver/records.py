@@ -245,6 +245,16 @@ class Batch:
     def emit(self, record: Record, row: dict[str, Any], event_time_ms: int | None = None) -> None:
         if self.rows is not None:
             self.rows.append(_new(Emitted, (record, row, event_time_ms)))  # C speed: once a row
+        else:
+            self.discarded()
+
+    def discarded(self) -> None:
+        """A row emitted with nothing to keep it (no sink): counted in ``stats``
+        (``rows_discarded``: the server warns once per shard and counts it)."""
+        stats = self.stats
+        if stats is None:
+            stats = self.stats = {}
+        stats["rows_discarded"] = stats.get("rows_discarded", 0) + 1
 
     def fail(self, record: Record, error: BaseException | str, attempts: int = 1) -> None:
         """Give up on ``record``: dead-lettered with its data and ``error`` once the call

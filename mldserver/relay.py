@@ -118,7 +118,14 @@ def main(argv):
         i = args.index("--connect-timeout")
         timeout = args[i + 1] if i + 1 < len(args) else ""
         del args[i : i + 2]
-    if len(args) != 1 or args[0] in ("-h", "--help"):
+    if args[:1] in (["-h"], ["--help"]):
+        sys.stdout.write(usage + "\n\nThe relay the daemon launches once per shard (executableName): it joins its "
+                         "stdin and stdout to the server's shard port. --connect-timeout (or "
+                         f"MLDSERVER_CONNECT_TIMEOUT): seconds to keep trying to reach the server (default "
+                         f"{DEFAULT_CONNECT_TIMEOUT:g}).\n")
+        sys.stdout.flush()  # (the relay ends with os._exit)
+        return 0
+    if len(args) != 1:
         sys.stderr.write(usage + "\n")
         return 2
     try:

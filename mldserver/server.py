@@ -66,7 +66,7 @@ from .deadletters import DeadLetters
 from .errors import ConfigError, ServerCrashed
 from .importer import import_from_string
 from .backoff import Backoff
-from .logs import get_logger
+from .logs import errors_only, get_logger
 from .metrics import Metrics
 from .pausing import Pause
 from .pool import HandlerPool, ProcessCalls
@@ -78,7 +78,8 @@ from .timers import api as timers_api
 from .timers.scheduler import scheduler_for
 from .timers.stats import TimerCollector
 from .shard import CoordinatorLink, NoSink, Worker
-from .shard.calls import check_factory, reap_abandoned
+from .handler_checks import check_handler, emits
+from .shard.calls import reap_abandoned
 from .shard.worker import Slots
 
 if TYPE_CHECKING:
@@ -111,13 +112,13 @@ class Server:
         ``workers`` > 0, handlers run in a pool of handler processes and this process
         imports no user code."""
         self.settings = settings
+        preflight.extras(settings)  # Spark or Iceberg asked for, and not installed: the extra to install
         self.pool: HandlerPool | None = None
         if factory is None and settings.workers > 0:
             self.pool = HandlerPool(settings)  # imports the handler in its processes, never here
             self.factory: Callable[[Any], Any] | None = None
         else:
             self.factory = factory or import_from_string(settings.handler, "handler")
-            check_factory(self.factory)  # callbacks that are not ``async def``: refused at load
         self._reloads: set[asyncio.Task[Any]] = set()
         self.context = Context(settings)
         bindings_check(settings)  # a read-write binding to the stream's own table: refused here
@@ -127,12 +128,16 @@ class Server:
         self.timers, self.context.timers = scheduler_for(settings, pool=self.pool, dead_letters=self.dead_letters)
         if self.pool is not None:
             self.pool.services.update(self.timers.services())
+        # What the handler means, checked before any record (each handler process checks its own).
+        self._emits = self.factory is not None and emits(type(check_handler(self.factory, self.context,
+                                                                             settings.handler)))
         self.workers: dict[asyncio.Task[None], Worker] = {}
         self._ids = itertools.count(1)
         self._servers: list[asyncio.base_events.Server] = []
         self._listeners: list[asyncio.Task[None]] = []
         self._stop = asyncio.Event()
         self.crashed: BaseException | None = None  # what ended a task the server owns
+        self._shut = False  # shutdown() ran
         n = settings.max_batches_in_flight
         self.slots = Slots(n) if n > 0 else None
         self.address: tuple[str, int] | str | None = None
@@ -169,14 +174,40 @@ class Server:
     # -- lifecycle -------------------------------------------------------------
 
     async def start(self) -> None:
-        """Check the state directory, start Spark and the coordinator, then listen.
+        """Check the state directory, bind, start the handler processes, Spark and the
+        coordinator, then serve.
         A setting the machine refuses (a state directory it cannot write, a port in
-        use, a host it cannot resolve, a path taken) is a ConfigError naming it."""
+        use, a host it cannot resolve, a path taken) is a ConfigError naming it; what
+        had started by then is stopped (logging errors only: the error is what to read)."""
+        try:
+            await self._start()
+        except BaseException:
+            with errors_only():
+                await self.shutdown()
+            raise
+
+    async def _start(self) -> None:
         s = self.settings
         await asyncio.to_thread(preflight.writable_state_dir, Path(s.state_dir))
+        if self.spark is not None and not s.spark_remote:  # (a Spark Connect client needs no Java here)
+            await asyncio.to_thread(preflight.java, "Spark (--pipeline, --sink parquet: or iceberg:)")
         self.loop_lag.start()
+        # Bound first, served last: a port in use is said before anything starts.
+        unix = await self._listen_unix(s.unix) if s.unix else None
+        if unix is not None:
+            self._servers.append(unix)  # closed by shutdown() should anything after fail
+        tcp = await self._listen_tcp(s.host, s.tcp_port) if s.tcp_port is not None else None
+        if tcp is not None:
+            self._servers.append(tcp)
+        if self.pool is not None:
+            await self.pool.start()  # every handler process checked the handler (or ConfigError), in a second
+            self._emits = any(p.emits for p in self.pool.processes)
+        if self._emits and self.coordinator is None:
+            log.warning("emit_without_sink", handler=s.handler,
+                        what_to_do="the handler's code calls emit, but no sink keeps rows: they are discarded "
+                                   "(rows_discarded); add --sink parquet:DIR (or file:DIR, iceberg:DIR)")
         if self.admin is not None:
-            await self.admin.start()  # first: /readyz answers 503 while Spark starts
+            await self.admin.start()  # before Spark: /readyz answers 503 while it starts
         if self.spark is not None:
             try:
                 await self.spark.start()  # the session is up (and the sink locked) before we bind
@@ -184,8 +215,6 @@ class Server:
                 raise ConfigError(str(exc)) from None
         if self.coordinator is not None:
             await self.coordinator.start()  # commit log read, spool replayed, before any shard connects
-        if self.pool is not None:
-            await self.pool.start()  # every handler process imported the handler (or ConfigError)
         try:
             await self.timers.start()  # after the pool: timers due while we were down fire now
         except Exception as exc:
@@ -193,17 +222,13 @@ class Server:
                               f"the file (or the table, its region and credentials), or choose another") from None
         timers_api.current.set(self.context.timers)  # timers.create in this loop's tasks (workers = 0)
         bindings_api.current.set(self.context.bindings)  # bindings.table in timer callbacks (workers = 0)
-        # Bind everything before announcing anything: a refused port is not logged as listening.
-        unix = await self._listen_unix(s.unix) if s.unix else None
-        if unix is not None:
-            self._servers.append(unix)  # closed by shutdown() should the TCP bind fail
-        tcp = await self._listen_tcp(s.host, s.tcp_port) if s.tcp_port is not None else None
+        for srv in self._servers:
+            await srv.start_serving()  # listening when start() returns
         if unix is not None:
             self._listeners.append(asyncio.create_task(unix.serve_forever(), name="listener-unix"))
             self.address = s.unix
             log.info("listening", unix=s.unix, handler=s.handler)
         if tcp is not None:
-            self._servers.append(tcp)
             self._listeners.append(asyncio.create_task(tcp.serve_forever(), name="listener-tcp"))
             host, port = tcp.sockets[0].getsockname()[:2]
             if unix is None:
@@ -224,7 +249,7 @@ class Server:
     async def _listen_unix(self, path: str) -> asyncio.base_events.Server:
         await asyncio.to_thread(preflight.free_unix_path, Path(path))
         try:
-            srv = await pieces.serve_unix(self._accept, path, STREAM_LIMIT)
+            srv = await pieces.serve_unix(self._accept, path, STREAM_LIMIT, start_serving=False)
         except (OSError, ValueError) as exc:
             raise ConfigError(f"--unix {path}: cannot listen there ({_reason(exc)}): choose another path") from None
         st = os.stat(path)
@@ -233,7 +258,7 @@ class Server:
 
     async def _listen_tcp(self, host: str, port: int) -> asyncio.base_events.Server:
         try:
-            return await pieces.serve_tcp(self._accept, host, port, STREAM_LIMIT)
+            return await pieces.serve_tcp(self._accept, host, port, STREAM_LIMIT, start_serving=False)
         except socket.gaierror as exc:
             raise ConfigError(
                 f"--host {host}: cannot resolve it ({_reason(exc)}): give an IP address or a name this machine "
@@ -275,16 +300,22 @@ class Server:
         previous = {sig: signal.getsignal(sig) for sig in SIGNALS}
         for sig in previous:
             loop.add_signal_handler(sig, self._on_signal, sig)
+        started = False
         try:
             await self.start()
             for companion in self.companions:
                 await companion.start(self)
+            started = True
             await self._watch()
         finally:
             for sig, handler in previous.items():
                 loop.remove_signal_handler(sig)
                 signal.signal(sig, handler)
-            await self.shutdown()
+            if started:
+                await self.shutdown()
+            else:  # (a failed start() has stopped what it started)
+                with errors_only():
+                    await self.shutdown()
         if self.crashed is not None:
             raise ServerCrashed(f"{_describe(self.crashed)} (logged as task_crashed)") from self.crashed
 
@@ -391,6 +422,10 @@ class Server:
         return self.unhealthy()
 
     async def shutdown(self) -> None:
+        """Stop everything in order (once: a second call returns at once)."""
+        if self._shut:
+            return
+        self._shut = True
         if self.resume():  # paused actions finish as any action under way does
             log.info("resumed_for_shutdown")
         # The daemon stops its shards while we still serve them (resumed: its

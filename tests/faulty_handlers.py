@@ -194,3 +194,20 @@ class Scripted(mldserver.Handler):
 
     async def lease_lost(self):
         await self._run(self.plans.get("lease_lost"), None)
+
+
+class Typo(mldserver.Handler):
+    """``process_record``, one letter short: refused at start-up ("did you mean")."""
+
+    async def process_record(self, batch, checkpointer):
+        pass
+
+
+class NoContext(mldserver.Handler):
+    """A constructor that takes no context: refused at start-up, naming the class."""
+
+    def __init__(self):
+        pass
+
+    async def process_records(self, batch, checkpointer):
+        pass

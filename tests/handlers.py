@@ -9,7 +9,10 @@ import mldserver
 
 
 class Noop(mldserver.Handler):
-    """Overrides nothing: the Handler defaults apply."""
+    """Does nothing with a batch; the Handler defaults apply to every other callback."""
+
+    async def process_records(self, batch, checkpointer):
+        pass
 
 
 class CheckpointLast(mldserver.Handler):

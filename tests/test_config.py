@@ -87,7 +87,8 @@ def _toml(value) -> str:
 
 def test_values_inside_their_rules_are_kept_and_an_int_counts_as_a_float(tmp_path):
     path = tmp_path / "mld.toml"
-    path.write_text("window = 1\nport = 0\nmax_line_size = 4096\ncheckpoint_interval = 0\nlog_level = 'debug'\n")
+    path.write_text("window = 1\nport = 0\nmax_line_size = 4096\ncheckpoint_interval = 0\nlog_level = 'debug'\n"
+                    f"sink = 'file:{tmp_path / 'out'}'\n")
     settings = load(str(path), window=0.1)
     assert (settings.window, settings.port, settings.max_line_size, settings.log_level) == (0.1, 0, 4096, "debug")
     assert isinstance(load(str(path)).window, float) and load(str(path)).window == 1.0

@@ -80,7 +80,9 @@ def test_no_java_is_said_before_anything_starts(tmp_path):
         timeout=60,
     )  # fmt: skip
     assert done.returncode == 2
-    assert done.stderr.startswith("mldserver: no Java: mldserver run starts the KCL MultiLangDaemon with java 17")
+    assert done.stderr.startswith("mldserver: mldserver run (the KCL MultiLangDaemon) needs Java 17 or later, and "
+                                  "there is none: JAVA_HOME is not set and no java is on PATH; install one")
+    assert done.stderr.count("\n") == 1
 
 
 def test_no_jars_names_the_extra_to_install(tmp_path):

@@ -77,6 +77,19 @@ def test_the_deploy_template_is_clean_with_and_without_windows(tmp_path):
                                                 "ok"]
 
 
+def test_the_deploy_template_passes_from_a_venv_that_is_not_activated(tmp_path):
+    """The relay resolved as the daemon would: mldserver run gives it this installation's
+    relay; a daemon started otherwise is told the absolute command that works."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}
+    template = str(ROOT / "deploy" / "mld.properties")
+    done = subprocess.run([MLDSERVER, "check", "--config", config(tmp_path), "--properties", template], cwd=tmp_path,
+                          env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stdout + done.stderr
+    (warning,) = [line for line in done.stdout.splitlines() if line.startswith("warning")]
+    assert warning.endswith(f"or use executableName = {BIN / 'mldserver'} connect 127.0.0.1:7070"), warning
+    assert done.stdout.splitlines()[-1] == "ok"
+
+
 def test_a_properties_file_that_is_missing_or_does_not_parse_is_one_line_and_exit_2(tmp_path):
     done = run("check", "--properties", str(tmp_path / "nope.properties"))
     assert done.returncode == 2
@@ -92,6 +105,7 @@ def test_a_properties_file_that_is_missing_or_does_not_parse_is_one_line_and_exi
 def test_check_needs_something_to_check():
     done = run("check")
     assert done.returncode == 2 and "nothing to check" in done.stderr
+    assert run("check", "--handler", "tests.handlers:Noop").returncode == 0  # the handler alone is something
 
 
 def test_read_follows_java_properties_syntax(tmp_path):

@@ -18,6 +18,7 @@ from mldserver.server import Server
 from mldserver.sinks.file import FileSink
 from mldserver.testing import FakeDaemon, make_records
 
+from .handlers import Noop
 from .conftest import MLDSERVER, ROOT, relay_command
 from .helpers import FakeClock, eventually
 
@@ -162,7 +163,7 @@ async def test_serves_a_unix_socket(serve, tmp_path):
 
 async def test_shutdown_removes_only_the_unix_socket_it_bound(tmp_path):
     path = tmp_path / "mld.sock"
-    server = Server(Settings(handler="test", unix=str(path), state_dir=str(tmp_path / "state")), mldserver.Handler)
+    server = Server(Settings(handler="test", unix=str(path), state_dir=str(tmp_path / "state")), Noop)
     await server.start()
     assert path.is_socket()
     path.unlink()

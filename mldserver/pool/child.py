@@ -65,7 +65,7 @@ from ..logs import configure, get_logger
 from ..malloc import large_buffers_from_mmap
 from ..pieces import PieceReader
 from ..records import Batch, ShardInfo
-from ..shard.calls import check_factory
+from ..handler_checks import check_handler, emits
 from .. import bindings as bindings_api
 from ..bindings import Bindings
 from ..timers import api as timers_api
@@ -185,7 +185,6 @@ class Child:
         self.state = start["state"]
         self.running = Running(self.state + ".run")
         self.factory = import_from_string(start["handler"], "handler")
-        check_factory(self.factory)  # callbacks that are not ``async def``: refused at load, as in the server
         self.context = Context(self.settings)
         self.context.bindings = Bindings(self.settings)  # its own client, opened on first use
         from ..config import uses_spark
@@ -194,6 +193,7 @@ class Child:
             self.context.spark = SparkProxy(self)  # type: ignore[assignment]
         self.context.timers = timers_remote.RemoteTimers(self.request, self.current_call,
                                                          self.settings.timer_context_size)
+        self.emits = emits(type(check_handler(self.factory, self.context, start["handler"])))  # as the server does
         self.handlers: dict[int, Any] = {}
         self.pending: dict[int, asyncio.Future[dict[str, Any]]] = {}
         self.reqs = 0
@@ -370,7 +370,7 @@ async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> N
     threading.Thread(target=child.watch, args=(float(s.get("handler_block_warning", 1.0)), threading.get_ident()),
                      daemon=True, name="watchdog").start()
     beat = asyncio.get_running_loop().create_task(child.heartbeat())
-    child.send({"op": "ready", "pid": os.getpid()})
+    child.send({"op": "ready", "pid": os.getpid(), "emits": child.emits})
     while True:
         frame = await read_frame_async(reader)
         if frame is None or not child.on_frame(*frame):

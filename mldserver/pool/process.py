@@ -98,6 +98,7 @@ class HandlerProcess:
         self.killed_what: tuple[str, str] | None = None  # its (shard id, action)
         self.quarantine = False  # spawned for one shard's call that killed its process or ran too long
         self.served = 0  # calls sent to it
+        self.emits = False  # the handler's code calls emit (its ready frame says)
         self.killed = False  # by us: no longer alive, though its death may not be noticed yet
         self.stopping = False
         self.on_death: Callable[["HandlerProcess"], None] | None = None
@@ -150,6 +151,7 @@ class HandlerProcess:
                 raise HandlerImportFailed(frame[0]["error"])
             raise HandlerImportFailed(f"the handler process did not start ({describe_exit(code)})")
         self.started = time.monotonic()
+        self.emits = bool(frame[0].get("emits"))  # the handler's code calls emit
         self.task = asyncio.create_task(self._read(), name=f"handler-process-{self.number}")
 
     async def _handshake(self, frames: Any) -> tuple[dict[str, Any], bytes] | None:

@@ -32,7 +32,7 @@ Each attempt runs in its own task, so nothing the handler does reaches the calle
   handler failure like any other; only the caller's own cancellation (or ``abort()``,
   the server shutting down) cancels the call;
 - a callback that is not a coroutine function is a failure that is not retried, named
-  in one line; ``check_factory()`` refuses such a handler class at load, ``create()``
+  in one line; ``handler_checks`` refuses such a handler at start-up, ``create()``
   any other handler at its creation.
 
 What the handler counted in its calls (``batch.stats``: a ``ChangeHandler``'s
@@ -51,11 +51,10 @@ from ..backoff import Backoff
 from ..checkpointer import Checkpointer
 from ..errors import CheckpointError, ConfigError
 from ..failures import FailureGuard
+from ..handler_checks import not_async
 from ..logs import EventLogger
 from ..records import Emitted
 
-# The handler's callbacks, each awaited by the worker.
-CALLBACKS = ("initialize", "process_records", "shutdown_requested", "shard_ended", "lease_lost")
 GRACE_CAP = 1.0  # at most this long for a cancelled handler call to end
 
 OK = "ok"
@@ -85,26 +84,6 @@ def _invoke(handler: Any, action: str, arg: Any, cp: Checkpointer) -> Any:
     if action == "lease_lost":
         return handler.lease_lost()
     return getattr(handler, action)(cp)  # shutdown_requested, shard_ended
-
-
-def not_async(handler: Any) -> str | None:
-    """Why ``handler`` (a class or an instance) cannot be awaited, or None."""
-    for name in CALLBACKS:
-        method = getattr(handler, name, None)
-        if method is not None and not inspect.iscoroutinefunction(method):
-            owner = handler if inspect.isclass(handler) else type(handler)
-            return (f"handler {owner.__module__}.{owner.__qualname__}: {name} must be a coroutine function "
-                    f"(the server awaits it); define it with `async def {name}`")
-    return None
-
-
-def check_factory(factory: Any) -> None:
-    """At load: a handler class whose callbacks are not ``async def`` is a ConfigError
-    (a factory function's handler is checked when it is created)."""
-    if inspect.isclass(factory):
-        error = not_async(factory)
-        if error is not None:
-            raise ConfigError(error)
 
 
 # Handler calls that swallowed their cancellation, still running; ended at shutdown.

@@ -247,6 +247,7 @@ class Worker:
         self.batches = 0
         self.records = 0
         self.metrics = metrics  # the server's (admin endpoint): recorded here, the seam's server side
+        self._discard_warned = False  # rows_discarded said once per shard
         self.pause = pause  # the server's gate (POST /pause): waited at before an action's handler call
         self.conn_id: int | None = None  # the server's number for this connection (logs' ``conn``)
         self.last_action: str | None = None  # for /status: the action and when it arrived (epoch s)
@@ -625,6 +626,12 @@ class Worker:
             stats = self.calls.take_stats()
             if stats:
                 self.metrics.handler_stats(action, stats)
+                if stats.get("rows_discarded") and not self._discard_warned:
+                    self._discard_warned = True
+                    self.log.warning("rows_discarded", rows=stats["rows_discarded"],
+                                     what_to_do="the handler emits rows but no sink keeps them: add --sink "
+                                                "parquet:DIR (or file:DIR, iceberg:DIR); counted in "
+                                                "mldserver_rows_discarded_total, said once per shard")
         return outcome
 
     async def _paused(self, event: Action) -> None:

@@ -126,19 +126,22 @@ class Launched:
 
 
 def launch(tmp_path: Path, *args: str, timeout: float = 60.0, cwd=None, env=None) -> Launched:
-    """Run ``mldserver serve ARGS`` until it exits or listens (then stop it)."""
+    """Run ``mldserver serve ARGS`` until it exits or listens (then stop it). Its logs go
+    to stderr, as on a user's terminal (unless ARGS name a --log-file): what a refused
+    start-up prints there is all the user sees."""
     import time
 
     from ..conftest import MLDSERVER, ROOT
 
-    n = len(list(tmp_path.glob("launch-*.log"))) + 1
-    log_path = tmp_path / f"launch-{n}.log"
+    n = len(list(tmp_path.glob("launch-*.stderr"))) + 1
     stderr_path = tmp_path / f"launch-{n}.stderr"
+    log_path = stderr_path
     argv = [MLDSERVER, "serve", *args]
     if not any(a == "--admin" or a.startswith("--admin=") for a in args):
         argv += ["--admin", "127.0.0.1:0"]  # never the default port, which another test may hold
-    if not any(a == "--log-file" or a.startswith("--log-file=") for a in args):
-        argv += ["--log-file", str(log_path)]
+    for i, a in enumerate(args):
+        if a == "--log-file" or a.startswith("--log-file="):
+            log_path = Path(a.partition("=")[2] or args[i + 1])
     with open(stderr_path, "wb") as stderr:
         proc = subprocess.Popen(argv, cwd=cwd or ROOT, env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})},
                                 stdout=subprocess.DEVNULL, stderr=stderr)

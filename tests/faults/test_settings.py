@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import signal
 import socket
 import subprocess
+import sys
 import time
 
 import pytest
@@ -138,12 +140,33 @@ def _start_up_case(case: str, tmp_path, config_file, held: list) -> tuple[list[s
     if case == "log_file_in_a_missing_folder":
         path = str(tmp_path / "missing" / "server.log")
         return [*noop, "--port", "0", *state, "--log-file", path], path
+    if case == "admin_in_use":
+        sock = socket.socket()
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        held.append(sock)
+        admin = f"127.0.0.1:{sock.getsockname()[1]}"
+        return [*noop, "--port", "0", *state, "--admin", admin], admin
+    if case == "handler_not_found":
+        return ["--handler", "tests.no_such_module:H", "--port", "0", *state], "tests.no_such_module"
+    if case == "handler_typo":
+        return ["--handler", "tests.faulty_handlers:Typo", "--port", "0", *state], "did you mean process_records?"
+    if case == "handler_constructor":
+        return ["--handler", "tests.faulty_handlers:NoContext", "--port", "0", *state], "NoContext(context) failed"
+    if case == "window_without_sink":
+        return [*noop, "--port", "0", *state, "--window", "60"], "--sink"
+    if case == "unknown_setting":
+        return [*noop, "--port", "0", *state, "--config", config_file(wokers=2)], "did you mean 'workers'?"
     raise AssertionError(case)
 
 
 @pytest.mark.parametrize("case", ["config_not_utf8", "log_level_verbose", "port_in_use", "port_negative",
-                                  "host_unknown", "unix_in_a_missing_folder", "log_file_in_a_missing_folder"])
+                                  "host_unknown", "unix_in_a_missing_folder", "log_file_in_a_missing_folder",
+                                  "admin_in_use", "handler_not_found", "handler_typo", "handler_constructor",
+                                  "window_without_sink", "unknown_setting"])
 def test_a_start_up_mistake_is_one_line_naming_the_setting_or_path(tmp_path, config_file, case):
+    """Exit 2 and one line on stderr, where the logs go too: nothing of a shutdown for
+    parts that never started."""
     held: list[socket.socket] = []
     try:
         args, named = _start_up_case(case, tmp_path, config_file, held)
@@ -229,3 +252,39 @@ async def test_binding_every_interface_is_warned_about(serve):
     server = serve("tests.handlers:Noop", "--host", "0.0.0.0")
     warned = [e for e in server.events() if e.get("level") == "warning" and "0.0.0.0" in json.dumps(e)]
     assert warned, "no warning that 0.0.0.0 exposes the unauthenticated protocol on every interface"
+
+
+def test_spark_without_java_is_one_line_naming_what_to_install(tmp_path):
+    result = launch(tmp_path, "--handler", "tests.handlers:Noop", "--port", "0", "--state-dir", str(tmp_path / "state"),
+                    "--sink", f"parquet:{tmp_path / 'out'}", env={"JAVA_HOME": "", "PATH": str(tmp_path / "nothing")})
+    assert_refused(result, "needs Java 17 or later", "no java is on PATH", "apt-get install openjdk-17-jre-headless")
+
+
+def test_a_java_too_old_is_named_with_its_version(tmp_path):
+    java = tmp_path / "jdk" / "bin" / "java"
+    java.parent.mkdir(parents=True)
+    java.write_text('#!/bin/sh\necho \'openjdk version "11.0.21" 2023-10-17\' >&2\n')
+    java.chmod(0o755)
+    result = launch(tmp_path, "--handler", "tests.handlers:Noop", "--port", "0", "--state-dir", str(tmp_path / "state"),
+                    "--sink", f"parquet:{tmp_path / 'out'}", env={"JAVA_HOME": str(tmp_path / "jdk")})
+    assert_refused(result, f"{java} is Java 11", "set JAVA_HOME")
+
+
+@pytest.mark.parametrize("missing, args, extra", [
+    ("pyspark", ["--pipeline", "mldserver.examples.orders:per_customer"], "mldserver[spark]"),
+    ("pyspark", ["--sink", "parquet:out"], "mldserver[spark]"),
+    ("pyiceberg", ["--sink", "iceberg:out", "--config", "STREAM"], "mldserver[iceberg]"),
+])
+def test_a_feature_whose_extra_is_not_installed_names_the_extra_in_one_line(tmp_path, config_file, missing, args,
+                                                                              extra):
+    """The core install (pip install mldserver) lacks Spark and Iceberg: here the module
+    is hidden from this one process (sys.modules[name] = None), as a venv without the
+    extra lacks it."""
+    args = [config_file(stream="orders") if a == "STREAM" else a for a in args]
+    code = (f"import sys; sys.modules[{missing!r}] = None; from mldserver.cli import main; "
+            f"main(['serve', '--handler', 'tests.handlers:Noop', '--port', '0', '--admin', 'off', "
+            f"'--state-dir', {str(tmp_path / 'state')!r}, *{args!r}])")
+    done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)},
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.count("\n") == 1 and f"pip install '{extra}'" in done.stderr, done.stderr

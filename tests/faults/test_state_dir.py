@@ -17,6 +17,7 @@ from mldserver.config import Settings
 from mldserver.server import Server
 from mldserver.testing import make_records
 
+from ..handlers import Noop
 from .conftest import assert_refused, explained, launch
 from .peer import Peer, initialize, process_records, wait_event, wait_for
 
@@ -130,9 +131,7 @@ def _mldserver_bytes(snapshot) -> int:
 async def test_ended_shards_leave_no_state_behind(tmp_path):
     settings = Settings(handler="test", port=0, state_dir=str(tmp_path / "state"), sink=f"file:{tmp_path / 'out'}",
                         idle_timeout=0.2)
-    import mldserver
-
-    server = Server(settings, mldserver.Handler)
+    server = Server(settings, Noop)
     await server.start()
 
     async def cycle(i: int) -> None:

@@ -5,6 +5,7 @@ a scripted peer that speaks the frames and nothing else."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import os
 import sys
@@ -49,76 +50,83 @@ def test_records_cross_as_the_daemons_objects():
     assert frames.records_from(frames.encode_records([deaggregated]))[0].data == b"user record"
 
 
+@contextlib.asynccontextmanager
 async def _child(tmp_path, handler: str, **settings):
+    """A handler process started by hand, killed at the end whatever the test found."""
     s = Settings(handler=handler, state_dir=str(tmp_path), log_format="json", **settings)
     state = str(tmp_path / "child")
     with open(state + ".run", "wb") as f:
         f.write(b"\0" * frames.STATE_SIZE)
     proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "mldserver.pool.child",
                                                 stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE)
-    proc.stdin.write(frames.encode({"op": "start", "handler": handler, "settings": dataclasses.asdict(s),
-                                    "sys_path": [os.getcwd()], "state": state}))
-    return proc
+    try:
+        proc.stdin.write(frames.encode({"op": "start", "handler": handler, "settings": dataclasses.asdict(s),
+                                        "sys_path": [os.getcwd()], "state": state}))
+        yield proc
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
 
 
 async def test_the_child_alone_runs_calls_proxies_checkpoints_and_answers_done(tmp_path):
-    proc = await _child(tmp_path, "tests.pool_handlers:EmitCheckpoint")
-    ready, _ = await frames.read_frame_async(proc.stdout)
-    assert ready == {"op": "ready", "pid": proc.pid}
-    info = ["shardId-1", "TRIM_HORIZON", 0]
-    proc.stdin.write(frames.encode({"op": "call", "id": 1, "shard": 9, "action": "initialize", "info": info}))
-    done, _ = await frames.read_frame_async(proc.stdout)
-    assert (done["op"], done["id"], done["result"]) == ("done", 1, "ok")
-    records = make_records(10, 2)
-    proc.stdin.write(frames.encode({"op": "call", "id": 2, "shard": 9, "action": "process_records", "info": info,
-                                    "millis_behind_latest": 0, "collect": True}, orjson.dumps(records)))
-    request, _ = await frames.read_frame_async(proc.stdout)
-    assert request == {"op": "checkpoint", "id": 2, "req": 1, "sequence_number": "11", "sub_sequence_number": 0}
-    proc.stdin.write(frames.encode({"op": "reply", "req": 1, "error": "ThrottlingException"}))
-    done, body = await frames.read_frame_async(proc.stdout)
-    assert (done["id"], done["result"], done["error"], done["rows"]) == (2, "checkpoint_failed",
-                                                                        "ThrottlingException", 2)
-    columns = frames.decode_rows(done["rows"], body)
-    assert columns.records.tolist() == [0, 1] and columns.times.tolist() == [r["approximateArrivalTimestamp"] for r in records]
-    assert [orjson.loads(d)["seq"] for d in columns.rows()] == ["10", "11"]
-    proc.stdin.write(frames.encode({"op": "call", "id": 3, "shard": 8, "action": "lease_lost", "info": info}))
-    done, _ = await frames.read_frame_async(proc.stdout)
-    assert done["result"] == "failed" and "no handler for shard" in done["error"]
-    proc.stdin.write(frames.encode({"op": "stop"}))
-    assert await asyncio.wait_for(proc.wait(), 10) == 0
+    async with _child(tmp_path, "tests.pool_handlers:EmitCheckpoint") as proc:
+        ready, _ = await frames.read_frame_async(proc.stdout)
+        assert ready == {"op": "ready", "pid": proc.pid, "emits": True}
+        info = ["shardId-1", "TRIM_HORIZON", 0]
+        proc.stdin.write(frames.encode({"op": "call", "id": 1, "shard": 9, "action": "initialize", "info": info}))
+        done, _ = await frames.read_frame_async(proc.stdout)
+        assert (done["op"], done["id"], done["result"]) == ("done", 1, "ok")
+        records = make_records(10, 2)
+        proc.stdin.write(frames.encode({"op": "call", "id": 2, "shard": 9, "action": "process_records", "info": info,
+                                        "millis_behind_latest": 0, "collect": True}, orjson.dumps(records)))
+        request, _ = await frames.read_frame_async(proc.stdout)
+        assert request == {"op": "checkpoint", "id": 2, "req": 1, "sequence_number": "11", "sub_sequence_number": 0}
+        proc.stdin.write(frames.encode({"op": "reply", "req": 1, "error": "ThrottlingException"}))
+        done, body = await frames.read_frame_async(proc.stdout)
+        assert (done["id"], done["result"], done["error"], done["rows"]) == (2, "checkpoint_failed",
+                                                                            "ThrottlingException", 2)
+        columns = frames.decode_rows(done["rows"], body)
+        assert columns.records.tolist() == [0, 1] and columns.times.tolist() == [r["approximateArrivalTimestamp"] for r in records]
+        assert [orjson.loads(d)["seq"] for d in columns.rows()] == ["10", "11"]
+        proc.stdin.write(frames.encode({"op": "call", "id": 3, "shard": 8, "action": "lease_lost", "info": info}))
+        done, _ = await frames.read_frame_async(proc.stdout)
+        assert done["result"] == "failed" and "no handler for shard" in done["error"]
+        proc.stdin.write(frames.encode({"op": "stop"}))
+        assert await asyncio.wait_for(proc.wait(), 10) == 0
 
 
 async def test_the_child_alone_sends_the_records_given_up_as_indexes_and_what_the_handler_counted(tmp_path):
-    proc = await _child(tmp_path, "tests.pool_handlers:Changes", handler_retries=1, handler_backoff=0.0)
-    await frames.read_frame_async(proc.stdout)
-    info = ["shardId-1", "TRIM_HORIZON", 0]
-    proc.stdin.write(frames.encode({"op": "call", "id": 1, "shard": 9, "action": "initialize", "info": info}))
-    await frames.read_frame_async(proc.stdout)
-    records = make_records(10, 4)
-    records[2]["partitionKey"] = "poison"
-    proc.stdin.write(frames.encode({"op": "call", "id": 2, "shard": 9, "action": "process_records", "info": info,
-                                    "millis_behind_latest": 0, "collect": True}, orjson.dumps(records)))
-    request, _ = await frames.read_frame_async(proc.stdout)  # checkpoint(): held short of the failed record
-    assert (request["op"], request["sequence_number"], request["sub_sequence_number"]) == ("checkpoint", "11", 0)
-    proc.stdin.write(frames.encode({"op": "reply", "req": request["req"], "error": None}))
-    done, body = await frames.read_frame_async(proc.stdout)
-    assert (done["result"], done["rows"], done["bad"]) == ("ok", 3, [])
-    assert done["failed"] == [[2, "RuntimeError: poisoned record", 2]]
-    assert done["stats"] == {"on_update_success": 3, "on_update_failure": 2}
-    assert frames.decode_rows(done["rows"], body).records.tolist() == [0, 1, 3]
-    proc.stdin.write(frames.encode({"op": "call", "id": 3, "shard": 9, "action": "lease_lost", "info": info}))
-    done, _ = await frames.read_frame_async(proc.stdout)
-    assert done["result"] == "ok" and "failed" not in done and "stats" not in done
-    proc.stdin.write(frames.encode({"op": "stop"}))
-    assert await asyncio.wait_for(proc.wait(), 10) == 0
+    async with _child(tmp_path, "tests.pool_handlers:Changes", handler_retries=1, handler_backoff=0.0) as proc:
+        await frames.read_frame_async(proc.stdout)
+        info = ["shardId-1", "TRIM_HORIZON", 0]
+        proc.stdin.write(frames.encode({"op": "call", "id": 1, "shard": 9, "action": "initialize", "info": info}))
+        await frames.read_frame_async(proc.stdout)
+        records = make_records(10, 4)
+        records[2]["partitionKey"] = "poison"
+        proc.stdin.write(frames.encode({"op": "call", "id": 2, "shard": 9, "action": "process_records", "info": info,
+                                        "millis_behind_latest": 0, "collect": True}, orjson.dumps(records)))
+        request, _ = await frames.read_frame_async(proc.stdout)  # checkpoint(): held short of the failed record
+        assert (request["op"], request["sequence_number"], request["sub_sequence_number"]) == ("checkpoint", "11", 0)
+        proc.stdin.write(frames.encode({"op": "reply", "req": request["req"], "error": None}))
+        done, body = await frames.read_frame_async(proc.stdout)
+        assert (done["result"], done["rows"], done["bad"]) == ("ok", 3, [])
+        assert done["failed"] == [[2, "RuntimeError: poisoned record", 2]]
+        assert done["stats"] == {"on_update_success": 3, "on_update_failure": 2}
+        assert frames.decode_rows(done["rows"], body).records.tolist() == [0, 1, 3]
+        proc.stdin.write(frames.encode({"op": "call", "id": 3, "shard": 9, "action": "lease_lost", "info": info}))
+        done, _ = await frames.read_frame_async(proc.stdout)
+        assert done["result"] == "ok" and "failed" not in done and "stats" not in done
+        proc.stdin.write(frames.encode({"op": "stop"}))
+        assert await asyncio.wait_for(proc.wait(), 10) == 0
 
 
 async def test_the_child_alone_reports_an_import_failure_with_the_importers_message(tmp_path):
-    proc = await _child(tmp_path, "tests.pool_handlers:Nope")
-    failed, _ = await frames.read_frame_async(proc.stdout)
-    assert failed == {"op": "import_failed",
-                      "error": 'Attribute "Nope" not found in module "tests.pool_handlers" (handler).'}
-    assert await asyncio.wait_for(proc.wait(), 10) == 0
+    async with _child(tmp_path, "tests.pool_handlers:Nope") as proc:
+        failed, _ = await frames.read_frame_async(proc.stdout)
+        assert failed == {"op": "import_failed",
+                          "error": 'Attribute "Nope" not found in module "tests.pool_handlers" (handler).'}
+        assert await asyncio.wait_for(proc.wait(), 10) == 0
 
 
 PEER = r"""

@@ -13,9 +13,11 @@ from mldserver.backoff import Backoff
 from mldserver.errors import CheckpointError, ConfigError
 from mldserver.logs import get_logger
 from mldserver.records import Batch, Record, ShardInfo
-from mldserver.shard.calls import CHECKPOINT_FAILED, FAILED, OK, HandlerCalls, check_factory, reap_abandoned
+from mldserver.handler_checks import check_class
+from mldserver.shard.calls import CHECKPOINT_FAILED, FAILED, OK, HandlerCalls, reap_abandoned
 from mldserver.testing import SHARD_END, FakeDaemon, make_records
 
+from ..handlers import Noop
 from .serving import dead_letters, running
 
 
@@ -78,9 +80,21 @@ async def test_checkpoint_error_escaping_the_handler_ends_the_action_without_ret
     assert dead_letters(tmp_path, "s") == []
 
 
-async def test_handler_factory_failure_dead_letters_batches_but_answers(tmp_path):
-    def factory(context):
+async def test_a_factory_failing_at_start_up_is_refused_and_one_failing_later_dead_letters_but_answers(tmp_path):
+    def broken(context):
         raise RuntimeError("cannot connect to the database")
+
+    with pytest.raises(ConfigError, match=r"broken\(context\) failed at start-up: RuntimeError: cannot connect"):
+        async with running(broken, tmp_path):
+            pass
+
+    made = []
+
+    def factory(context):  # fine at start-up, then the database goes away
+        made.append(context)
+        if len(made) > 1:
+            raise RuntimeError("cannot connect to the database")
+        return Noop(context)
 
     async with running(factory, tmp_path) as (_, cmd):
         daemon = FakeDaemon(cmd)
@@ -219,7 +233,7 @@ async def test_a_callback_that_is_not_async_is_refused_at_load_and_at_creation()
             pass
 
     with pytest.raises(ConfigError, match="process_records .*async def"):
-        check_factory(Sync)
+        check_class(Sync)
     calls = HandlerCalls(lambda context: Sync(context), None, retries=2, timeout=1.0,
                          backoff=Backoff(first=0.001, cap=0.001), log=get_logger("test.calls"))
     assert "process_records" in calls.create()

@@ -14,6 +14,7 @@ from mldserver.config import Settings
 from mldserver.server import Server
 from mldserver.testing import SHARD_END, Child, FakeDaemon, errors_in_order, make_records
 
+from ..handlers import Noop
 from ..conftest import relay_command
 from ..helpers import eventually
 from .serving import dead_letters, recorder, running
@@ -21,7 +22,7 @@ from .serving import dead_letters, recorder, running
 
 @pytest.mark.parametrize("variant", ["does_nothing", "explicit_sequence", "raises"])
 async def test_shard_end_stores_shard_end_whatever_the_handler_did(tmp_path, variant):
-    class H(mldserver.Handler):
+    class H(Noop):
         async def shard_ended(self, checkpointer):
             if variant == "explicit_sequence":
                 await checkpointer.checkpoint("2", 0)
@@ -40,7 +41,7 @@ async def test_shard_end_stores_shard_end_whatever_the_handler_did(tmp_path, var
 
 
 async def test_shard_end_retries_throttling_until_stored(tmp_path):
-    async with running(mldserver.Handler, tmp_path) as (_, cmd):
+    async with running(Noop, tmp_path) as (_, cmd):
         daemon = FakeDaemon(cmd, errors=errors_in_order(["ThrottlingException"] * 8))
         shard = await daemon.shard("s")
         await shard.shard_ended()
@@ -50,7 +51,7 @@ async def test_shard_end_retries_throttling_until_stored(tmp_path):
 
 
 async def test_shard_end_gives_up_on_shutdown_exception_and_still_answers(tmp_path):
-    async with running(mldserver.Handler, tmp_path) as (server, cmd):
+    async with running(Noop, tmp_path) as (server, cmd):
         daemon = FakeDaemon(cmd, errors=lambda shard, seq, sub: "ShutdownException")
         shard = await daemon.shard("s")
         await shard.shard_ended()
