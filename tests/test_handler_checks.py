@@ -6,7 +6,6 @@ exits 2 with one line, in a handler process and in the server's own loop alike."
 from __future__ import annotations
 
 import subprocess
-import textwrap
 
 import pytest
 
@@ -15,11 +14,7 @@ from mldserver.errors import ConfigError
 from mldserver.handler_checks import check_class, check_handler, emits
 
 from .conftest import MLDSERVER, ROOT
-
-
-class Typo(mldserver.Handler):
-    async def process_record(self, batch, checkpointer):  # one letter short
-        pass
+from .faulty_handlers import NoContext, Typo
 
 
 class Helper(mldserver.Handler):
@@ -56,14 +51,6 @@ class NoChanges(mldserver.ChangeHandler):
 
 class Plain(mldserver.Handler):
     def process_records(self, batch, checkpointer):  # type: ignore[override]
-        pass
-
-
-class NoContext(mldserver.Handler):
-    def __init__(self):  # type: ignore[no-untyped-def]
-        pass
-
-    async def process_records(self, batch, checkpointer):
         pass
 
 
@@ -107,41 +94,23 @@ def test_emits_sees_emit_in_the_handlers_own_code():
     assert emits(Emits) and not emits(Helper)
 
 
-HANDLERS = textwrap.dedent("""
-    import mldserver
-
-    class Orders(mldserver.Handler):
-        async def process_record(self, batch, checkpointer):
-            pass
-
-    class NoContext(mldserver.Handler):
-        def __init__(self):
-            pass
-
-        async def process_records(self, batch, checkpointer):
-            pass
-""")
-
-
 @pytest.mark.parametrize("workers", ["2", "0"])
 @pytest.mark.parametrize("attr, message", [
-    ("Orders", "did you mean process_records?"),
+    ("Typo", "did you mean process_records?"),
     ("NoContext", "NoContext(context) failed at start-up: TypeError"),
 ])
 def test_serve_refuses_the_handler_in_one_line_before_anything_starts(tmp_path, workers, attr, message):
-    (tmp_path / "mistakes.py").write_text(HANDLERS)
-    out = subprocess.run([MLDSERVER, "serve", "--handler", f"mistakes:{attr}", "--port", "0", "--admin", "off",
-                          "--workers", workers, "--state-dir", str(tmp_path / "state")],
-                         cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    out = subprocess.run([MLDSERVER, "serve", "--handler", f"tests.faulty_handlers:{attr}", "--port", "0",
+                          "--admin", "off", "--workers", workers, "--state-dir", str(tmp_path / "state")],
+                         cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert out.returncode == 2, out.stderr
     assert out.stdout == "" and out.stderr.count("\n") == 1, out.stderr
-    assert out.stderr.startswith("mldserver: handler mistakes") and message in out.stderr, out.stderr
+    assert out.stderr.startswith("mldserver: handler tests.faulty_handlers") and message in out.stderr, out.stderr
 
 
-def test_check_handler_alone_runs_the_same_checks(tmp_path):
-    (tmp_path / "mistakes.py").write_text(HANDLERS)
-    out = subprocess.run([MLDSERVER, "check", "--handler", "mistakes:Orders"], cwd=tmp_path, capture_output=True,
-                         text=True, timeout=60)
+def test_check_handler_alone_runs_the_same_checks():
+    out = subprocess.run([MLDSERVER, "check", "--handler", "tests.faulty_handlers:Typo"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=60)
     assert out.returncode == 2 and "did you mean process_records?" in out.stderr, out.stderr
     out = subprocess.run([MLDSERVER, "check", "--handler", "tests.handlers:CheckpointLast"], cwd=ROOT,
                          capture_output=True, text=True, timeout=60)
