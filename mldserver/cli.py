@@ -16,7 +16,7 @@ import sys
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["connect"]:
-        from . import relay
+        from .ops import relay
 
         relay.exec_lean(argv[1:])
     _main(argv)
@@ -40,7 +40,7 @@ def _parser():
     serve.add_argument("--host", help="bind address (default 127.0.0.1: the protocol has no authentication)")
     serve.add_argument("--port", type=int, help="TCP port (default 7070; 0 picks a free one)")
     serve.add_argument("--unix", help="also (or only, without --port) listen on this unix socket")
-    serve.add_argument("--config", help="TOML file of settings (see mldserver.config)")
+    serve.add_argument("--config", help="TOML file of settings (see mldserver.base.config)")
     serve.add_argument("--log-format", choices=["json", "console"])
     serve.add_argument("--log-file", help="append logs here instead of stderr")
     serve.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
@@ -72,7 +72,7 @@ def _parser():
     check = sub.add_parser("check", help="load the settings, the handler and the pipeline as serve would, "
                                          "probe the state directory, check the daemon's properties file, print "
                                          "what was found (exit 1 on an error in the properties, 2 on a mistake)")
-    check.add_argument("--config", help="TOML file of settings (see mldserver.config)")
+    check.add_argument("--config", help="TOML file of settings (see mldserver.base.config)")
     check.add_argument("--properties", help="the KCL MultiLangDaemon's properties file")
     check.add_argument("--handler", help="the handler factory, MODULE:ATTR (else the config's)")
     check.add_argument("--pipeline", help="Spark pipeline, MODULE:ATTR (else the config's)")
@@ -152,11 +152,11 @@ def _nearest(message: str, parser) -> str:
 
 def _main(argv: list[str]) -> None:
     args = _parser().parse_args(argv)
-    from . import logs
+    from .base import logs
     from .errors import ConfigError, ServerCrashed
 
     if args.command in ("status", "pause", "resume", "reload"):
-        from . import status
+        from .ops import status
 
         try:
             sys.exit(status.main(args))
@@ -167,7 +167,7 @@ def _main(argv: list[str]) -> None:
         if args.command in ("serve", "run"):
             _serve(args, logs)
         elif args.command == "check":
-            from . import check
+            from .ops import check
 
             if not (args.config or args.properties or args.handler):
                 raise ConfigError("nothing to check: give --config FILE, --properties FILE, --handler MODULE:ATTR "
@@ -177,12 +177,12 @@ def _main(argv: list[str]) -> None:
             if check.run(check.Given(settings, args.config, args.properties), sys.stdout):
                 sys.exit(1)
         elif args.command == "bench":
-            from . import bench
+            from .ops import bench
 
             logs.configure("console", "warning")
             bench.main(args)
         elif args.command == "demo":
-            from . import demo
+            from .ops import demo
 
             logs.configure("console", "warning")
             demo.main(args)
@@ -199,7 +199,7 @@ def _main(argv: list[str]) -> None:
 def _settings(args, need_handler: bool = True):
     """The settings from ``--config`` and the flags the command has (one code path for
     ``serve`` and ``check``: every value checked against its Rule in config.load)."""
-    from . import config
+    from .base import config
     from .errors import ConfigError
 
     flags = {name: getattr(args, name) for name in config.RULES if hasattr(args, name)}
@@ -218,9 +218,9 @@ def _importable_cwd() -> None:
 
 
 def _serve(args, logs) -> None:
-    from . import server
+    from .server import server
 
-    from .config import DEFAULT_ADMIN
+    from .base.config import DEFAULT_ADMIN
 
     settings = _settings(args)
     if settings.admin is None:
@@ -229,7 +229,7 @@ def _serve(args, logs) -> None:
     _importable_cwd()
     serving = server.Server(settings)
     if args.command == "run":
-        from .daemon import Daemon
+        from .ops.daemon import Daemon
 
         daemon = Daemon(settings, args.properties)  # no file, no Java, no jars: exit 2 before anything starts
         daemon.report()
@@ -249,7 +249,7 @@ def tune(*, sink: bool) -> None:
     """
     import gc
 
-    from .malloc import large_buffers_from_mmap
+    from .base.malloc import large_buffers_from_mmap
 
     gc.collect()
     gc.freeze()

@@ -1,26 +1,17 @@
-"""Shared fixtures: paths, a server running in a subprocess (the real CLI), and the
-relay command the fake daemon launches."""
+"""Shared fixtures: each test's event loops, ``serve`` (servers in subprocesses, the real
+CLI, stopped when the test ends: ``harness.ServerProcess``), and DynamoDB Local."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-import time
-from pathlib import Path
-
 import asyncio
+from pathlib import Path
 
 import pytest
 import uvloop
 
-from mldserver import testing
+from .harness import ROOT, ServerProcess
 
-ROOT = Path(__file__).resolve().parent.parent
 DATA = Path(__file__).resolve().parent / "data"  # conformance scenarios and KPL vectors, copied as they are
-BIN = Path(sys.executable).parent
-MLDSERVER = str(BIN / "mldserver")
 
 
 # Tests run what ships: the CLI serves on uvloop (``uvloop.run``), so does every test's
@@ -36,69 +27,13 @@ def pytest_asyncio_loop_factories(config, item):
     return {"uvloop": uvloop.new_event_loop}
 
 
-def relay_command(port: int) -> str:
-    """executableName as a user would write it, for a server on loopback."""
-    return testing.relay_command("127.0.0.1", port)
-
-
-class ServerProcess:
-    """``mldserver serve`` in a subprocess; ``port`` read from its ``listening`` event."""
-
-    def __init__(self, handler: str, tmp_path: Path, *extra: str, env: dict[str, str] | None = None) -> None:
-        name = f"server-{handler.replace(':', '_')}"
-        runs = 1
-        while (tmp_path / f"{name}.log").exists():  # a restart gets a log of its own
-            runs += 1
-            name = f"server-{handler.replace(':', '_')}-{runs}"
-        self.log_path = tmp_path / f"{name}.log"
-        self.state_dir = tmp_path / "state"
-        self.stderr_path = tmp_path / f"{name}.stderr"
-        stderr = open(self.stderr_path, "wb")
-        self.proc = subprocess.Popen(
-            [MLDSERVER, "serve", "--handler", handler, *([] if "--unix" in extra else ["--port", "0"]),
-             "--state-dir", str(self.state_dir), "--log-file", str(self.log_path),
-             *([] if "--admin" in extra else ["--admin", "127.0.0.1:0"]), *extra],
-            cwd=ROOT,
-            env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})},
-            stdout=subprocess.DEVNULL,
-            stderr=stderr,
-        )
-        stderr.close()
-        self.port = self._wait_listening()
-
-    def _wait_listening(self, timeout: float = 180.0) -> int | None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            for event in self.events():
-                if event["event"] == "listening":
-                    return event.get("port")
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited {self.proc.returncode}: {self.stderr_path.read_text()}")
-            time.sleep(0.05)
-        raise TimeoutError("server did not log 'listening'")
-
-    @property
-    def admin_url(self) -> str | None:
-        """The admin endpoint's URL, from its ``admin_listening`` event."""
-        for event in self.events():
-            if event["event"] == "admin_listening":
-                return event["url"].rstrip("/")
-        return None
-
-    def events(self) -> list[dict]:
-        if not self.log_path.exists():
-            return []
-        return [json.loads(line) for line in self.log_path.read_text().splitlines() if line.strip()]
-
-    def stop(self) -> int:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        return self.proc.returncode
+def pytest_collection_modifyitems(config, items):
+    """The real daemons one after the other, on one xdist worker (``--dist loadgroup``,
+    as scripts/test runs): each is a daemon, kinesis-local, DynamoDB Local and a server,
+    whose leases expire on time only if they do not also share the cores with another."""
+    for item in items:
+        if item.get_closest_marker("realdaemon"):
+            item.add_marker(pytest.mark.xdist_group("realdaemon"))
 
 
 @pytest.fixture

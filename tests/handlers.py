@@ -69,3 +69,19 @@ HANDLER_KINDS = {
     "raise": "tests.handlers:Raise",
     "echo_data": "tests.handlers:EchoData",
 }
+
+
+class ReportModules(mldserver.Handler):
+    """Emits a row per record, then writes the process's pid and every module it has
+    loaded to the file ``MLDSERVER_TEST_MODULES`` names (JSON)."""
+
+    async def process_records(self, batch, checkpointer):
+        import json
+        import sys
+
+        for record in batch.records:
+            batch.emit(record, {"n": 1})
+        path = os.environ["MLDSERVER_TEST_MODULES"]
+        with open(path + ".tmp", "w") as out:
+            json.dump({"pid": os.getpid(), "modules": sorted(sys.modules)}, out)
+        os.replace(path + ".tmp", path)

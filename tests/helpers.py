@@ -1,4 +1,4 @@
-"""What tests share to wait on conditions instead of time.
+"""What tests share besides the harness (``harness.py``: servers and ``eventually``).
 
 ``FakeClock`` is the coordinator's clock (epoch milliseconds) moved by hand; with
 ``Coordinator.step()`` a test decides exactly when windows close::
@@ -8,22 +8,17 @@
     clock.advance(600_001)
     await coordinator.step()
 
-``eventually`` is the one way to wait for something another process or task does::
-
-    await eventually(lambda: spool.exists(), timeout=5, what="the spool written")
+``small_tmpfs`` is a disk that really fills up.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import subprocess
 from pathlib import Path
-from typing import Callable, Iterator, TypeVar
+from typing import Iterator
 
 import pytest
-
-T = TypeVar("T")
 
 
 class FakeClock:
@@ -37,21 +32,6 @@ class FakeClock:
 
     def advance(self, ms: float) -> None:
         self.now += ms
-
-
-async def eventually(condition: Callable[[], T], timeout: float = 5.0, *, what: str = "the condition",
-                     interval: float = 0.01) -> T:
-    """Poll ``condition`` until it returns something true (returned), or fail after
-    ``timeout`` seconds with an AssertionError naming ``what``."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while True:
-        result = condition()
-        if result:
-            return result
-        if loop.time() >= deadline:
-            raise AssertionError(f"{what} not reached within {timeout} s")
-        await asyncio.sleep(interval)
 
 
 @contextlib.contextmanager

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import time
 
 import aiohttp
@@ -14,14 +15,14 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 import mldserver
-from mldserver.config import Settings
+from mldserver.base.config import Settings
 from mldserver.errors import ConfigError, ServerCrashed
-from mldserver.server import Server
+from mldserver.server.server import Server
 from mldserver.sinks.file import FileSink
-from mldserver.testing import FakeDaemon, make_records
+from mldserver.api.testing import FakeDaemon, make_records
 
-from .conftest import relay_command
-from .helpers import FakeClock, eventually
+from .harness import eventually, relay_command
+from .helpers import FakeClock
 
 RECORD_TIME = 1476889707000  # make_records' arrival time
 POISON, SLOW = b"poison", b"slow"
@@ -130,6 +131,35 @@ async def test_metrics_count_records_dead_letters_timeouts_and_windows_of_a_fake
     await asyncio.wait_for(serving, 30)
 
 
+@pytest.mark.parametrize("workers", [2, 0])
+async def test_status_names_the_handler_process_that_holds_each_shard(tmp_path, workers):
+    server = Server(settings(tmp_path, handler="tests.handlers:Noop", workers=workers))
+    serving = await started(server)
+    daemon = FakeDaemon(relay_command(server.address[1]))
+    shards = [await daemon.shard(f"shardId-00000000000{i}") for i in (1, 2)]
+    try:
+        for shard in shards:
+            await shard.process_records(make_records(1, 3))
+        status, text = await get(server, "/status")
+        assert status == 200
+        got = {s["shard_id"]: s for s in json.loads(text)["shards"]}
+        assert sorted(got) == ["shardId-000000000001", "shardId-000000000002"]
+        assert all(s["batches"] == 1 and s["records"] == 3 for s in got.values())
+        if workers:
+            live = {p.pid for p in server.pool.processes if p.alive}
+            for shard_id, s in got.items():
+                holder = next(p for p in server.pool.processes if shard_id in p.shards.values())
+                assert s["handler_process"] == holder.pid and holder.pid in live
+                os.kill(holder.pid, 0)  # a process that runs
+        else:  # in the server's own loop: no handler process
+            assert [s["handler_process"] for s in got.values()] == [None, None]
+    finally:
+        for shard in shards:
+            await shard.close()
+        server.stop()
+        await asyncio.wait_for(serving, 30)
+
+
 async def test_healthz_turns_503_naming_the_coordinator_task_that_died(tmp_path):
     # A shard inside a slow handler call keeps the shutdown (and so the endpoint) going
     # for execution_timeout after the crash: long enough to ask.
@@ -140,7 +170,7 @@ async def test_healthz_turns_503_naming_the_coordinator_task_that_died(tmp_path)
     daemon = FakeDaemon(relay_command(server.address[1]))
     shard = await daemon.shard("shardId-000000000001")
     busy = asyncio.ensure_future(shard.process_records(make_records(1, 1, data=data(SLOW))))
-    await eventually(lambda: any(w.calls.running for w in server.workers.values()), what="the slow call")
+    await eventually(lambda: any(d.calls.running for d in server.drivers.values()), what="the slow call")
     committer = next(t for t in server.coordinator.tasks if t.get_name() == "coordinator-committer")
     committer.cancel()  # the task dies (as on a bug): the server logs task_crashed and shuts down
     await eventually(lambda: server.crashed, what="the crash noticed")
@@ -153,6 +183,7 @@ async def test_healthz_turns_503_naming_the_coordinator_task_that_died(tmp_path)
     await shard.close()
 
 
+@pytest.mark.spark
 async def test_readyz_is_503_until_the_spark_process_is_up(tmp_path):
     server = Server(settings(tmp_path, sink=f"parquet:{tmp_path / 'out'}"), Recorded)
     serving = asyncio.ensure_future(server.serve())
@@ -251,7 +282,7 @@ def test_serve_with_its_admin_port_in_use_is_one_line_and_exit_2(tmp_path):
     import socket
     import subprocess
 
-    from .conftest import MLDSERVER, ROOT
+    from .harness import MLDSERVER, ROOT
 
     with socket.socket() as held:
         held.bind(("127.0.0.1", 0))

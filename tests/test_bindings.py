@@ -8,13 +8,13 @@ from decimal import Decimal
 
 import pytest
 
-from mldserver import bindings
-from mldserver.bindings import BindingError, BindingSpec, Bindings
-from mldserver.config import Settings, load
-from mldserver.context import Context
-from mldserver.dynamodb_json import DynamoDBJSONError, encode_item
+from mldserver.api import bindings
+from mldserver.api.bindings import BindingError, BindingSpec, Bindings
+from mldserver.base.config import Settings, load
+from mldserver.api.context import Context
+from mldserver.api.dynamodb_json import DynamoDBJSONError, encode_item
 from mldserver.errors import ConfigError
-from mldserver.server import Server
+from mldserver.server.server import Server
 
 ARN = "arn:aws:dynamodb:us-east-1:123456789012:table/orders/stream/2026-11-22T00:00:00.000"
 

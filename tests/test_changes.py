@@ -11,12 +11,12 @@ from decimal import Decimal
 import pytest
 
 import mldserver
-from mldserver.changes import parse_change
-from mldserver.config import Settings
-from mldserver.context import Context
-from mldserver.failures import FailureGuard
-from mldserver.records import Batch, Record, ShardInfo
-from mldserver.testing import dynamodb_record
+from mldserver.api.changes import parse_change
+from mldserver.base.config import Settings
+from mldserver.api.context import Context
+from mldserver.api.failures import FailureGuard
+from mldserver.api.records import Batch, Record, ShardInfo
+from mldserver.api.testing import dynamodb_record
 
 SHARD = ShardInfo("shardId-00000001795347969710-dbd68f62", "TRIM_HORIZON", 0)
 T = 1795347960000

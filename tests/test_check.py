@@ -10,11 +10,11 @@ import subprocess
 
 import pytest
 
-from mldserver import check
-from mldserver.config import load
+from mldserver.ops import check
+from mldserver.base.config import load
 from mldserver.errors import ConfigError
 
-from .conftest import MLDSERVER, ROOT
+from .harness import MLDSERVER, ROOT
 
 
 def run(*args: str) -> subprocess.CompletedProcess:

@@ -7,8 +7,11 @@ import re
 import subprocess
 
 import pyarrow.dataset as ds
+import pytest
 
-from .conftest import MLDSERVER
+from .harness import MLDSERVER
+
+pytestmark = pytest.mark.spark  # the demo's pipeline and the bench's Spark part run in embedded Spark
 
 
 def test_demo_processes_every_record_and_ends_the_split_parent(tmp_path):

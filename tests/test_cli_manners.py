@@ -9,7 +9,7 @@ import pytest
 
 from mldserver import __version__
 
-from .conftest import MLDSERVER
+from .harness import MLDSERVER
 
 COMMANDS = ["serve", "run", "check", "connect", "bench", "demo", "status", "pause", "resume", "reload"]
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from mldserver.config import RULES, Settings, SinkSpec, load
+from mldserver.base.config import RULES, Settings, SinkSpec, load
 from mldserver.errors import ConfigError
 
 
@@ -104,7 +104,7 @@ def test_a_config_file_that_is_not_utf8_is_named_with_the_byte(tmp_path):
 
 
 def test_the_timer_store_is_sqlite_a_file_or_a_dynamodb_table():
-    from mldserver.config import TimerStoreSpec
+    from mldserver.base.config import TimerStoreSpec
 
     assert load().timer_store == "sqlite"
     assert TimerStoreSpec.parse("sqlite") == TimerStoreSpec("sqlite", "")

@@ -8,10 +8,11 @@ import json
 
 import pytest
 
-from mldserver.testing import CHECKPOINT_KEYS, STATUS_KEYS, Child
+from mldserver.api.testing import CHECKPOINT_KEYS, STATUS_KEYS, Child
 
-from .conftest import DATA, relay_command
+from .conftest import DATA
 from .handlers import HANDLER_KINDS
+from .harness import relay_command
 
 SCENARIOS = json.loads((DATA / "conformance" / "scenarios.json").read_text())["scenarios"]
 
@@ -56,7 +57,7 @@ async def expect(child: Child, expected: dict) -> None:
 
 @pytest.fixture(scope="module")
 def servers(tmp_path_factory):
-    from .conftest import ServerProcess
+    from .harness import ServerProcess
 
     started: dict[str, ServerProcess] = {}
     tmp = tmp_path_factory.mktemp("conformance")
@@ -96,5 +97,5 @@ async def test_scenario(scenario, servers):
     finally:
         await child.kill()
     assert not child.stderr, child.stderr.decode()
-    errors = [e for e in server.events() if e["level"] == "error" and e["event"] == "worker_crashed"]
+    errors = [e for e in server.events() if e["level"] == "error" and e["event"] == "driver_crashed"]
     assert not errors

@@ -9,7 +9,7 @@ import json
 import os
 import subprocess
 
-from .conftest import MLDSERVER, ROOT
+from .harness import MLDSERVER, ROOT
 
 NO_STREAM = """\
 # no streamName: the daemon exits at once
@@ -113,7 +113,7 @@ def test_the_systemd_unit_runs_mldserver_run_with_flags_it_has_and_signals_only_
 
 
 def test_the_daemons_lines_that_matter_become_events():
-    from mldserver.daemon import scan
+    from mldserver.ops.daemon import scan
 
     prefix = "2026-11-22 09:51:05,865 [ShardRecordProcessor-0003] INFO  s.a.kinesis.multilang.MessageWriter [NONE] - "
     assert scan(prefix + "Writing LeaseLostMessage to child process for shard shardId-000000000002 ") == (

@@ -12,8 +12,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mldserver.backoff import Backoff
-from mldserver.durable import (
+from mldserver.base.backoff import Backoff
+from mldserver.base.durable import (
     MAX_NAME,
     append_fsync,
     atomic_write,
@@ -24,7 +24,7 @@ from mldserver.durable import (
     until_written,
     utc_timestamp,
 )
-from mldserver.logs import get_logger
+from mldserver.base.logs import get_logger
 
 from .faults.conftest import SmallFs
 from .helpers import small_tmpfs

@@ -7,7 +7,7 @@ from decimal import Decimal
 
 import pytest
 
-from mldserver.dynamodb_json import DynamoDBJSONError, decode_item, decode_value
+from mldserver.api.dynamodb_json import DynamoDBJSONError, decode_item, decode_value
 
 
 @pytest.mark.parametrize(

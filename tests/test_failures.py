@@ -3,8 +3,8 @@ first one: nothing passes a record before the server has dead-lettered it."""
 
 from __future__ import annotations
 
-from mldserver.failures import FailureGuard, held_at
-from mldserver.records import Batch, Record, ShardInfo
+from mldserver.api.failures import FailureGuard, held_at
+from mldserver.api.records import Batch, Record, ShardInfo
 
 
 class Recording:

@@ -1,4 +1,4 @@
-"""A handler is checked at start-up for what it means (``mldserver.handler_checks``):
+"""A handler is checked at start-up for what it means (``mldserver.api.checks``):
 a near miss of a callback, no callback that handles records, a plain ``def``, a
 constructor that fails as the server calls it. As a user meets it: ``mldserver serve``
 exits 2 with one line, in a handler process and in the server's own loop alike."""
@@ -11,10 +11,10 @@ import pytest
 
 import mldserver
 from mldserver.errors import ConfigError
-from mldserver.handler_checks import check_class, check_handler, emits
+from mldserver.api.checks import check_class, check_handler, emits
 
-from .conftest import MLDSERVER, ROOT
 from .faulty_handlers import NoContext, Typo
+from .harness import MLDSERVER, ROOT
 
 
 class Helper(mldserver.Handler):

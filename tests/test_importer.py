@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from mldserver.errors import ConfigError
-from mldserver.importer import import_from_string
+from mldserver.base.importer import import_from_string
 
 from . import handlers
 

@@ -1,4 +1,6 @@
-"""The package's layers: no import cycle between modules, pyspark only under spark/.
+"""The package's layers: its top-level folders and modules in one order, each
+importing only those below it; no import cycle between modules; pyspark only under
+spark/.
 
 The graph is built from the source with ``ast``: every import, those inside
 functions and under ``TYPE_CHECKING`` included (a cycle closed inside a function is
@@ -108,9 +110,72 @@ def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
+# Top to bottom: an entry imports only entries below it (``mldserver/__init__.py``, the
+# handler API's lazy names, is the face and may name any).
+LAYERS = [
+    "__main__", "cli",      # the command line
+    "ops",                  # run, check, status, demo, bench, the relay
+    "examples",             # handlers shipped with the package (the demo's)
+    "server",               # the server process: lifecycle, assembly, listeners, admin, metrics
+    "pool",                 # handler processes (pool/child.py: a handler process's main)
+    "shard",                # one shard connection's driver and its policy
+    "coordinator",          # ordering, watermarks, windows, the ledger
+    "sinks",                # file, parquet (through Spark), iceberg
+    "api",                  # what handlers import: Handler, records, checkpointer, context
+    "timers",               # durable timers: the API, the stores, the scheduler
+    "spark",                # the Spark process boundary
+    "base",                 # plumbing: config, logs, positions, durable files, pipes
+    "protocol",             # the MultiLangDaemon protocol, sans-IO
+    "errors",               # the error hierarchy
+]
+
+
+def entry(module: str) -> str:
+    """The top-level entry a module belongs to: ``mldserver.shard.driver`` -> ``shard``."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "__init__"
+
+
+def back_edges(edges: dict[str, set[str]], layers: list[str]) -> list[str]:
+    """Every import from an entry to one above it (or to one missing from ``layers``)."""
+    rank = {name: i for i, name in enumerate(layers)}
+    found = []
+    for source, targets in sorted(edges.items()):
+        a = entry(source)
+        if a == "__init__":
+            continue
+        for target in sorted(targets):
+            b = entry(target)
+            if a == b or b == "__init__" and a in ("cli", "examples"):  # the face: mldserver.__version__
+                continue
+            if a not in rank or b not in rank or rank[b] < rank[a]:
+                found.append(f"{source} -> {target}")
+    return found
+
+
+def test_every_entry_imports_only_the_entries_below_it():
+    edges = graph(PACKAGE)
+    entries = {entry(m) for m in edges} - {"__init__"}
+    assert entries == set(LAYERS), "a new top-level entry: give it its place in LAYERS"
+    assert back_edges(edges, LAYERS) == []
+
+
+def test_an_import_up_the_layers_is_found_wherever_it_is(tmp_path):
+    pkg = write(tmp_path, {
+        "pkg/__init__.py": "",
+        "pkg/server/__init__.py": "",
+        "pkg/server/main.py": "from ..shard import driver\n",
+        "pkg/shard/__init__.py": "",
+        "pkg/shard/driver.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from ..server.main import x\n",
+        "pkg/base.py": "def f():\n    from .shard.driver import y\n",
+    })  # fmt: skip
+    assert back_edges(graph(pkg), ["server", "shard", "base"]) == [
+        "pkg.base -> pkg.shard.driver", "pkg.shard.driver -> pkg.server.main"]
+
+
 def test_no_module_of_the_package_is_in_an_import_cycle():
     edges = graph(PACKAGE)
-    assert len(edges) > 40 and "mldserver.config" in edges["mldserver.sinks"]  # the graph sees real edges
+    assert len(edges) > 40 and "mldserver.base.config" in edges["mldserver.sinks"]  # the graph sees real edges
     assert cycles(edges) == []
 
 

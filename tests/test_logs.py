@@ -9,7 +9,7 @@ import logging
 
 import pytest
 
-from mldserver import logs
+from mldserver.base import logs
 from mldserver.errors import ConfigError
 
 

@@ -1,5 +1,5 @@
 """Large buffers go back to the system when freed: the memory of a burst of batches
-in flight is not kept for ever (``mldserver/malloc.py``)."""
+in flight is not kept for ever (``mldserver/base/malloc.py``)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 
 BURST = r"""
 import sys
-from mldserver.malloc import large_buffers_from_mmap
+from mldserver.base.malloc import large_buffers_from_mmap
 
 def rss_mib():
     return int(open("/proc/self/statm").read().split()[1]) * 4096 / 2**20

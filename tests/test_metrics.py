@@ -6,7 +6,7 @@ from __future__ import annotations
 from prometheus_client import REGISTRY, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from mldserver.metrics import Metrics, call_outcome, kind_of
+from mldserver.server.metrics import Metrics, call_outcome, kind_of
 
 
 def test_call_outcomes_from_either_seams_outcome():

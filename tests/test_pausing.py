@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import asyncio
 
-from mldserver.pausing import Pause
+from mldserver.base.pausing import Pause
 
-from .helpers import eventually
+from .harness import eventually
 
 
 async def test_an_open_gate_returns_at_once_and_pause_twice_changes_nothing():

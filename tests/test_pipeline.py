@@ -12,10 +12,9 @@ import os
 import signal
 import time
 
-from mldserver.testing import SHARD_END, DaemonExit, FakeDaemon, Shard
+from mldserver.api.testing import SHARD_END, DaemonExit, FakeDaemon, Shard
 
-from .conftest import relay_command
-from .helpers import eventually
+from .harness import eventually, relay_command
 
 BATCH = 100
 CONFIG = """

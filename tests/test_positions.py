@@ -6,7 +6,7 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from mldserver.positions import Position
+from mldserver.base.positions import Position
 
 LONG = "49590338271490256608559692538361571095921575989136588898"
 
@@ -63,7 +63,7 @@ def test_a_batch_of_usual_values_makes_each_position_when_read_and_answers_as_th
     import bisect
     import sys
 
-    from mldserver.positions import Positions
+    from mldserver.base.positions import Positions
 
     texts = ["7", "8", "000000000000000000028", LONG]
     lazy = Position.batch(texts, [0, None, 0, None])

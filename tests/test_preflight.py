@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from mldserver.errors import ConfigError
-from mldserver.preflight import PROBE, free_unix_path, writable_state_dir
+from mldserver.base.preflight import PROBE, free_unix_path, writable_state_dir
 
 
 def test_a_missing_state_dir_is_created_and_probed_leaving_nothing_behind(tmp_path):

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from mldserver.positions import Position
-from mldserver.records import Batch, Emitted, Record, ShardInfo
+from mldserver.base.positions import Position
+from mldserver.api.records import Batch, Emitted, Record, ShardInfo
 
 RAW = {"data": "bWVvdw==", "partitionKey": "cat", "sequenceNumber": "4959", "subSequenceNumber": 2,
        "approximateArrivalTimestamp": 1476889707000, "action": "record"}

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from mldserver.relay import parse_target
-from mldserver.testing import Child
+from mldserver.ops.relay import parse_target
+from mldserver.api.testing import Child
 
-from .conftest import MLDSERVER
+from .harness import MLDSERVER
 
 
 async def echo_server(close_after_eof: bool = True, unix: str | None = None):
@@ -167,7 +167,7 @@ async def test_relay_runs_lean_with_only_builtin_modules():
     child = await Child.spawn(f"{MLDSERVER} connect 127.0.0.1:{port}")
     await read_until_ready(child)
     cmdline = Path(f"/proc/{child.proc.pid}/cmdline").read_bytes().split(b"\0")
-    assert cmdline[1:3] == [b"-I", b"-S"] and cmdline[3].endswith(b"mldserver/relay.py")
+    assert cmdline[1:3] == [b"-I", b"-S"] and cmdline[3].endswith(b"mldserver/ops/relay.py")
     maps = Path(f"/proc/{child.proc.pid}/maps").read_text()
     assert "orjson" not in maps and "uvloop" not in maps
     await child.close_stdin()

@@ -12,15 +12,15 @@ import subprocess
 import pytest
 
 import mldserver
-from mldserver.config import Settings
+from mldserver.base.config import Settings
 from mldserver.errors import ServerCrashed
-from mldserver.server import Server
+from mldserver.server.server import Server
 from mldserver.sinks.file import FileSink
-from mldserver.testing import FakeDaemon, make_records
+from mldserver.api.testing import FakeDaemon, make_records
 
 from .handlers import Noop
-from .conftest import MLDSERVER, ROOT, relay_command
-from .helpers import FakeClock, eventually
+from .harness import MLDSERVER, ROOT, eventually, relay_command
+from .helpers import FakeClock
 
 
 def run_serve(*args, timeout=20):

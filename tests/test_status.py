@@ -8,10 +8,9 @@ import os
 import re
 import subprocess
 
-from mldserver.testing import FakeDaemon, make_records
+from mldserver.api.testing import FakeDaemon, make_records
 
-from .conftest import MLDSERVER, ROOT, relay_command
-from .helpers import eventually
+from .harness import MLDSERVER, ROOT, eventually, relay_command
 
 
 def cli(*args, timeout=20):

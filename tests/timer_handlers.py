@@ -11,6 +11,18 @@ A fourth item names another callback of ``CALLBACKS`` (``"slow"``, ``"failing"``
 ``fired`` appends one JSON line per call to the file named by ``MLDSERVER_TEST_FIRED``
 (``os.write`` on an O_APPEND descriptor: whole lines, kept when the process is
 SIGKILLed right after), with the context, the time it ran and its pid.
+
+``Scripted`` appends to the same file a line as it calls each create or cancel and
+one once the call returned (the store committed it), so a test knows what was in the
+store when a callback fired; a call cut short (its batch timed out, its process died)
+has the first line only, though the server may have committed it::
+
+    {"call": "create", "ref": "ref-3", "context": {"ref": "ref-3", "v": 1, "at": ...}, "asked": ..., "pid": 42}
+    {"call": "create", "ref": "ref-3", "asked": ..., "returned": ..., "pid": 42}
+    {"call": "cancel", "ref": "ref-2", "asked": ..., "pid": 42}
+    {"call": "cancel", "ref": "ref-2", "asked": ..., "returned": ..., "pid": 42}
+
+A callback's line has ``fired_at``, a call's ``call``.
 """
 
 from __future__ import annotations
@@ -76,11 +88,20 @@ class Scripted(mldserver.Handler):
             for op in orjson.loads(record.data):
                 if op[0] in ("create", "create_in"):
                     _, ref, at, context, *rest = op
+                    asked = time.time()
                     if op[0] == "create_in":
-                        at = context["at"] = time.time() + at
+                        at = context["at"] = asked + at
+                    _append({"call": "create", "ref": ref, "context": context, "asked": asked, "pid": os.getpid()})
                     await self.timers.create(CALLBACKS[rest[0] if rest else "fired"], at, ref, context)
                 elif op[0] == "cancel":
-                    await self.timers.cancel(CALLBACKS[op[2] if len(op) > 2 else "fired"], op[1])
+                    ref = op[1]
+                    asked = time.time()
+                    _append({"call": "cancel", "ref": ref, "asked": asked, "pid": os.getpid()})
+                    await self.timers.cancel(CALLBACKS[op[2] if len(op) > 2 else "fired"], ref)
+                else:
+                    continue
+                _append({"call": op[0].removesuffix("_in"), "ref": ref, "asked": asked, "returned": time.time(),
+                         "pid": os.getpid()})
         if batch.records:
             last = batch.records[-1]
             await checkpointer.checkpoint(last.sequence_number, last.sub_sequence_number)

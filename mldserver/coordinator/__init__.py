@@ -3,6 +3,6 @@ windows, handed to a sink; the ledger says how far each shard may checkpoint. Th
 window/sink/commit contract lives in ``handoff`` (``Window``, ``Sink``, ``Committed``)."""
 
 from .coordinator import Coordinator
-from .handoff import Window
+from ..base.handoff import Window
 
 __all__ = ["Coordinator", "Window"]

@@ -2,7 +2,7 @@
 handlers' rows into one ordered stream, closes event-time windows as the watermark
 passes them, hands each to the sink, and tells each shard how far it may checkpoint.
 
-What the worker calls, per shard (all on the event loop)::
+What the shard driver calls, per shard (all on the event loop)::
 
     await coordinator.open_shard(shard_id, checkpoint)     # initialize (a Position, or None)
     coordinator.add_batch(shard_id, rows, last, millis_behind_latest)  # a RowBatch, the last Position
@@ -42,6 +42,16 @@ Back-pressure: past ``max_buffered_rows`` or ``max_buffered_bytes``, ``admit`` m
 a shard whose watermark is ahead of the global one wait before its status (so the
 daemon waits); never the shard holding the watermark back, never a parent whose
 child is waiting on it.
+
+What the admin endpoint and the metrics report of it is one snapshot, read at once
+(never its helpers' state)::
+
+    coordinator.status()   # CoordinatorStatus(global_watermark=1763799995000.0, open_windows=2,
+                           #   buffered_rows=4100, buffered_bytes=390000, peak_rows=9000, peak_bytes=850000,
+                           #   windows_committed=12, rows_committed=52000, late_rows=0,
+                           #   last_commit=LastCommit(window="1763799900000-1763799960000", rows=5200,
+                           #                          late=0, at=1763800001.2),
+                           #   watermarks={"shardId-000000000001": 1763799995000.0, ...})
 """
 
 from __future__ import annotations
@@ -49,23 +59,67 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from typing import Any, Callable
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping
 
-from ..backoff import Backoff
-from ..config import Settings, state_path
+from ..base.backoff import Backoff
+from ..base.config import Settings, state_path
 from ..errors import retriable
-from ..logs import EventLogger, get_logger
-from ..positions import Position
-from .handoff import SharedSink, Sink
+from ..base.logs import EventLogger, get_logger
+from ..base.positions import Position
+from ..api.rows import RowBatch
+from ..base.handoff import SharedSink, Sink
 from .ledger import Ledger
 from .lineage import Lineage, StreamShards
-from .ordering import Ordering, RowBatch, WindowRows, seal
+from .merge import seal
+from .ordering import Ordering, WindowRows
 from .spool import Spool
 from .watermarks import Watermarks
 
 
 def wall_clock_ms() -> int:
     return time.time_ns() // 1_000_000
+
+
+@dataclass(slots=True)
+class ShardEntry:
+    """What the coordinator itself keeps of one shard (its helpers keep theirs, each
+    by shard id); made when the shard is first heard of, dropped by ``forget``."""
+
+    connections: int = 0  # its connections open here
+    committed: Position | None = None  # the highest position known committed
+    spooled: bool = False  # its uncommitted rows are in the spool
+    gone: bool = False  # no connection serves it here: forgotten once done (see step)
+    lost: bool = False  # its lease was lost during a pass: dropped once that pass's windows commit
+
+
+@dataclass(frozen=True, slots=True)
+class LastCommit:
+    """The window committed last."""
+
+    window: str  # its id
+    rows: int
+    late: int  # of its rows, late ones
+    at: float  # epoch s
+
+
+@dataclass(frozen=True, slots=True)
+class CoordinatorStatus:
+    """The coordinator at one moment, as ``/status`` and ``/metrics`` report it.
+    Watermarks are epoch ms: -inf for a shard that has not reported, and the global
+    one +inf while no shard holds it back."""
+
+    global_watermark: float
+    open_windows: int  # windows holding rows, not closed yet
+    buffered_rows: int  # not committed yet
+    buffered_bytes: int
+    peak_rows: int  # the most buffered since start
+    peak_bytes: int
+    windows_committed: int
+    rows_committed: int
+    late_rows: int  # rows older than a window already closed, since start
+    last_commit: LastCommit | None
+    watermarks: Mapping[str, float]  # each shard known here
 
 
 class Coordinator:
@@ -76,6 +130,7 @@ class Coordinator:
         *,
         clock: Callable[[], float] = wall_clock_ms,
         log: EventLogger | None = None,
+        metrics: Any = None,
     ) -> None:
         # The rows' columns (numpy) and the gather of a window whose shards interleave
         # (pyarrow): loaded here, before the loop serves. Left to the first batch and the
@@ -101,11 +156,7 @@ class Coordinator:
         )
         self.ledger = Ledger()
         self.spool = Spool(state_path(settings, "spool"), self.log)
-        self.spooled: set[str] = set()
-        self.connections: dict[str, int] = {}  # shard -> its connections open here
-        self.gone: set[str] = set()  # shards with none, to forget once done (see step)
-        self.committed: dict[str, Position] = {}  # shard -> the highest position known committed
-        self.lost: set[str] = set()  # leases lost during a pass: dropped once its windows commit
+        self.shards: dict[str, ShardEntry] = {}
         self._changed = asyncio.Event()
         self._progress = asyncio.Condition()
         self._stepping = asyncio.Lock()  # passes never overlap: windows commit in order
@@ -116,8 +167,8 @@ class Coordinator:
         self.rows_committed = 0
         self.peak_rows = 0
         self.peak_bytes = 0
-        self.metrics: Any = None  # the server's Metrics: each window's commit duration
-        self.last_commit: dict[str, Any] | None = None  # for /status: window, rows, late, at (epoch s)
+        self.metrics = metrics  # the server's Metrics: each window's commit duration
+        self.last_commit: LastCommit | None = None
 
     # -- lifecycle ---------------------------------------------------------------
 
@@ -127,7 +178,7 @@ class Coordinator:
         committed = await self.sink.start()
         for shard_id, position in committed.positions.items():
             self.ordering.delivered(shard_id, position)  # replays at or below are dropped
-            self.committed[shard_id] = position
+            self._entry(shard_id).committed = position
         if committed.end is not None:
             self.ordering.resume(committed.end)
             self.log.info(
@@ -170,27 +221,51 @@ class Coordinator:
         """The committer and its tick, for the server to watch: neither ends by itself."""
         return list(self._tasks)
 
+    def status(self) -> CoordinatorStatus:
+        """What ``/status`` and ``/metrics`` report, at ``clock()``."""
+        return CoordinatorStatus(
+            global_watermark=self.watermarks.minimum(self.clock()),
+            open_windows=self.ordering.buffered_windows(),
+            buffered_rows=self.ledger.rows,
+            buffered_bytes=self.ledger.bytes,
+            peak_rows=self.peak_rows,
+            peak_bytes=self.peak_bytes,
+            windows_committed=self.windows_committed,
+            rows_committed=self.rows_committed,
+            late_rows=self.ordering.late_rows,
+            last_commit=self.last_commit,
+            watermarks=self.watermarks.by_shard(),
+        )
+
+    def _entry(self, shard_id: str) -> ShardEntry:
+        entry = self.shards.get(shard_id)
+        if entry is None:
+            entry = self.shards[shard_id] = ShardEntry()
+        return entry
+
     def _replay(self, shard_id: str, rows: RowBatch, last: Position | None, parents: list[str]) -> None:
         if parents:
             self.lineage.learn(shard_id, tuple(parents))
         # Not offered as a parent to shards seen from now on: after a restart, shards
         # starting from TRIM_HORIZON are not likely its children. The stream's API
         # (``stream``) tells; without it the spooled shard holds until the idle timeout.
-        self.lineage.seen.add(shard_id)
+        self.lineage.mark_seen(shard_id)
         self.add_batch(shard_id, rows, last, None)
         self.watermarks.ended(shard_id, self.clock())
-        self.spooled.add(shard_id)
-        self.gone.add(shard_id)  # no connection serves it here: forgotten once committed
+        entry = self._entry(shard_id)
+        entry.spooled = True
+        entry.gone = True  # no connection serves it here: forgotten once committed
         self.log.info("spool_replayed", shard_id=shard_id, rows=len(rows))
 
     # -- what workers call ---------------------------------------------------------
 
     async def open_shard(self, shard_id: str, checkpoint: Position | None) -> None:
-        self.lost.discard(shard_id)  # its lease came back before the drop
+        self._entry(shard_id).lost = False  # its lease came back before the drop
         await self._read_committed(shard_id)
         await self.lineage.started(shard_id, checkpoint)
-        self.connections[shard_id] = self.connections.get(shard_id, 0) + 1
-        self.gone.discard(shard_id)
+        entry = self._entry(shard_id)  # after the awaits: a pass may have forgotten it meanwhile
+        entry.connections += 1
+        entry.gone = False
         self.watermarks.open(shard_id, self.clock())
         parents = self.lineage.parents_of(shard_id)
         if parents:
@@ -243,9 +318,9 @@ class Coordinator:
             self._committed_at_least(shard_id, position)
 
     def _committed_at_least(self, shard_id: str, position: Position) -> None:
-        known = self.committed.get(shard_id)
-        if known is None or position > known:
-            self.committed[shard_id] = position
+        entry = self._entry(shard_id)
+        if entry.committed is None or position > entry.committed:
+            entry.committed = position
 
     def lease_lost(self, shard_id: str) -> None:
         """The shard's lease went to another server (``leaseLost``, KCL 1.x ``shutdown``
@@ -253,16 +328,18 @@ class Coordinator:
         from the last checkpoint, and it stops holding the watermark back. Should it
         come back here, records up to what is committed of it are duplicates. A shard
         whose rows are spooled (it ended here) keeps them: the spool is replayed."""
-        if shard_id in self.spooled:
+        entry = self.shards.get(shard_id)
+        if entry is not None and entry.spooled:
             return
         if self._stepping.locked():  # windows closed with its rows are being committed
-            self.lost.add(shard_id)
+            self._entry(shard_id).lost = True
             return
         self._drop(shard_id)
 
     def _drop(self, shard_id: str) -> None:
         floor = self.ledger.safe(shard_id)
-        known = self.committed.get(shard_id)
+        entry = self.shards.get(shard_id)
+        known = None if entry is None else entry.committed
         if known is not None and (floor is None or known > floor):
             floor = known
         rows = self.ledger.drop(shard_id)
@@ -281,44 +358,40 @@ class Coordinator:
         self.watermarks.ended(shard_id, self.clock())
         rows = self.ledger.uncommitted(shard_id)
         if rows:
-            state = self.ledger.shards[shard_id]
-            last = state.ends[-1] if state.ends else None
+            last = self.ledger.last_end(shard_id)
             path = await self.spool.store(shard_id, rows, last, list(self.lineage.parents_of(shard_id)))
-            self.spooled.add(shard_id)
+            self._entry(shard_id).spooled = True
             self.log.info("spooled", shard_id=shard_id, rows=len(rows), path=str(path))
         self._changed.set()
 
     def shard_closed(self, shard_id: str) -> None:
         """A connection that opened this shard ended (after its shard end, its lease
         lost, or the daemon gone): with no other, the shard is forgotten once done."""
-        count = self.connections.get(shard_id, 0) - 1
-        if count > 0:
-            self.connections[shard_id] = count
+        entry = self._entry(shard_id)
+        if entry.connections > 1:
+            entry.connections -= 1
             return
-        self.connections.pop(shard_id, None)
-        self.gone.add(shard_id)
+        entry.connections = 0
+        entry.gone = True
         self._changed.set()
 
     def forget(self, shard_id: str) -> None:
         """Free everything kept for a shard gone from here, whose rows are all
         committed and which no longer holds the watermark (``step`` calls it)."""
-        self.gone.discard(shard_id)
-        self.spooled.discard(shard_id)
+        self.shards.pop(shard_id, None)
         self.ledger.forget(shard_id)
         self.ordering.forget(shard_id)
         self.watermarks.forget(shard_id)
         self.lineage.forget(shard_id)
-        self.committed.pop(shard_id, None)
 
     def _forget_done(self, now: float) -> None:
-        for shard_id in [s for s in self.gone if self._done_here(s, now)]:
+        for shard_id in [s for s, entry in self.shards.items() if entry.gone and self._done_here(s, now)]:
             self.forget(shard_id)
 
     def _done_here(self, shard_id: str, now: float) -> bool:
         if not self.ledger.done(shard_id):
             return False
-        mark = self.watermarks.shards.get(shard_id)
-        return mark is None or not self.watermarks.holds(shard_id, now)
+        return not self.watermarks.tracks(shard_id) or not self.watermarks.holds(shard_id, now)
 
     async def admit(self, shard_id: str) -> None:
         """Wait while memory is over the cap and this shard runs ahead."""
@@ -346,12 +419,11 @@ class Coordinator:
         now = self.clock()
         if self.watermarks.value(shard_id) <= self.watermarks.minimum(now):
             return False  # it holds the watermark back (or ties): delaying it would stall all
-        return not any(self.ordering.shard(c).held for c in self.lineage.children_of(shard_id))
+        return not self.ordering.holds_children(self.lineage.children_of(shard_id))
 
     def _blocks(self, shard_id: str, now: float) -> bool:
         """Can this shard still add rows here at ``now`` (so its children must wait)?"""
-        mark = self.watermarks.shards.get(shard_id)
-        return mark is not None and not mark.ended and self.watermarks.holds(shard_id, now)
+        return self.watermarks.live(shard_id, now)
 
     # -- the committer -------------------------------------------------------------
 
@@ -381,10 +453,10 @@ class Coordinator:
             windows = self.ordering.close(watermark)
             for window in windows:
                 await self._commit(window, watermark, closed_at)
-            while self.lost:
-                self._drop(self.lost.pop())
-            if self.gone:
-                self._forget_done(self.clock())
+            for shard_id in [s for s, entry in self.shards.items() if entry.lost]:
+                self.shards[shard_id].lost = False
+                self._drop(shard_id)
+            self._forget_done(self.clock())
         async with self._progress:
             self._progress.notify_all()
         return len(windows)
@@ -425,8 +497,9 @@ class Coordinator:
             self._committed_at_least(shard_id, position)
         for shard_id, count in counts.items():
             self.ledger.commit(shard_id, count)
-            if shard_id in self.spooled and self.ledger.done(shard_id):
-                self.spooled.discard(shard_id)
+            entry = self.shards.get(shard_id)
+            if entry is not None and entry.spooled and self.ledger.done(shard_id):
+                entry.spooled = False
                 await asyncio.to_thread(self.spool.delete, shard_id)
                 self.log.info("spool_deleted", shard_id=shard_id)
         self.windows_committed += 1
@@ -434,7 +507,7 @@ class Coordinator:
         duration = time.perf_counter() - started
         if self.metrics is not None:
             self.metrics.window_committed(duration)
-        self.last_commit = {"window": window.id, "rows": len(window), "late": window.late_rows, "at": time.time()}
+        self.last_commit = LastCommit(window.id, len(window), window.late_rows, time.time())
         self.log.info(
             "window_committed",
             window=window.id,

@@ -7,10 +7,11 @@ which it and everything before it is done"). Records a handler emitted no row fo
 done once their batch is processed. A shard's rows commit in its own order (windows
 close in order, a shard's event times never decrease, late rows go to a later
 hand-off), so committing is cutting rows off the front of the shard's pending batches
-(``RowBatch``, shared with ``ordering``: nothing is copied)::
+(``rows.RowBatch``, shared with ``ordering``: nothing is copied)::
 
     ledger.add("s0", rows, last=Position(12, 0, "12"))   # a processed batch: rows at 10, 11
     ledger.safe("s0")                  # None: nothing committed yet
+    ledger.last_end("s0")              # Position(12, 0, "12"): where the uncommitted rows' batches end
     ledger.commit("s0", 1)             # the window holding row 10 committed
     ledger.safe("s0")                  # Position(10, 0, "10")
     ledger.commit("s0", 1)             # row 11 too: the whole batch is done
@@ -28,8 +29,8 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from ..positions import Position
-from .ordering import RowBatch
+from ..base.positions import Position
+from ..api.rows import RowBatch
 
 # Bytes a buffered row costs beside its JSON line, measured with tracemalloc: its
 # columns (event time, clamped time, record index, offset: some 40 bytes) and its
@@ -95,6 +96,13 @@ class Ledger:
     def safe(self, shard_id: str) -> Position | None:
         state = self.shards.get(shard_id)
         return None if state is None else state.safe
+
+    def last_end(self, shard_id: str) -> Position | None:
+        """The last position of the shard's processed batches that is not safe yet:
+        where the batches of its uncommitted rows end (what a spool of them goes up
+        to). None when there is none."""
+        state = self.shards.get(shard_id)
+        return state.ends[-1] if state is not None and state.ends else None
 
     def uncommitted(self, shard_id: str) -> RowBatch:
         state = self.shards.get(shard_id)

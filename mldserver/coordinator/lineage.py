@@ -26,8 +26,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from ..logs import get_logger
-from ..positions import Position
+from ..base.logs import get_logger
+from ..base.positions import Position
 
 log = get_logger("mldserver.lineage")
 
@@ -45,11 +45,10 @@ class StreamShards:
         self.dynamodb = ":dynamodb:" in stream and "/stream/" in stream
 
     async def fetch(self) -> dict[str, tuple[str, ...]]:
-        import aioboto3  # only a server configured with a stream pays for it
+        from ..base.aws import client as aws_client  # only a server configured with a stream pays for it
 
-        session = aioboto3.Session()
         service = "dynamodbstreams" if self.dynamodb else "kinesis"
-        async with session.client(service, region_name=self.region, endpoint_url=self.endpoint_url) as client:
+        async with aws_client(service, self.region, endpoint_url=self.endpoint_url) as client:
             shards = await (self._dynamodb(client) if self.dynamodb else self._kinesis(client))
         return {
             s["ShardId"]: tuple(p for p in (s.get("ParentShardId"), s.get("AdjacentParentShardId")) if p)
@@ -122,6 +121,12 @@ class Lineage:
                 self.learn(shard_id, (parent,))
                 if len(self.children[parent]) >= 2:
                     self._ended.remove(parent)
+
+    def mark_seen(self, shard_id: str) -> None:
+        """A shard known here without starting (replayed from the spool at start-up):
+        never taken for the child of a shard that ended here, and the stream's answer
+        names its links (``started`` and a refresh treat it as seen)."""
+        self.seen.add(shard_id)
 
     def ended(self, shard_id: str) -> None:
         self.seen.add(shard_id)

@@ -26,10 +26,10 @@ from pathlib import Path
 
 import orjson
 
-from ..durable import atomic_write, safe_filename, until_written
-from ..logs import EventLogger, get_logger
-from ..positions import Position
-from .ordering import Item, RowBatch
+from ..base.durable import atomic_write, safe_filename, until_written
+from ..base.logs import EventLogger, get_logger
+from ..base.positions import Position
+from ..api.rows import Item, RowBatch
 
 
 @dataclass

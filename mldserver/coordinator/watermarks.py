@@ -16,6 +16,8 @@ watermark (or, with no child ever seen here, until the idle timeout)::
     wm = Watermarks(margin_ms=5_000, idle_timeout_ms=60_000, children_of=lineage.children)
     wm.open("s0", now); wm.batch("s0", last_time=1_000, caught_up=False, now=now)
     wm.minimum(now)   # 1_000; +inf when no shard holds (everything may close)
+    wm.tracks("s0")   # True: until the coordinator forgets it
+    wm.live("s0", now)   # True: not ended, not idle; it may still add rows
 
 Only shards still known here are kept (the coordinator ``forget``s a shard gone from
 here that no longer holds): ``minimum`` and ``holder`` scan those, not every shard
@@ -75,6 +77,15 @@ class Watermarks:
     def forget(self, shard_id: str) -> None:
         self.shards.pop(shard_id, None)
 
+    def tracks(self, shard_id: str) -> bool:
+        """Is the shard known here (opened, reported or ended, not forgotten)?"""
+        return shard_id in self.shards
+
+    def live(self, shard_id: str, now: float) -> bool:
+        """Known here, not ended, and not idle at ``now``: it may still add rows."""
+        mark = self.shards.get(shard_id)
+        return mark is not None and not mark.ended and self.holds(shard_id, now)
+
     def reported(self, shard_id: str) -> bool:
         mark = self.shards.get(shard_id)
         return mark is not None and mark.value != NEG_INF
@@ -91,6 +102,10 @@ class Watermarks:
     def value(self, shard_id: str) -> float:
         mark = self.shards.get(shard_id)
         return NEG_INF if mark is None else mark.value
+
+    def by_shard(self) -> dict[str, float]:
+        """Each shard's watermark, for every shard known here (for ``/status``)."""
+        return {shard_id: mark.value for shard_id, mark in self.shards.items()}
 
     def minimum(self, now: float) -> float:
         """The global watermark: the least over holding shards, +inf if none holds."""

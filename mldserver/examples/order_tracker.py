@@ -37,7 +37,8 @@ from __future__ import annotations
 import time
 
 import mldserver
-from mldserver import bindings, timers
+from mldserver import timers
+from mldserver.api import bindings
 
 EXPIRE_AFTER_S = 30 * 60
 

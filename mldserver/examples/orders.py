@@ -14,7 +14,7 @@ seconds: both are read) into one row::
     -> {"order_id": "o-17", "customer": "c-7", "amount": 12.5}     event time 1763719200500
 
 It decodes DynamoDB JSON by hand; ``mldserver.ChangeHandler`` does that for you, one
-``on_update(doc, meta)`` per record (see ``mldserver.changes``).
+``on_update(doc, meta)`` per record (see ``mldserver.api.changes``).
 
 Deletes (no new image) and records that are not such JSON emit nothing: the record
 counts as done, and the log says why. The pipeline runs in Spark on every closed

@@ -1,12 +1,12 @@
 """``ProcessCalls``: the shard/calls.py seam (``create()``, ``call(...) -> Outcome``),
-with the handler in a handler process of the pool. The worker cannot tell the two
-apart; what changes is what a failure can be::
+with the handler in a handler process of the pool. The shard driver cannot tell the
+two apart; what changes is what a failure can be::
 
-    calls = ProcessCalls(pool, context, retries=2, timeout=60.0, backoff=backoff, log=log)
+    calls = ProcessCalls(pool, context, **CallPolicy.from_settings(settings)._asdict(), log=log)
     outcome = await calls.call("process_records", batch, checkpointer, collect_rows=True)
 
 - the handler raised: ``handler_failed`` (with the child's traceback), retried with
-  backoff, then ``Outcome(FAILED)`` (the worker dead-letters the batch);
+  backoff, then ``Outcome(FAILED)`` (the driver dead-letters the batch);
 - the call ran past ``execution_timeout``: the process's stack is logged
   (``handler_timed_out``) and the call stopped alone (``HandlerProcess.interrupt``:
   cancelled where it awaits, interrupted where it blocks the loop), so the other
@@ -22,13 +22,14 @@ apart; what changes is what a failure can be::
   live process, without counting (``handler_redone``), up to ``UNBLAMED_REDOS`` times;
 - anything else that goes wrong on our side of the call (a bug of ours) is logged
   ``action_failed_internally`` with its traceback and counts as a failed attempt: the
-  worker answers the action whatever happens here;
+  driver answers the action whatever happens here;
 - before the first call in a new process (after a death, a memory replacement or a
   reload), the shard gets a fresh handler instance there: ``initialize`` again with
-  the shard's current position (``shard_moved``).
+  the shard's current position (``shard_moved``); ``pid`` (``/status``'s
+  ``handler_process``) follows the shard from process to process.
 
 One call is one ``call`` frame and one ``done`` frame; the rows come back columnar
-(``decode_rows``) and are handed to the worker as the coordinator's columns
+(``decode_rows``) and are handed to the driver as the coordinator's columns
 (``batches.EncodedRows``, a ``RowBatch``): each row the child's JSON line, read in
 place, never decoded, encoded or copied one by one in the server.
 """
@@ -40,12 +41,12 @@ import contextlib
 import itertools
 from typing import Any, AsyncIterator, Callable
 
-from ..backoff import Backoff
-from ..checkpointer import Checkpointer
-from ..context import Context
+from ..base.backoff import Backoff
+from ..api.checkpointer import Checkpointer
+from ..api.context import Context
 from ..errors import CheckpointError, ConfigError
-from ..logs import EventLogger
-from ..records import Batch, ShardInfo
+from ..base.logs import EventLogger
+from ..api.records import Batch, ShardInfo
 from ..shard.batches import BAD_ROW, BadRecords, EncodedRows, encoded_rows
 from ..shard.calls import FAILED, Calls, Outcome
 from .frames import decode_rows, encode_records
@@ -111,6 +112,11 @@ class ProcessCalls(Calls):
     def create(self) -> str | None:
         """The instance is made in the handler process, with ``initialize``."""
         return None
+
+    @property
+    def pid(self) -> int | None:
+        proc = self.proc
+        return None if proc is None else proc.pid
 
     def close(self) -> None:
         """The connection is over: the process forgets the shard's instance."""
@@ -238,7 +244,8 @@ class ProcessCalls(Calls):
                     action: str) -> tuple[dict[str, Any], bytes]:
         """The call's ``done``, or _TimedOut after ``execution_timeout`` of its own:
         time during which another shard's call held the process's loop (blocking it)
-        does not count; that call's own time-out stops it."""
+        does not count; that call's own time-out stops it. Nor does the time its process
+        takes to die once it is no longer alive (ProcessDied then)."""
         assert self.shard is not None
         call = asyncio.ensure_future(proc.call(frame, body, self._requests(cp), (self.shard.shard_id, action)))
         self._current = call
@@ -249,8 +256,12 @@ class ProcessCalls(Calls):
                     if call.cancelled() and self._aborted is not None:
                         return {"result": FAILED, "error": f"cancelled: {self._aborted}", "traceback": None}, b""
                     return call.result()
-                running = proc.running()
-                if proc.alive and running not in (0, frame["id"]):
+                if not proc.alive:
+                    # Being killed (another call's time-out, or its stdin failed): there is
+                    # nothing to stop; its death, once noticed, ends the call with ProcessDied,
+                    # blamed only on the call that was running (a bystander's is redone).
+                    continue
+                if proc.running() not in (0, frame["id"]):
                     continue  # a bystander: another call blocks the loop
                 return await self._stop(proc, call, frame, action)
         finally:
@@ -370,9 +381,8 @@ class ProcessCalls(Calls):
         except CheckpointError as exc:
             return {"error": exc.error, "sequence_number": exc.sequence_number,
                     "sub_sequence_number": exc.sub_sequence_number}
-        progress = cp._progress  # what the daemon stored: where a fresh instance starts
-        if progress is not None and progress.stored is not None:
-            self._stored = progress.stored
+        if cp.stored is not None:  # what the daemon stored: where a fresh instance starts
+            self._stored = cp.stored
         return {"error": None}
 
     async def _sql_fetch(self, message: dict[str, Any]) -> dict[str, Any]:

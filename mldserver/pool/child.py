@@ -56,18 +56,18 @@ import time
 import traceback
 from typing import Any
 
-from ..config import Settings
-from ..context import Context
+from ..base.config import Settings
+from ..api.context import Context
 from ..errors import CheckpointError, ConfigError
-from ..failures import FailureGuard
-from ..importer import import_from_string
-from ..logs import configure, get_logger
-from ..malloc import large_buffers_from_mmap
-from ..pieces import PieceReader
-from ..records import Batch, ShardInfo
-from ..handler_checks import check_handler, emits
-from .. import bindings as bindings_api
-from ..bindings import Bindings
+from ..api.failures import FailureGuard
+from ..base.importer import import_from_string
+from ..base.logs import configure, get_logger
+from ..base.malloc import large_buffers_from_mmap
+from ..base.pieces import PieceReader
+from ..api.records import Batch, ShardInfo
+from ..api.checks import check_handler, emits
+from ..api import bindings as bindings_api
+from ..api.bindings import Bindings
 from ..timers import api as timers_api
 from ..timers import remote as timers_remote
 from .frames import BEAT, BEAT_AT, RUN, STATE_SIZE, STOP, STOP_AT, WATCH_INTERVAL, CallFrame, StartFrame, encode, encode_head, encode_rows, read_frame_async, records_from
@@ -187,7 +187,7 @@ class Child:
         self.factory = import_from_string(start["handler"], "handler")
         self.context = Context(self.settings)
         self.context.bindings = Bindings(self.settings)  # its own client, opened on first use
-        from ..config import uses_spark
+        from ..base.config import uses_spark
 
         if uses_spark(self.settings):
             self.context.spark = SparkProxy(self)  # type: ignore[assignment]

@@ -1,5 +1,5 @@
 """Frames between the server and a handler process (``child.py``): the one module
-both sides speak, built on the Spark pipe's framing (``spark/frames.py``: an 8-byte
+both sides speak, built on the framing of every pipe of the server (``pipes.py``: an 8-byte
 header, a JSON object, an optional binary body).
 
 What crosses, and how often (one shard's action is one ``call`` and one ``done``)::
@@ -64,8 +64,9 @@ from typing import Any, Iterable, Literal, NamedTuple, NotRequired, Sequence, Ty
 import orjson
 
 from ..protocol.lazy import LazyRecords
-from ..records import Record, json_lines, row_time, row_times, times_valid
-from ..spark.frames import HEADER, encode, read_frame, read_frame_async
+from ..api.records import Record, json_lines, row_time, row_times, times_valid
+from ..api.rows import NO_TIME
+from ..base.pipes import HEADER, encode, read_frame, read_frame_async
 
 __all__ = [
     "CallFrame",
@@ -165,7 +166,6 @@ def records_from(body: bytes, line: bool = False) -> list[Record]:
 
 
 _U32, _I64, _U64 = "I", "q", "Q"
-NO_TIME = -1  # valid event times are >= 0
 
 
 def encode_rows(emitted: Iterable[tuple[Record, Any, int | float | None]],

@@ -37,10 +37,10 @@ import contextlib
 import itertools
 import time
 
-from ..backoff import Backoff
-from ..config import Settings
+from ..base.backoff import Backoff
+from ..base.config import Settings
 from ..errors import ConfigError
-from ..logs import EventLogger, get_logger
+from ..base.logs import EventLogger, get_logger
 from .process import HandlerImportFailed, HandlerProcess, Requests, describe_exit
 
 # A process that dies younger than this counts towards the respawn backoff.
@@ -206,7 +206,8 @@ class HandlerPool:
             except asyncio.TimeoutError:
                 pass
             self._wake.clear()
-            for proc in [p for p in self.processes + self.quarantined if not p.alive and p.proc is not None]:
+            for proc in [p for p in self.processes + self.quarantined
+                         if not p.alive and not p.killed and p.proc is not None]:
                 proc.kill()  # its stdin failed: no frame reaches it any more
             for proc in [p for p in self.processes if p.died.is_set()]:
                 self.processes.remove(proc)

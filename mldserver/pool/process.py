@@ -37,10 +37,10 @@ import time
 from pathlib import Path
 from typing import Any, Awaitable, Callable
 
-from ..config import Settings, state_path
+from ..base.config import Settings, state_path
 from ..errors import MldserverError
-from ..logs import EventLogger
-from ..pieces import PieceReader
+from ..base.logs import EventLogger
+from ..base.pieces import PieceReader
 from .frames import BEAT, BEAT_AT, RUN, STATE_SIZE, STOP, STOP_AT, WATCH_INTERVAL, StartFrame, encode, encode_head, read_frame_async
 
 PIPE_LIMIT = 1 << 24
@@ -134,7 +134,7 @@ class HandlerProcess:
         finally:
             os.close(write_fd)
         if self.killed:  # stopped while it was being created
-            proc.kill()
+            self._sigkill()
         try:
             frame = await self._handshake(os.fdopen(read_fd, "rb", buffering=0))
         except BaseException:  # cancelled (the pool stops while it starts): it must not outlive us
@@ -142,8 +142,7 @@ class HandlerProcess:
             self._cleanup()
             raise
         if frame is None or frame[0].get("op") != "ready":
-            if proc.returncode is None:
-                proc.kill()
+            self._sigkill()
             code = await proc.wait()
             self.died.set()
             self._cleanup()
@@ -363,9 +362,19 @@ class HandlerProcess:
 
     def kill(self) -> None:
         self.killed = True
-        if self.proc is not None and self.proc.returncode is None:
+        self._sigkill()
+
+    def _sigkill(self) -> None:
+        """SIGKILL to its pid, unless the loop knows it exited already. Never
+        ``Process.kill()``: on the stock loop that polls the process first (``Popen.poll``,
+        a waitpid), which reaps it if it has just died, before the loop's child watcher
+        does; the watcher then reports returncode 255 ("Unknown child process"), and a
+        SIGKILL (a second kill: ``kill_for``'s, then the pool's), a SIGSEGV or an exit code
+        would be reported as exit code 255. uvloop signals the pid so too."""
+        proc = self.proc
+        if proc is not None and proc.returncode is None:
             try:
-                self.proc.kill()
+                os.kill(proc.pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
 

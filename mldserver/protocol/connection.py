@@ -1,8 +1,8 @@
 """The sans-IO protocol core: bytes in, events out; events in, bytes out.
 
 No asyncio, no logging, no clock: a ``Connection`` is driven by plain calls, so it
-can be tested line by line or byte by byte. The worker feeds it what the relay read
-from the daemon and writes what it returns::
+can be tested line by line or byte by byte. The shard driver feeds it what the relay
+read from the daemon and writes what it returns::
 
     conn = Connection()
     conn.receive_data(b'{"action":"initialize","shardId":"shardId-0","sequenceNumber":null,'

@@ -1,5 +1,5 @@
 """A batch in and out of the handler, pure: the daemon's records decoded into
-:class:`~mldserver.records.Record` (KPL aggregates expanded), and what the handler
+:class:`~mldserver.api.records.Record` (KPL aggregates expanded), and what the handler
 emitted encoded into the coordinator's items. What cannot be used is returned, with
 why, for the driver to dead-letter; nothing here does I/O::
 
@@ -39,10 +39,10 @@ from typing import TYPE_CHECKING, Any, Iterable, NamedTuple, Sequence
 
 import orjson
 
-from ..coordinator.ordering import NO_TIME, Item, RowBatch
-from ..positions import Position
+from ..base.positions import Position
 from ..protocol.lazy import LazyRecords
-from ..records import MAX_EVENT_TIME_MS, Emitted, Record, json_lines, row_time, row_times, times_valid
+from ..api.records import MAX_EVENT_TIME_MS, Emitted, Record, json_lines, row_time, row_times, times_valid
+from ..api.rows import NO_TIME, Item, RowBatch
 from .kpl import deaggregate, is_aggregate
 
 MALFORMED = "malformed records"

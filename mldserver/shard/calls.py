@@ -6,7 +6,8 @@ the handler's checkpoint requests go out through the checkpointer it is given
 the rows it emits come back in the outcome. All of it is plain data, so the same seam
 can later run the handler in another process::
 
-    calls = HandlerCalls(factory, context, retries=2, timeout=60.0, backoff=backoff, log=log)
+    policy = CallPolicy.from_settings(settings)     # retries=2, timeout=60.0, backoff (backoff.py)
+    calls = HandlerCalls(factory, context, **policy._asdict(), log=log)
     calls.create()                                   # None, or why the factory failed
     await calls.call("initialize", shard_info, checkpointer)
     outcome = await calls.call("process_records", batch, checkpointer, collect_rows=True)
@@ -37,7 +38,7 @@ Each attempt runs in its own task, so nothing the handler does reaches the calle
 
 What the handler counted in its calls (``batch.stats``: a ``ChangeHandler``'s
 ``on_update_success``, ...), failed attempts included, and each attempt that ran past
-``timeout`` (``timeout_count``) add up in ``stats`` until the worker takes them
+``timeout`` (``timeout_count``) add up in ``stats`` until the shard driver takes them
 (``take_stats``) for the metrics.
 """
 
@@ -47,13 +48,13 @@ import asyncio
 import inspect
 from typing import Any, Callable, NamedTuple
 
-from ..backoff import Backoff
-from ..checkpointer import Checkpointer
+from ..base.backoff import Backoff
+from ..api.checkpointer import Checkpointer
 from ..errors import CheckpointError, ConfigError
-from ..failures import FailureGuard
-from ..handler_checks import not_async
-from ..logs import EventLogger
-from ..records import Emitted
+from ..api.failures import FailureGuard
+from ..api.checks import not_async
+from ..base.logs import EventLogger
+from ..api.records import Emitted
 
 GRACE_CAP = 1.0  # at most this long for a cancelled handler call to end
 
@@ -67,7 +68,7 @@ class Outcome(NamedTuple):
     error: str | None = None
     rows: list[Emitted] | None = None  # what process_records emitted, when collected
     # process_records: the records it gave up on (batch.fail), (index in the batch,
-    # error, attempts), for the worker to dead-letter; the call itself is done
+    # error, attempts), for the driver to dead-letter; the call itself is done
     failed: list[tuple[int, str, int]] | None = None
 
     @property
@@ -117,9 +118,10 @@ async def reap_abandoned(grace: float = GRACE_CAP) -> int:
 
 
 class Calls:
-    """What both implementations of the seam share: the call policy from the settings
-    (``retries`` after a failure, ``timeout`` per call, ``backoff`` between attempts),
-    the callback under way (``running``, for ``slots_held``) and ``abort``.
+    """What both implementations of the seam share: the call policy
+    (``backoff.CallPolicy``: ``retries`` after a failure, ``timeout`` per call,
+    ``backoff`` between attempts), the callback under way (``running``, for
+    ``slots_held`` and ``/status``), the handler process (``pid``) and ``abort``.
     ``HandlerCalls`` runs the handler in this loop; ``pool.ProcessCalls`` in a handler
     process."""
 
@@ -136,7 +138,7 @@ class Calls:
         self.running: str | None = None  # the callback being called, if any
         self._current: asyncio.Future[Any] | None = None  # the call under way (abort cancels it)
         self._aborted: str | None = None
-        # Counts since the worker last took them (``take_stats``): attempts that ran past
+        # Counts since the driver last took them (``take_stats``): attempts that ran past
         # execution_timeout (``timeout_count``), and what the handler counted in its
         # calls (a ChangeHandler's ``on_update_success``, ...), failed attempts included.
         self.stats: dict[str, int] = {}
@@ -151,6 +153,11 @@ class Calls:
     def take_stats(self) -> dict[str, int]:
         stats, self.stats = self.stats, {}
         return stats
+
+    @property
+    def pid(self) -> int | None:
+        """The handler process that holds the shard's instance (None: this loop)."""
+        return None
 
     def abort(self, reason: str) -> None:
         """Cancel the call under way (its action is then answered as failed) and start

@@ -31,11 +31,11 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Callable, Protocol
 
-from ..positions import Position
+from ..base.positions import Position
 
 if TYPE_CHECKING:
     from ..coordinator import Coordinator
-    from ..coordinator.ordering import RowBatch
+    from ..api.rows import RowBatch
 
 
 class Downstream(Protocol):

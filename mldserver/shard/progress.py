@@ -1,7 +1,7 @@
 """A shard's progress on one connection: what was delivered, what is stored, and so
 where a checkpoint may go. Pure: no I/O, no clock.
 
-Every position is a :class:`~mldserver.positions.Position`::
+Every position is a :class:`~mldserver.base.positions.Position`::
 
     progress = ShardProgress()
     progress.initialized(Position.parse("7", 0))    # the lease's checkpoint (None: TRIM_HORIZON...)
@@ -22,8 +22,8 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from ..positions import Position
-from ..records import Record
+from ..base.positions import Position
+from ..api.records import Record
 
 
 class ShardProgress:

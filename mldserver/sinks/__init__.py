@@ -11,12 +11,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ..config import SinkSpec
+from ..base.config import SinkSpec
 
 if TYPE_CHECKING:
-    from ..config import Settings
-    from ..coordinator.handoff import Sink
-    from ..deadletters import DeadLetters
+    from ..base.config import Settings
+    from ..base.handoff import Sink
+    from ..base.deadletters import DeadLetters
     from ..spark.process import SparkProcess
 
 
@@ -31,7 +31,7 @@ def open_sink(settings: "Settings", *, spark: "SparkProcess | None", dead_letter
         from .iceberg import IcebergSink
 
         return IcebergSink(settings, where, dead_letters, spark=spark)
-    from ..spark.sink import SparkSink
+    from .parquet import SparkSink
 
     assert spark is not None
     return SparkSink(settings, spark, where, dead_letters)

@@ -17,8 +17,8 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from ..coordinator.handoff import Committed, Window
-from ..durable import atomic_write
+from ..base.handoff import Committed, Window
+from ..base.durable import atomic_write
 
 
 class FileSink:

@@ -76,19 +76,19 @@ import orjson
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ..config import Settings, state_path
-from ..coordinator.handoff import Committed, Window
+from ..base.config import Settings, state_path
+from ..base.handoff import Committed, Window
 from ..errors import ConfigError, MldserverError
-from ..logs import get_logger
-from ..positions import Position
-from ..spark import schema as schemas
+from ..base.logs import get_logger
+from ..base.positions import Position
+from .schema import declared, rows_to_table
 from ..spark.frames import WriteRequest
 
 if TYPE_CHECKING:
     from pyiceberg.catalog import Catalog
     from pyiceberg.table import Table
 
-    from ..deadletters import DeadLetters
+    from ..base.deadletters import DeadLetters
     from ..spark.process import SparkProcess
 
 log = get_logger("mldserver.sink")
@@ -135,7 +135,7 @@ def window_table(window: Window, schema: pa.Schema | None) -> tuple[pa.Table, li
     """The one place this sink reads a window's rows: them as Arrow (with the ``window``
     column), the index in ``window.rows`` of each table row, and the rows that do not
     fit ``schema`` with the reason (None: inferred from the rows)."""
-    table, rejected = schemas.rows_to_table(window.rows, schema)
+    table, rejected = rows_to_table(window.rows, schema)
     if rejected:
         out = {i for i, _ in rejected}
         indices = [i for i in range(len(window.rows)) if i not in out]
@@ -194,7 +194,7 @@ class IcebergSink:
         namespace, _, name = settings.table.rpartition(".")
         self.identifier = (namespace, name)
         self.catalog = catalog
-        self.row_schema = schemas.declared(settings.schema)  # a ConfigError before the server binds
+        self.row_schema = declared(settings.schema)  # a ConfigError before the server binds
         self.inputs = state_path(settings, "spark", "windows").resolve()
         self.conflicts = 0
         self.rows_out = 0

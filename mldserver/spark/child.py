@@ -49,9 +49,9 @@ from itertools import islice
 from pathlib import Path
 from typing import Any
 
-from ..durable import publish_dir
-from ..importer import import_from_string
-from ..sinks.commitlog import CommitLog
+from ..base.durable import publish_dir
+from ..base.importer import import_from_string
+from ..base.commitlog import CommitLog
 from .frames import CommitRequest, StartRequest, commit_entry, encode, read_frame
 from .pipeline import WindowInfo, identity
 

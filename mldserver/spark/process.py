@@ -30,10 +30,10 @@ import sys
 from pathlib import Path
 from typing import Any, AsyncIterator, Mapping
 
-from ..backoff import Backoff
-from ..config import Settings, state_path
+from ..base.backoff import Backoff
+from ..base.config import Settings, state_path
 from ..errors import SparkError, SparkProcessDied, retriable
-from ..logs import EventLogger, get_logger
+from ..base.logs import EventLogger, get_logger
 from .frames import StartRequest, encode, read_frame_async
 
 # Rows per SQL fetch: small at first (a caller that stops early leaves most partitions
@@ -83,7 +83,7 @@ class SparkProcess:
         return "restarting" if self.task is not None else "starting"
 
     async def start(self) -> None:
-        """Start the worker and wait for its session; a failure here is raised."""
+        """Start the Spark process and wait for its session; a failure here is raised."""
         await self._spawn()
         self.task = asyncio.create_task(self._supervise(), name="spark-supervisor")
 
@@ -278,4 +278,4 @@ class SparkProcess:
                     self.log.debug("sql_closed", cursor=cursor, jobs=closed.get("jobs"))
                     self.last_sql_jobs = closed.get("jobs")
                 except SparkError:
-                    pass  # the worker died: its cursors died with it
+                    pass  # the Spark process died: its cursors died with it

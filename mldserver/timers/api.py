@@ -55,7 +55,7 @@ from typing import Any, Awaitable, Callable
 import orjson
 
 from ..errors import ConfigError, MldserverError
-from ..importer import import_from_string
+from ..base.importer import import_from_string
 from .store import Timer
 
 MAX_AT_S = 253_402_300_799  # 9999-12-31T23:59:59Z

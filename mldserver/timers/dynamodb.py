@@ -43,6 +43,7 @@ import uuid
 import zlib
 from typing import Any, Callable, Sequence
 
+from ..base.aws import client
 from .store import After, Timer
 
 BUCKETS = 8
@@ -50,18 +51,6 @@ INDEX = "due"
 CONCURRENCY = 32  # requests in flight per store
 CLAIM_SLACK_MS = 10_000  # a claim outlives the call's time-out by this much
 COUNT_EVERY_S = 60.0
-
-
-def client(region: str | None = None, connections: int = CONCURRENCY) -> Any:
-    """An aioboto3 DynamoDB client (an async context manager) from the usual AWS
-    configuration: ``AWS_ENDPOINT_URL_DYNAMODB`` or ``AWS_ENDPOINT_URL``, ``region`` or
-    ``AWS_REGION``; standard retries. The timer store's and the table bindings'."""
-    import aioboto3
-    from botocore.config import Config
-
-    return aioboto3.Session().client(
-        "dynamodb", region_name=region or os.environ.get("AWS_REGION"),  # else AWS_DEFAULT_REGION
-        config=Config(max_pool_connections=connections, retries={"mode": "standard", "max_attempts": 5}))
 
 
 def _key(callback: str, reference: str) -> dict[str, Any]:
@@ -108,7 +97,7 @@ class DynamoStore:
     async def open(self) -> None:
         if self.client is not None:
             return
-        self._client_cm = client(self.region)
+        self._client_cm = client("dynamodb", self.region, connections=CONCURRENCY)
         self.client = await self._client_cm.__aenter__()
         try:
             await self._ensure_table()

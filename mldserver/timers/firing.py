@@ -1,5 +1,6 @@
 """Calling the callbacks of due timers: in a handler process of the pool
-(``PoolFiring``), or in the server's loop with ``workers = 0`` (``LoopFiring``). The
+(``pool/firing.py``'s ``PoolFiring``), or in the server's loop with ``workers = 0``
+(``LoopFiring``, here). The
 scheduler hands over a batch and gets one :class:`Result` per timer, in order::
 
     results = await firing.fire([timer_a, timer_b])
@@ -34,17 +35,13 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import traceback
-from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, Sequence
+from typing import Any, NamedTuple, Protocol, Sequence
 
 import orjson
 
-from ..logs import EventLogger
+from ..base.logs import EventLogger
 from .api import Timers, TimerError, current, resolve
 from .store import Timer
-
-if TYPE_CHECKING:
-    from ..pool.pool import HandlerPool
-    from ..pool.process import HandlerProcess
 
 GRACE_CAP = 1.0  # a cancelled callback gets this long to end before it is abandoned
 BLOCK_SLACK = 1.0  # past execution_timeout, the process's own time-out has had its chance
@@ -136,66 +133,3 @@ class LoopFiring:
         calls = [(t.callback, orjson.loads(t.context)) for t in timers]
         task = asyncio.get_running_loop().create_task(call_all(calls, self.timeout, log=self.log), context=context)
         return await task
-
-
-async def _no_requests(message: dict[str, Any]) -> dict[str, Any]:
-    return {"error": f"unknown request {message.get('op')!r} during timer callbacks"}
-
-
-class PoolFiring:
-    """The callbacks run in a handler process of ``pool``."""
-
-    def __init__(self, pool: "HandlerPool", timeout: float, log: EventLogger) -> None:
-        self.pool = pool
-        self.timeout = timeout
-        self.log = log
-
-    async def fire(self, timers: Sequence[Timer]) -> list[Result]:
-        from ..pool.process import ProcessDied
-
-        proc = await self.pool.any_process()
-        ids = [next(self.pool.call_ids) for _ in timers]
-        frame = {"op": "fire", "id": next(self.pool.call_ids),
-                 "timers": [[i, t.callback, t.reference, orjson.Fragment(t.context)] for i, t in zip(ids, timers)]}
-        what = ("(timers)", f"{len(timers)} timer callbacks")
-        call = asyncio.ensure_future(proc.call(frame, b"", _no_requests, what))
-        blamed: int | None = None
-        try:
-            while True:
-                done, _ = await asyncio.wait({call}, timeout=self.timeout + BLOCK_SLACK)
-                if done:
-                    break
-                running = proc.running()
-                if not proc.alive or running == 0 or running not in ids:
-                    continue  # another call blocks the loop (its owner's time-out kills it), or it just ended
-                blamed = running
-                await self._kill(proc, timers[ids.index(running)], running)
-            message, _ = call.result()
-        except ProcessDied as exc:
-            if proc.alive or not proc.died.is_set():
-                try:
-                    async with asyncio.timeout(5):
-                        await proc.died.wait()  # a broken pipe may come before the reader sees the death
-                except TimeoutError:
-                    pass
-            culprit = blamed if blamed is not None else proc.last_running
-            results = []
-            for i in ids:
-                if i == blamed:
-                    results.append(Result(False, f"{timed_out(self.timeout)}: its process was killed"))
-                elif i == culprit:
-                    results.append(Result(False, str(exc)))  # it was running when the process died
-                else:
-                    results.append(Result(False, str(exc), counted=False))
-            return results
-        finally:
-            if not call.done():
-                call.cancel()
-        return [OK if r is None else Result(False, r[0], r[1]) for r in message["fired"]]
-
-    async def _kill(self, proc: "HandlerProcess", timer: Timer, call_id: int) -> None:
-        stack = await proc.kill_for(call_id, ("(timers)", timer.callback))
-        self.log.error("handler_timed_out", callback=timer.callback, reference=timer.reference, pid=proc.pid,
-                       timeout_s=self.timeout, stack=stack,
-                       what_to_do="the timer callback blocks its process's loop; the process is replaced and the "
-                                  "timer retried: await asyncio.to_thread(...) for blocking work")

@@ -27,7 +27,7 @@ from typing import Any, Awaitable, Callable
 
 import orjson
 
-from ..logs import EventLogger
+from ..base.logs import EventLogger
 from .api import Timers, TimerError
 from .firing import call_all
 from .store import Timer

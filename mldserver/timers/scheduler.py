@@ -2,7 +2,7 @@
 the server's loop), and settles each firing in the store. One per server, an owned
 task (``timer-scheduler``) started after the pool and stopped before it::
 
-    scheduler = scheduler_for(settings, pool=pool, dead_letters=dead_letters)
+    scheduler = scheduler_for(settings, firing=PoolFiring(pool, ...), dead_letters=dead_letters)
     await scheduler.start()                  # timers due while the server was down fire now
     await scheduler.create(Timer("handlers.orders:remind", "order-7", due_ms, b'{"order":7}'))
     await scheduler.cancel("handlers.orders:remind", "order-7")   # -> True
@@ -45,16 +45,15 @@ from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
 import orjson
 
-from ..backoff import Backoff
-from ..config import Settings, TimerStoreSpec, state_path
-from ..logs import EventLogger, get_logger
+from ..base.backoff import Backoff, CallPolicy
+from ..base.config import Settings, TimerStoreSpec, state_path
+from ..base.logs import EventLogger, get_logger
 from .api import Timers, TimerError, encode_context
-from .firing import Firing, LoopFiring, PoolFiring, Result
+from .firing import Firing, LoopFiring, Result
 from .store import Key, Store, Timer, new_version
 
 if TYPE_CHECKING:
-    from ..deadletters import DeadLetters
-    from ..pool.pool import HandlerPool
+    from ..base.deadletters import DeadLetters
 
 MAX_HELD = 10_000  # timers held in memory (the earliest due)
 MAX_IN_FLIGHT = 1_000  # timers being fired at once, per server: what a crash may fire twice
@@ -542,18 +541,18 @@ def open_store(settings: Settings) -> Store:
     return SqliteStore(path)
 
 
-def scheduler_for(settings: Settings, *, pool: "HandlerPool | None", dead_letters: "DeadLetters | None",
+def scheduler_for(settings: Settings, *, firing: Firing | None, dead_letters: "DeadLetters | None",
                   log: EventLogger | None = None) -> tuple[Scheduler, LocalTimers]:
-    """The server's scheduler (firing in ``pool``'s processes, or in this loop with
-    none) and the ``Timers`` of this loop."""
+    """The server's scheduler (firing with ``firing``, the pool's ``PoolFiring``; in
+    this loop with none) and the ``Timers`` of this loop."""
     log = log or get_logger("mldserver.timers")
+    policy = CallPolicy.from_settings(settings)
     scheduler = Scheduler(
         open_store(settings), None,
-        attempts=settings.handler_retries + 1,
-        backoff=Backoff(first=settings.handler_backoff, cap=max(settings.handler_backoff, 5.0)),
+        attempts=policy.retries + 1,
+        backoff=policy.backoff,
         context_size=settings.timer_context_size, dead_letters=dead_letters, log=log,
     )  # fmt: skip
     local = LocalTimers(scheduler)
-    scheduler.firing = (PoolFiring(pool, settings.execution_timeout, log) if pool is not None
-                        else LoopFiring(local, settings.execution_timeout, log))
+    scheduler.firing = firing or LoopFiring(local, policy.timeout, log)
     return scheduler, local

@@ -11,12 +11,12 @@ import logging
 import orjson
 import pytest
 
-from mldserver.backoff import Backoff
-from mldserver.config import Settings
+from mldserver.base.backoff import Backoff
+from mldserver.base.config import Settings
 from mldserver.coordinator import Coordinator
-from mldserver.coordinator.ordering import Item, RowBatch
 from mldserver.errors import SparkError
-from mldserver.positions import Position
+from mldserver.base.positions import Position
+from mldserver.api.rows import Item, RowBatch
 from mldserver.sinks.file import FileSink
 
 from ..helpers import FakeClock
@@ -72,6 +72,31 @@ async def test_closed_windows_reach_the_sink_and_make_positions_safe(settings, t
         assert output(tmp_path / "out") == {"0-60000.jsonl": [1, 100, 2]}
         assert c.safe_position("A") == position(2)
         assert c.safe_position("B") == position(101)
+    finally:
+        await c.stop()
+
+
+async def test_the_status_is_one_snapshot_of_what_is_buffered_committed_and_holding(settings, tmp_path):
+    clock = FakeClock(1_000)
+    c = await started(settings, tmp_path, clock)
+    try:
+        before = c.status()
+        assert (before.global_watermark, before.buffered_rows, before.last_commit, dict(before.watermarks)) == (
+            float("inf"), 0, None, {})  # no shard holds anything back
+        for s in ("A", "B"):
+            await c.open_shard(s, "TRIM_HORIZON")
+        c.add_batch("A", items(1, [10_000, 70_000]), position(2), 100)
+        c.add_batch("B", items(100, [15_000]), position(100), 100)
+        held = c.status()
+        assert held.global_watermark == 15_000 and dict(held.watermarks) == {"A": 70_000, "B": 15_000}
+        assert (held.buffered_rows, held.open_windows, held.windows_committed) == (3, 2, 0)
+        assert held.buffered_bytes == held.peak_bytes > 0 and held.peak_rows == 3
+        c.add_batch("B", items(101, [65_000]), position(101), 100)
+        assert await c.step() == 1
+        done = c.status()
+        assert (done.windows_committed, done.rows_committed, done.buffered_rows, done.open_windows) == (1, 2, 2, 1)
+        assert (done.last_commit.window, done.last_commit.rows, done.last_commit.late) == ("0-60000", 2, 0)
+        assert done.peak_rows == 4 and done.late_rows == 0 and held.buffered_rows == 3  # a snapshot stays as read
     finally:
         await c.stop()
 
@@ -189,8 +214,9 @@ async def test_a_sink_error_that_is_not_retriable_ends_the_committer_and_stop_ra
 
 def known(c, shard_id):
     """Where the coordinator still keeps something for this shard."""
-    places = {"ledger": c.ledger.shards, "ordering": c.ordering.shards, "watermarks": c.watermarks.shards,
-              "lineage": c.lineage.seen, "parents": c.lineage.parents, "children": c.lineage.children}
+    places = {"coordinator": c.shards, "ledger": c.ledger.shards, "ordering": c.ordering.shards,
+              "watermarks": c.watermarks.shards, "lineage": c.lineage.seen, "parents": c.lineage.parents,
+              "children": c.lineage.children}
     return sorted(name for name, kept in places.items() if shard_id in kept)
 
 
@@ -203,7 +229,7 @@ async def test_an_ended_shard_is_forgotten_once_its_rows_commit_and_it_stops_hol
         await c.shard_ended("P")
         c.shard_closed("P")
         assert await c.step() == 0
-        assert known(c, "P") == ["ledger", "lineage", "ordering", "watermarks"]  # holds: no child reported yet
+        assert known(c, "P") == ["coordinator", "ledger", "lineage", "ordering", "watermarks"]  # holds: no child yet
         await c.open_shard("C", None)  # from the stream's edge, after P ended: P's child
         assert c.lineage.parents_of("C") == ("P",)
         c.add_batch("C", items(100, [70_000]), position(100), 100)  # reported: P stops holding
@@ -211,7 +237,7 @@ async def test_an_ended_shard_is_forgotten_once_its_rows_commit_and_it_stops_hol
         assert output(tmp_path / "out") == {"0-60000.jsonl": [1, 2]}
         assert not (tmp_path / "state" / "spool" / "P.jsonl").exists()
         assert known(c, "P") == [] and c.safe_position("P") is None
-        assert known(c, "C") == ["ledger", "lineage", "ordering", "parents", "watermarks"]
+        assert known(c, "C") == ["coordinator", "ledger", "lineage", "ordering", "parents", "watermarks"]
         assert c.watermarks.holder(clock()) == "C"  # only shards still here are scanned
     finally:
         await c.stop()
@@ -247,7 +273,7 @@ async def test_a_shard_still_connected_is_never_forgotten(settings, tmp_path):
         c.shard_closed("A")
         clock.advance(600_001)
         assert await c.step() == 1
-        assert known(c, "A") == ["ledger", "lineage", "ordering", "watermarks"]
+        assert known(c, "A") == ["coordinator", "ledger", "lineage", "ordering", "watermarks"]
         assert c.safe_position("A") == position(1)
         c.shard_closed("A")
         await c.step()
@@ -304,7 +330,7 @@ async def test_a_spool_replayed_at_start_up_is_forgotten_once_committed(settings
         assert "ledger" in known(c, "P")
         clock.advance(600_001)
         assert await c.step() == 1
-        assert known(c, "P") == [] and not c.spooled
+        assert known(c, "P") == []
     finally:
         await c.stop()
 
@@ -323,7 +349,7 @@ async def test_what_is_kept_per_shard_stays_bounded_over_many_shard_cycles(setti
             await c.step()
         assert len(c.ledger.shards) <= 2 and len(c.watermarks.shards) <= 2 and len(c.ordering.shards) <= 2
         assert len(c.lineage.seen) <= 2 and len(c.lineage.parents) <= 2 and len(c.lineage.children) <= 2
-        assert len(c.lineage._ended) <= 64 and not c.gone and not c.connections
+        assert len(c.lineage._ended) <= 64 and not c.shards
     finally:
         await c.stop()
 
@@ -341,7 +367,7 @@ async def test_a_lost_lease_drops_the_shards_uncommitted_rows_and_lets_go_of_the
         c.add_batch("B", items(102, [80_000]), position(102), 100)
         c.lease_lost("B")  # B's lease went elsewhere: 101 and 102 are not committed here
         assert c.ledger.rows == 1  # A's row at 70 s only
-        assert c.watermarks.value("B") == float("-inf") and "B" not in c.watermarks.shards
+        assert c.watermarks.value("B") == float("-inf") and not c.watermarks.tracks("B")
         c.add_batch("A", items(3, [130_000]), position(3), 100)
         await c.step()  # B no longer holds [60 s, 120 s) back (the committer may have closed it already)
         assert output(tmp_path / "out") == {"0-60000.jsonl": [100, 1], "60000-120000.jsonl": [2]}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from mldserver.coordinator.handoff import JsonLines, Window
+from mldserver.base.handoff import JsonLines, Window
 
 
 def test_rows_are_one_buffer_of_json_lines_read_whole_in_ranges_or_one_by_one():

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from mldserver.coordinator.ledger import ROW_OVERHEAD, Ledger
-from mldserver.coordinator.ordering import Item, RowBatch
-from mldserver.positions import Position
+from mldserver.base.positions import Position
+from mldserver.api.rows import Item, RowBatch
 
 
 def row(seq, sub=0, data=b"{}"):
@@ -69,3 +69,13 @@ def test_a_lost_lease_drops_the_pending_rows_and_keeps_what_is_safe():
     assert ledger.rows == 0 and ledger.bytes == 0
     assert ledger.safe("A") == pos(10) and ledger.done("A")
     assert ledger.drop("unknown") == 0
+
+
+def test_the_last_end_is_where_the_uncommitted_rows_batches_end():
+    ledger = Ledger()
+    assert ledger.last_end("A") is None  # never heard of
+    ledger.add("A", rows(row(10), row(11)), last=pos(12))
+    ledger.add("A", rows(), last=pos(14))  # a batch without rows, after them
+    assert ledger.last_end("A") == pos(14)  # what a spool of A's rows goes up to
+    ledger.commit("A", 2)
+    assert ledger.safe("A") == pos(14) and ledger.last_end("A") is None  # nothing past what is safe

@@ -10,7 +10,7 @@ import pytest
 from moto.server import ThreadedMotoServer
 
 from mldserver.coordinator.lineage import Lineage, StreamShards
-from mldserver.positions import Position
+from mldserver.base.positions import Position
 
 from ..integration.components import free_port
 
@@ -52,6 +52,18 @@ async def test_seen_split_makes_the_next_two_new_shards_children_of_the_ended_on
     assert lineage.parents_of("s2") == ("s0",) and lineage.parents_of("s3") == ("s0",)
     assert lineage.parents_of("s4") == () and lineage.parents_of("s1") == ()
     assert lineage.children_of("s0") == ["s2", "s3"]
+
+
+
+async def test_a_shard_marked_seen_is_never_taken_for_a_child_of_an_ended_one():
+    lineage = Lineage()
+    await lineage.started("s0", None)
+    lineage.ended("s0")
+    lineage.mark_seen("s1")  # replayed from the spool, say: known here without starting
+    await lineage.started("s1", None)
+    assert lineage.parents_of("s1") == ()
+    await lineage.started("s2", None)
+    assert lineage.parents_of("s2") == ("s0",)
 
 
 async def test_kinesis_list_shards_gives_split_and_merge_parents(moto_endpoint):

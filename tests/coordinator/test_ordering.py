@@ -3,16 +3,13 @@ Plain objects, no event loop: the clock is a number passed in."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import numpy as np
 import orjson
-import pytest
 
-from mldserver.coordinator import ordering as ordering_module
-from mldserver.coordinator.ordering import Item, Ordering, RowBatch, seal
-from mldserver.positions import Position
+from mldserver.coordinator.merge import seal
+from mldserver.coordinator.ordering import Ordering
+from mldserver.base.positions import Position
+from mldserver.api.rows import Item, RowBatch
 
 MINUTE = 60_000
 
@@ -117,6 +114,19 @@ def test_child_whose_id_sorts_before_its_parent_still_follows_it_at_equal_times(
     assert contents(window) == [("parent", 1), ("child", 10)]
 
 
+def test_a_childs_rows_held_for_its_parents_are_what_holds_children_answers():
+    lineage = Lineage({"child": ("parent",)})
+    o = ordering(lineage)
+    lineage.open.add("parent")
+    add(o, "parent", 1, [1000], "parent")
+    assert not o.holds_children(["child", "never-here"])
+    add(o, "child", 50, [500], "child")
+    assert o.holds_children(["child"]) and not o.holds_children(["parent"])
+    lineage.open.discard("parent")
+    assert o.release(now=0) == ["child"] and not o.holds_children(["child"])
+    assert "never-here" not in o.shards  # asking keeps nothing of a shard
+
+
 def test_merge_child_waits_for_both_parents():
     lineage = Lineage({"C": ("P1", "P2")})
     o = ordering(lineage)
@@ -197,18 +207,6 @@ def test_rows_without_event_time_take_the_shards_last_time_or_now():
     assert [r.time for r in kept] == [4000, 5000, 5000]
 
 
-def test_seal_records_each_shards_highest_position():
-    o = ordering()
-    add(o, "A", 5, [1000, 2000])
-    add(o, "B", 1, [1500])
-    [closed] = o.close(until=MINUTE)
-    window, counts = seal(closed)
-    assert counts == {"A": 2, "B": 1}
-    assert window.positions == {"A": Position(6, 0, "6"), "B": Position(1, 0, "1")}
-    assert (window.start, window.end, window.late_rows, len(window)) == (0, MINUTE, 0, 3)
-    assert all(type(row) is bytes for row in window.rows)
-
-
 # -- the columns: a batch as the handler emitted it ------------------------------------
 
 
@@ -218,23 +216,6 @@ def emitted(positions, order, time=1000, tag=""):
     lines = [orjson.dumps({"seq": str(positions[i].seq), "tag": tag}) + b"\n" for i in order]
     offsets = np.cumsum([0] + [len(line) for line in lines])
     return RowBatch(np.full(len(order), time, dtype=np.int64), np.array(order), positions, b"".join(lines), offsets)
-
-
-def test_rows_emitted_out_of_record_order_merge_by_position_as_the_key_says():
-    o = ordering()
-    records = [Position.parse(str(s)) for s in (10, 11, 12)]
-    batch = emitted(records, [2, 0, 1, 0], tag="A")  # record 10 emitted two rows: second and fourth
-    assert not batch.ordered
-    o.add("A", batch, records[-1], now=0)
-    add(o, "B", 5, [1000], "B")
-    add(o, "A0", 99, [1000], "A0")
-    [window] = o.close(until=MINUTE)
-    closed_positions = window.parts["A"][0].positions
-    sealed, counts = seal(window)
-    assert [(orjson.loads(r)["tag"], int(orjson.loads(r)["seq"])) for r in sealed.rows] == [
-        ("A", 10), ("A", 10), ("A", 11), ("A", 12), ("A0", 99), ("B", 5)]
-    assert sealed.positions["A"] == Position(12, 0, "12") and closed_positions is records
-    assert counts == {"A": 4, "A0": 1, "B": 1}
 
 
 def test_duplicates_among_rows_out_of_record_order_are_dropped_by_position():
@@ -256,20 +237,6 @@ def test_a_batch_split_by_a_closed_window_hands_its_late_rows_with_its_next_wind
     assert contents(window) == [("B", 1), ("B", 2), ("B", 3)]
 
 
-def test_a_window_of_interleaved_shards_holds_their_rows_as_json_lines_in_merged_order():
-    o = ordering()
-    for shard_id in ("C", "A", "B"):  # the same event times on every shard
-        add(o, shard_id, 1, [1000, 2000, 3000], shard_id)
-    [closed] = o.close(until=MINUTE)
-    window, _ = seal(closed)
-    lines = bytes(window.rows.buffer())
-    assert lines.endswith(b"\n") and lines.count(b"\n") == len(window) == 9
-    assert [(orjson.loads(line)["tag"], int(orjson.loads(line)["seq"])) for line in lines.splitlines()] == [
-        (s, seq) for seq in (1, 2, 3) for s in "ABC"]
-    assert window.rows[-1] == orjson.dumps({"seq": "3", "tag": "C"})
-    assert bytes(window.rows.buffer(3, 5)).splitlines() == [window.rows[3], window.rows[4]]
-
-
 def test_each_shards_rows_are_cut_from_its_queue_without_a_copy():
     o = ordering()
     batch = rows(1, [1000, 61_000, 62_000], "A")
@@ -279,50 +246,6 @@ def test_each_shards_rows_are_cut_from_its_queue_without_a_copy():
     assert part.body is batch.body and len(part) == 1
     [rest] = o.shards["A"].queue
     assert rest.body is batch.body and rest.times.tolist() == [61_000, 62_000]
-
-
-def loaded_after(script: str, *modules: str) -> list[str]:
-    """Which of ``modules`` a fresh interpreter has loaded once ``script`` ran."""
-    script += f"\nimport sys\nprint(','.join(m for m in {modules!r} if m in sys.modules))\n"
-    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True).stdout
-    return [m for m in out.strip().split(",") if m]
-
-
-def test_a_server_without_a_sink_and_the_handler_processes_never_load_numpy():
-    # Every batch goes through encode_rows, rows or none; numpy is some 12 MiB a process.
-    script = ("import mldserver.server, mldserver.pool.child\n"
-              "from mldserver.shard.batches import encode_rows\n"
-              "rows, bad = encode_rows(())\n"
-              "assert len(rows) == 0 and bad == []\n")
-    assert loaded_after(script, "numpy", "pyarrow") == []
-
-
-@pytest.mark.parametrize("block", [1, 2, 5, 1 << 16])
-def test_interleaved_rows_are_gathered_in_merged_order_whatever_the_block_of_rows_taken_at_once(
-        monkeypatch, block):
-    monkeypatch.setattr(ordering_module, "TAKE_BLOCK", block)
-    o = ordering()
-    for shard_id in ("C", "A", "B"):
-        add(o, shard_id, 1, [1000, 2000, 2000, 3000], shard_id)
-    records = [Position.parse(str(s)) for s in (10, 11, 12)]
-    o.add("D", emitted(records, [2, 0, 1], time=2000, tag="D"), records[-1], now=0)  # out of record order
-    [closed] = o.close(until=MINUTE)
-    assert contents(closed) == [("A", 1), ("B", 1), ("C", 1), ("A", 2), ("A", 3), ("B", 2), ("B", 3), ("C", 2),
-                                ("C", 3), ("D", 10), ("D", 11), ("D", 12), ("A", 4), ("B", 4), ("C", 4)]
-
-
-def test_gathering_a_window_of_interleaved_shards_never_loads_pandas():
-    # pyarrow imports pandas when first handed a numpy array (0.2 s on the first commit, 30 MiB).
-    script = ("from mldserver.coordinator.ordering import Item, Ordering, RowBatch, seal\n"
-              "from mldserver.positions import Position\n"
-              "o = Ordering(window_ms=60_000, blocks=lambda s, now: False, parents_of=lambda s: ())\n"
-              "for shard_id in 'AB':\n"
-              "    rows = RowBatch.of(Item(1000 + i, Position.parse(str(i)), b'{}') for i in range(3))\n"
-              "    o.add(shard_id, rows, rows.position(-1), now=0)\n"
-              "[closed] = o.close(until=60_000)\n"
-              "window, _ = seal(closed)\n"
-              "assert bytes(window.rows.buffer()) == b'{}\\n' * 6\n")
-    assert loaded_after(script, "pandas") == []
 
 
 def test_a_dropped_shard_leaves_the_windows_and_comes_back_with_only_its_committed_rows_duplicates():
@@ -336,24 +259,6 @@ def test_a_dropped_shard_leaves_the_windows_and_comes_back_with_only_its_committ
     again = rows(100, [2_000, 3_000], "b")  # delivered again after the lease came back
     kept = ordering.add("B", again, last(again), now=0)
     assert [r.position.seq for r in kept] == [101] and ordering.duplicates == 1
-
-
-def test_seal_says_where_each_row_came_from():
-    ordering = Ordering(window_ms=MINUTE, blocks=lambda p, now: False, parents_of=lambda s: ())
-    ordering.add("B", rows(100, [2_000]), Position.parse("100"), now=0)
-    ordering.add("A", rows(1, [1_000, 3_000]), Position.parse("2"), now=0)
-    window, _ = seal(ordering.close(until=MINUTE)[0])
-    assert [(s, p.seq) for s, p in window.sources] == [("A", 1), ("B", 100), ("A", 2)]
-    assert len(window.sources) == 3
-
-
-def test_seal_says_where_each_row_came_from_when_rows_were_emitted_out_of_record_order():
-    o = ordering()
-    records = [Position.parse(str(s)) for s in (10, 11, 12)]
-    o.add("A", emitted(records, [2, 0, 1, 0]), records[-1], now=0)
-    add(o, "B", 5, [1000])
-    window, _ = seal(o.close(until=MINUTE)[0])
-    assert [(s, p.seq) for s, p in window.sources] == [("A", 10), ("A", 10), ("A", 11), ("A", 12), ("B", 5)]
 
 
 def test_late_rows_alone_are_handed_over_once_the_next_window_is_past_the_watermark():

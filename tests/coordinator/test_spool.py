@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from mldserver.coordinator.ordering import Item, RowBatch
 from mldserver.coordinator.spool import Spool
-from mldserver.positions import Position
+from mldserver.base.positions import Position
+from mldserver.api.rows import Item, RowBatch
 
 
 def test_spool_round_trips_rows_positions_and_parents(tmp_path):

@@ -89,3 +89,14 @@ def test_merge_child_releases_both_parents():
     assert wm.minimum(0) == -math.inf  # C holds until it reports
     wm.batch("C", 3_000, caught_up=False, now=1)
     assert wm.minimum(1) == 3_000
+
+
+def test_a_shard_is_live_while_known_here_not_ended_and_not_idle():
+    wm = marks()
+    assert not wm.tracks("A") and not wm.live("A", 0)
+    wm.open("A", 0)
+    assert wm.tracks("A") and wm.live("A", 60_000) and not wm.live("A", 60_001)  # idle after the timeout
+    wm.ended("A", 1)
+    assert wm.tracks("A") and not wm.live("A", 1) and wm.holds("A", 1)  # ended: holds, adds no rows
+    wm.forget("A")
+    assert not wm.tracks("A")

@@ -5,18 +5,20 @@ from __future__ import annotations
 
 import contextlib
 import os
-import subprocess
 from pathlib import Path
 
 import pytest
 
-from .peer import Peer, events
+from ..harness import ServerProcess, log_events
 from ..helpers import small_tmpfs
+from .peer import Peer
 
 
 @pytest.fixture(autouse=True)
-async def close_peers():
-    """Every Peer a test opened is closed when it ends (failed or not)."""
+async def close_peers(serve):
+    """Every Peer a test opened is closed when it ends (failed or not), before its
+    servers stop (``serve``): a server stopped with a peer still connected would wait
+    its shutdown_timeout for the peer to hang up."""
     yield
     peers, Peer.opened[:] = list(Peer.opened), []
     for peer in peers:
@@ -91,7 +93,7 @@ def small_fs(tmp_path):
 
 def _errors(log_path: Path) -> str:
     out = []
-    for e in events(log_path):
+    for e in log_events(log_path):
         if e.get("level") in ("error", "warning"):
             tb = e.get("traceback", "").strip().splitlines()
             line = f"  {e.get('event')} {e.get('error', '')} {tb[-1] if tb else ''}".rstrip()
@@ -112,62 +114,16 @@ def signal_server(server, sig) -> None:
     os.kill(server.proc.pid, sig)
 
 
-class Launched:
-    """``mldserver serve`` started to see whether it refuses its settings: it either
-    exits (``code``, ``stderr``) or logs ``listening`` (then ``code`` is None)."""
-
-    def __init__(self, code, stderr: str, events: list[dict]) -> None:
-        self.code, self.stderr, self.events = code, stderr, events
-
-    def __repr__(self) -> str:
-        if self.code is None:
-            return "Launched(the server started and listened)"
-        return f"Launched(exit {self.code}, stderr={self.stderr[-600:]!r})"
+def launch(tmp_path: Path, *args: str, timeout: float = 60.0, cwd=None, env=None) -> ServerProcess:
+    """Run ``mldserver serve ARGS`` until it exits (``code``) or listens (then stop it:
+    ``code`` is None). Its logs go to stderr, as on a user's terminal (unless ARGS name a
+    --log-file): what a refused start-up prints there is all the user sees."""
+    server = ServerProcess(None, tmp_path, *args, timeout=timeout, cwd=cwd, env=env)
+    server.stop()
+    return server
 
 
-def launch(tmp_path: Path, *args: str, timeout: float = 60.0, cwd=None, env=None) -> Launched:
-    """Run ``mldserver serve ARGS`` until it exits or listens (then stop it). Its logs go
-    to stderr, as on a user's terminal (unless ARGS name a --log-file): what a refused
-    start-up prints there is all the user sees."""
-    import time
-
-    from ..conftest import MLDSERVER, ROOT
-
-    n = len(list(tmp_path.glob("launch-*.stderr"))) + 1
-    stderr_path = tmp_path / f"launch-{n}.stderr"
-    log_path = stderr_path
-    argv = [MLDSERVER, "serve", *args]
-    if not any(a == "--admin" or a.startswith("--admin=") for a in args):
-        argv += ["--admin", "127.0.0.1:0"]  # never the default port, which another test may hold
-    for i, a in enumerate(args):
-        if a == "--log-file" or a.startswith("--log-file="):
-            log_path = Path(a.partition("=")[2] or args[i + 1])
-    with open(stderr_path, "wb") as stderr:
-        proc = subprocess.Popen(argv, cwd=cwd or ROOT, env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})},
-                                stdout=subprocess.DEVNULL, stderr=stderr)
-    deadline = time.monotonic() + timeout
-    try:
-        while proc.poll() is None:
-            if any(e.get("event") == "listening" for e in events(log_path)):
-                break
-            if time.monotonic() > deadline:
-                raise AssertionError(f"mldserver serve {' '.join(args)}: neither exited nor listened in {timeout} s")
-            time.sleep(0.05)
-    finally:
-        if proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-            code = None
-        else:
-            code = proc.returncode
-    return Launched(code, stderr_path.read_text(errors="replace"), events(log_path))
-
-
-def assert_refused(result: Launched, *names: str) -> None:
+def assert_refused(result: ServerProcess, *names: str) -> None:
     """The server refused to start: exit 2, one clear line naming each of ``names``,
     no traceback."""
     assert result.code is not None, f"the server started and listened: {result}"

@@ -4,7 +4,7 @@
 then reads the server's lines until a status arrives, answering each checkpoint
 request with whatever ``reply`` returns (a reply dict, raw bytes, or an awaitable of
 either: a slow or malformed daemon). It is strict the way the Java daemon is
-(:func:`mldserver.testing.parse_child_line` judges each line), and it raises, with a
+(:func:`mldserver.api.testing.parse_child_line` judges each line), and it raises, with a
 message naming the action, where the real daemon would exit or hang::
 
     peer = await Peer.open(server.port)
@@ -19,10 +19,11 @@ import asyncio
 import inspect
 import json
 import time
-from pathlib import Path
 from typing import Any, Callable
 
-from mldserver.testing import parse_child_line
+from mldserver.api.testing import parse_child_line
+
+from ..harness import eventually
 
 Reply = Callable[[dict[str, Any]], Any]
 
@@ -143,30 +144,6 @@ class Peer:
         self.writer.close()
 
 
-def events(log_path: Path) -> list[dict[str, Any]]:
-    if not log_path.exists():
-        return []
-    out = []
-    for line in log_path.read_text().splitlines():
-        try:
-            out.append(json.loads(line))
-        except ValueError:
-            pass
-    return out
-
-
-async def wait_for(condition: Callable[[], Any], timeout: float = 30.0, what: str = "a condition") -> Any:
-    """Poll ``condition`` until it is truthy (returned), or fail after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        await asyncio.sleep(0.02)
-
-
 async def wait_event(server: Any, event: str, timeout: float = 30.0, **fields: Any) -> dict[str, Any]:
     def find():
         for e in server.events():
@@ -174,7 +151,7 @@ async def wait_event(server: Any, event: str, timeout: float = 30.0, **fields: A
                 return e
         return None
 
-    return await wait_for(find, timeout, f"log event {event!r} {fields or ''}")
+    return await eventually(find, timeout, what=f"log event {event!r} {fields or ''}", interval=0.02)
 
 
 async def wait_exit(proc: Any, timeout: float) -> int | None:

@@ -22,7 +22,7 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from ..conftest import ServerProcess
+from ..harness import ServerProcess
 from .peer import Peer, ok_reply
 
 DAEMON_ERRORS = ["ThrottlingException", "KinesisClientLibDependencyException", "ShutdownException",

@@ -16,11 +16,11 @@ import time
 
 import pytest
 
-from mldserver.testing import make_records
+from mldserver.api.testing import make_records
 
-from ..conftest import MLDSERVER, ROOT
+from ..harness import MLDSERVER, ROOT, eventually
 from .conftest import assert_refused, explained, launch
-from .peer import Peer, initialize, process_records, wait_event, wait_exit, wait_for
+from .peer import Peer, initialize, process_records, wait_event, wait_exit
 
 SHARD = "shardId-000000000001"
 
@@ -195,7 +195,7 @@ async def test_a_peer_reset_is_logged_as_a_disconnect_not_a_crash(serve):
     await wait_event(server, "closed", 30, shard_id=SHARD)
     server.proc.send_signal(signal.SIGTERM)
     assert await wait_exit(server.proc, 30) == 0
-    crashed = [e for e in server.events() if e["event"] == "worker_crashed" or "traceback" in e]
+    crashed = [e for e in server.events() if e["event"] == "driver_crashed" or "traceback" in e]
     assert not crashed, f"a reset peer was logged as a crash: {[(e['event'], e.get('traceback', '')[-80:]) for e in crashed]}"
 
 
@@ -230,7 +230,7 @@ async def test_an_event_time_past_64_bits_still_logs_its_window(serve, tmp_path)
                                       millis_behind_latest=10**9))
     await peer.action(process_records(make_records(3, 1, approximate_arrival_timestamp=now + 3_600_000),
                                       millis_behind_latest=10**9))
-    await wait_for(lambda: list(out.glob("*.jsonl")), 60, "the first window to be written")
+    await eventually(lambda: list(out.glob("*.jsonl")), 60, what="the first window to be written")
     with explained(server):
         await wait_event(server, "window_committed", 5)
     assert [(d["sequence_number"], d["reason"]) for d in dead_lettered(server.state_dir)] == [("2", "bad row")]

@@ -13,13 +13,14 @@ import tracemalloc
 
 import pytest
 
-from mldserver.config import Settings
-from mldserver.server import Server
-from mldserver.testing import make_records
+from mldserver.base.config import Settings
+from mldserver.server.server import Server
+from mldserver.api.testing import make_records
 
 from ..handlers import Noop
+from ..harness import eventually
 from .conftest import assert_refused, explained, launch
-from .peer import Peer, initialize, process_records, wait_event, wait_for
+from .peer import Peer, initialize, process_records, wait_event
 
 SHARD = "shardId-000000000001"
 
@@ -66,7 +67,7 @@ async def test_a_full_disk_is_waited_out_and_the_action_still_answered(serve, sm
             batch, name = {"action": "shardEnded"}, "shardEnded"
         small_fs.fill()
         await peer.send(json.dumps(batch).encode() + b"\n")
-        await wait_for(lambda: no_space_logged(server), 30, "the server to log the full disk")
+        await eventually(lambda: no_space_logged(server), 30, what="the server to log the full disk")
         small_fs.free()
         await peer.answer(name, timeout=30)
     if write == "dead_letter":
@@ -86,7 +87,7 @@ async def test_a_torn_dead_letter_line_never_swallows_the_next_record(serve, sma
     (state / "dead-letters").mkdir(parents=True, exist_ok=True)
     small_fs.fill(keep=4096)  # room for part of the next dead letter, not all of it
     await peer.send(json.dumps(process_records(make_records(1, 1, data_bytes=20_000))).encode() + b"\n")
-    await wait_for(lambda: no_space_logged(server), 30, "the server to log the full disk")
+    await eventually(lambda: no_space_logged(server), 30, what="the server to log the full disk")
     small_fs.free()
     await peer.answer("processRecords", timeout=30)
     await peer.action(process_records(make_records(2, 1, data_bytes=100)))
@@ -113,7 +114,8 @@ async def test_each_shard_id_spools_to_its_own_file_and_both_replay_after_a_rest
         await peer.action(behind_the_tip(first, 3))
         await peer.action({"action": "shardEnded"})
         assert await peer.finish() == b""
-    await wait_for(lambda: sum(e["event"] == "spooled" for e in server.events()) == 2, 30, "both shards to spool")
+    await eventually(lambda: sum(e["event"] == "spooled" for e in server.events()) == 2, 30,
+                     what="both shards to spool")
     server.proc.send_signal(signal.SIGKILL)
     server.proc.wait()
     # Restarted with a short idle time-out: the replayed shards stop holding, their windows commit.
@@ -151,19 +153,19 @@ async def test_ended_shards_leave_no_state_behind(tmp_path):
     try:
         for i in range(50):
             await cycle(i)
-        await wait_for(lambda: not server.workers, 10, "the connections to close")
+        await eventually(lambda: not server.drivers, 10, what="the connections to close")
         gc.collect()
         before = _mldserver_bytes(tracemalloc.take_snapshot())
         for i in range(50, 450):
             await cycle(i)
-        await wait_for(lambda: not server.workers, 10, "the connections to close")
+        await eventually(lambda: not server.drivers, 10, what="the connections to close")
 
         def grown() -> int:
             gc.collect()
             return _mldserver_bytes(tracemalloc.take_snapshot()) - before
 
         try:
-            await wait_for(lambda: grown() < 400 * 100, 5, "the ended shards' state to be freed")
+            await eventually(lambda: grown() < 400 * 100, 5, what="the ended shards' state to be freed")
         except AssertionError:
             raise AssertionError(f"400 ended shards still hold {grown()} bytes of mldserver state "
                                  f"(~{grown() // 400} bytes each)") from None

@@ -11,10 +11,11 @@ import signal
 
 import pytest
 
-from mldserver.testing import make_records
+from mldserver.api.testing import make_records
 
+from ..harness import eventually
 from .conftest import explained
-from .peer import Peer, initialize, ok_reply, process_records, wait_event, wait_exit, wait_for
+from .peer import Peer, initialize, ok_reply, process_records, wait_event, wait_exit
 
 SHARD = "shardId-000000000001"
 
@@ -40,7 +41,7 @@ async def test_a_time_out_during_a_checkpoint_still_answers_the_batch(serve, han
         await peer.action(process_records(make_records(1, 3)), reply=slow_reply, timeout=30)
         await peer.action(process_records(make_records(4, 1)), reply=slow_reply, timeout=30)
         assert await peer.finish() == b"", "the server wrote something after the last status"
-    assert not [e for e in server.events() if e["event"] == "worker_crashed"]
+    assert not [e for e in server.events() if e["event"] == "driver_crashed"]
 
 
 async def test_sigterm_answers_every_shard_whose_action_arrived_even_past_the_in_flight_slots(serve):
@@ -51,8 +52,8 @@ async def test_sigterm_answers_every_shard_whose_action_arrived_even_past_the_in
     for i, peer in enumerate(peers):
         await peer.send(json.dumps(process_records(make_records(10 * i + 1, 2))).encode() + b"\n")
     # max_batches_in_flight is 8: the other 12 actions wait for a slot.
-    await wait_for(lambda: sum(e["event"] == "handler_started" for e in server.events()) >= 8, 30,
-                   "8 handlers to start")
+    await eventually(lambda: sum(e["event"] == "handler_started" for e in server.events()) >= 8, 30,
+                     what="8 handlers to start")
     server.proc.send_signal(signal.SIGTERM)
     results = await asyncio.gather(*(p.answer("processRecords", timeout=60) for p in peers), return_exceptions=True)
     unanswered = [(i, str(r)) for i, r in enumerate(results) if isinstance(r, BaseException)]
@@ -76,8 +77,8 @@ async def test_stalled_peers_or_hanging_handlers_cannot_freeze_a_new_shard(serve
         else:
             await peer.send(json.dumps(process_records(make_records(1, 1))).encode() + b"\n")
     if stall == "handlers_hang":
-        await wait_for(lambda: sum(e["event"] == "handler_started" for e in server.events()) >= 8, 30,
-                       "8 handlers to hang")
+        await eventually(lambda: sum(e["event"] == "handler_started" for e in server.events()) >= 8, 30,
+                         what="8 handlers to hang")
     newcomer = await Peer.open(server.port)
     with explained(server):
         await newcomer.action(initialize("shardId-000000000100"), timeout=15)

@@ -16,8 +16,7 @@ from pathlib import Path
 
 import boto3
 
-from ..conftest import MLDSERVER, ROOT
-from ..helpers import eventually
+from ..harness import MLDSERVER, ROOT, eventually
 
 DEPS = ROOT / ".deps"
 AWS = dict(region_name="us-east-1", aws_access_key_id="local", aws_secret_access_key="local")

@@ -7,7 +7,6 @@ cancelled, and the expiry marks an unpaid order expired (and leaves a paid one).
 
 from __future__ import annotations
 
-import contextlib
 import sqlite3
 import uuid
 from decimal import Decimal
@@ -15,15 +14,14 @@ from decimal import Decimal
 import pytest
 from boto3.dynamodb.types import TypeSerializer
 
-from mldserver import bindings
-from mldserver.bindings import Bindings
-from mldserver.config import Settings
-from mldserver.dynamodb_json import decode_item
+from mldserver.api import bindings
+from mldserver.api.bindings import Bindings
+from mldserver.base.config import Settings
+from mldserver.api.dynamodb_json import decode_item
 from mldserver.examples.order_tracker import expire
-from mldserver.server import Server
-from mldserver.testing import FakeDaemon, adapter_change, dynamodb_record
+from mldserver.api.testing import adapter_change, dynamodb_record
 
-from ..conftest import relay_command
+from ..harness import running
 from .test_dynamodb_changes import BIG, same, stream_records
 
 
@@ -67,18 +65,7 @@ async def test_get_put_update_delete_round_trip_exact_values(aws):
     assert b._client is None
 
 
-@contextlib.asynccontextmanager
-async def serving(tmp_path, **overrides):
-    settings = Settings(handler="handlers.order_tracker:OrderTracker", port=0, state_dir=str(tmp_path / "state"),
-                        handler_backoff=0.01, checkpoint_backoff=0.01, **overrides)
-    server = Server(settings)
-    await server.start()
-    try:
-        yield server, FakeDaemon(relay_command(server.address[1]))
-    finally:
-        await server.shutdown()
-
-
+TRACKER = "handlers.order_tracker:OrderTracker"
 EXPIRE = "mldserver.examples.order_tracker:expire"  # the timers' callback, by name
 
 
@@ -99,7 +86,7 @@ async def test_the_example_handlers_binding_writes_reach_the_second_table(worker
 
     config = {"customers": {"table": customers, "access": "read_write"},
               "orders": {"table": orders, "access": "read_write", "allow_recursion": True}}
-    async with serving(tmp_path, workers=workers, stream=arn, bindings=config) as (server, daemon):
+    async with running(tmp_path, TRACKER, workers=workers, stream=arn, bindings=config) as (server, _, daemon):
         shard = await daemon.shard(shard_id)
         await shard.process_records(records[:3])
         db = sqlite3.connect(tmp_path / "state" / "timers" / "timers.db")

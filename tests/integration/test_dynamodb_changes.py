@@ -16,9 +16,10 @@ import boto3
 import pytest
 from boto3.dynamodb.types import TypeSerializer
 
-from mldserver.testing import adapter_change, dynamodb_record
+from mldserver.api.testing import adapter_change, dynamodb_record
 
-from ..pool.serving import running
+from ..harness import running
+from ..pool.serving import pooled
 from .components import AWS, DynamoDBLocal
 
 
@@ -146,7 +147,7 @@ async def test_on_update_and_on_delete_see_exactly_what_was_written_in_order(wor
     path = tmp_path / "seen.pickle"
     monkeypatch.setenv("MLDSERVER_TEST_SEEN", str(path))
 
-    async with running(tmp_path, "RecordChanges", sink=False, workers=workers) as (server, _, daemon):
+    async with running(tmp_path, **pooled("RecordChanges", sink=False, workers=workers)) as (server, _, daemon):
         shard = await daemon.shard(shard_id)
         await shard.process_records(records[:4])
         assert daemon.checkpoints[shard_id] == (records[3]["sequenceNumber"], 0)  # the first batch: done

@@ -38,7 +38,7 @@ from aws_kinesis_agg.aggregator import RecordAggregator
 from ..conftest import DATA
 from .components import DynamoDBLocal, KinesisLocal, Run, wait_for, write_properties
 
-pytestmark = pytest.mark.realdaemon
+pytestmark = [pytest.mark.realdaemon, pytest.mark.spark]  # the pipeline runs in embedded Spark
 
 STREAM, APP = "orders", "mldserver-it"
 HALF = 2**127  # shard 0 of a 2-shard stream covers hash keys below this

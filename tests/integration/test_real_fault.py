@@ -27,13 +27,13 @@ from pathlib import Path
 
 import pytest
 
-from mldserver.deadletters import DeadLetters
+from mldserver.base.deadletters import DeadLetters
 from tests.faulty_handlers import FaultOnMarker
 
 from .components import DynamoDBLocal, KinesisLocal, Run, wait_for, write_properties
 from .test_real_daemon import APP, HALF, STREAM, committed, put_plain, wait_committed
 
-pytestmark = pytest.mark.realdaemon
+pytestmark = [pytest.mark.realdaemon, pytest.mark.spark]  # the pipeline runs in embedded Spark
 
 SHARD0, SHARD1 = "shardId-000000000000", "shardId-000000000001"
 # What the daemon's MultiLangShardRecordProcessor logs when its child fails (before its

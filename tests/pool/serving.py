@@ -1,20 +1,17 @@
-"""A server with handler processes in the test's event loop, a sink that keeps what
-it is given, and the fake daemon driving many shards."""
+"""The pool tests' server (``pooled``: ``harness.running``'s arguments for a handler
+in ``tests.pool_handlers``), a sink that keeps what it is given, and the fake daemon
+driving many shards."""
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 
 import orjson
 
-from mldserver.config import Settings
-from mldserver.coordinator.handoff import Committed
-from mldserver.server import Server
-from mldserver.testing import FakeDaemon, make_records
+from mldserver.base.handoff import Committed
+from mldserver.api.testing import FakeDaemon, make_records
 
-from ..conftest import relay_command
 from ..helpers import FakeClock
 
 T0 = 1476889707000
@@ -33,17 +30,15 @@ class MemorySink:
         self.rows.extend(orjson.loads(r) for r in window.rows)
 
 
-@contextlib.asynccontextmanager
-async def running(tmp_path, handler, *, sink=True, **overrides):
-    settings = Settings(handler=f"tests.pool_handlers:{handler}", port=0, state_dir=str(tmp_path / "state"),
-                        window=60.0, **{"workers": 2, "handler_backoff": 0.01, "checkpoint_backoff": 0.01, **overrides})
-    memory = MemorySink() if sink else None
-    server = Server(settings, clock=FakeClock(T0 + 3_600_000), sink=memory)
-    await server.start()
-    try:
-        yield server, memory, FakeDaemon(relay_command(server.address[1]))
-    finally:
-        await server.shutdown()
+def pooled(handler: str, *, sink: bool = True, **overrides) -> dict:
+    """``harness.running``'s arguments for ``tests.pool_handlers:HANDLER``: a
+    ``MemorySink`` (unless ``sink=False``) and one-minute windows on a clock an hour past
+    the records' time (``T0``); ``overrides`` are settings::
+
+        async with running(tmp_path, **pooled("Emit", workers=1)) as (server, sink, daemon):
+    """
+    return {"handler": f"tests.pool_handlers:{handler}", "sink": MemorySink() if sink else None,
+            "clock": FakeClock(T0 + 3_600_000), "window": 60.0, **overrides}
 
 
 def events(caplog, name):

@@ -1,6 +1,6 @@
 """Chaos: 16 shards through relays and the strict fake daemon against a server with two
 handler processes; batches poisoned at random with every fault a handler can have (exit,
-segv, raise, leak, sleep, await: ``mldserver.bench.chaos``), and handler processes
+segv, raise, leak, sleep, await: ``mldserver.ops.bench.chaos``), and handler processes
 SIGKILLed from outside every ~1.5 s, as an OOM killer would. No connection is closed, no
 status is late, every action gets one status, every normal record is handled, every
 poisoned one dead-lettered with its data (a leak is handled), and no worker crashes.
@@ -16,9 +16,11 @@ import os
 
 import pytest
 
-from mldserver.bench import chaos
-from mldserver.config import Settings
-from mldserver.server import Server
+from mldserver.ops.bench import chaos
+from mldserver.base.config import Settings
+from mldserver.server.server import Server
+
+pytestmark = pytest.mark.slow  # a campaign: some 20 s a loop on 2 cores, with processes killed every ~1.5 s
 
 SEED = int(os.environ.get("MLDSERVER_CHAOS_SEED") or 20261121)
 SHARDS, BATCHES = 16, 20

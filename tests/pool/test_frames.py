@@ -13,12 +13,12 @@ import sys
 import orjson
 import pytest
 
-from mldserver.config import Settings
-from mldserver.logs import get_logger
+from mldserver.base.config import Settings
+from mldserver.base.logs import get_logger
 from mldserver.pool import frames
 from mldserver.pool.process import HandlerImportFailed, HandlerProcess, ProcessDied
-from mldserver.records import EVENT_TIME, Record
-from mldserver.testing import make_records
+from mldserver.api.records import EVENT_TIME, Record
+from mldserver.api.testing import make_records
 
 
 def test_rows_cross_as_one_columnar_body_and_come_back_as_they_were_encoded():
@@ -191,15 +191,15 @@ def test_records_cross_as_the_line_that_arrived_when_the_server_kept_them_one_fo
 
 
 async def test_a_body_of_megabytes_is_read_whole_in_pieces_and_a_cut_one_reads_as_the_end():
-    from mldserver.pieces import PieceReader
-    from mldserver.spark import frames as spark_frames
+    from mldserver.base.pieces import PieceReader
+    from mldserver.base import pipes
 
     body = bytes(range(256)) * 5000  # 1.28 MB: more than one piece
-    frame = spark_frames.encode({"op": "x"}, body)
+    frame = pipes.encode({"op": "x"}, body)
     reader = PieceReader()  # as a handler process's pipes are read
     for i in range(0, len(frame), 100_000):
         reader.feed_data(frame[i : i + 100_000])
     reader.feed_data(frame[:-1])  # a second frame cut short by EOF
     reader.feed_eof()
-    assert await spark_frames.read_frame_async(reader) == ({"op": "x"}, body)
-    assert await spark_frames.read_frame_async(reader) is None
+    assert await pipes.read_frame_async(reader) == ({"op": "x"}, body)
+    assert await pipes.read_frame_async(reader) is None

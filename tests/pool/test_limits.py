@@ -8,8 +8,8 @@ import asyncio
 import json
 import logging
 
-from ..helpers import eventually
-from .serving import T0, batch, dead_letters, drive, events, expected, running, seen
+from ..harness import eventually, running
+from .serving import T0, batch, dead_letters, drive, events, expected, pooled, seen
 
 SHARDS = 8
 
@@ -18,7 +18,7 @@ async def test_a_process_over_max_handler_memory_is_replaced_between_actions_and
         tmp_path, caplog, monkeypatch):
     caplog.set_level(logging.INFO, logger="mldserver")
     monkeypatch.setenv("MLDSERVER_TEST_HOG", "200")
-    async with running(tmp_path, "Hog", max_handler_memory=150) as (server, sink, daemon):
+    async with running(tmp_path, **pooled("Hog", max_handler_memory=150)) as (server, sink, daemon):
         shards = await drive(daemon, SHARDS, 2, {3: {1}}, last=False)  # shard 3's batch 1 leaks 200 MiB
         [over] = await eventually(lambda: events(caplog, "handler_process_memory"), timeout=10,
                                   what="the process over the limit noticed")
@@ -48,12 +48,18 @@ async def test_a_handler_blocking_its_loop_is_logged_once_with_its_stack_and_not
                                                                                        monkeypatch):
     caplog.set_level(logging.INFO, logger="mldserver")
     monkeypatch.setenv("MLDSERVER_TEST_SLEEP", "1.2")
-    async with running(tmp_path, "Blocker", sink=False, handler_block_warning=0.3) as (server, _, daemon):
+    async with running(tmp_path, **pooled("Blocker", sink=False, handler_block_warning=0.3)) as (server, _, daemon):
         [shard] = await drive(daemon, 1, 2, {0: {1}}, last=False)
         await shard.shard_ended()
         assert await shard.close() == 0
     lines = [json.loads(line) for line in capfd.readouterr().err.splitlines() if line.startswith("{")]
-    [blocked] = [line for line in lines if line["event"] == "handler_blocked"]
-    assert blocked["blocked_ms"] >= 300 and "time.sleep" in blocked["stack"]
-    assert "pool_handlers.py" in blocked["stack"]
+    # Each of the two handler processes has its watchdog, and a process the machine stalls
+    # (its start-up, starved of CPU) is an episode of its own, logged with its loop's stack:
+    # the blocking call is the one episode whose stack ends in the handler's time.sleep.
+    [blocked] = [line for line in lines
+                 if line["event"] == "handler_blocked" and "pool_handlers.py" in line["stack"]]
+    innermost = blocked["stack"].split('  File "')[-1]  # where the loop was, and its code
+    assert "pool_handlers.py" in innermost and "in process_records\n" in innermost and "time.sleep(" in innermost
+    assert blocked["blocked_ms"] >= 300
+    assert blocked["in_flight"] == [{"shard_id": "shardId-000000000000", "action": "process_records"}]
     assert not events(caplog, "handler_failed") and not events(caplog, "handler_process_died")

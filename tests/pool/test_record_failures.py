@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import pytest
 
-from mldserver.testing import make_records
+from mldserver.api.testing import make_records
 
-from ..helpers import eventually
-from .serving import T0, dead_letters, running
+from ..harness import eventually, running
+from .serving import T0, dead_letters, pooled
 
 SHARD = "shardId-000000000000"
 N, POISON = 1000, 417
@@ -35,7 +35,7 @@ def callbacks(server, outcome):
 @pytest.mark.parametrize("handler", ["Changes", "FailOne"])
 async def test_one_poisoned_record_is_dead_lettered_and_the_other_999_are_committed(handler, workers, tmp_path):
     sent = records()
-    async with running(tmp_path, handler, workers=workers) as (server, sink, daemon):
+    async with running(tmp_path, **pooled(handler, workers=workers)) as (server, sink, daemon):
         shard = await daemon.shard(SHARD)
         await shard.process_records(sent, millis_behind_latest=1000)
         [letter] = dead_letters(tmp_path, SHARD)  # written before the batch's status
@@ -62,7 +62,7 @@ async def test_one_poisoned_record_is_dead_lettered_and_the_other_999_are_commit
 @pytest.mark.parametrize("workers", [2, 0])
 async def test_without_a_sink_a_checkpoint_in_the_batch_stops_short_of_a_failed_record(workers, tmp_path):
     sent = records()
-    async with running(tmp_path, "FailOne", sink=False, workers=workers) as (server, _, daemon):
+    async with running(tmp_path, **pooled("FailOne", sink=False, workers=workers)) as (server, _, daemon):
         shard = await daemon.shard(SHARD)
         await shard.process_records(sent)
         # FailOne asked for the last record; the record before the failed one was stored
@@ -80,8 +80,8 @@ async def test_a_records_retries_count_against_the_calls_execution_timeout(tmp_p
     # the poisoned record's backoff outlasts the call's time-out: the call fails, and the
     # whole batch is dead-lettered as a failed call (no record twice, none lost)
     sent = records()
-    async with running(tmp_path, "Changes", sink=False, workers=0, handler_backoff=2.0, execution_timeout=0.3,
-                       handler_retries=1) as (server, _, daemon):
+    async with running(tmp_path, **pooled("Changes", sink=False, workers=0, handler_backoff=2.0, execution_timeout=0.3,
+                                          handler_retries=1)) as (server, _, daemon):
         shard = await daemon.shard(SHARD)
         await shard.process_records(sent)
         await shard.lease_lost()

@@ -10,12 +10,12 @@ import os
 import signal
 from collections import Counter
 
-from mldserver.config import Settings
-from mldserver.server import Server
-from mldserver.testing import FakeDaemon
+from mldserver.base.config import Settings
+from mldserver.server.server import Server
+from mldserver.api.testing import FakeDaemon
 
-from ..conftest import relay_command
-from ..helpers import FakeClock, eventually
+from ..harness import eventually, relay_command
+from ..helpers import FakeClock
 from .serving import T0, MemorySink, batch, events
 
 SHARDS = 8

@@ -3,12 +3,16 @@ its Spark process, and the rows come back as the handler iterates."""
 
 from __future__ import annotations
 
-from ..helpers import eventually
-from .serving import drive, expected, running, seen
+import pytest
+
+from ..harness import eventually, running
+from .serving import drive, expected, pooled, seen
+
+pytestmark = pytest.mark.spark
 
 
 async def test_context_sql_from_a_handler_process_reaches_the_servers_spark(tmp_path):
-    async with running(tmp_path, "Sql", workers=1, spark_master="local[1]", spark_start_timeout=300.0) as (
+    async with running(tmp_path, **pooled("Sql", workers=1, spark_master="local[1]", spark_start_timeout=300.0)) as (
             server, sink, daemon):
         shards = await drive(daemon, 2, 1)
         want = expected(2, 1)

@@ -13,8 +13,8 @@ import signal
 
 import pytest
 
-from ..helpers import eventually
-from .serving import dead_letters, drive, events, expected, running, seen
+from ..harness import eventually, running
+from .serving import dead_letters, drive, events, expected, pooled, seen
 
 SHARDS, BATCHES, POISONED = 8, 4, 3  # shard 3's batch 1 is poisoned
 
@@ -36,7 +36,7 @@ async def test_a_handler_that_kills_its_process_costs_a_respawn_and_a_dead_lette
                     os.kill(int(line), signal.SIGKILL)
             await asyncio.sleep(0.05)
 
-    async with running(tmp_path, "Emit", execution_timeout=120.0) as (server, sink, daemon):
+    async with running(tmp_path, **pooled("Emit", execution_timeout=120.0)) as (server, sink, daemon):
         kill = asyncio.ensure_future(killer()) if how == "kill" else None
         try:
             shards = await drive(daemon, SHARDS, BATCHES, {POISONED: {1}})
@@ -85,7 +85,7 @@ async def test_a_row_a_handler_process_cannot_encode_is_dead_lettered_and_the_ot
                                                                                            monkeypatch):
     caplog.set_level(logging.INFO, logger="mldserver")
     monkeypatch.setenv("MLDSERVER_TEST_POISON", "badrow")
-    async with running(tmp_path, "Emit") as (server, sink, daemon):
+    async with running(tmp_path, **pooled("Emit")) as (server, sink, daemon):
         shards = await drive(daemon, 2, 2, {1: {1}})
         want = expected(2, 2) - {("shardId-000000000001", "2002")}
         await eventually(lambda: seen(sink) >= want, timeout=20, what="every other row in the sink")
@@ -106,7 +106,7 @@ async def test_a_process_that_dies_during_a_checkpoint_round_trip_leaves_the_con
     action is redone: the conversation never holds two round trips, or a status between."""
     caplog.set_level(logging.INFO, logger="mldserver")
     monkeypatch.setenv("MLDSERVER_TEST_POISON", "checkpoint-exit")
-    async with running(tmp_path, "EmitCheckpoint", sink=False) as (server, _, daemon):
+    async with running(tmp_path, **pooled("EmitCheckpoint", sink=False)) as (server, _, daemon):
         shards = await drive(daemon, SHARDS, BATCHES, {POISONED: {1}}, last=False)
         for shard in shards:
             await shard.shard_ended()

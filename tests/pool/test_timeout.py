@@ -7,12 +7,24 @@ the call was stopped alone, their handler processes and instances."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import statistics
+import threading
+import time
+from pathlib import Path
 
 import pytest
 
-from .serving import dead_letters, drive, events, running
+from mldserver.api.records import ShardInfo
+from mldserver.base.backoff import Backoff
+from mldserver.base.config import Settings
+from mldserver.base.logs import get_logger
+from mldserver.pool.calls import ProcessCalls
+from mldserver.pool.process import HandlerProcess, ProcessDied, describe_exit
+
+from ..harness import running
+from .serving import dead_letters, drive, events, pooled
 
 SHARDS, BATCHES, POISONED = 8, 6, 3
 POISONED_ID = f"shardId-{POISONED:012d}"
@@ -24,7 +36,7 @@ async def test_a_call_past_the_execution_timeout_is_stopped_alone_retried_in_qua
     caplog.set_level(logging.INFO, logger="mldserver")
     monkeypatch.setenv("MLDSERVER_TEST_POISON", how)
     timeout = 1.0
-    async with running(tmp_path, "Emit", sink=False, execution_timeout=timeout) as (server, _, daemon):
+    async with running(tmp_path, **pooled("Emit", sink=False, execution_timeout=timeout)) as (server, _, daemon):
         pids = {p.pid for p in server.pool.processes}
         calm: dict[int, list[float]] = {}
         shards = await drive(daemon, SHARDS, BATCHES, rtts=calm, last=False)
@@ -74,3 +86,69 @@ async def test_a_call_past_the_execution_timeout_is_stopped_alone_retried_in_qua
     if stopped != "interrupted":  # (a blocked loop holds its own process's shards until it is stopped)
         worst = max(t for s in calm_shards for t in disturbed[s])
         assert worst < timeout, (before, worst)
+
+
+async def test_a_process_killed_twice_before_its_death_is_noticed_is_reported_killed_by_sigkill(tmp_path, monkeypatch):
+    """``kill_for`` kills the process of a call that will not stop; until its death is
+    noticed, the pool's supervisor may kill it again (it is not alive). The second kill
+    must not reap it behind the loop's back: the stock loop's child watcher would then
+    report exit code 255 for it, not SIGKILL."""
+    # The stock loop's watcher waits for the process in a thread of its own: held here until
+    # both kills are done, as a loaded machine may hold it. (uvloop reaps it in the loop,
+    # which does not turn meanwhile.)
+    gate = threading.Event()
+    watcher = asyncio.unix_events.ThreadedChildWatcher
+    waitpid = watcher._do_waitpid
+    monkeypatch.setattr(watcher, "_do_waitpid", lambda self, *args: (gate.wait(30), waitpid(self, *args)))
+    proc = HandlerProcess(Settings(handler="tests.pool_handlers:Emit", state_dir=str(tmp_path / "state")),
+                          log=get_logger("t"))
+    await proc.start()
+    try:
+        proc.kill()
+        stat = Path(f"/proc/{proc.pid}/stat")
+        deadline = time.monotonic() + 10
+        while stat.read_text().rsplit(")", 1)[1].split()[0] != "Z" and time.monotonic() < deadline:
+            time.sleep(0.01)  # until it is dead, not yet reaped
+        proc.kill()
+    finally:
+        gate.set()
+    await asyncio.wait_for(proc.died.wait(), 10)
+    await proc.stop()
+    assert describe_exit(proc.returncode) == {"signal": "SIGKILL"}
+
+
+class Killed:
+    """A handler process killed for another shard's call that would not stop (``kill_for``),
+    its death not noticed yet: no longer alive, that call still marked running."""
+
+    alive = False
+    pid = 1
+
+    def __init__(self) -> None:
+        self.death: asyncio.Future = asyncio.get_running_loop().create_future()
+
+    async def call(self, frame, body, requests, what):
+        return await self.death  # ProcessDied, once its death is noticed
+
+    def running(self) -> int:
+        return 1  # the call it was killed for
+
+    def interrupt(self, call_id: int) -> None:
+        pass
+
+    async def stack(self) -> str:
+        return ""
+
+
+async def test_a_call_whose_time_runs_out_while_its_process_is_killed_for_another_is_not_timed_out():
+    """A bystander's own time may run out between the kill of its process (another call's
+    time-out) and the notice of its death (later on a loaded machine): it is not stopped,
+    counted nor quarantined as timed out; the death ends it with ProcessDied, not blamed
+    on it (the call is redone elsewhere)."""
+    calls = ProcessCalls(None, None, retries=2, timeout=0.05, backoff=Backoff(), log=get_logger("t"))
+    calls.shard = ShardInfo("shardId-000000000001", "TRIM_HORIZON", 0)
+    proc = Killed()
+    asyncio.get_running_loop().call_later(0.3, proc.death.set_exception, ProcessDied("signal SIGKILL", blamed=False))
+    with pytest.raises(ProcessDied) as died:
+        await calls._wait(proc, {"op": "call", "id": 2, "action": "process_records"}, b"", None, "process_records")
+    assert not died.value.blamed

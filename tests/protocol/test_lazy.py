@@ -11,11 +11,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mldserver.positions import Position
+from mldserver.base.positions import Position
 from mldserver.protocol import ProcessRecords, RemoteProtocolError
 from mldserver.protocol.lazy import LazyRecords
 from mldserver.protocol.messages import decode
-from mldserver.records import Record
+from mldserver.api.records import Record
 from mldserver.shard.batches import LineRecords, decode_records
 
 

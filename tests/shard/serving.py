@@ -1,28 +1,10 @@
-"""A server in the test's event loop, the relay command for the fake daemon, and what
-the tests read back (dead letters, the calls a recording handler saw)."""
+"""What the worker tests read back: dead letters, and the calls a recording handler saw."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 
 import mldserver
-from mldserver.config import Settings
-from mldserver.server import Server
-
-from ..conftest import relay_command
-
-
-@contextlib.asynccontextmanager
-async def running(factory, tmp_path, **overrides):
-    settings = Settings(handler="test", port=0, state_dir=str(tmp_path / "state"), handler_backoff=0.01,
-                        checkpoint_backoff=0.01, **overrides)
-    server = Server(settings, factory)
-    await server.start()
-    try:
-        yield server, relay_command(server.address[1])
-    finally:
-        await server.shutdown()
 
 
 def dead_letters(tmp_path, shard_id):

@@ -10,14 +10,15 @@ import threading
 import pytest
 
 import mldserver
-from mldserver.positions import Position
-from mldserver.records import MAX_EVENT_TIME_MS, Emitted, Record, valid_event_time
+from mldserver.base.positions import Position
+from mldserver.api.records import MAX_EVENT_TIME_MS, Emitted, Record, valid_event_time
 from mldserver.pool import frames
 from mldserver.shard.batches import BAD_ROW, INVALID_AGGREGATE, MALFORMED, decode_records, encode_rows, encoded_rows
-from mldserver.testing import SHARD_END, FakeDaemon, make_records
+from mldserver.api.testing import SHARD_END, FakeDaemon, make_records
 
 from ..conftest import DATA
-from .serving import dead_letters, recorder, running
+from ..harness import running
+from .serving import dead_letters, recorder
 
 VECTORS = {v["name"]: v for v in json.loads((DATA / "kpl-vectors.json").read_text())["vectors"]}
 
@@ -25,8 +26,7 @@ VECTORS = {v["name"]: v for v in json.loads((DATA / "kpl-vectors.json").read_tex
 async def test_unicode_partition_keys_survive_byte_exact(tmp_path):
     Rec, calls = recorder()
     key = "a\u2028b\u2029c\u0085d\U0001F600"
-    async with running(Rec, tmp_path) as (_, cmd):
-        daemon = FakeDaemon(cmd)
+    async with running(tmp_path, Rec) as (_, _, daemon):
         shard = await daemon.shard("s")
         await shard.child.write(
             ('{"action":"processRecords","records":[{"data":"eA==","partitionKey":"' + key +
@@ -47,8 +47,8 @@ async def test_kcl1_daemon_gets_v1_checkpoints_and_deaggregated_records(tmp_path
             await super().process_records(batch, checkpointer)
             await checkpointer.checkpoint(batch.records[-1].sequence_number)
 
-    async with running(CheckpointingRec, tmp_path) as (_, cmd):
-        daemon = FakeDaemon(cmd, v1=True)
+    async with running(tmp_path, CheckpointingRec) as (_, _, plain):
+        daemon = FakeDaemon(plain.command, v1=True)
         shard = await daemon.shard("s")
         records = [
             {"data": vectors[name]["kinesis_record"]["data_b64"], "partitionKey": vectors[name]["kinesis_record"]["partition_key"],
@@ -77,8 +77,7 @@ async def test_a_row_that_is_not_json_dead_letters_its_record_and_keeps_the_othe
                 value = record.data if record.sequence_number == "11" else record.sequence_number
                 batch.emit(record, {"value": value})
 
-    async with running(BytesRow, tmp_path, sink=f"file:{tmp_path / 'out'}", window=3600.0) as (server, cmd):
-        daemon = FakeDaemon(cmd)
+    async with running(tmp_path, BytesRow, sink=f"file:{tmp_path / 'out'}", window=3600.0) as (server, _, daemon):
         shard = await daemon.shard("shardId-1")
         await shard.process_records(make_records(10, 3), millis_behind_latest=1000)  # window stays open
         rows = [r.data for r in server.coordinator.ledger.uncommitted("shardId-1")]
@@ -156,7 +155,7 @@ def test_rows_a_handler_process_encoded_are_read_in_place_with_their_records_pos
 
 
 def test_rows_of_a_lazily_read_line_take_the_positions_checked_in_bulk_and_the_childs_times(monkeypatch):
-    from mldserver.positions import Positions
+    from mldserver.base.positions import Positions
     from mldserver.protocol.lazy import LazyRecords
 
     raws = make_records(100, 4)

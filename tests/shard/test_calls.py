@@ -9,16 +9,17 @@ import base64
 import pytest
 
 import mldserver
-from mldserver.backoff import Backoff
+from mldserver.base.backoff import Backoff
 from mldserver.errors import CheckpointError, ConfigError
-from mldserver.logs import get_logger
-from mldserver.records import Batch, Record, ShardInfo
-from mldserver.handler_checks import check_class
+from mldserver.base.logs import get_logger
+from mldserver.api.records import Batch, Record, ShardInfo
+from mldserver.api.checks import check_class
 from mldserver.shard.calls import CHECKPOINT_FAILED, FAILED, OK, HandlerCalls, reap_abandoned
-from mldserver.testing import SHARD_END, FakeDaemon, make_records
+from mldserver.api.testing import SHARD_END, make_records
 
 from ..handlers import Noop
-from .serving import dead_letters, running
+from ..harness import running
+from .serving import dead_letters
 
 
 async def test_failing_batch_is_retried_then_dead_lettered_with_its_data(tmp_path):
@@ -31,8 +32,7 @@ async def test_failing_batch_is_retried_then_dead_lettered_with_its_data(tmp_pat
                 raise ValueError("bad order")
             await checkpointer.checkpoint()
 
-    async with running(Flaky, tmp_path, handler_retries=2) as (_, cmd):
-        daemon = FakeDaemon(cmd)
+    async with running(tmp_path, Flaky, handler_retries=2) as (_, _, daemon):
         shard = await daemon.shard("shardId-1")
         await shard.process_records(make_records(10, 2, partition_key="cust-{i}"))
         await shard.process_records(make_records(12, 1))
@@ -51,8 +51,7 @@ async def test_execution_timeout_counts_as_a_failure(tmp_path):
         async def process_records(self, batch, checkpointer):
             await asyncio.sleep(10)
 
-    async with running(Slow, tmp_path, execution_timeout=0.1, handler_retries=1) as (_, cmd):
-        daemon = FakeDaemon(cmd)
+    async with running(tmp_path, Slow, execution_timeout=0.1, handler_retries=1) as (_, _, daemon):
         shard = await daemon.shard("s")
         await shard.process_records(make_records(1, 1))
         await shard.lease_lost()
@@ -69,8 +68,7 @@ async def test_checkpoint_error_escaping_the_handler_ends_the_action_without_ret
             calls.append(1)
             await checkpointer.checkpoint("99999", 0)  # beyond what was delivered
 
-    async with running(Strict, tmp_path) as (_, cmd):
-        daemon = FakeDaemon(cmd)
+    async with running(tmp_path, Strict) as (_, _, daemon):
         shard = await daemon.shard("s")
         await shard.process_records(make_records(1, 1))
         await shard.lease_lost()
@@ -85,7 +83,7 @@ async def test_a_factory_failing_at_start_up_is_refused_and_one_failing_later_de
         raise RuntimeError("cannot connect to the database")
 
     with pytest.raises(ConfigError, match=r"broken\(context\) failed at start-up: RuntimeError: cannot connect"):
-        async with running(broken, tmp_path):
+        async with running(tmp_path, broken):
             pass
 
     made = []
@@ -96,8 +94,7 @@ async def test_a_factory_failing_at_start_up_is_refused_and_one_failing_later_de
             raise RuntimeError("cannot connect to the database")
         return Noop(context)
 
-    async with running(factory, tmp_path) as (_, cmd):
-        daemon = FakeDaemon(cmd)
+    async with running(tmp_path, factory) as (_, _, daemon):
         shard = await daemon.shard("s")
         await shard.process_records(make_records(1, 2))
         await shard.shard_ended()

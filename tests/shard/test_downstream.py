@@ -4,15 +4,15 @@ for what it committed; without one, nothing waits."""
 from __future__ import annotations
 
 import mldserver
-from mldserver.config import Settings
+from mldserver.base.config import Settings
 from mldserver.coordinator import Coordinator
-from mldserver.coordinator.ordering import Item, RowBatch
-from mldserver.positions import Position
+from mldserver.base.positions import Position
+from mldserver.api.rows import Item, RowBatch
 from mldserver.shard.downstream import CoordinatorLink, NoSink
 from mldserver.sinks.file import FileSink
-from mldserver.testing import SHARD_END, FakeDaemon, make_records
+from mldserver.api.testing import SHARD_END, make_records
 
-from .serving import running
+from ..harness import running
 
 
 class EmitAndCheckpoint(mldserver.Handler):
@@ -24,9 +24,8 @@ class EmitAndCheckpoint(mldserver.Handler):
 
 async def test_with_a_sink_no_checkpoint_passes_rows_the_sink_has_not_committed(tmp_path):
     out = tmp_path / "out"
-    async with running(EmitAndCheckpoint, tmp_path, sink=f"file:{out}", window=3600.0, checkpoint_interval=0.0,
-                       idle_timeout=3600.0) as (server, cmd):
-        daemon = FakeDaemon(cmd)
+    async with running(tmp_path, EmitAndCheckpoint, sink=f"file:{out}", window=3600.0, checkpoint_interval=0.0,
+                       idle_timeout=3600.0) as (server, _, daemon):
         shard = await daemon.shard("shardId-1")
         # Behind the stream's tip: the watermark stays at the rows' time, the window open.
         await shard.process_records(make_records(10, 3), millis_behind_latest=1000)
@@ -51,8 +50,7 @@ async def test_rows_emitted_by_a_failed_attempt_are_not_kept(tmp_path):
             if len(attempts) == 1:
                 raise RuntimeError("flaky")
 
-    async with running(FailsOnce, tmp_path, sink=f"file:{tmp_path / 'out'}", window=3600.0) as (server, cmd):
-        daemon = FakeDaemon(cmd)
+    async with running(tmp_path, FailsOnce, sink=f"file:{tmp_path / 'out'}", window=3600.0) as (server, _, daemon):
         shard = await daemon.shard("shardId-1")
         await shard.process_records(make_records(10, 2), millis_behind_latest=1000)  # window stays open
         rows = [r.data for r in server.coordinator.ledger.uncommitted("shardId-1")]
@@ -103,29 +101,28 @@ async def test_a_connection_that_ends_tells_the_coordinator_once_and_only_if_it_
     coordinator = Coordinator(settings, FileSink(tmp_path / "out"))
     never_opened = CoordinatorLink(coordinator, interval=10.0)
     never_opened.close()
-    assert not coordinator.gone
+    assert coordinator.shards == {}
     first, second = CoordinatorLink(coordinator, interval=10.0), CoordinatorLink(coordinator, interval=10.0)
     await first.open("s", None)
     await second.open("s", None)  # the shard on a second connection before the first ends
     first.close()
     first.close()
-    assert coordinator.connections == {"s": 1} and not coordinator.gone
+    assert coordinator.shards["s"].connections == 1 and not coordinator.shards["s"].gone
     second.close()
-    assert coordinator.connections == {} and coordinator.gone == {"s"}
+    assert coordinator.shards["s"].connections == 0 and coordinator.shards["s"].gone
     NoSink().close()
 
 
 async def test_a_lost_lease_drops_the_shards_uncommitted_rows_from_the_coordinator(tmp_path):
     out = tmp_path / "out"
-    async with running(EmitAndCheckpoint, tmp_path, sink=f"file:{out}", window=3600.0, checkpoint_interval=0.0,
-                       idle_timeout=3600.0) as (server, cmd):
-        daemon = FakeDaemon(cmd)
+    async with running(tmp_path, EmitAndCheckpoint, sink=f"file:{out}", window=3600.0, checkpoint_interval=0.0,
+                       idle_timeout=3600.0) as (server, _, daemon):
         lost, kept = await daemon.shard("shardId-1"), await daemon.shard("shardId-2")
         await lost.process_records(make_records(10, 3), millis_behind_latest=1000)
         await kept.process_records(make_records(20, 2), millis_behind_latest=1000)
         assert server.coordinator.ledger.rows == 5
         await lost.lease_lost()
         assert server.coordinator.ledger.rows == 2  # the new owner reads shardId-1's three again
-        assert "shardId-1" not in server.coordinator.watermarks.shards
+        assert not server.coordinator.watermarks.tracks("shardId-1")
         await lost.close()
         await kept.close()

@@ -13,11 +13,12 @@ import pytest
 import mldserver
 from mldserver.pool.calls import ProcessCalls
 from mldserver.shard import calls as shard_calls
-from mldserver.shard import downstream, worker
-from mldserver.testing import SHARD_END, FakeDaemon, make_records
+from mldserver.shard import downstream, driver
+from mldserver.api.testing import SHARD_END, make_records
 
-from ..pool.serving import events
-from .serving import dead_letters, running
+from ..harness import running
+from ..pool.serving import events, pooled
+from .serving import dead_letters
 
 
 class Once:
@@ -52,11 +53,11 @@ class Handled(mldserver.Handler):
 ENTRY_POINTS = [
     (downstream.NoSink, "open", 0, "initialize"),
     (shard_calls.HandlerCalls, "call", 0, "initialize"),
-    (worker, "decode_records", 0, "processRecords"),
-    (worker, "encode_rows", 0, "processRecords"),
+    (driver, "decode_records", 0, "processRecords"),
+    (driver, "encode_rows", 0, "processRecords"),
     (downstream.NoSink, "batch", 0, "processRecords"),
     (shard_calls.HandlerCalls, "call", 1, "processRecords"),
-    (worker.Worker, "_dead_letter_all", 0, "processRecords"),
+    (driver.ShardDriver, "_dead_letter_all", 0, "processRecords"),
     (shard_calls.HandlerCalls, "call", 3, "shutdownRequested"),
     (downstream.NoSink, "shard_ended", 0, "shardEnded"),
     (shard_calls.HandlerCalls, "call", 3, "shardEnded"),
@@ -71,8 +72,7 @@ async def test_an_exception_inside_an_action_is_answered_and_the_connection_goes
     injected = Once(getattr(owner, name), skip)
     monkeypatch.setattr(owner, name, injected)
     handler = type("H", (Handled,), {"seen": []})
-    async with running(handler, tmp_path, handler_retries=0) as (_, cmd):
-        daemon = FakeDaemon(cmd)
+    async with running(tmp_path, handler, handler_retries=0) as (_, _, daemon):
         shard = await daemon.shard("s")  # initialize
         await shard.process_records(make_records(1, 3))
         await shard.process_records(make_records(4, 3))
@@ -88,7 +88,7 @@ async def test_an_exception_inside_an_action_is_answered_and_the_connection_goes
         assert daemon.checkpoints["s"] == SHARD_END
     failed = events(caplog, "action_failed_internally")
     assert failed and failed[0]["action"] == action and "injected" in failed[0]["error"]
-    assert not events(caplog, "worker_crashed")
+    assert not events(caplog, "driver_crashed")
     if action == "processRecords":
         # The batch it hit is in the dead letters with its data, or was handled (the
         # dead-letter write itself was the one that failed); the next batch is handled.
@@ -100,12 +100,10 @@ async def test_an_exception_inside_an_action_is_answered_and_the_connection_goes
 async def test_an_exception_in_the_process_call_seam_is_one_failed_attempt(tmp_path, monkeypatch, caplog):
     """With handler processes: a bug in the seam (``ProcessCalls``) costs one attempt;
     the retry handles the batch."""
-    from ..pool.serving import running as pool_running
-
     caplog.set_level(logging.INFO, logger="mldserver")
     injected = Once(ProcessCalls._frame)
     monkeypatch.setattr(ProcessCalls, "_frame", injected)
-    async with pool_running(tmp_path, "Emit", sink=False, handler_retries=1) as (_, _, daemon):
+    async with running(tmp_path, **pooled("Emit", sink=False, handler_retries=1)) as (_, _, daemon):
         shard = await daemon.shard("s")
         await shard.process_records(make_records(1, 3))
         await shard.shard_ended()
@@ -120,10 +118,8 @@ async def test_a_pipe_that_fails_under_a_write_is_a_dead_process_not_a_closed_co
     """uvloop closes a dead child's stdin transport before the death is noticed, and a
     write to it raises RuntimeError: the boundary makes that ``ProcessDied``, the
     process is killed and replaced, and the call is redone in a live process."""
-    from ..pool.serving import running as pool_running
-
     caplog.set_level(logging.INFO, logger="mldserver")
-    async with pool_running(tmp_path, "Emit", sink=False) as (server, _, daemon):
+    async with running(tmp_path, **pooled("Emit", sink=False)) as (server, _, daemon):
         shard = await daemon.shard("s")
         proc = next(p for p in server.pool.processes if p.shards)
         stdin = proc.proc.stdin
@@ -137,4 +133,4 @@ async def test_a_pipe_that_fails_under_a_write_is_a_dead_process_not_a_closed_co
         assert await shard.close() == 0
         assert not proc.alive
     assert events(caplog, "handler_redone")
-    assert not events(caplog, "worker_crashed") and not dead_letters(tmp_path, "s")
+    assert not events(caplog, "driver_crashed") and not dead_letters(tmp_path, "s")

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import mldserver
-from mldserver.positions import Position
-from mldserver.records import Record
+from mldserver.base.positions import Position
+from mldserver.api.records import Record
 from mldserver.shard.progress import ShardProgress
-from mldserver.testing import FakeDaemon, make_records
+from mldserver.api.testing import make_records
 
-from .serving import running
+from ..harness import running
 
 
 async def test_checkpoint_without_sub_sequence_uses_the_delivered_one(tmp_path):
@@ -16,8 +16,7 @@ async def test_checkpoint_without_sub_sequence_uses_the_delivered_one(tmp_path):
         async def process_records(self, batch, checkpointer):
             await checkpointer.checkpoint(batch.records[-1].sequence_number)
 
-    async with running(H, tmp_path) as (_, cmd):
-        daemon = FakeDaemon(cmd)
+    async with running(tmp_path, H) as (_, _, daemon):
         shard = await daemon.shard("s")
         records = make_records(7, 1) * 3
         for sub, r in enumerate(records):

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from mldserver.positions import Position
-from mldserver.sinks.commitlog import CommitLog
+from mldserver.base.positions import Position
+from mldserver.base.commitlog import CommitLog
 
 
 def entry(start, positions):

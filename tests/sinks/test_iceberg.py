@@ -14,11 +14,11 @@ import orjson
 import pytest
 from pyiceberg.catalog.sql import SqlCatalog
 
-from mldserver.config import Settings, load
-from mldserver.coordinator.handoff import JsonLines, Window
-from mldserver.deadletters import DeadLetters
+from mldserver.base.config import Settings, load
+from mldserver.base.handoff import JsonLines, Window
+from mldserver.base.deadletters import DeadLetters
 from mldserver.errors import ConfigError, retriable
-from mldserver.positions import Position
+from mldserver.base.positions import Position
 from mldserver.sinks.iceberg import IcebergSink, TableUnavailable, fresh_rows, position_key
 
 TABLE = ("mldserver", "windows")
@@ -105,6 +105,7 @@ async def test_rows_another_server_committed_are_left_out_and_each_commit_names_
     assert [(c["mldserver.server"], c["mldserver.rows"], c["mldserver.skipped-rows"]) for c in summaries] == [
         ("server-a", "4", "0"), ("server-b", "3", "2")]
     assert all(c["mldserver.stream"] == "orders" and c["mldserver.window"] == "0-10" for c in summaries)
+    assert [sorted(orjson.loads(c["mldserver.positions"])) for c in summaries] == [["s0", "s1"], ["s0", "s1"]]
     properties = catalog(tmp_path).load_table(TABLE).properties
     assert {k: orjson.loads(v) for k, v in properties.items() if k.startswith("mldserver.server/")} == {
         "mldserver.server/server-a": {"stream": "orders", "window": "0-10", "end": 10},

@@ -23,10 +23,9 @@ import pytest
 from moto.server import ThreadedMotoServer
 from pyiceberg.catalog.sql import SqlCatalog
 
-from mldserver.testing import FakeDaemon
+from mldserver.api.testing import FakeDaemon
 
-from ..conftest import relay_command
-from ..helpers import eventually
+from ..harness import eventually, relay_command
 from ..integration.components import free_port
 from ..test_pipeline import CONFIG, Stream, until_killed
 
@@ -151,6 +150,7 @@ async def test_two_servers_commit_every_record_once_across_a_lease_move_a_sigkil
     await model.shut_down(on_b, shards)
 
 
+@pytest.mark.spark
 async def test_the_table_has_the_parquet_sinks_schema_and_rows_with_and_without_spark(serve, tmp_path, kinesis):
     model = Stream()
     shard_ids = sorted(model.records)[:3]

@@ -12,12 +12,13 @@ from pathlib import Path
 import pyspark
 import pytest
 
-from mldserver.testing import FakeDaemon
+from mldserver.api.testing import FakeDaemon
 
-from ..conftest import relay_command
-from ..helpers import eventually
+from ..harness import eventually, relay_command
 from ..test_pipeline import Stream
 from .test_sink import PASSTHROUGH, committed_rows, config_file, put_keys
+
+pytestmark = pytest.mark.spark
 
 
 def free_port() -> int:

@@ -7,14 +7,14 @@ from __future__ import annotations
 import pytest
 import pytest_asyncio
 
-from mldserver.config import Settings
-from mldserver.context import Context
+from mldserver.base.config import Settings
+from mldserver.api.context import Context
 from mldserver.errors import ConfigError
 from mldserver.spark.process import SparkError, SparkProcess
 
-from ..helpers import eventually
+from ..harness import eventually
 
-pytestmark = pytest.mark.asyncio(loop_scope="module")
+pytestmark = [pytest.mark.spark, pytest.mark.asyncio(loop_scope="module")]
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")

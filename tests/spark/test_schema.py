@@ -5,9 +5,9 @@ from __future__ import annotations
 import pyarrow as pa
 import pytest
 
-from mldserver.coordinator.handoff import JsonLines
+from mldserver.base.handoff import JsonLines
 from mldserver.errors import ConfigError
-from mldserver.spark import schema
+from mldserver.sinks import schema
 
 
 def test_schema_is_inferred_from_the_rows():

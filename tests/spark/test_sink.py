@@ -11,12 +11,14 @@ import signal
 from collections import Counter
 
 import pyarrow.dataset as ds
+import pytest
 
-from mldserver.testing import FakeDaemon
+from mldserver.api.testing import FakeDaemon
 
-from ..conftest import relay_command
-from ..helpers import eventually
+from ..harness import eventually, relay_command
 from ..test_pipeline import CONFIG, Stream, until_killed
+
+pytestmark = pytest.mark.spark
 
 PASSTHROUGH = "handlers.passthrough:Passthrough"
 

@@ -1,44 +1,42 @@
-"""What the timer tests share: a server in the test's loop running
-``tests.timer_handlers:Scripted``, the fake daemon, the file the callbacks append to,
-and the operations a record carries."""
+"""What the timer tests share: the handler (``tests.timer_handlers:Scripted``), the
+file its callbacks (and ``Scripted``'s calls) append to, and the operations a record
+carries."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 from pathlib import Path
 
 import orjson
 
-from mldserver.config import Settings
-from mldserver.server import Server
-from mldserver.testing import FakeDaemon, make_records
-
-from ..conftest import relay_command
+from mldserver.api.testing import make_records
 
 HANDLER = "tests.timer_handlers:Scripted"
 
 
-@contextlib.asynccontextmanager
-async def running(tmp_path: Path, monkeypatch, **overrides):
-    """A started server (``workers`` 2 unless told), its fake daemon and the fired file."""
+def fired_file(tmp_path: Path, monkeypatch) -> Path:
+    """The file the handler's timer callbacks append to (``MLDSERVER_TEST_FIRED``, set
+    before the server starts: its handler processes inherit it)."""
     fired = tmp_path / "fired.jsonl"
-    monkeypatch.setenv("MLDSERVER_TEST_FIRED", str(fired))  # the handler processes inherit it
-    settings = Settings(**{"handler": HANDLER, "port": 0, "state_dir": str(tmp_path / "state"), "workers": 2,
-                           "handler_backoff": 0.01, **overrides})
-    server = Server(settings)
-    await server.start()
-    try:
-        yield server, FakeDaemon(relay_command(server.address[1])), fired
-    finally:
-        await server.shutdown()
+    monkeypatch.setenv("MLDSERVER_TEST_FIRED", str(fired))
+    return fired
 
 
 def fired_lines(path: Path) -> list[dict]:
+    """The callbacks' lines, in the order they were written."""
+    return [line for line in _lines(path) if "fired_at" in line]
+
+
+def call_lines(path: Path) -> list[dict]:
+    """``Scripted``'s lines about its creates and cancels (asked, then returned), in order."""
+    return [line for line in _lines(path) if "call" in line]
+
+
+def _lines(path: Path) -> list[dict]:
     if not path.exists():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines()]
+    return [orjson.loads(line) for line in path.read_bytes().splitlines()]
 
 
 def records(first: int, ops: list[list]) -> list[dict]:

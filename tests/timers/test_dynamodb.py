@@ -11,13 +11,14 @@ import json
 
 import pytest
 
-from mldserver.backoff import Backoff
+from mldserver.base.backoff import Backoff
 from mldserver.timers.dynamodb import DynamoStore
 from mldserver.timers.firing import OK
 from mldserver.timers.scheduler import Scheduler
 from mldserver.timers.store import Timer
 
-from ..helpers import FakeClock, eventually
+from ..harness import eventually
+from ..helpers import FakeClock
 from .test_scheduler import Recording
 
 T0 = 1_763_719_200_000

@@ -11,13 +11,14 @@ import signal
 
 import pytest
 
-from mldserver.config import Settings
-from mldserver.logs import get_logger
+from mldserver.base.config import Settings
+from mldserver.base.logs import get_logger
 from mldserver.pool import HandlerPool
-from mldserver.timers.firing import LoopFiring, PoolFiring
+from mldserver.pool.firing import PoolFiring
+from mldserver.timers.firing import LoopFiring
 from mldserver.timers.store import Timer
 
-from ..helpers import eventually
+from ..harness import eventually
 from .. import timer_handlers
 from .serving import HANDLER, fired_lines
 

@@ -12,8 +12,8 @@ import time
 import pytest
 from prometheus_client import generate_latest
 
-from ..helpers import eventually
-from .serving import dead_letters, fired_lines, records, running
+from ..harness import eventually, running
+from .serving import HANDLER, dead_letters, fired_file, fired_lines, records
 
 CB = "tests.timer_handlers:fired"
 
@@ -26,7 +26,8 @@ def stored(tmp_path) -> dict[str, bytes]:
 
 @pytest.mark.parametrize("workers", [2, 0])
 async def test_a_create_is_committed_before_the_record_is_checkpointed(tmp_path, monkeypatch, workers):
-    async with running(tmp_path, monkeypatch, workers=workers) as (server, daemon, _):
+    fired_file(tmp_path, monkeypatch)
+    async with running(tmp_path, HANDLER, workers=workers) as (server, _, daemon):
         shard = await daemon.shard("shardId-0")
         await shard.process_records(records(1, [[["create", "later", time.time() + 3600, {"n": 1}]]]))
         assert daemon.checkpoints["shardId-0"] == ("1", 0)
@@ -37,7 +38,8 @@ async def test_a_create_is_committed_before_the_record_is_checkpointed(tmp_path,
 @pytest.mark.parametrize("workers", [2, 0])
 async def test_live_timers_fire_once_with_their_latest_context_and_cancelled_ones_never(
         tmp_path, monkeypatch, workers):
-    async with running(tmp_path, monkeypatch, workers=workers) as (server, daemon, fired):
+    fired = fired_file(tmp_path, monkeypatch)
+    async with running(tmp_path, HANDLER, workers=workers) as (server, _, daemon):
         shards = [await daemon.shard(f"shardId-{s}") for s in range(2)]
         expected = {}
         for s, shard in enumerate(shards):
@@ -69,7 +71,8 @@ async def test_live_timers_fire_once_with_their_latest_context_and_cancelled_one
 
 @pytest.mark.parametrize("workers", [2, 0])
 async def test_a_callback_creates_the_next_timer(tmp_path, monkeypatch, workers):
-    async with running(tmp_path, monkeypatch, workers=workers) as (server, daemon, fired):
+    fired = fired_file(tmp_path, monkeypatch)
+    async with running(tmp_path, HANDLER, workers=workers) as (server, _, daemon):
         shard = await daemon.shard("shardId-0")
         await shard.process_records(records(1, [[["create", "chain", 0, {"ref": "chain", "left": 3}, "rearm"]]]))
         lines = await eventually(lambda: len(fired_lines(fired)) == 4 and fired_lines(fired), 20,
@@ -80,8 +83,9 @@ async def test_a_callback_creates_the_next_timer(tmp_path, monkeypatch, workers)
 
 @pytest.mark.parametrize("workers", [2, 0])
 async def test_a_refused_create_fails_the_handler_call_and_is_counted(tmp_path, monkeypatch, workers):
-    async with running(tmp_path, monkeypatch, workers=workers, handler_retries=0,
-                       timer_context_size=64) as (server, daemon, _):
+    fired_file(tmp_path, monkeypatch)
+    async with running(tmp_path, HANDLER, workers=workers, handler_retries=0,
+                       timer_context_size=64) as (server, _, daemon):
         shard = await daemon.shard("shardId-0")
         await shard.process_records(records(1, [[["create", "big", 0, {"blob": "x" * 100}]]]))
         assert "shardId-0" not in daemon.checkpoints  # the batch failed: dead-lettered, not checkpointed
@@ -93,7 +97,8 @@ async def test_a_refused_create_fails_the_handler_call_and_is_counted(tmp_path, 
 
 @pytest.mark.parametrize("workers", [2, 0])
 async def test_a_callback_that_keeps_failing_is_dead_lettered_with_its_context(tmp_path, monkeypatch, workers):
-    async with running(tmp_path, monkeypatch, workers=workers, handler_retries=2) as (server, daemon, fired):
+    fired = fired_file(tmp_path, monkeypatch)
+    async with running(tmp_path, HANDLER, workers=workers, handler_retries=2) as (server, _, daemon):
         shard = await daemon.shard("shardId-0")
         await shard.process_records(records(1, [[["create", "bad", 0, {"ref": "bad", "order": 7}, "failing"]]]))
         await eventually(lambda: dead_letters(tmp_path), 20, what="the dead letter")

@@ -10,8 +10,8 @@ import json
 
 import pytest
 
-from mldserver.backoff import Backoff
-from mldserver.deadletters import DeadLetters
+from mldserver.base.backoff import Backoff
+from mldserver.base.deadletters import DeadLetters
 from mldserver.timers.firing import OK, Result
 from mldserver.timers.scheduler import Scheduler
 from mldserver.timers.sqlite import SqliteStore

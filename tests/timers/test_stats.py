@@ -6,7 +6,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from mldserver.backoff import Backoff
+from mldserver.base.backoff import Backoff
 from mldserver.timers.firing import OK, Result
 from mldserver.timers.scheduler import Scheduler
 from mldserver.timers.sqlite import SqliteStore

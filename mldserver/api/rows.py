@@ -1,0 +1,201 @@
+"""Rows: what a handler emitted for one processed batch, as columns (a
+:class:`RowBatch`: never an object per row), in the order it emitted them. A shard's
+worker builds one per batch (``shard.batches``: from rows emitted in the server's loop,
+or read in place from a handler process's columnar body, ``pool.frames``); the
+coordinator queues, cuts and merges them (``coordinator.ordering``,
+``coordinator.merge``), its ledger keeps them until committed and its spool writes them
+out. The value type of that whole way, so it sits below all of them and imports
+nothing of the server's but ``positions``: a handler process loads it.
+
+A batch of records at 7, 8 and 9 whose handler emitted a row for 7 at an event time it
+gave, and two for 9 with none (so its record's arrival time, 2_000, stands in), as the
+server reads it from a handler process's columnar body (``shard.batches.encoded_rows``)::
+
+    rows.times     = [1_500, 2_000, 2_000]                # int64 ms; NO_TIME (-1): none at all
+    rows.records   = [0, 2, 2]                            # each row's record, in the batch
+    rows.positions = [Position(7..), Position(8..), Position(9..)]   # the batch's, once
+    rows.body      = b'{"k":1}\n{"k":2}\n{"k":3}\n'       # JSON lines, one buffer
+    rows.offsets   = [0, 8, 16, 24]                       # row i: body[offsets[i]:offsets[i+1]]
+
+    rows.row(0), rows.position(1)      # b'{"k":1}', Position(9..): row 1's record's
+    rows[1:3]                          # RowBatch(2 rows): the same buffers, nothing copied
+    rows.above(Position(8..))          # RowBatch(2 rows): those of records past 8 (a
+                                       # re-delivery's duplicates left out)
+
+``RowBatch.of([Item(1_500, seven, b'{"k":1}'), ...])`` builds one from rows given one
+by one (the spool, tests), and iterating a batch gives its ``Item``s back. Slices share
+the batch's buffers: a window's rows are slices of its shards' batches until a sink
+reads them (``base.handoff.JsonLines``).
+
+numpy is imported where it is used: a server without a sink, and the handler
+processes, never load it.
+"""
+
+from __future__ import annotations
+
+import bisect
+from array import array
+from itertools import islice
+from operator import le
+from typing import TYPE_CHECKING, Any, Iterable, Iterator, NamedTuple, Sequence
+
+from ..base.positions import Position
+
+if TYPE_CHECKING:
+    import numpy as np
+
+NO_TIME = -1  # an event time not given: the shard's previous row's (valid times are >= 0)
+
+
+class Item(NamedTuple):
+    """One row on its own, for the few places that need one: the spool, tests."""
+
+    time: int | None  # event time in ms; None: the shard's previous row's
+    position: Position  # of the record the row came from
+    data: bytes  # the row, as JSON
+
+
+class RowBatch:
+    """One processed batch's rows as columns, in the order the handler emitted them.
+
+    ``times``: int64 event times (``NO_TIME``: none given); ``records``: for each row,
+    the index in ``positions`` of its record's position; ``positions`` never decrease
+    (a batch's records, in the order the daemon delivers a shard), so the index orders
+    rows as their positions do and a position is read only where one is needed (a
+    window's last row, the ledger's head); ``body`` and ``offsets`` (int64, one more
+    than rows): row ``i`` is ``body[offsets[i]:offsets[i + 1]]``, JSON ending in a
+    newline. ``ordered``: the record indexes never decrease (the handler emitted in
+    record order), so within the batch the merge key's order is the rows' order. A
+    slice (``rows[i:j]``) shares every buffer."""
+
+    __slots__ = ("times", "records", "positions", "body", "offsets", "ordered")
+
+    def __init__(self, times: np.ndarray, records: np.ndarray, positions: Sequence[Position], body: Any,
+                 offsets: np.ndarray, ordered: bool | None = None) -> None:
+        self.times = times
+        self.records = records
+        self.positions = positions
+        self.body = body
+        self.offsets = offsets
+        self.ordered = nondecreasing(records) if ordered is None else ordered
+
+    @classmethod
+    def each(cls, times: np.ndarray, positions: list[Position], body: Any, offsets: np.ndarray) -> RowBatch:
+        """Rows each given its own record's position (in the server's loop, the spool)."""
+        import numpy as np
+
+        if _nondecreasing(positions):
+            return cls(times, np.arange(len(positions)), positions, body, offsets, True)
+        distinct = sorted(set(positions))  # a handler emitted out of record order
+        index = {p: i for i, p in enumerate(distinct)}
+        return cls(times, np.array([index[p] for p in positions], dtype=np.int64), distinct, body, offsets)
+
+    @classmethod
+    def of(cls, items: Iterable[Item]) -> RowBatch:
+        """Rows given one by one (the spool, tests)."""
+        import numpy as np
+
+        items = list(items)
+        times = np.array([NO_TIME if it.time is None else it.time for it in items], dtype=np.int64)
+        lines = [it.data + b"\n" for it in items]
+        offsets = np.zeros(len(lines) + 1, dtype=np.int64)
+        np.cumsum([len(line) for line in lines], out=offsets[1:])
+        return cls.each(times, [it.position for it in items], b"".join(lines), offsets)
+
+    @classmethod
+    def empty(cls) -> RowBatch:
+        """No rows (a batch without any, a server without a sink): numpy not needed."""
+        return cls(array("q"), array("q"), (), b"", array("q", [0]), True)  # type: ignore[arg-type]
+
+    @classmethod
+    def concat(cls, batches: Sequence[RowBatch]) -> RowBatch:
+        """Several batches' rows as one, copied (a rare path: a shard's rows spooled)."""
+        import numpy as np
+
+        if len(batches) == 1:
+            return batches[0]
+        if not batches:
+            return cls.empty()
+        firsts = np.cumsum([0] + [len(b.positions) for b in batches])
+        return cls(
+            np.concatenate([b.times for b in batches]),
+            np.concatenate([b.records.astype(np.int64) + first for b, first in zip(batches, firsts)]),
+            [p for b in batches for p in b.positions],  # a shard's batches follow one another
+            *concat_lines(batches),
+            all(b.ordered for b in batches),
+        )
+
+    def __len__(self) -> int:
+        return len(self.times)
+
+    def __getitem__(self, rows: slice) -> RowBatch:
+        start, stop, step = rows.indices(len(self.times))
+        assert step == 1, "rows are sliced, never strided"
+        stop = max(start, stop)
+        return RowBatch(self.times[start:stop], self.records[start:stop], self.positions, self.body,
+                        self.offsets[start : stop + 1], self.ordered)
+
+    def with_times(self, times: np.ndarray) -> RowBatch:
+        return RowBatch(times, self.records, self.positions, self.body, self.offsets, self.ordered)
+
+    def take(self, indices: np.ndarray) -> RowBatch:
+        """Some of the rows, copied (a rare path: duplicates among rows out of order)."""
+        import numpy as np
+
+        body = memoryview(self.body)
+        lines = [body[s:e] for s, e in zip(self.offsets[indices].tolist(), self.offsets[indices + 1].tolist())]
+        offsets = np.zeros(len(lines) + 1, dtype=np.int64)
+        np.cumsum([len(line) for line in lines], out=offsets[1:])
+        return RowBatch(self.times[indices], self.records[indices], self.positions, b"".join(lines), offsets)
+
+    def position(self, i: int) -> Position:
+        return self.positions[int(self.records[i])]
+
+    def row(self, i: int) -> bytes:
+        """Row ``i``'s JSON, without its newline."""
+        return bytes(memoryview(self.body)[int(self.offsets[i]) : int(self.offsets[i + 1]) - 1])
+
+    def nbytes(self) -> int:
+        """The rows' JSON, newlines included."""
+        return int(self.offsets[-1] - self.offsets[0])
+
+    def lowest(self) -> Position:
+        return self.positions[int(self.records[0] if self.ordered else self.records.min())]
+
+    def above(self, high: Position) -> RowBatch:
+        """The rows whose position is above ``high`` (a binary search of the positions)."""
+        import numpy as np
+
+        first = bisect.bisect_right(self.positions, high)  # the first record above it
+        if self.ordered:
+            return self[int(np.searchsorted(self.records, first)) :]
+        return self.take(np.flatnonzero(self.records >= first))
+
+    def __iter__(self) -> Iterator[Item]:
+        for i, t in enumerate(self.times.tolist()):
+            yield Item(None if t == NO_TIME else t, self.position(i), self.row(i))
+
+    def __repr__(self) -> str:
+        return f"RowBatch({len(self.times)} rows)"
+
+
+def _nondecreasing(values: Sequence[Any]) -> bool:
+    return all(map(le, values, islice(values, 1, None)))
+
+
+def nondecreasing(values: np.ndarray) -> bool:
+    """Do the array's values never decrease (record indexes, a window's event times)?"""
+    return len(values) < 2 or bool((values[1:] >= values[:-1]).all())
+
+
+def concat_lines(parts: Sequence[RowBatch]) -> tuple[np.ndarray, np.ndarray]:
+    """The parts' JSON lines one after another, and their offsets there (a shard's
+    batches spooled, a window's parts already in merged order): numpy copies with the
+    GIL released (``bytes.join`` holds it throughout, stalling the loop)."""
+    import numpy as np
+
+    lines = [np.frombuffer(rows.body, dtype=np.uint8, count=rows.nbytes(), offset=int(rows.offsets[0]))
+             for rows in parts]
+    bases = np.cumsum([0] + [len(part) for part in lines])
+    offsets = np.concatenate([[0]] + [rows.offsets[1:] - rows.offsets[0] + base for rows, base in zip(parts, bases)])
+    return np.concatenate(lines), offsets

@@ -1,0 +1,162 @@
+"""The hand-off between the coordinator and a sink: ``Window``, ``JsonLines``, ``Sink``,
+``Committed``. Everything ``sinks/`` and ``spark/`` need of the coordinator is here,
+and this module imports nothing of theirs.
+
+A window is [start, end) in epoch milliseconds, tumbling and aligned to the epoch;
+its id names it in the sink. By the time a sink sees it, it is sealed::
+
+    start = t - t % 60_000        # the window of event time t, for 60 s windows
+    Window(start, start + 60_000, rows=JsonLines(...), late_rows=2,
+           positions={"shardId-000000000001": Position(4959...8898, 0, "4959...8898")})
+    window.id == "1700000100000-1700000160000"
+
+``rows`` are the window's rows in merged order, each a JSON object (what the handler
+passed to ``batch.emit``), held as JSON lines: one buffer, every row ending in a
+newline, which is a JSON-lines file's content and what pyarrow's JSON reader parses::
+
+    rows.buffer()          # b'{"k":1}\\n{"k":2}\\n...'  (a bytes-like object, not copied)
+    rows.buffer(0, 2)      # the first two rows' lines
+    len(rows); rows[0]     # 2; b'{"k":1}'  (one row, without its newline)
+    list(rows)             # [b'{"k":1}', b'{"k":2}']
+
+The first ``late_rows`` rows are late: rows older than a window already closed,
+handed over with the next window instead of dropped (they sort first: their event
+time is before this window's start). ``positions`` maps each shard to the highest
+position this window covers: the commit log of a sink records it
+(``position.to_json()``). ``sources`` says, row by row, where each row came from (its
+shard and its record's position), for a sink that must leave out rows another server
+already committed (the table sink, ``sinks/iceberg.py``)::
+
+    list(window.sources)   # [("shardId-000000000001", Position(4959...8897, 0, ...)), ...]
+
+The buffer is made on first use, by whoever asks first (a sink, in its thread): the
+coordinator only decides the order (see ``merge.seal``), so the copy of a
+window's rows into merged order never runs on the event loop.
+
+A sink has two methods::
+
+    class Sink:
+        async def start(self) -> Committed: ...      # what its commit log says is done
+        async def commit(self, window: Window) -> None: ...
+
+A sink that several servers share (``iceberg:``) also says, for one shard, what is
+committed there now, asked each time a shard is initialized here (the lease may have
+come from another server, which committed past what ``start`` read)::
+
+        async def committed_position(self, shard_id: str) -> Position | None: ...
+
+``commit`` is called one window at a time, in window order, and must be durable when
+it returns (the coordinator then marks the rows committed and lets shards checkpoint
+past them). An exception means "not committed": the same window is offered again
+after a backoff. ``start`` runs once, before any commit: the positions it returns are
+filtered out of replays, and windows up to ``end`` are not closed again.
+"""
+
+from __future__ import annotations
+
+from array import array
+from dataclasses import dataclass, field
+from itertools import accumulate
+from typing import Any, Callable, Iterable, Iterator, Protocol, Sequence, runtime_checkable
+
+from .positions import Position
+
+Made = tuple[Any, Sequence[int]]  # a buffer, and the n + 1 offsets of its lines in it
+
+
+class JsonLines:
+    """Rows as JSON lines in one buffer: row ``i`` is ``buffer[offsets[i]:offsets[i + 1]]``
+    without its last byte (its newline). ``make`` builds the buffer and offsets on
+    first use; ``JsonLines.of(rows)`` holds rows given one by one."""
+
+    __slots__ = ("_n", "_make", "_buffer", "_offsets")
+
+    def __init__(self, n: int, make: Callable[[], Made]) -> None:
+        self._n = n
+        self._make: Callable[[], Made] | None = make
+        self._buffer: memoryview | None = None
+        self._offsets: Sequence[int] = ()
+
+    @classmethod
+    def of(cls, rows: Iterable[bytes]) -> JsonLines:
+        """Rows given one by one (each a JSON object, without a newline)."""
+        rows = list(rows)
+        body = b"\n".join(rows) + b"\n" if rows else b""
+        offsets = array("q", accumulate((len(r) + 1 for r in rows), initial=0))
+        return cls(len(rows), lambda: (body, offsets))
+
+    def _made(self) -> tuple[memoryview, Sequence[int]]:
+        if self._make is not None:
+            buffer, offsets = self._make()
+            self._buffer, self._offsets, self._make = memoryview(buffer).cast("B"), offsets, None
+        assert self._buffer is not None
+        return self._buffer, self._offsets
+
+    def buffer(self, start: int = 0, stop: int | None = None) -> memoryview:
+        """Rows ``start`` to ``stop`` (all by default) as JSON lines, each ending in a newline."""
+        buffer, offsets = self._made()
+        stop = self._n if stop is None else stop
+        if stop <= start:
+            return buffer[:0]
+        return buffer[int(offsets[start]) : int(offsets[stop])]
+
+    def __len__(self) -> int:
+        return self._n
+
+    def __getitem__(self, i: int) -> bytes:
+        if not -self._n <= i < self._n:
+            raise IndexError(i)
+        i %= self._n
+        buffer, offsets = self._made()
+        return bytes(buffer[int(offsets[i]) : int(offsets[i + 1]) - 1])
+
+    def __iter__(self) -> Iterator[bytes]:
+        buffer, offsets = self._made() if self._n else (memoryview(b""), ())
+        ends = list(map(int, offsets))
+        for start, end in zip(ends, ends[1:]):
+            yield bytes(buffer[start : end - 1])
+
+    def __repr__(self) -> str:
+        return f"JsonLines({self._n} rows)"
+
+
+@dataclass(slots=True)
+class Window:
+    start: int
+    end: int
+    rows: JsonLines = field(default_factory=lambda: JsonLines.of([]), repr=False)
+    late_rows: int = 0
+    positions: dict[str, Position] = field(default_factory=dict, repr=False)
+    # per row, in row order: (shard id, the position of the record it came from);
+    # None when whoever built the window did not say (a test's hand-made window)
+    sources: Iterable[tuple[str, Position]] | None = field(default=None, repr=False)
+
+    @property
+    def id(self) -> str:
+        return f"{self.start}-{self.end}"
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+
+@dataclass
+class Committed:
+    """What a sink's commit log says, read at start-up."""
+
+    positions: dict[str, Position] = field(default_factory=dict)  # shard -> highest committed
+    end: int | None = None  # the end of the last committed window
+    windows: int = 0
+
+
+class Sink(Protocol):
+    async def start(self) -> Committed: ...
+
+    async def commit(self, window: Window) -> None: ...
+
+
+@runtime_checkable
+class SharedSink(Sink, Protocol):
+    """A sink several servers commit to: a shard's committed position is read again
+    whenever the shard is initialized here (``Coordinator.open_shard``)."""
+
+    async def committed_position(self, shard_id: str) -> Position | None: ...

@@ -1,0 +1,144 @@
+"""Structured logs: one JSON object per line, ``tail -f`` and ``jq`` friendly.
+
+Every entry has ``ts`` (UTC, ISO 8601 with milliseconds), ``level`` and ``event``,
+plus fields where they apply (``shard_id``, ``conn``, ``records``, ``duration_ms``,
+``error``)::
+
+    log = get_logger("mldserver.shard").bind(conn=3, shard_id="shardId-000000000001")
+    log.info("batch", records=500, duration_ms=1.7)
+    -> {"ts":"2026-11-21T10:00:00.123Z","level":"info","event":"batch","conn":3,
+        "shard_id":"shardId-000000000001","records":500,"duration_ms":1.7}
+
+Follow one shard: ``tail -f server.log | jq -c 'select(.shard_id=="shardId-000000000001")'``.
+Only the CLI calls :func:`configure`; library code only gets loggers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import sys
+from typing import Any, Iterator, TextIO
+
+import orjson
+
+from .durable import utc_timestamp
+from ..errors import ConfigError
+
+_LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
+
+
+class EventLogger:
+    """A logger whose messages are event names and whose details are fields."""
+
+    __slots__ = ("_logger", "_fields")
+
+    def __init__(self, logger: logging.Logger, fields: dict[str, Any] | None = None) -> None:
+        self._logger = logger
+        self._fields = fields or {}
+
+    def bind(self, **fields: Any) -> "EventLogger":
+        return EventLogger(self._logger, {**self._fields, **fields})
+
+    def _log(self, level: int, event: str, fields: dict[str, Any], exc_info: Any = None) -> None:
+        if self._logger.isEnabledFor(level):
+            self._logger.log(level, event, extra={"fields": {**self._fields, **fields}}, exc_info=exc_info)
+
+    def debug(self, event: str, **fields: Any) -> None:
+        self._log(logging.DEBUG, event, fields)
+
+    def info(self, event: str, **fields: Any) -> None:
+        self._log(logging.INFO, event, fields)
+
+    def warning(self, event: str, **fields: Any) -> None:
+        self._log(logging.WARNING, event, fields)
+
+    def error(self, event: str, exc_info: Any = None, **fields: Any) -> None:
+        self._log(logging.ERROR, event, fields, exc_info)
+
+    def is_enabled(self, level: str) -> bool:
+        return self._logger.isEnabledFor(_LEVELS[level])
+
+
+def get_logger(name: str) -> EventLogger:
+    return EventLogger(logging.getLogger(name))
+
+
+class JsonFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        entry: dict[str, Any] = {
+            "ts": utc_timestamp(record.created),
+            "level": record.levelname.lower(),
+            "event": record.getMessage(),
+        }
+        entry.update(getattr(record, "fields", {}))
+        if record.exc_info:
+            entry["traceback"] = self.formatException(record.exc_info)
+        try:
+            return orjson.dumps(entry, default=str).decode()
+        except TypeError:  # orjson refuses what JSON allows: an int past 64 bits, a non-str key
+            return orjson.dumps(_encodable(entry), default=str).decode()
+
+
+_INT64 = range(-(1 << 63), 1 << 64)  # what orjson encodes as a number
+
+
+def _encodable(value: Any) -> Any:
+    """``value`` with what orjson cannot encode made a string (an event time of
+    2**64 ms logs as "18446744073709551616"), so the line is still written."""
+    if isinstance(value, int) and not isinstance(value, bool) and value not in _INT64:
+        return str(value)
+    if isinstance(value, dict):
+        return {str(k): _encodable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_encodable(v) for v in value]
+    return value
+
+
+class ConsoleFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        fields = " ".join(f"{k}={v}" for k, v in getattr(record, "fields", {}).items())
+        line = f"{utc_timestamp(record.created)} {record.levelname.lower():7} {record.getMessage():24} {fields}".rstrip()
+        if record.exc_info:
+            line += "\n" + self.formatException(record.exc_info)
+        return line
+
+
+def configure(fmt: str = "json", level: str = "info", file: str | None = None, stream: TextIO | None = None) -> None:
+    """Send mldserver's logs to ``file`` (appended) or stderr, as JSON lines or console text.
+    A file that cannot be opened, or an unknown level, is a ConfigError naming it."""
+    if level not in _LEVELS:
+        raise ConfigError(f"log_level must be one of {', '.join(map(repr, _LEVELS))}, got {level!r}")
+    handler: logging.Handler
+    handler = file_handler(file) if file else logging.StreamHandler(stream or sys.stderr)
+    handler.setFormatter(JsonFormatter() if fmt == "json" else ConsoleFormatter())
+    root = logging.getLogger("mldserver")
+    root.handlers[:] = [handler]
+    root.setLevel(_LEVELS[level])
+    root.propagate = False
+
+
+def file_handler(file: str) -> logging.FileHandler:
+    """``file`` opened for appending (created if need be), or a ConfigError naming it."""
+    try:
+        return logging.FileHandler(file)
+    except OSError as exc:
+        raise ConfigError(
+            f"--log-file {file}: cannot open it for appending ({exc.strerror}): "
+            f"create its folder or fix the permissions, or choose another path"
+        ) from None
+
+
+@contextlib.contextmanager
+def errors_only() -> Iterator[None]:
+    """Within it, mldserver logs errors alone: the clean-up after a start-up that failed
+    (its one-line error says what happened; "shutting_down" and "stopped" would say a
+    server had run)."""
+    root = logging.getLogger("mldserver")
+    level = root.level
+    root.setLevel(max(level, logging.ERROR))
+    try:
+        yield
+    finally:
+        root.setLevel(level)
+

@@ -1,0 +1,122 @@
+"""A stream reader that hands out the pieces the transport delivered, not copies.
+
+asyncio's ``StreamReader`` appends every piece it is fed to one buffer and copies what
+``read`` returns out of it (twice, in Python 3.11: a slice, then ``bytes``). For the
+daemon's lines and the frames to a handler process, megabytes a batch, those copies
+were most of what the server and the handler processes did with the bytes (and each
+buffer past 1 MiB was pages fresh from the kernel: ``malloc.py``). ``PieceReader``
+keeps the pieces as they came (uvloop delivers ``bytes`` of up to 256 KiB) and
+``read(n)`` returns the next one whole when it fits, so a line or a frame body is
+copied once, where its pieces are joined (``LineBuffer``, ``spark.frames``)::
+
+    reader = PieceReader(limit=1 << 18)       # reading pauses past twice ``limit`` held
+    await loop.create_server(lambda: asyncio.StreamReaderProtocol(reader, on_connect), ...)
+    piece = await reader.read(1 << 18)        # b"" at the end
+    reader.unread                             # bytes received, not yet read
+
+``read`` and ``readexactly`` are all it serves (what the server, the shard driver and the
+handler processes use); the line-oriented methods raise ``NotImplementedError``.
+``serve_tcp`` and ``serve_unix`` start servers whose connections read so.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from typing import Any, Awaitable, Callable
+
+Connected = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
+
+
+class PieceReader(asyncio.StreamReader):
+    def __init__(self, limit: int = 1 << 16, loop: asyncio.AbstractEventLoop | None = None) -> None:
+        super().__init__(limit=limit, loop=loop)
+        self._pieces: deque[bytes] = deque()
+        self._held = 0
+
+    @property
+    def unread(self) -> int:
+        """Bytes received and not read yet."""
+        return self._held
+
+    def feed_data(self, data: bytes) -> None:
+        assert not self._eof, "feed_data after feed_eof"
+        if not data:
+            return
+        self._pieces.append(bytes(data))  # bytes already (uvloop, asyncio): not copied
+        self._held += len(data)
+        self._wakeup_waiter()
+        if self._transport is not None and not self._paused and self._held > 2 * self._limit:
+            try:
+                self._transport.pause_reading()
+            except NotImplementedError:  # a transport that cannot pause: hold it all
+                self._transport = None
+            else:
+                self._paused = True
+
+    def _maybe_resume_transport(self) -> None:
+        if self._paused and self._held <= self._limit:
+            self._paused = False
+            self._transport.resume_reading()
+
+    def at_eof(self) -> bool:
+        return self._eof and not self._held
+
+    async def read(self, n: int = -1) -> bytes:
+        """Up to ``n`` bytes (all of them to the end when ``n`` < 0): the next piece
+        as it came when it fits, else its first ``n`` bytes; b"" at the end."""
+        if self._exception is not None:
+            raise self._exception
+        if n == 0:
+            return b""
+        if n < 0:
+            pieces = []
+            while piece := await self.read(self._limit):
+                pieces.append(piece)
+            return b"".join(pieces)
+        if not self._held and not self._eof:
+            await self._wait_for_data("read")
+        if not self._pieces:
+            return b""
+        piece = self._pieces[0]
+        if len(piece) <= n:
+            self._pieces.popleft()
+        else:
+            self._pieces[0] = piece[n:]
+            piece = piece[:n]
+        self._held -= len(piece)
+        self._maybe_resume_transport()
+        return piece
+
+    async def readexactly(self, n: int) -> bytes:
+        pieces, got = [], 0
+        while got < n:
+            piece = await self.read(n - got)
+            if not piece:
+                raise asyncio.IncompleteReadError(b"".join(pieces), n)
+            pieces.append(piece)
+            got += len(piece)
+        return pieces[0] if len(pieces) == 1 else b"".join(pieces)
+
+    async def readline(self) -> bytes:
+        raise NotImplementedError("PieceReader serves read and readexactly")
+
+    async def readuntil(self, separator: bytes = b"\n") -> bytes:
+        raise NotImplementedError("PieceReader serves read and readexactly")
+
+
+def _factory(connected: Connected, limit: int) -> Callable[[], asyncio.StreamReaderProtocol]:
+    def protocol() -> asyncio.StreamReaderProtocol:
+        return asyncio.StreamReaderProtocol(PieceReader(limit=limit), connected)
+
+    return protocol
+
+
+async def serve_tcp(connected: Connected, host: str, port: int, limit: int, **kwargs: Any) -> asyncio.Server:
+    """``asyncio.start_server``, each connection read by a ``PieceReader``."""
+    return await asyncio.get_running_loop().create_server(_factory(connected, limit), host, port, **kwargs)
+
+
+async def serve_unix(connected: Connected, path: str, limit: int, **kwargs: Any) -> asyncio.Server:
+    """``asyncio.start_unix_server``, each connection read by a ``PieceReader``."""
+    return await asyncio.get_running_loop().create_unix_server(_factory(connected, limit), path, **kwargs)

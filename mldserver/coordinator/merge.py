@@ -1,0 +1,175 @@
+"""Merge: a closed window's rows (``ordering.WindowRows``: each shard's, in its own
+order) put in the merge key's order, as the window a sink gets. Pure, like ordering:
+no I/O, no clock, no asyncio.
+
+``seal`` decides the order only, on the event loop: a stable sort of the event times
+of runs each sorted already (numpy, some 10 ns a row), or, for a window where some
+handler emitted rows out of record order, a sort by the whole key. The rows' JSON is
+copied into that order where a sink first reads it (``handoff.JsonLines``, in the
+sink's thread, off the loop): one batch as it is, batches already in order one after
+another (``rows.concat_lines``), or rows of interleaved shards gathered by pyarrow's
+``take``, a block of rows at a time. Two shards of a 60 s window, their rows at
+1_000 and 3_000 (``s0``, records 7 and 8) and 2_000 (``s1``, record 4)::
+
+    [closed] = ordering.close(until=60_000)   # WindowRows(0, 60000, parts={"s0": [...], "s1": [...]})
+    window, counts = seal(closed)             # Window(0, 60000, rows=JsonLines(3 rows)), {"s0": 2, "s1": 1}
+    window.positions                          # {"s0": Position(8..), "s1": Position(4..)}: each shard's highest
+    list(window.sources)                      # [("s0", Position(7..)), ("s1", Position(4..)), ("s0", Position(8..))]
+    bytes(window.rows.buffer())               # s0's first row, s1's, s0's second: gathered here, on first read
+
+``counts`` (each shard's rows in the window) is what the coordinator commits in the
+ledger once the sink has the window. numpy and pyarrow are imported where they are
+used (pyarrow only for a window whose shards interleave).
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import TYPE_CHECKING, Any, Iterator
+
+from ..base.positions import Position
+from ..api.rows import RowBatch, concat_lines, nondecreasing
+from ..base.handoff import JsonLines, Made, Window
+from .ordering import WindowRows
+
+if TYPE_CHECKING:
+    import numpy as np
+
+
+def seal(closed: WindowRows) -> tuple[Window, dict[str, int]]:
+    """Order a closed window's rows by the merge key: the window a sink gets (its rows
+    as JSON lines, each shard's highest position), and how many rows each shard had in
+    it. Here only the order is decided (a sort of the event times of runs that are
+    each sorted already); the rows' JSON is copied into that order when the sink first
+    reads it, off the event loop."""
+    import numpy as np
+
+    shards = sorted(closed.parts)  # shard ids in the merge key's order
+    parts = [rows for shard_id in shards for rows in closed.parts[shard_id]]
+    counts = {shard_id: sum(map(len, closed.parts[shard_id])) for shard_id in shards}
+    n = sum(counts.values())
+    times = parts[0].times if len(parts) == 1 else np.concatenate([rows.times for rows in parts] or [[]])
+    order: np.ndarray | None
+    if all(rows.ordered for rows in parts):
+        # Each shard's rows are in merge-key order, and laid out by shard id: a stable
+        # sort by time alone puts ties in shard id, then position, then row order.
+        order = None if nondecreasing(times) else np.argsort(times, kind="stable")
+        positions = {shard_id: closed.parts[shard_id][-1].position(-1) for shard_id in shards}
+    else:
+        order, positions = _merge_out_of_order(closed, shards, parts, times)
+    owners = [shard_id for shard_id in shards for _ in closed.parts[shard_id]]
+    window = Window(closed.start, closed.end, JsonLines(n, partial(_gather, parts, order)), closed.late_rows,
+                    positions, RowSources(owners, parts, order))
+    closed.parts = {}
+    return window, counts
+
+
+class RowSources:
+    """A window's ``sources``: (shard id, position) per row in merged order, read from
+    the window's parts only when a sink asks (the table sink; the parts stay alive in
+    the ledger until committed anyway)."""
+
+    __slots__ = ("_owners", "_parts", "_order")
+
+    def __init__(self, owners: list[str], parts: list[RowBatch], order: np.ndarray | None) -> None:
+        self._owners, self._parts, self._order = owners, parts, order
+
+    def __iter__(self) -> Iterator[tuple[str, Position]]:
+        shards = [s for s, rows in zip(self._owners, self._parts) for _ in range(len(rows))]
+        positions = [p for rows in self._parts for p in map(rows.positions.__getitem__, rows.records.tolist())]
+        if self._order is None:
+            return zip(shards, positions)
+        order = self._order.tolist()
+        return zip(map(shards.__getitem__, order), map(positions.__getitem__, order))
+
+    def __len__(self) -> int:
+        return sum(map(len, self._parts))
+
+
+def _merge_out_of_order(closed: WindowRows, shards: list[str], parts: list[RowBatch],
+                        times: np.ndarray) -> tuple[np.ndarray, dict[str, Position]]:
+    """The merge key in full, for a window where some handler emitted rows out of
+    record order: (time, shard, position's rank, row order); and each shard's row that
+    sorts last (its highest)."""
+    import numpy as np
+
+    sizes = [len(rows) for rows in parts]
+    shard_no = np.repeat(np.arange(len(shards)), [sum(map(len, closed.parts[s])) for s in shards])
+    # A row's place among its shard's positions: its part (a shard's parts follow one
+    # another in position, distinct batches, or in time), then its record index.
+    ranks = np.concatenate([(j << 32) | rows.records.astype(np.int64)
+                            for s in shards for j, rows in enumerate(closed.parts[s])])
+    order = np.lexsort((ranks, shard_no, times))
+    last = len(order) - 1 - np.unique(shard_no[order][::-1], return_index=True)[1]
+    starts = np.cumsum([0] + sizes)
+    positions = {}
+    for shard_id, g in zip(shards, order[last].tolist()):
+        p = int(np.searchsorted(starts, g, side="right")) - 1
+        positions[shard_id] = parts[p].position(g - int(starts[p]))
+    return order, positions
+
+
+def _gather(parts: list[RowBatch], order: np.ndarray | None) -> Made:
+    """The window's rows' JSON lines in merged order, and their offsets. Runs where the
+    sink first reads the rows (in its thread): the parts as they are, or copied one after
+    another when they are in order already; else gathered by pyarrow's ``take`` (C++,
+    the GIL released)."""
+    if order is None:
+        if len(parts) == 1:
+            return parts[0].body, parts[0].offsets  # as it is: the offsets say where the rows are
+        return concat_lines(parts)
+    return _take(parts, order)
+
+
+TAKE_BLOCK = 1 << 13  # rows gathered at a time (some 3 MB): pyarrow copies what it takes from first
+
+
+def _take(parts: list[RowBatch], order: np.ndarray) -> Made:
+    """Rows ``order`` (indexes into the parts one after another) into one buffer, a
+    block of rows at a time: a block takes from a narrow range of each part (a part's
+    rows come out in its order, or nearly), so pyarrow's copy of what it takes from
+    stays small and the window is not held twice."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    pool = pa.system_memory_pool()  # malloc's: the copies go back to the system once dropped
+    firsts = np.cumsum([0] + [len(rows) for rows in parts])  # each part's first row
+    sizes = np.concatenate([np.diff(rows.offsets) for rows in parts])[order]
+    offsets = np.zeros(len(order) + 1, dtype=np.int64)
+    np.cumsum(sizes, out=offsets[1:])
+    out = np.empty(int(offsets[-1]), dtype=np.uint8)
+    part_of = np.searchsorted(firsts, order, side="right") - 1
+    for a in range(0, len(order), TAKE_BLOCK):
+        b = min(a + TAKE_BLOCK, len(order))
+        rows, owner = order[a:b] - firsts[part_of[a:b]], part_of[a:b]  # (row in its part, part)
+        low = np.full(len(parts), np.iinfo(np.int64).max)
+        high = np.full(len(parts), -1)
+        np.minimum.at(low, owner, rows)
+        np.maximum.at(high, owner, rows)
+        used = np.flatnonzero(high >= 0)
+        spans = high[used] - low[used] + 1
+        bases = np.zeros(len(parts), dtype=np.int64)
+        bases[used] = np.cumsum(spans) - spans
+        values = pa.chunked_array([_arrow(parts[p], int(low[p]), int(high[p]) + 1) for p in used.tolist()],
+                                  type=pa.large_binary())
+        indices = np.ascontiguousarray(rows - low[owner] + bases[owner], dtype=np.int64)
+        # From its buffer: pa.array(ndarray) imports pandas on first use (0.2 s, 30 MiB).
+        taken = pc.take(values, pa.Array.from_buffers(pa.int64(), len(indices), [None, pa.py_buffer(indices)]),
+                        memory_pool=pool)
+        for chunk in taken.chunks:
+            _, chunk_offsets, data = chunk.buffers()
+            first, last = np.frombuffer(chunk_offsets, dtype=np.int64)[[chunk.offset, chunk.offset + len(chunk)]]
+            out[offsets[a] : offsets[a] + last - first] = np.frombuffer(data, dtype=np.uint8, count=last - first,
+                                                                        offset=first)
+            a += len(chunk)
+    return out, offsets
+
+
+def _arrow(rows: RowBatch, start: int, stop: int) -> Any:
+    """Rows ``start`` to ``stop`` as a pyarrow large_binary array over the batch's buffer."""
+    import pyarrow as pa
+
+    return pa.LargeBinaryArray.from_buffers(pa.large_binary(), stop - start,
+                                            [None, pa.py_buffer(rows.offsets), pa.py_buffer(rows.body)],
+                                            offset=start)

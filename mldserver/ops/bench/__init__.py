@@ -1,0 +1,74 @@
+"""``mldserver bench``: what mldserver costs, measured against what it replaces, in one run.
+
+Seven parts, each in its own module, all sharing ``common.py`` (a server in its own
+process, PSS sampling, the coordinator and Spark parts' batches)::
+
+    mldserver bench --part relay         # relay.py: throughput, latency, memory vs amazon_kclpy
+    mldserver bench --part coordinator   # coordinator.py: the coordinator's cost (file sink vs none)
+    mldserver bench --part spark         # spark.py: end to end vs the bare Spark hand-off
+    mldserver bench --part changes       # changes.py: a ChangeHandler vs a batch Handler decoding by hand
+    mldserver bench --part timers        # timers.py: durable timers created and fired per second, memory
+    mldserver bench --part table         # table.py: the iceberg sink vs the parquet sink, position read-back
+    mldserver bench --part chaos         # chaos.py: poisoned batches and SIGKILLed handler processes
+                                         #   vs an undisturbed run, and the checks (--duration 300, --seed N)
+    mldserver bench                      # every part but chaos (which runs for --duration)
+    mldserver bench --workers 2 0        # servers with 2 handler processes and with none, side by side
+
+The bare hand-off runs Spark in this process, through ``mldserver.spark.bench``: only
+``mldserver/spark/`` imports pyspark.
+"""
+
+from __future__ import annotations
+
+import tempfile
+
+
+async def amain(args) -> None:
+    shard_counts = [1, 2] if args.quick and args.shards == [1, 32] else args.shards
+    with_kclpy = not args.no_kclpy and args.part in ("all", "relay")
+    if with_kclpy:
+        try:
+            import amazon_kclpy  # noqa: F401
+        except ImportError:
+            print("amazon_kclpy not installed (pip install kclpy-ext, or scripts/setup --test); "
+                  "skipping it: pass --no-kclpy to silence this")
+            with_kclpy = False
+    if args.workers is None:
+        from ...base.config import Settings
+
+        args.workers = list(dict.fromkeys([Settings.workers, 0]))  # the default beside the server's own loop
+    with tempfile.TemporaryDirectory(prefix="mldserver-bench-") as tmp:
+        if args.part in ("all", "coordinator"):
+            from . import coordinator
+
+            await coordinator.run(shard_counts, args.quick, tmp, args.workers)
+        if args.part in ("all", "spark"):
+            from . import spark
+
+            await spark.run(args.quick, tmp)
+        if args.part in ("all", "changes"):
+            from . import changes
+
+            await changes.run(args, tmp)
+        if args.part in ("all", "timers"):
+            from . import timers
+
+            await timers.run(args.quick, tmp, args.workers)
+        if args.part in ("all", "table"):
+            from . import table
+
+            await table.run(args.quick, tmp, getattr(args, "commits", None))
+        if args.part in ("all", "relay"):
+            from . import relay
+
+            await relay.run(args, shard_counts, with_kclpy, tmp)
+        if args.part == "chaos":
+            from . import chaos
+
+            await chaos.run(args, tmp)
+
+
+def main(args) -> None:
+    import uvloop
+
+    uvloop.run(amain(args))

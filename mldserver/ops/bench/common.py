@@ -1,0 +1,180 @@
+"""What every part of ``mldserver bench`` shares: a server in its own process, memory
+figures from /proc, and the batches the coordinator and Spark parts feed::
+
+    server, port = await start_server(tmp, "--sink", f"file:{tmp}/out", handler=PASSTHROUGH)
+    sampler = Sampler()
+    sampler.pids["server"] = [server.pid]
+    sampler.start()
+    ...                                   # drive the shards
+    await sampler.stop()                  # sampler.peak["server"]: the peak PSS in KiB
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import os
+import socket
+import subprocess
+import sys
+import time
+
+from typing import Any
+
+import orjson
+
+# One row per record with everything the record carries (shipped with the package).
+PASSTHROUGH = "mldserver.examples.passthrough:Passthrough"
+RECORDS, SIZE = 10_000, 100  # the coordinator and Spark parts' batches
+
+
+def _proc_kb(pid: int, file: str, key: str) -> int:
+    """One ``Key: N kB`` figure from /proc/<pid>/<file> (0 if the process is gone)."""
+    try:
+        with open(f"/proc/{pid}/{file}") as f:
+            for line in f:
+                if line.startswith(key):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+def pss_kb(pid: int) -> int:
+    """Proportional set size: shared pages split between the processes mapping them."""
+    return _proc_kb(pid, "smaps_rollup", "Pss:")
+
+
+def rss_kb(pid: int) -> int:
+    return _proc_kb(pid, "status", "VmRSS:")
+
+
+def cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) the process has used: less sensitive than
+    throughput to what else a shared machine runs."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rpartition(")")[2].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except OSError:
+        return 0.0
+
+
+def descendants(pid: int) -> list[int]:
+    """``pid`` and every process below it (the server and its handler and Spark processes)."""
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        try:
+            for task in os.listdir(f"/proc/{p}/task"):
+                with open(f"/proc/{p}/task/{task}/children") as f:
+                    todo.extend(int(c) for c in f.read().split())
+        except OSError:
+            pass
+    return out
+
+
+class Sampler:
+    """Samples the PSS of a set of processes while a run goes on; keeps the peak.
+    ``trees`` groups are a process and all its descendants, found at each sample."""
+
+    def __init__(self) -> None:
+        self.pids: dict[str, list[int]] = {}
+        self.trees: dict[str, int] = {}
+        self.peak: dict[str, int] = {}
+        self.by_pid: dict[str, dict[int, int]] = {}  # each process's own peak, by group
+        self._task: asyncio.Task | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.ensure_future(self._loop())
+
+    def sample(self) -> None:
+        groups = {**self.pids, **{group: descendants(pid) for group, pid in self.trees.items()}}
+        for group, pids in groups.items():
+            each = {p: pss_kb(p) for p in pids}
+            self.peak[group] = max(self.peak.get(group, 0), sum(each.values()))
+            peaks = self.by_pid.setdefault(group, {})
+            for p, kb in each.items():
+                peaks[p] = max(peaks.get(p, 0), kb)
+
+    async def _loop(self) -> None:
+        while True:
+            await asyncio.to_thread(self.sample)
+            await asyncio.sleep(0.2)
+
+    async def stop(self) -> None:
+        assert self._task
+        self._task.cancel()
+        await asyncio.gather(self._task, return_exceptions=True)
+        self.sample()
+
+
+async def open_shards(port: int, k: int, daemon: Any = None) -> list[Any]:
+    """``k`` shards on direct connections to the server at ``port`` (no relay), each
+    initialized at TRIM_HORIZON, as the fake daemon drives them in every bench part."""
+    from ...api.testing import FakeDaemon, Shard, SocketChild
+
+    daemon = daemon or FakeDaemon("", timeout=600)
+    shards = []
+    for i in range(k):
+        shard = Shard(daemon, f"shardId-{i:012d}", await SocketChild.open("127.0.0.1", port))
+        await shard.initialize("TRIM_HORIZON", 0)
+        shards.append(shard)
+    return shards
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+async def start_server(
+    state_dir: str,
+    *extra: str,
+    handler: str = "mldserver.ops.bench.relay:TouchHandler",
+    env: dict[str, str] | None = None,
+    timeout: float = 30,
+    admin: str = "off",
+    workers: int | None = None,
+) -> tuple[subprocess.Popen, int]:
+    """``mldserver serve`` in its own process; ``admin`` off unless asked for (a bench
+    run must not take the default admin port from a server running beside it)."""
+    port = free_port()
+    if workers is not None:
+        extra = (*extra, "--workers", str(workers))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "mldserver", "serve", "--handler", handler, "--port",
+         str(port), "--log-level", "warning", "--state-dir", state_dir, "--admin", admin, *extra],
+        stdout=subprocess.DEVNULL,
+        env={**os.environ, **(env or {})},
+    )
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            _, w = await asyncio.open_connection("127.0.0.1", port)
+            w.close()
+            return proc, port
+        except OSError:
+            await asyncio.sleep(0.05)
+    proc.kill()
+    raise RuntimeError("bench server did not start")
+
+
+def lines(batches: int, ms_per_batch: int = 10_000) -> list[tuple[bytes, dict]]:
+    """``batches`` processRecords lines of RECORDS records, each batch covering
+    ``ms_per_batch`` of event time, starting a day ago."""
+    payload = base64.b64encode(os.urandom(SIZE)).decode("ascii")
+    start = time.time_ns() // 1_000_000 - 86_400_000  # a day ago: a caught-up watermark passes it all
+    out = []
+    for b in range(batches):
+        recs = [
+            {"action": "record", "data": payload, "partitionKey": f"pk-{i}",
+             "sequenceNumber": str(10**40 + b * RECORDS + i), "subSequenceNumber": 0,
+             "approximateArrivalTimestamp": start + b * ms_per_batch + i * ms_per_batch // RECORDS}
+            for i in range(RECORDS)
+        ]
+        line = orjson.dumps({"action": "processRecords", "records": recs, "millisBehindLatest": 1000}) + b"\n"
+        out.append((line, recs[-1]))
+    return out

@@ -1,0 +1,97 @@
+"""``mldserver bench --part coordinator``: what the coordinator costs, in one run.
+
+The same load, the passthrough handler (one row per record), over direct TCP, K
+shards in lock-step, against two servers:
+
+- ``no pipeline``  no sink: rows are not collected (today's behaviour);
+- ``file sink``    rows go through the coordinator (ordering, watermarks, windows,
+                   ledger) into the file sink, 10 s windows; the run ends when the last
+                   window is committed (a final caught-up batch per shard closes it).
+
+Each batch is a new line (fresh sequence numbers, so nothing is dropped as a
+duplicate) covering 10 s of event time: one window per batch, closing as the run
+goes. Reported: rows/s for both and the cost; the CPU the server used a row, its
+handler processes included (steadier than rows/s on a machine shared with other
+work); and the largest memory the coordinator used (its buffered rows as the ledger
+counts them, and the server's peak PSS against the no-pipeline server's).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from pathlib import Path
+
+import orjson
+
+from ...api.testing import Shard
+from .common import PASSTHROUGH, RECORDS, SIZE, Sampler, cpu_s, descendants, lines, open_shards, start_server
+
+
+def committed_rows(log: Path) -> int:
+    if not log.exists():
+        return 0
+    return sum(orjson.loads(line).get("rows", 0) for line in log.read_bytes().splitlines()
+               if b'"window_committed"' in line)
+
+
+async def run_one(name: str, k: int, batch_lines: list, tmp: str,
+                  workers: int | None = None) -> tuple[float, float, int, int | None]:
+    """rows/s, the server's CPU microseconds a row (with its handler processes), its
+    peak PSS (KiB, the same), and the coordinator's peak buffered bytes."""
+    state = os.path.join(tmp, f"coord-{name}-{k}-{workers}")
+    log = Path(state) / "server.log"
+    extra = ["--log-file", str(log), "--log-level", "info"]
+    if name == "file sink":
+        extra += ["--sink", f"file:{state}/out", "--window", "10"]
+    Path(state).mkdir(parents=True, exist_ok=True)
+    server, port = await start_server(state, *extra, handler=PASSTHROUGH, workers=workers)
+    try:
+        shards = await open_shards(port, k)
+        sampler = Sampler()
+        sampler.trees["server"] = server.pid
+        sampler.start()
+        pids = descendants(server.pid)
+        cpu = sum(map(cpu_s, pids))
+        started = time.perf_counter()
+
+        async def one(shard: Shard) -> None:
+            for line, last in batch_lines:
+                await shard.process_line(line, last)
+            await shard.process_records([], millis_behind_latest=0)
+
+        await asyncio.gather(*(one(s) for s in shards))
+        total = len(batch_lines) * RECORDS * k
+        if name == "file sink":
+            while committed_rows(log) < total:
+                await asyncio.sleep(0.05)
+        seconds = time.perf_counter() - started
+        cpu = sum(map(cpu_s, pids)) - cpu
+        await sampler.stop()
+        for shard in shards:
+            await shard.lease_lost()
+            await shard.close(30)
+    finally:
+        server.terminate()
+        server.wait(30)
+    peak = None
+    for line in log.read_bytes().splitlines():
+        if b'"coordinator_stopped"' in line:
+            peak = orjson.loads(line)["peak_bytes"]
+    return total / seconds, cpu / total * 1e6, sampler.peak.get("server", 0), peak
+
+
+async def run(shard_counts: list[int], quick: bool, tmp: str, workers: list[int | None] | None = None) -> None:
+    print(f"\ncoordinator: batches of {RECORDS:,} records x {SIZE} B, passthrough handler, direct TCP")
+    print(f"  {'workers':>7} {'K':>4} {'no pipeline rows/s':>19} {'file sink rows/s':>17} {'cost':>7} "
+          f"{'CPU us/row (none / sink)':>25} {'peak buffered':>14} {'server PSS (none / sink)':>25}")
+    for k in shard_counts:
+        batches = 2 if quick else max(2, 120 // k)
+        batch_lines = lines(batches)
+        for w in workers or [None]:
+            bare, bare_cpu, bare_pss, _ = await run_one("no pipeline", k, batch_lines, tmp, w)
+            sink, sink_cpu, sink_pss, peak = await run_one("file sink", k, batch_lines, tmp, w)
+            print(f"  {'-' if w is None else w:>7} {k:4d} {bare:19,.0f} {sink:17,.0f} {100 * (1 - sink / bare):+6.1f}% "
+                  f"{bare_cpu:16.2f} / {sink_cpu:.2f} {(peak or 0) / 2**20:9.1f} MiB "
+                  f"{bare_pss / 1024:11.1f} / {sink_pss / 1024:.1f} MiB")

@@ -1,0 +1,148 @@
+"""``mldserver check``: what ``mldserver serve`` would find at start-up, without serving.
+
+The same code path as ``serve``: the settings through ``config.load`` (every value
+against its Rule), the handler and the pipeline through the importer, the state
+directory created and probed by ``preflight``, the log file opened as ``logs`` opens
+it. It neither binds nor starts Spark, so it can run beside a live server (before a
+restart, in a deploy script)::
+
+    $ mldserver check --config /etc/mldserver.toml
+    config      /etc/mldserver.toml (execution_timeout=30.0, handler_retries=4)
+    handler     handlers.orders:Orders (class)
+    pipeline    handlers.orders:pipeline (function)
+    state_dir   /var/lib/mldserver (writable)
+    listen      127.0.0.1:7070
+    sink        parquet:/var/lib/mldserver/output
+    ok
+
+With ``--properties FILE`` (the daemon's), each finding of ``mldserver.ops.properties``
+follows, with its line and what to do, and a summary line::
+
+    properties  mld.properties (16 keys, KCL 3.1.3)
+    error    mld.properties:14 initialPositonInStream: not a key the KCL 3.1.3 daemon knows ...
+    warning  mld.properties:20 metricsLevel: also set on line 9: ...
+    1 error, 1 warning
+
+Exit 0 when all is well (warnings printed either way), 1 when the properties have an
+error; a mistake in the settings (or a properties file that is missing or does not
+parse) is the ConfigError ``serve`` would stop on: one line on stderr, exit 2. Each
+check is one function of ``CHECKS`` taking what was ``Given``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, TextIO
+
+from ..base import kcl_keys, logs, preflight
+from . import properties as daemon_properties
+from ..base.config import Settings
+from ..api.context import Context
+from ..api.checks import check_handler, emits
+from ..base.importer import import_from_string
+
+
+@dataclass(frozen=True)
+class Given:
+    """What the command line gave ``check``; the properties check adds its findings."""
+
+    settings: Settings
+    config: str | None  # the --config file
+    properties: str | None = None  # the daemon's properties file (--properties)
+    findings: list[daemon_properties.Finding] = dataclasses.field(default_factory=list)
+
+
+def config(given: Given) -> tuple[str, str]:
+    s = given.settings
+    changed = [
+        f"{f.name}={getattr(s, f.name)!r}"
+        for f in dataclasses.fields(Settings)
+        if f.name != "handler" and getattr(s, f.name) != f.default
+    ]
+    return "config", (given.config or "(no file)") + (f" ({', '.join(changed)})" if changed else " (all defaults)")
+
+
+def handler(given: Given) -> tuple[str, str] | None:
+    spec = given.settings.handler
+    if not spec:
+        return None  # checking only --properties
+    factory = import_from_string(spec, "handler")
+    handler = check_handler(factory, Context(given.settings), spec)  # as each handler process does at start-up
+    return "handler", f"{spec} ({_kind(factory)}; its callbacks and constructor checked)" + (
+        "; it emits rows, but no sink keeps them: add --sink" if emits(type(handler)) and not given.settings.sink
+        else "")
+
+
+def pipeline(given: Given) -> tuple[str, str] | None:
+    spec = given.settings.pipeline
+    return None if not spec else ("pipeline", f"{spec} ({_kind(import_from_string(spec, 'pipeline'))})")
+
+
+def state_dir(given: Given) -> tuple[str, str]:
+    path = preflight.writable_state_dir(Path(given.settings.state_dir))
+    return "state_dir", f"{path.resolve()} (writable)"
+
+
+def log_file(given: Given) -> tuple[str, str] | None:
+    path = given.settings.log_file
+    if not path:
+        return None
+    logs.file_handler(path).close()
+    return "log_file", f"{path} (appendable)"
+
+
+def listen(given: Given) -> tuple[str, str]:
+    s = given.settings
+    where = [f"unix:{s.unix}"] if s.unix else []
+    if s.tcp_port is not None:
+        where.append(f"{s.host}:{s.tcp_port}")
+    return "listen", " and ".join(where)
+
+
+def sink(given: Given) -> tuple[str, str]:
+    preflight.extras(given.settings)  # the sink's (or the pipeline's) extra is installed
+    return "sink", given.settings.sink or "(none: rows are not collected)"
+
+
+def properties(given: Given) -> tuple[str, str] | None:
+    """The daemon's properties file: its findings go to ``given.findings``."""
+    if not given.properties:
+        return None
+    props = daemon_properties.read(given.properties)
+    given.findings.extend(daemon_properties.check(props, given.settings))
+    return "properties", f"{given.properties} ({len(props.entries)} keys, KCL {kcl_keys.KCL_VERSION})"
+
+
+CHECKS: list[Callable[[Given], tuple[str, str] | None]] = [
+    config, handler, pipeline, state_dir, log_file, listen, sink, properties,
+]
+
+
+def run(given: Given, out: TextIO) -> int:
+    """Run every check, printing what each found; the first that fails raises its
+    ConfigError (the CLI prints it and exits 2). Then the properties' findings; returns
+    how many are errors (the CLI exits 1 when there is one)."""
+    for check in CHECKS:
+        found = check(given)
+        if found is not None:
+            out.write(f"{found[0]:<11} {found[1]}\n")
+    for finding in given.findings:
+        out.write(finding.render(given.properties or "") + "\n")
+    errors = sum(f.level == "error" for f in given.findings)
+    warnings = len(given.findings) - errors
+    if errors or warnings:
+        out.write(f"{_plural(errors, 'error')}, {_plural(warnings, 'warning')}\n")
+    if not errors:
+        out.write("ok\n")
+    return errors
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}{'' if n == 1 else 's'}"
+
+
+def _kind(obj: Any) -> str:
+    return "class" if inspect.isclass(obj) else "function" if inspect.isfunction(obj) else type(obj).__name__

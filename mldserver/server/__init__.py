@@ -1,0 +1,26 @@
+"""The server process: ``server.py`` (the lifecycle: start, serve, ordered shutdown),
+``assembly.py`` (its parts, built from the settings in one place), ``listeners.py``
+(the TCP port and the unix socket the relays connect to), ``admin.py`` (the admin
+endpoint: health, status, pause, resume, reload) and ``metrics.py`` (Prometheus).
+
+``from mldserver.server import Server`` keeps working: names are imported when asked
+for, so a handler process or the relay importing ``mldserver`` pays for none of this.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+__all__ = ["Server", "ServerCrashed", "run"]
+
+if TYPE_CHECKING:
+    from ..errors import ServerCrashed
+    from .server import Server, run
+
+
+def __getattr__(name: str) -> Any:
+    module = {"Server": ".server", "run": ".server", "ServerCrashed": "..errors"}.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(module, __name__), name)

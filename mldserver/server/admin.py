@@ -1,0 +1,252 @@
+"""The admin endpoint: metrics, health, status and the lifecycle over HTTP (aiohttp),
+on loopback by default (``--admin 127.0.0.1:7071``; ``--admin off`` disables it; an
+embedded ``Server`` has none unless ``Settings.admin`` names one)::
+
+    GET  /          JSON: these endpoints, each with what it answers
+    GET  /metrics   Prometheus text from the server's own registry (mldserver.server.metrics)
+    GET  /healthz   200 "ok" while the loop answers and every task the server owns is
+                    alive; 503 and the reason otherwise
+    GET  /readyz    200 once listening and, with a pipeline, the Spark session up and the
+                    commit log read; 503 and what is missing before
+    GET  /status    JSON: each shard, the coordinator, Spark (see ``status_of``)
+    POST /pause     actions under way finish; the next one of every shard waits before
+                    its handler is called; commits and checkpoints go on
+    POST /resume    every shard goes on from exactly where it stopped
+    POST /reload    what SIGHUP does (``Server.reload()``): 200 once the new code serves, 500 if it
+                    failed to import (the old code keeps serving), 409 with ``--workers 0``
+
+    $ curl -s 127.0.0.1:7071/readyz
+    ready
+    $ curl -s -XPOST 127.0.0.1:7071/pause
+    {"paused":true,"changed":true}
+
+Like the shard port, it has no authentication: bind it to loopback (the default) or
+firewall it. Once bound it logs ``admin_listening`` with the address; a port in use is
+a ConfigError naming ``--admin``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import math
+import socket
+import time
+from typing import Any
+
+import orjson
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from ..errors import ConfigError
+from ..base.logs import get_logger
+
+log = get_logger("mldserver.admin")
+
+GETS = ("/metrics", "/healthz", "/readyz", "/status")
+POSTS = ("/pause", "/resume", "/reload")
+USAGE = f"GET {', '.join(GETS)}; POST {', '.join(POSTS)}"
+
+
+def parse_address(value: str) -> tuple[str, int] | None:
+    """``--admin``: HOST:PORT (``[::1]:7071`` for IPv6), or ``off`` (None)."""
+    if value.strip().lower() == "off":
+        return None
+    host, sep, port = value.rpartition(":")
+    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    if not sep or not host or not port.isdigit() or int(port) > 65535:
+        raise ConfigError(f"--admin {value}: use HOST:PORT (as in 127.0.0.1:7071; port 0 picks a free one) or off")
+    return host, int(port)
+
+
+ENDPOINTS = {
+    "GET /metrics": "Prometheus metrics",
+    "GET /healthz": "200 while the server and every task it owns are alive, else 503 and why",
+    "GET /readyz": "200 once it serves shards (and Spark is up, with a pipeline), else 503 and what is missing",
+    "GET /status": "JSON: each shard, the coordinator, Spark",
+    "POST /pause": "hold every shard before its next handler call",
+    "POST /resume": "go on from where each shard stopped",
+    "POST /reload": "import the handler module afresh (SIGHUP)",
+}
+
+
+class Admin:
+    def __init__(self, server: Any, value: str) -> None:
+        self.server = server
+        self.value = value
+        self.address = parse_address(value)
+        self.bound: tuple[str, int] | None = None
+        self._runner: web.AppRunner | None = None
+
+    async def start(self) -> None:
+        if self.address is None:
+            return
+        host, port = self.address
+        app = web.Application(middlewares=[_errors])
+        app.add_routes([
+            web.get("/", self.index),
+            web.get("/metrics", self.metrics),
+            web.get("/healthz", self.healthz),
+            web.get("/readyz", self.readyz),
+            web.get("/status", self.status),
+            web.post("/pause", self.pause),
+            web.post("/resume", self.resume),
+            web.post("/reload", self.reload),
+        ])
+        runner = web.AppRunner(app, handle_signals=False, access_log=None)
+        await runner.setup()
+        try:
+            await web.TCPSite(runner, host, port).start()
+        except (OSError, socket.gaierror) as exc:
+            await runner.cleanup()
+            reason = (exc.strerror if isinstance(exc, OSError) else None) or str(exc)
+            if isinstance(exc, OSError) and exc.errno == errno.EADDRINUSE:
+                raise ConfigError(f"--admin {self.value}: {host}:{port} is already in use: stop what listens "
+                                  f"there, or choose another --admin HOST:PORT (port 0 picks one; off disables)"
+                                  ) from None
+            raise ConfigError(f"--admin {self.value}: cannot listen there ({reason})") from None
+        self._runner = runner
+        self.bound = runner.addresses[0][:2]
+        log.info("admin_listening", host=self.bound[0], port=self.bound[1],
+                 url=f"http://{_hostport(*self.bound)}/")
+
+    async def stop(self) -> None:
+        runner, self._runner = self._runner, None
+        if runner is not None:
+            await runner.cleanup()
+
+    # -- GET -------------------------------------------------------------------------
+
+    async def index(self, request: web.Request) -> web.Response:
+        return web.json_response({"endpoints": ENDPOINTS})
+
+    async def metrics(self, request: web.Request) -> web.Response:
+        body = generate_latest(self.server.metrics.registry)
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    async def healthz(self, request: web.Request) -> web.Response:
+        reason = self.server.unhealthy()
+        if reason is None:
+            return web.Response(text="ok\n")
+        return web.Response(status=503, text=f"unhealthy: {reason}\n")
+
+    async def readyz(self, request: web.Request) -> web.Response:
+        missing = self.server.not_ready()
+        if missing is None:
+            return web.Response(text="ready\n")
+        return web.Response(status=503, text=f"not ready: {missing}\n")
+
+    async def status(self, request: web.Request) -> web.Response:
+        return _json(status_of(self.server))
+
+    # -- POST ------------------------------------------------------------------------
+
+    async def pause(self, request: web.Request) -> web.Response:
+        return _json({"paused": True, "changed": self.server.pause()})
+
+    async def resume(self, request: web.Request) -> web.Response:
+        return _json({"paused": False, "changed": self.server.resume()})
+
+    async def reload(self, request: web.Request) -> web.Response:
+        task = self.server.reload()
+        if task is None:
+            return _json({"reloaded": False, "error": "handlers run in the server's loop (--workers 0): nothing can "
+                                                      "be imported again; restart the server to load new handler code"},
+                         status=409)
+        if not await asyncio.shield(task):
+            return _json({"reloaded": False, "error": "the handler module failed to import (reload_failed in the "
+                                                      "server's log has the importer's error); the running code "
+                                                      "keeps serving"}, status=500)
+        return _json({"reloaded": True})
+
+
+@web.middleware
+async def _errors(request: web.Request, handler: Any) -> web.StreamResponse:
+    """A wrong path or method answers in one line what exists, as JSON."""
+    try:
+        return await handler(request)
+    except web.HTTPMethodNotAllowed as exc:
+        allowed = ", ".join(sorted(exc.allowed_methods))
+        return _json({"error": f"{request.method} {request.path}: use {allowed} {request.path} ({USAGE})"},
+                     status=405, headers={"Allow": allowed})
+    except web.HTTPNotFound:
+        return _json({"error": f"{request.method} {request.path}: no such path ({USAGE})"}, status=404)
+
+
+def _json(value: Any, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
+    return web.Response(body=orjson.dumps(value, option=orjson.OPT_APPEND_NEWLINE), status=status,
+                        content_type="application/json", headers=headers)
+
+
+def _hostport(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def _ms(value: float) -> int | None:
+    return int(value) if math.isfinite(value) else None
+
+
+def status_of(server: Any) -> dict[str, Any]:
+    """What ``GET /status`` answers (and ``mldserver status`` shows)::
+
+        {"paused": false, "ready": true, "listening": "127.0.0.1:7070",
+         "shards": [{"shard_id": "shardId-000000000001", "conn": 3, "state": "READY",
+                     "callback": null, "last_action": "processRecords", "last_action_age_s": 0.2,
+                     "records": 120000, "batches": 240, "millis_behind_latest": 0,
+                     "watermark": 1763800000000, "checkpoint": "49590...:0",
+                     "handler_process": 41822}, ...],
+         "coordinator": {"global_watermark": 1763799995000, "open_windows": 2, "buffered_rows": 4100,
+                         "buffered_bytes": 390000, "windows_committed": 12, "late_rows": 0,
+                         "last_commit": {"window": "...", "rows": 5200, "late": 0, "age_s": 3.1}},
+         "spark": {"state": "up", "restarts": 0, "last_error": null}}
+    """
+    now = time.time()
+    coordinator = server.coordinator
+    snapshot = coordinator.status() if coordinator is not None else None
+    shards = []
+    for shard in sorted((d.status() for d in list(server.drivers.values())), key=lambda s: s.conn or 0):
+        stored = shard.stored
+        mark = snapshot.watermarks.get(shard.shard_id, -math.inf) if snapshot and shard.shard_id else math.nan
+        shards.append({
+            "shard_id": shard.shard_id,
+            "conn": shard.conn,
+            "state": shard.state,
+            "callback": shard.callback,
+            "last_action": shard.last_action,
+            "last_action_age_s": shard.last_action_age_s,
+            "records": shard.records,
+            "batches": shard.batches,
+            "millis_behind_latest": shard.millis_behind_latest,
+            "watermark": _ms(mark),
+            "checkpoint": None if stored is None else f"{stored.text}:{stored.sub}",
+            "handler_process": shard.handler_process,
+        })
+    out: dict[str, Any] = {
+        "paused": server.paused,
+        "paused_since": server.pause_gate.since,
+        "waiting_actions": server.pause_gate.waiting,
+        "ready": server.not_ready() is None,
+        "listening": server.address if isinstance(server.address, str) or server.address is None
+        else _hostport(*server.address),
+        "loop_lag_max_ms": round(server.loop_lag.worst * 1000, 1),
+        "shards": shards,
+        "coordinator": None,
+        "spark": None,
+    }
+    if snapshot is not None:
+        last = snapshot.last_commit
+        out["coordinator"] = {
+            "global_watermark": _ms(snapshot.global_watermark),
+            "open_windows": snapshot.open_windows,
+            "buffered_rows": snapshot.buffered_rows,
+            "buffered_bytes": snapshot.buffered_bytes,
+            "windows_committed": snapshot.windows_committed,
+            "rows_committed": snapshot.rows_committed,
+            "late_rows": snapshot.late_rows,
+            "last_commit": None if last is None else {"window": last.window, "rows": last.rows, "late": last.late,
+                                                      "age_s": round(now - last.at, 3)},
+        }
+    if server.spark is not None:
+        out["spark"] = {"state": server.spark.state, "restarts": server.spark.restarts,
+                        "last_error": server.spark.last_error}
+    return out

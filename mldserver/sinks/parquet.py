@@ -1,0 +1,94 @@
+"""The Spark sink (``--sink parquet:DIR``, the default when a pipeline is given):
+each closed window goes through the user's pipeline in the Spark process and is
+committed exactly once.
+
+Here, on the server's side, a window's rows (JSON lines, in merged order) become an
+Arrow table (``schema.py``: pyarrow's JSON reader on the window's buffer as it is, in a
+thread) written to ``<state-dir>/spark/windows/<id>.parquet``; the Spark process reads
+that file into a DataFrame, runs the pipeline, publishes ``DIR/window=<id>/`` and
+appends ``DIR/_commits/<id>.json`` (``sinks/commitlog.py``)::
+
+    DIR/window=1763719200000-1763719260000/part-00000-....parquet
+    DIR/_commits/1763719200000-1763719260000.json
+    DIR/_schema.arrow                 # the inferred schema, fixed from then on
+
+Readers (``spark.read.parquet(DIR)``, pyarrow datasets) skip names starting with
+``_``. Rows that do not fit the schema are dead-lettered with the error
+(``<state-dir>/dead-letters/rows.jsonl``) and the rest of the window goes on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+from pathlib import Path
+
+import pyarrow.parquet as pq
+
+from ..base.config import Settings, state_path
+from ..base.handoff import Committed, Window
+from ..base.deadletters import DeadLetters
+from ..base.logs import get_logger
+from ..base.commitlog import CommitLog
+from .schema import declared, load, rows_to_table, save
+from ..spark.frames import CommitRequest
+from ..spark.process import SparkProcess
+
+log = get_logger("mldserver.sink")
+
+
+class SparkSink:
+    def __init__(self, settings: Settings, spark: SparkProcess, directory: Path, dead_letters: DeadLetters) -> None:
+        self.spark = spark
+        self.directory = directory
+        self.dead_letters = dead_letters
+        self.commit_log = CommitLog(directory)
+        self.inputs = state_path(settings, "spark", "windows").resolve()  # the Spark process runs elsewhere
+        self.schema_path = directory / "_schema.arrow"
+        self.schema = declared(settings.schema)  # a ConfigError before the server binds
+        self.rows_out = 0
+
+    async def start(self) -> Committed:
+        def prepare() -> Committed:
+            shutil.rmtree(self.inputs, ignore_errors=True)
+            self.inputs.mkdir(parents=True, exist_ok=True)
+            if self.schema is None:
+                self.schema = load(self.schema_path)
+            return self.commit_log.read()
+
+        return await asyncio.to_thread(prepare)
+
+    async def commit(self, window: Window) -> None:
+        path = self.inputs / f"{window.id}.parquet"
+        if not path.exists():  # a retry after a failed attempt reuses the file
+            rejected = await asyncio.to_thread(self._write_input, window, path)
+            if rejected:
+                await self.dead_letters.rejected_rows(window.id, rejected, "row does not fit the schema", log)
+        request: CommitRequest = {
+            "op": "commit",
+            "path": str(path),
+            "window": {
+                "id": window.id,
+                "start": window.start,
+                "end": window.end,
+                "rows": len(window),
+                "late": window.late_rows,
+                "positions": {shard_id: p.to_json() for shard_id, p in window.positions.items()},
+            },
+        }
+        reply = await self.spark.request(request)
+        await asyncio.to_thread(path.unlink, True)
+        self.rows_out += reply.get("rows_out") or 0
+        if reply.get("already"):
+            log.info("window_already_committed", window=window.id)
+
+    def _write_input(self, window: Window, path: Path) -> list[tuple[bytes, str]]:
+        table, rejected = rows_to_table(window.rows, self.schema)
+        if self.schema is None:
+            self.schema = table.schema
+            save(table.schema, self.schema_path)
+            log.info("schema_inferred", window=window.id, schema=str(table.schema).replace("\n", "; "))
+        tmp = path.with_name(f"_{path.name}")
+        pq.write_table(table, tmp, compression="none")
+        tmp.replace(path)
+        return [(window.rows[i], error) for i, error in rejected]

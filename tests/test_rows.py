@@ -1,0 +1,81 @@
+"""Rows: a batch's rows as columns (``RowBatch``), sliced, searched and joined without
+an object per row; and a module light enough for a handler process."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+
+from mldserver.base.positions import Position
+from mldserver.api.rows import NO_TIME, Item, RowBatch, concat_lines
+
+
+def loaded_after(script: str, *modules: str) -> list[str]:
+    """Which of ``modules`` a fresh interpreter has loaded once ``script`` ran."""
+    script += f"\nimport sys\nprint(','.join(m for m in {modules!r} if m in sys.modules))\n"
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True).stdout
+    return [m for m in out.strip().split(",") if m]
+
+
+def at(seq: int) -> Position:
+    return Position(seq, 0, str(seq))
+
+
+def docstrings_batch() -> RowBatch:
+    """The module docstring's batch: records 7, 8 and 9; a row for 7 at 1_500, two for 9
+    with no time given."""
+    return RowBatch(np.array([1_500, NO_TIME, NO_TIME]), np.array([0, 2, 2]), [at(7), at(8), at(9)],
+                    b'{"k":1}\n{"k":2}\n{"k":3}\n', np.array([0, 8, 16, 24]))
+
+
+def test_the_docstrings_batch_reads_as_it_says():
+    rows = docstrings_batch()
+    assert rows.ordered and len(rows) == 3 and rows.nbytes() == 24
+    assert (rows.row(0), rows.position(1), rows.lowest()) == (b'{"k":1}', at(9), at(7))
+    assert list(rows) == [Item(1_500, at(7), b'{"k":1}'), Item(None, at(9), b'{"k":2}'), Item(None, at(9), b'{"k":3}')]
+    tail = rows[1:3]
+    assert tail.body is rows.body and tail.positions is rows.positions
+    assert [r.data for r in tail] == [b'{"k":2}', b'{"k":3}']
+    above = rows.above(at(8))
+    assert above.body is rows.body and [r.position for r in above] == [at(9), at(9)]
+
+
+def test_rows_given_one_by_one_come_back_as_they_were_given():
+    items = [Item(1_000, at(3), b'{"a":1}'), Item(None, at(4), b'{"a":2}'), Item(2_000, at(4), b'[]')]
+    rows = RowBatch.of(items)
+    assert list(rows) == items and rows.positions == [at(3), at(4), at(4)] and rows.ordered
+    assert rows.times.tolist() == [1_000, NO_TIME, 2_000]
+
+
+def test_rows_emitted_out_of_record_order_keep_their_positions_sorted_and_are_searched_by_copy():
+    rows = RowBatch.of([Item(1, at(9), b"9"), Item(2, at(7), b"7"), Item(3, at(8), b"8")])
+    assert not rows.ordered and rows.positions == [at(7), at(8), at(9)] and rows.lowest() == at(7)
+    above = rows.above(at(7))
+    assert [(r.time, r.position, r.data) for r in above] == [(1, at(9), b"9"), (3, at(8), b"8")]
+    assert above.body is not rows.body
+
+
+def test_batches_are_joined_into_one_with_their_positions_one_after_another():
+    first, second = RowBatch.of([Item(1, at(1), b"a")]), RowBatch.of([Item(2, at(2), b"bb"), Item(3, at(3), b"c")])
+    joined = RowBatch.concat([first, second[1:]])
+    assert [(r.time, r.position, r.data) for r in joined] == [(1, at(1), b"a"), (3, at(3), b"c")]
+    body, offsets = concat_lines([first, second[1:]])
+    assert bytes(body) == b"a\nc\n" and offsets.tolist() == [0, 2, 4]
+    assert RowBatch.concat([first]) is first and len(RowBatch.concat([])) == 0
+
+
+def test_importing_rows_loads_neither_the_coordinator_nor_numpy():
+    # A handler process imports it (pool.frames): it must stay as light as positions.
+    script = "import mldserver.api.rows, mldserver.pool.child\n"
+    assert loaded_after(script, "mldserver.coordinator", "numpy") == []
+
+
+def test_a_server_without_a_sink_and_the_handler_processes_never_load_numpy():
+    # Every batch goes through encode_rows, rows or none; numpy is some 12 MiB a process.
+    script = ("import mldserver.server.server, mldserver.pool.child\n"
+              "from mldserver.shard.batches import encode_rows\n"
+              "rows, bad = encode_rows(())\n"
+              "assert len(rows) == 0 and bad == []\n")
+    assert loaded_after(script, "numpy", "pyarrow") == []
