@@ -3,19 +3,20 @@
 
 from __future__ import annotations
 
+import multiprocessing
 import socket
 from pathlib import Path
 
 import pytest
 
 from mldserver.errors import ConfigError
-from mldserver.base.preflight import PROBE, free_unix_path, writable_state_dir
+from mldserver.base.preflight import free_unix_path, probe_path, writable_state_dir
 
 
 def test_a_missing_state_dir_is_created_and_probed_leaving_nothing_behind(tmp_path):
     path = tmp_path / "a" / "state"
     assert writable_state_dir(path) == path
-    assert path.is_dir() and not (path / PROBE).exists()
+    assert path.is_dir() and not any(path.iterdir())
 
 
 def test_a_state_dir_that_is_a_regular_file_is_refused_naming_it(tmp_path):
@@ -27,6 +28,20 @@ def test_a_state_dir_that_is_a_regular_file_is_refused_naming_it(tmp_path):
                                  "remove it or choose another --state-dir")
 
 
+def _probe_often(path: str, times: int) -> None:
+    for _ in range(times):
+        writable_state_dir(Path(path))
+
+
+def test_processes_that_probe_one_state_dir_at_once_do_not_unlink_each_others_probe(tmp_path):
+    """CI saw ``check`` refuse a good state dir while another ``check`` probed it: both
+    wrote one probe name, and the second unlink found nothing (No such file or directory)."""
+    context = multiprocessing.get_context("spawn")
+    with context.Pool(2) as pool:
+        pool.starmap(_probe_often, [(str(tmp_path), 300)] * 2)
+    assert not any(tmp_path.iterdir())
+
+
 def test_a_state_dir_that_cannot_be_created_is_refused_naming_it():
     with pytest.raises(ConfigError, match=r"^--state-dir /proc/mldserver-state: cannot create it \(.+\): "):
         writable_state_dir(Path("/proc/mldserver-state"))
@@ -34,7 +49,7 @@ def test_a_state_dir_that_cannot_be_created_is_refused_naming_it():
 
 def test_a_state_dir_that_takes_no_file_is_refused_naming_it(tmp_path):
     path = tmp_path / "state"
-    (path / PROBE).mkdir(parents=True)  # the probe's name is taken by a folder: its write fails
+    probe_path(path).mkdir(parents=True)  # the probe's name is taken by a folder: its write fails
     with pytest.raises(ConfigError, match=rf"^--state-dir {path}: cannot write there \(Is a directory\)"):
         writable_state_dir(path)
 

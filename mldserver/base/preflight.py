@@ -39,6 +39,15 @@ if TYPE_CHECKING:
     from .config import Settings
 
 PROBE = ".mldserver-probe"
+
+
+def probe_path(path: Path) -> Path:
+    """The probe file this process writes in ``path``: named by pid, so two processes that
+    check one state directory at once (``check`` beside a starting ``serve``) never unlink
+    each other's probe."""
+    return path / f"{PROBE}-{os.getpid()}"
+
+
 JAVA = 17  # the oldest Java that Spark 4 and the KCL 3 daemon run on
 INSTALL_JAVA = ("install one (Debian/Ubuntu: apt-get install openjdk-17-jre-headless; macOS: brew install "
                 "openjdk@17; a container: FROM eclipse-temurin:17-jre) or set JAVA_HOME to one")
@@ -105,7 +114,7 @@ def writable_state_dir(path: Path) -> Path:
         raise ConfigError(f"{what}: exists and is not a directory: remove it or choose another --state-dir") from None
     except OSError as exc:
         raise ConfigError(f"{what}: cannot create it ({_reason(exc)}): {_fix(exc)}") from None
-    probe = path / PROBE
+    probe = probe_path(path)
     try:
         fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
