@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import base64
+import binascii
+
 import pytest
+from hypothesis import given, strategies as st
 
 from mldserver.base.positions import Position
-from mldserver.api.records import Batch, Emitted, Record, ShardInfo
+from mldserver.api.records import Batch, Emitted, Record, ShardInfo, decode_data
 
 RAW = {"data": "bWVvdw==", "partitionKey": "cat", "sequenceNumber": "4959", "subSequenceNumber": 2,
        "approximateArrivalTimestamp": 1476889707000, "action": "record"}
@@ -17,6 +21,25 @@ def test_a_record_reads_the_daemons_fields_and_decodes_data_on_first_use():
     assert record.approximate_arrival_timestamp == 1476889707000 and record.explicit_hash_key is None
     assert record.raw_data == "bWVvdw==" and record.data == b"meow"
     assert Record({"sequenceNumber": "1", "data": None}).data == b""
+
+
+@given(st.binary(max_size=3000))
+def test_data_decodes_to_the_bytes_that_were_encoded(payload):
+    assert decode_data(base64.b64encode(payload).decode("ascii")) == payload
+
+
+def _outcome(decode, text):
+    try:
+        return decode(text)
+    except ValueError as exc:  # binascii.Error included
+        return type(exc)
+
+
+@given(st.text(alphabet=st.sampled_from("ABCxyz019+/=\n -_!\u00e9"), max_size=200))
+def test_data_that_is_not_strict_base64_reads_as_binascii_reads_it(text):
+    """The SIMD decoder is strict; whatever it refuses (a line break, a character outside
+    the alphabet, bad padding, non-ASCII) decodes, or fails, exactly as binascii's."""
+    assert _outcome(decode_data, text) == _outcome(binascii.a2b_base64, text)
 
 
 def test_the_position_is_parsed_once_and_kept():

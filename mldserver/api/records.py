@@ -15,6 +15,10 @@ compares them as integers where order matters. It is parsed on first use (or giv
 the decoder) and kept: a record whose ``sequenceNumber`` is not digits has none, and
 reading it raises ``ValueError`` (the server treats such a record as a bad record).
 Any field but ``sequenceNumber`` may be null.
+
+``data`` is decoded with SIMD (pybase64), strictly; what that refuses (a character
+outside the alphabet, a line break) is read as ``binascii.a2b_base64`` reads it, which
+skips such characters, so every line decodes as it always did, only faster.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from operator import itemgetter
 from typing import Any, NamedTuple, Sequence
 
 import orjson
+import pybase64
 
 from ..base.positions import Position
 
@@ -52,7 +57,7 @@ class Record:
     def data(self) -> bytes:
         if self._data is None:
             b64 = self._raw.get("data")
-            self._data = binascii.a2b_base64(b64) if b64 else b""
+            self._data = decode_data(b64) if b64 else b""
         return self._data
 
     @property
@@ -106,6 +111,18 @@ class Record:
             f"Record(sequence_number={self.sequence_number!r}, "
             f"sub_sequence_number={self.sub_sequence_number!r}, partition_key={self.partition_key!r})"
         )
+
+
+def decode_data(b64: str) -> bytes:
+    """A record's base64 ``data`` as bytes: strict SIMD decoding, else binascii's lenient
+    reading (non-alphabet characters skipped; bad padding still raises ``binascii.Error``)."""
+    try:
+        return _b64decode(b64, validate=True)
+    except ValueError:  # binascii.Error, or a str that is not ASCII
+        return binascii.a2b_base64(b64)
+
+
+_b64decode = pybase64.b64decode
 
 
 # Event times are epoch milliseconds from 1970 up to the end of year 9999: what a

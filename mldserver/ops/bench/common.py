@@ -60,6 +60,18 @@ def cpu_s(pid: int) -> float:
         return 0.0
 
 
+def tree_cpu_s(pids: list[int]) -> dict[int, float]:
+    """CPU seconds of each process in the trees below ``pids`` (each pid included): read
+    before and after a run, the difference is what every process of a side spent
+    (``cpu_spent``), the processes started during the run included."""
+    return {p: cpu_s(p) for root in pids for p in descendants(root)}
+
+
+def cpu_spent(before: dict[int, float], after: dict[int, float]) -> float:
+    """CPU seconds between two ``tree_cpu_s`` readings (a process new in ``after`` counts whole)."""
+    return sum(t - before.get(p, 0.0) for p, t in after.items())
+
+
 def descendants(pid: int) -> list[int]:
     """``pid`` and every process below it (the server and its handler and Spark processes)."""
     out, todo = [], [pid]

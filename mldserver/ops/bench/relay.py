@@ -13,6 +13,9 @@ for its status), N batches of R records of B bytes each, against:
                    cost of metrics, side by side with the unscraped run).
 
 Every handler does the same work: decode each record's data and add up its length.
+CPU per record is every process of a side over the timed part (user and system time):
+the server, its handler processes and the relays, or the amazon_kclpy children; it
+decides how many shards a core serves, where records/s on a shared machine only hints.
 Memory is PSS (shared pages split between the processes that map them), sampled
 during the run, peak reported; "per shard" is one relay (or one kclpy child) plus the
 server's whole PSS divided by K.
@@ -33,7 +36,7 @@ import orjson
 
 from ...api.handler import Handler
 from ...api.testing import Child, FakeDaemon, Shard, SocketChild, relay_command
-from .common import Sampler, cpu_s, descendants, free_port, pss_kb, rss_kb, start_server
+from .common import Sampler, cpu_s, cpu_spent, descendants, free_port, pss_kb, rss_kb, start_server, tree_cpu_s
 
 
 class TouchHandler(Handler):
@@ -89,11 +92,16 @@ class Result:
     per_shard_pss_kb: float = 0.0
     total_pss_kb: int = 0
     server_cpu_s: float = 0.0  # the server's CPU seconds during the run
+    cpu_s: float = 0.0  # every process of the side: server, handler processes and relays (or the kclpy children)
     server_peaks_kb: list[int] = field(default_factory=list)  # the server's, then its handler processes'
 
     @property
     def cpu_us_per_record(self) -> float:
         return self.server_cpu_s / self.records * 1e6 if self.records else 0.0
+
+    @property
+    def all_cpu_us_per_record(self) -> float:
+        return self.cpu_s / self.records * 1e6 if self.records else 0.0
 
     @property
     def rate(self) -> float:
@@ -104,13 +112,16 @@ class Result:
         p50 = rt[len(rt) // 2] * 1000
         p99 = rt[min(len(rt) - 1, int(len(rt) * 0.99))] * 1000
         ratio = f"{self.rate / baseline.rate:5.2f}x" if baseline and baseline.rate else "   - "
+        cpu = f"{self.all_cpu_us_per_record:7.2f}" if self.cpu_s else f"{'-':>7}"
+        cpu_ratio = (f"{self.cpu_s / self.records / (baseline.cpu_s / baseline.records):5.2f}x"
+                     if baseline and baseline.cpu_s and self.cpu_s else "   - ")
         mem = f"{self.per_shard_pss_kb / 1024:7.1f} {self.total_pss_kb / 1024:8.1f}" if self.total_pss_kb else f"{'-':>7} {'-':>8}"
         return (f"  {self.name:13} {self.shards:4d} {self.rate:12,.0f} {ratio} {self.bytes / self.seconds / 1e6:8.1f} "
-                f"{p50:8.1f} {p99:8.1f} {mem}")
+                f"{p50:8.1f} {p99:8.1f} {cpu} {cpu_ratio} {mem}")
 
 
 HEADER = (f"  {'variant':13} {'K':>4} {'records/s':>12} {'vs kclpy':>6} {'MB/s':>8} {'p50 ms':>8} {'p99 ms':>8} "
-          f"{'MiB/shd':>7} {'MiB all':>8}")
+          f"{'us CPU/r':>7} {'vs kclpy':>6} {'MiB/shd':>7} {'MiB all':>8}")
 
 
 async def drive(shards: list[Shard], line: bytes, last: dict, batches: int, result: Result) -> None:
@@ -191,9 +202,11 @@ async def _run_variant(name: str, k: int, records: int, size: int, batches: int,
         sampler.trees["server"] = server_pid  # with its handler processes
     result = Result(name, k, records * batches * k, len(line) * batches * k)
     sampler.start()
-    cpu = cpu_s(server_pid) if server_pid else 0.0
+    sides = ([server_pid] if server_pid else []) + [s.child.proc.pid for s in shards if name != "direct"]
+    cpu, every = cpu_s(server_pid) if server_pid else 0.0, tree_cpu_s(sides)
     await drive(shards, line, last, batches, result)
     result.server_cpu_s = cpu_s(server_pid) - cpu if server_pid else 0.0
+    result.cpu_s = cpu_spent(every, tree_cpu_s(sides))
     await sampler.stop()
     for shard in shards:
         await shard.lease_lost()
@@ -210,7 +223,7 @@ async def _run_variant(name: str, k: int, records: int, size: int, batches: int,
 def ceiling(records: int, size: int, batches: int) -> Result:
     line, _ = batch_line(10**50, records, size)
     result = Result("ceiling", 1, records * batches, len(line) * batches)
-    started = time.perf_counter()
+    started, cpu = time.perf_counter(), time.process_time()
     for _ in range(batches):
         t0 = time.perf_counter()
         message = orjson.loads(line)
@@ -219,6 +232,7 @@ def ceiling(records: int, size: int, batches: int) -> Result:
             total += len(binascii.a2b_base64(r["data"]))
         result.round_trips.append(time.perf_counter() - t0)
     result.seconds = time.perf_counter() - started
+    result.cpu_s = time.process_time() - cpu
     return result
 
 
