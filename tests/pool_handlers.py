@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
+import hashlib
 import os
 import pickle
 import time
@@ -63,6 +64,15 @@ class Emit(mldserver.Handler):
                 misbehave()
             batch.emit(record, {"seq": record.sequence_number, "shard": batch.shard.shard_id,
                                 "version": VERSION, "pid": os.getpid()})
+
+
+class Digest(mldserver.Handler):
+    """One row per record with the SHA-256 of its data: the sink shows the exact bytes."""
+
+    async def process_records(self, batch, checkpointer):
+        for record in batch.records:
+            batch.emit(record, {"seq": record.sequence_number, "shard": batch.shard.shard_id,
+                                "sha256": hashlib.sha256(record.data).hexdigest(), "pid": os.getpid()})
 
 
 class EmitCheckpoint(Emit):

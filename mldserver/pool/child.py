@@ -70,6 +70,7 @@ from ..api import bindings as bindings_api
 from ..api.bindings import Bindings
 from ..timers import api as timers_api
 from ..timers import remote as timers_remote
+from .arena import ArenaView
 from .frames import BEAT, BEAT_AT, RUN, STATE_SIZE, STOP, STOP_AT, WATCH_INTERVAL, CallFrame, StartFrame, encode, encode_head, encode_rows, read_frame_async, records_from
 
 log = get_logger("mldserver.handler")
@@ -184,6 +185,8 @@ class Child:
         self.settings = Settings(**start["settings"])
         self.state = start["state"]
         self.running = Running(self.state + ".run")
+        arena = start.get("arena")
+        self.arena = ArenaView(*arena) if arena else None  # where a call's line may be
         self.factory = import_from_string(start["handler"], "handler")
         self.context = Context(self.settings)
         self.context.bindings = Bindings(self.settings)  # its own client, opened on first use
@@ -222,6 +225,8 @@ class Child:
     def on_frame(self, message: dict[str, Any], body: bytes) -> bool:
         op = message["op"]
         if op == "call":
+            if "arena" in message and self.arena is not None:
+                body = self.arena.region(*message["arena"])  # read before this call's done frame only
             task = asyncio.get_running_loop().create_task(self.call(message, body))
             self.calls[task] = message["id"]
             self.what[message["id"]] = {"shard_id": message["info"][0], "action": message["action"]}

@@ -5,9 +5,11 @@ header, a JSON object, an optional binary body).
 What crosses, and how often (one shard's action is one ``call`` and one ``done``)::
 
     server -> child
-      {"op":"start","handler":"pkg.mod:Attr","settings":{...},"sys_path":[...],"state":"/x/h-1"}
+      {"op":"start","handler":"pkg.mod:Attr","settings":{...},"sys_path":[...],"state":"/x/h-1",
+       "arena":[5,67108864]}                                  (the arena's fd and size)
       {"op":"call","id":7,"shard":3,"action":"process_records","line":true,
        "info":["shardId-0","TRIM_HORIZON",0],"millis_behind_latest":0,"collect":true} | the line
+      {"op":"call",...,"arena":[0,1462000]}    (the line in the arena at (offset, size): arena.py)
       {"op":"reply","req":2,"error":null}                      (a checkpoint's answer)
       {"op":"reply","req":3,"rows":[{...}],"done":false}       (context.sql rows)
       {"op":"drop","shard":3}                                  (the shard left this process)
@@ -103,6 +105,7 @@ class StartFrame(TypedDict):
     settings: dict[str, Any]  # the server's Settings, as fields
     sys_path: list[str]
     state: str  # the process's state file prefix (which call runs, stack dumps)
+    arena: list[int] | None  # [fd, size]: the shared memory a call's line may land in (arena.py)
 
 
 class CallFrame(TypedDict, total=False):
@@ -114,6 +117,7 @@ class CallFrame(TypedDict, total=False):
     millis_behind_latest: int | None
     collect: bool  # process_records: does the server want the rows?
     line: bool  # process_records: the body is the daemon's line (else a records array)
+    arena: tuple[int, int]  # the body is in the arena at (offset, size), not after the frame
 
 
 class FireFrame(TypedDict):
@@ -148,9 +152,11 @@ def encode_records(records: Sequence[Record]) -> bytes:
                          for r in records])
 
 
-def records_from(body: bytes, line: bool = False) -> list[Record]:
+def records_from(body: bytes | memoryview, line: bool = False) -> list[Record]:
     """The batch's records from a ``call`` body: the daemon's whole processRecords
-    line (``line``), or the array ``encode_records`` made."""
+    line (``line``), or the array ``encode_records`` made; in the arena (a memoryview)
+    or read from the pipe. The records keep nothing of ``body``: both parsers copy out
+    what they keep."""
     if not body:
         return []
     if not line:
@@ -161,7 +167,7 @@ def records_from(body: bytes, line: bool = False) -> list[Record]:
     try:
         message = orjson.loads(body)
     except orjson.JSONDecodeError:  # not UTF-8: decoded tolerantly, as the protocol core does
-        message = orjson.loads(body.decode("utf-8", "replace"))
+        message = orjson.loads(bytes(body).decode("utf-8", "replace"))
     return list(map(Record, message.get("records") or ()))
 
 

@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any, Awaitable, Callable
 
 from ..base.config import Settings, state_path
+from .arena import ARENA_MIN, Arena, Region
 from ..errors import MldserverError
 from ..base.logs import EventLogger
 from ..base.pieces import PieceReader
@@ -92,6 +93,8 @@ class HandlerProcess:
         self.task: asyncio.Task[None] | None = None
         self.started = 0.0
         self._map: mmap.mmap | None = None
+        self.arena: Arena | None = None  # where a call's line lands for it (arena.py)
+        self._regions: dict[int, Region] = {}  # call id -> its line's region, until its done frame
         self._stdout_pipe: asyncio.ReadTransport | None = None
         self.last_running = 0  # the call id running when it died (0: none was)
         self.killed_for = 0  # the call id whose time-out killed it
@@ -123,13 +126,16 @@ class HandlerProcess:
         # Its frames are read from a pipe of ours, in the pieces it delivers (PieceReader:
         # a batch's rows, megabytes, copied once): asyncio's subprocess reader copies thrice.
         read_fd, write_fd = os.pipe()
+        self.arena = Arena.create()
         try:
             self.proc = proc = await asyncio.create_subprocess_exec(
                 sys.executable, "-m", "mldserver.pool.child",
                 stdin=asyncio.subprocess.PIPE, stdout=write_fd, stderr=None, start_new_session=True,
+                pass_fds=(self.arena.fd,),
             )  # fmt: skip
         except BaseException:
             os.close(read_fd)
+            self._close_arena()
             raise
         finally:
             os.close(write_fd)
@@ -172,6 +178,7 @@ class HandlerProcess:
             "settings": dataclasses.asdict(self.settings),
             "sys_path": [os.path.abspath(p or ".") for p in sys.path],
             "state": self.state,
+            "arena": [self.arena.fd, self.arena.size] if self.arena is not None else None,
         }
         proc.stdin.write(encode(start))
         try:
@@ -194,6 +201,7 @@ class HandlerProcess:
             proc.stdin.close()  # nothing more is written to it (a write now is ProcessDied)
         self.returncode = await proc.wait()
         self._close_pipes()
+        self._close_arena()
         self.last_running = running = self.killed_for or running
         self.died.set()
         if self.on_death is not None:
@@ -222,6 +230,9 @@ class HandlerProcess:
             message, body = frame
             op = message["op"]
             if op == "done":
+                region = self._regions.pop(message["id"], None)
+                if region is not None and self.arena is not None:
+                    self.arena.free(region)  # the process has read it: it is the server's again
                 entry = self._calls.pop(message["id"], None)
                 self.in_flight.pop(message["id"], None)
                 if entry is not None and not entry[0].done():
@@ -273,6 +284,11 @@ class HandlerProcess:
         self.in_flight[frame["id"]] = what
         self.served += 1
         try:
+            if len(body) >= ARENA_MIN and self.alive and self.arena is not None:
+                region = self.arena.put(body)
+                if region is not None:  # else the pipe: the arena is full, or the line larger
+                    self._regions[frame["id"]] = region
+                    frame, body = {**frame, "arena": region}, b""
             self._write(frame, body)
             try:
                 await self.proc.stdin.drain()  # type: ignore[union-attr]
@@ -406,8 +422,16 @@ class HandlerProcess:
         if transport is not None:
             transport.close()
 
+    def _close_arena(self) -> None:
+        """Once it has exited: its regions can be read by nobody any more."""
+        self._regions.clear()
+        if self.arena is not None:
+            self.arena.close()
+            self.arena = None
+
     def _cleanup(self) -> None:
         self._close_pipes()
+        self._close_arena()
         if self._map is not None:
             self._map.close()
             self._map = None

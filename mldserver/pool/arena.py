@@ -1,0 +1,118 @@
+"""A handler process's arena: shared memory the server copies a batch's line into, so
+the line reaches the process without crossing its pipe (a 1.4 MB line was written into
+the pipe, read out of it in pieces and joined again: three copies and a dozen
+wake-ups; now it is one copy, and the process parses it where it lies)::
+
+    arena = Arena.create(ARENA_BYTES)          # server: anonymous shared memory (memfd)
+    region = arena.put(line)                   # (offset, size), or None: full, or the line is larger
+    frame["arena"] = region                    # the call frame names it instead of carrying a body
+    ...                                        # the process's done frame for that call (or its death)
+    arena.free(region)
+
+    view = ArenaView(fd, size)                 # the process: the same memory, read-only
+    body = view.region(offset, size)           # a memoryview, parsed in place (pysimdjson, orjson)
+
+One owner at a time: a region is the process's from the call frame that names it until
+that call's ``done`` frame arrives, or the process dies; only then does the server
+free it (``HandlerProcess``), never when the server merely stops waiting for the call,
+for the process may still be reading it. What the process keeps of a batch (its parsed
+records) is copied out by the parser, so nothing refers to a region after ``done``.
+
+Bounded: the arena has a fixed size; a line that does not fit goes through the pipe
+as before, so a full arena never stalls a shard. Its pages are touched as lines land
+(up to the largest number of bytes in flight at once), shared by both processes, and
+gone with them: the memory has no name in any file system.
+"""
+
+from __future__ import annotations
+
+import bisect
+import mmap
+import os
+import tempfile
+
+# The arena of each handler process: at 32 shards over two processes, 16 lines of 1,000
+# 1 KiB records (1.4 MB each) are in flight in each; larger batches beyond it take the pipe.
+ARENA_BYTES = 64 << 20
+# Smaller bodies take the pipe: a write of a few KiB costs less than a region's bookkeeping.
+ARENA_MIN = 32 << 10
+_ALIGN = 64
+
+Region = tuple[int, int]  # (offset, size)
+
+
+class Arena:
+    """The server's side: the memory, and which parts of it are free (first fit)."""
+
+    def __init__(self, fd: int, size: int) -> None:
+        self.fd, self.size = fd, size
+        self.map = mmap.mmap(fd, size)
+        self._free: list[Region] = [(0, size)]  # sorted by offset, never adjacent
+        self.used = 0  # bytes in regions not yet given back
+        self.puts = 0  # lines that crossed in it
+        self.misses = 0  # lines that took the pipe: no free region was large enough
+
+    @classmethod
+    def create(cls, size: int = ARENA_BYTES) -> Arena:
+        """Anonymous shared memory of ``size`` bytes (memfd; an unlinked temporary file
+        where there is none). Its fd is inheritable: pass it to the process (``pass_fds``)."""
+        if hasattr(os, "memfd_create"):
+            fd = os.memfd_create("mldserver-arena", 0)
+        else:  # pragma: no cover  (macOS)
+            fd, path = tempfile.mkstemp(prefix="mldserver-arena-")
+            os.unlink(path)
+        try:
+            os.ftruncate(fd, size)
+            os.set_inheritable(fd, True)
+            return cls(fd, size)
+        except BaseException:
+            os.close(fd)
+            raise
+
+    def put(self, data: bytes) -> Region | None:
+        """``data`` copied into a free region, or None if no free region is large enough."""
+        need = -(-len(data) // _ALIGN) * _ALIGN
+        for i, (offset, size) in enumerate(self._free):
+            if size >= need:
+                if size == need:
+                    del self._free[i]
+                else:
+                    self._free[i] = (offset + need, size - need)
+                self.map[offset : offset + len(data)] = data
+                self.used += need
+                self.puts += 1
+                return offset, len(data)
+        self.misses += 1
+        return None
+
+    def free(self, region: Region) -> None:
+        """Give ``region`` back (its call is done, or its process died)."""
+        offset, size = region
+        size = -(-size // _ALIGN) * _ALIGN
+        self.used -= size
+        free = self._free
+        i = bisect.bisect(free, (offset, 0))
+        if i < len(free) and offset + size == free[i][0]:  # joins the next
+            size += free[i][1]
+            del free[i]
+        if i and free[i - 1][0] + free[i - 1][1] == offset:  # joins the previous
+            offset, size = free[i - 1][0], free[i - 1][1] + size
+            del free[i - 1]
+            i -= 1
+        free.insert(i, (offset, size))
+
+    def close(self) -> None:
+        self.map.close()
+        os.close(self.fd)
+
+
+class ArenaView:
+    """The process's side: the server's arena, mapped read-only."""
+
+    def __init__(self, fd: int, size: int) -> None:
+        self.map = mmap.mmap(fd, size, prot=mmap.PROT_READ)
+        os.close(fd)
+        self._view = memoryview(self.map)
+
+    def region(self, offset: int, size: int) -> memoryview:
+        return self._view[offset : offset + size]

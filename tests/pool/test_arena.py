@@ -1,0 +1,166 @@
+"""The arena (``pool/arena.py``): regions never overlap and come back whole; a batch's
+line lands in its handler process's arena and is read there byte for byte; handler
+processes SIGKILLed at random while the server writes lines into their arenas cost no
+record and no connection (each batch redone whole elsewhere, or dead-lettered with its
+data), and a dead process's arena is let go."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import hashlib
+import logging
+import os
+import random
+import signal
+
+import pytest
+
+from mldserver.pool.arena import ARENA_MIN, Arena
+
+from ..harness import eventually, running
+from .serving import T0, dead_letters, pooled
+
+SIZE = 1024
+
+
+def test_regions_are_first_fit_and_come_back_whole():
+    arena = Arena.create(1024)
+    try:
+        a = arena.put(b"a" * 100)
+        b = arena.put(b"b" * 64)
+        c = arena.put(b"c" * 500)
+        assert (a, b, c) == ((0, 100), (128, 64), (192, 500))  # 64-byte aligned
+        assert arena.put(b"x" * 400) is None and arena.misses == 1  # 320 bytes left at the end
+        arena.free(b)
+        assert arena.put(b"d" * 60) == (128, 60)  # the hole, first
+        assert bytes(arena.map[0:100]) == b"a" * 100 and bytes(arena.map[192:692]) == b"c" * 500
+        for region in (a, (128, 60), c):
+            arena.free(region)
+        assert arena.used == 0 and arena._free == [(0, 1024)]  # coalesced into one again
+        assert arena.put(b"y" * 2048) is None  # larger than the arena: the pipe takes it
+    finally:
+        arena.close()
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_random_puts_and_frees_never_overlap_and_keep_their_bytes(seed):
+    rng = random.Random(seed)
+    arena = Arena.create(1 << 16)
+    live: dict[tuple[int, int], bytes] = {}
+    try:
+        for step in range(2_000):
+            if live and (rng.random() < 0.45 or arena.used > 60_000):
+                region = rng.choice(list(live))
+                assert bytes(arena.map[region[0]:region[0] + region[1]]) == live.pop(region)
+                arena.free(region)
+            else:
+                data = rng.randbytes(rng.randint(1, 4_000))
+                region = arena.put(data)
+                if region is not None:
+                    live[region] = data
+            spans = sorted((o, o + -(-n // 64) * 64) for o, n in live)
+            assert all(end <= start for (_, end), (start, _) in zip(spans, spans[1:])), step
+            assert arena.used == sum(end - start for start, end in spans)
+        for region in list(live):
+            arena.free(region)
+        assert arena._free == [(0, 1 << 16)]
+    finally:
+        arena.close()
+
+
+def payload(seq: int) -> bytes:
+    return random.Random(seq).randbytes(SIZE)
+
+
+def big_batch(first: int, records: int, at: int) -> list[dict]:
+    """``records`` records of 1 KiB: a line of about 1.4 KiB a record, above ARENA_MIN."""
+    return [{"action": "record", "data": base64.b64encode(payload(seq)).decode("ascii"),
+             "partitionKey": f"pk{seq}", "sequenceNumber": str(seq), "subSequenceNumber": 0,
+             "approximateArrivalTimestamp": at} for seq in range(first, first + records)]
+
+
+async def drive(daemon, shards: int, batches: int, records: int) -> list:
+    """Each shard's batches, shards concurrently, then a last small batch ten hours on
+    that closes every window before it."""
+    opened = await asyncio.gather(*(daemon.shard(f"shardId-{s:012d}") for s in range(shards)))
+
+    async def one(shard):
+        for n in range(batches):
+            await shard.process_records(big_batch(1000 * (n + 1), records, T0 + n * 60_000), millis_behind_latest=1000)
+
+    await asyncio.gather(*(one(shard) for shard in opened))
+    await asyncio.gather(*(shard.process_records(big_batch(99_000, 1, T0 + 600 * 60_000), millis_behind_latest=1000)
+                           for shard in opened))
+    return opened
+
+
+def wanted(shards: int, batches: int, records: int) -> dict[tuple[str, str], str]:
+    return {(f"shardId-{s:012d}", str(seq)): hashlib.sha256(payload(seq)).hexdigest()
+            for s in range(shards) for n in range(batches) for seq in range(1000 * (n + 1), 1000 * (n + 1) + records)}
+
+
+def digests(sink) -> dict[tuple[str, str], str]:
+    return {(r["shard"], r["seq"]): r["sha256"] for r in sink.rows}
+
+
+async def test_a_batch_line_crosses_in_the_arena_and_arrives_byte_for_byte(tmp_path):
+    shards, batches, records = 4, 5, 60
+    assert records * SIZE > ARENA_MIN
+    async with running(tmp_path, **pooled("Digest", workers=2)) as (server, sink, daemon):
+        opened = await drive(daemon, shards, batches, records)
+        want = wanted(shards, batches, records)
+        await eventually(lambda: len(digests(sink).keys() & want.keys()) == len(want), timeout=30,
+                         what="every record's row in the sink")
+        assert {k: v for k, v in digests(sink).items() if k in want} == want
+        processes = server.pool.serving()
+        assert sum(p.arena.puts for p in processes) == shards * batches  # every large line, none by the pipe
+        assert all(p.arena.used == 0 and not p._regions for p in processes)  # each given back by its done
+        for shard in opened:
+            await shard.lease_lost()
+            assert await shard.close() == 0
+
+
+@pytest.mark.parametrize("seed", [11, 23, 47])
+async def test_handler_processes_killed_at_random_while_lines_land_in_their_arenas_lose_nothing(
+        seed, tmp_path, caplog):
+    """SIGKILLs from outside, at seeded random moments, of whichever handler process the
+    seed picks, while 4 shards send 1 KiB batches through the arenas: every record's row
+    reaches the sink with its exact bytes, or its batch is dead-lettered with its data;
+    every connection stays open (the strict fake daemon sees one status per action); the
+    dead processes' arenas are closed and the live ones hold no region."""
+    caplog.set_level(logging.INFO, logger="mldserver")
+    shards, batches, records = 4, 12, 60
+    rng = random.Random(seed)
+    async with running(tmp_path, **pooled("Digest", workers=2)) as (server, sink, daemon):
+        killed = []
+
+        async def killer():
+            for _ in range(5):
+                await asyncio.sleep(rng.uniform(0.05, 0.4))
+                live = [p for p in server.pool.serving() if p.alive and p.pid]
+                if live:
+                    victim = rng.choice(live)
+                    killed.append(victim)
+                    os.kill(victim.pid, signal.SIGKILL)
+
+        kills = asyncio.ensure_future(killer())
+        try:
+            opened = await drive(daemon, shards, batches, records)
+        finally:
+            await kills
+        want = wanted(shards, batches, records)
+        lettered = {(s.shard_id, letter["sequence_number"]): hashlib.sha256(base64.b64decode(letter["data"])).hexdigest()
+                    for s in opened for letter in dead_letters(tmp_path, s.shard_id)}
+        await eventually(lambda: len((digests(sink).keys() | lettered.keys()) & want.keys()) == len(want), timeout=60,
+                         what="every record's row in the sink, or its batch dead-lettered")
+        got = {k: v for k, v in {**digests(sink), **lettered}.items() if k in want}
+        assert got == want  # the exact bytes, whichever way each record went
+        assert killed, "the campaign killed nothing"
+        await eventually(lambda: all(p.died.is_set() for p in killed), timeout=20, what="the killed processes reaped")
+        assert all(p.arena is None for p in killed)  # let go with its process
+        for p in server.pool.serving():
+            assert p.arena is not None and p.arena.used == 0 and not p._regions
+        for shard in opened:
+            await shard.lease_lost()
+            assert await shard.close() == 0
