@@ -29,7 +29,6 @@ from __future__ import annotations
 import bisect
 import mmap
 import os
-import tempfile
 
 # The arena of each handler process: at 32 shards over two processes, 16 lines of 1,000
 # 1 KiB records (1.4 MB each) are in flight in each; larger batches beyond it take the pipe.
@@ -59,6 +58,8 @@ class Arena:
         if hasattr(os, "memfd_create"):
             fd = os.memfd_create("mldserver-arena", 0)
         else:  # pragma: no cover  (macOS)
+            import tempfile  # (only here: a handler process, which imports this module, needs none of it)
+
             fd, path = tempfile.mkstemp(prefix="mldserver-arena-")
             os.unlink(path)
         try:
