@@ -1,4 +1,8 @@
-"""The relay (``mldserver connect``) per docs/protocol.md, section 6, against plain sockets."""
+"""The relay (``mldserver connect``) per docs/protocol.md, section 6, against plain sockets.
+
+Every behaviour is checked on both builds of the relay: the one in C that
+``mldserver connect`` runs (``relay.c``, built at install) and ``relay.py``
+(``MLDSERVER_RELAY=python``, what runs where no compiler was)."""
 
 from __future__ import annotations
 
@@ -10,10 +14,27 @@ from pathlib import Path
 
 import pytest
 
+from mldserver.ops import relay as relay_module
 from mldserver.ops.relay import parse_target
 from mldserver.api.testing import Child
 
 from .harness import MLDSERVER
+
+NATIVE = Path(relay_module.NATIVE)
+
+
+@pytest.fixture(params=["native", "python"])
+def connect(request):
+    """``spawn("127.0.0.1:PORT ...")``: ``mldserver connect`` with that build of the relay."""
+    if request.param == "native":
+        assert os.access(NATIVE, os.X_OK), f"{NATIVE} was not built: run scripts/setup (it needs a C compiler)"
+    env = {"MLDSERVER_RELAY": request.param}
+
+    async def spawn(args: str) -> Child:
+        return await Child.spawn(f"{MLDSERVER} connect {args}", env=env)
+
+    spawn.build = request.param
+    return spawn
 
 
 async def echo_server(close_after_eof: bool = True, unix: str | None = None):
@@ -38,10 +59,10 @@ async def read_exactly(child: Child, n: int) -> bytes:
     return await asyncio.wait_for(child.proc.stdout.readexactly(n), 30)
 
 
-async def test_bytes_pass_unchanged_both_ways_and_it_exits_after_stdin_eof():
+async def test_bytes_pass_unchanged_both_ways_and_it_exits_after_stdin_eof(connect):
     server, port, received = await echo_server()
     payload = bytes(range(256)) * 4 + "\u2028\r\n\r".encode() + os.urandom(3 * 1024 * 1024) + b"\n"
-    child = await Child.spawn(f"{MLDSERVER} connect 127.0.0.1:{port}")
+    child = await connect(f"127.0.0.1:{port}")
     await child.write(payload)
     assert await read_exactly(child, len(payload)) == payload
     await child.close_stdin()
@@ -50,9 +71,9 @@ async def test_bytes_pass_unchanged_both_ways_and_it_exits_after_stdin_eof():
     server.close()
 
 
-async def test_a_small_line_is_relayed_at_once():
+async def test_a_small_line_is_relayed_at_once(connect):
     server, port, _ = await echo_server()
-    child = await Child.spawn(f"{MLDSERVER} connect 127.0.0.1:{port}")
+    child = await connect(f"127.0.0.1:{port}")
     await read_until_ready(child)
     started = time.monotonic()
     await child.write(b'{"action":"leaseLost"}\n')
@@ -68,7 +89,7 @@ async def read_until_ready(child: Child) -> None:
     assert await child.read_line(10) == b"warmup"
 
 
-async def test_exits_when_the_server_closes_even_with_stdin_open():
+async def test_exits_when_the_server_closes_even_with_stdin_open(connect):
     async def handle(reader, writer):
         await reader.readline()
         writer.write(b"bye\n")
@@ -76,16 +97,16 @@ async def test_exits_when_the_server_closes_even_with_stdin_open():
 
     server = await asyncio.start_server(handle, "127.0.0.1", 0)
     port = server.sockets[0].getsockname()[1]
-    child = await Child.spawn(f"{MLDSERVER} connect 127.0.0.1:{port}")
+    child = await connect(f"127.0.0.1:{port}")
     await child.write(b"hello\n")
     assert await child.read_line() == b"bye"
     assert await child.wait_exit(5) == 0
     server.close()
 
 
-async def test_sigint_is_ignored():
+async def test_sigint_is_ignored(connect):
     server, port, _ = await echo_server()
-    child = await Child.spawn(f"{MLDSERVER} connect 127.0.0.1:{port}")
+    child = await connect(f"127.0.0.1:{port}")
     await read_until_ready(child)
     child.proc.send_signal(signal.SIGINT)  # delivered before it exits: its exit code tells
     await child.write(b"still here\n")
@@ -95,7 +116,7 @@ async def test_sigint_is_ignored():
     server.close()
 
 
-async def test_unreachable_server_gives_one_clear_stderr_line_and_nonzero_exit():
+async def test_unreachable_server_gives_one_clear_stderr_line_and_nonzero_exit(connect):
     import socket
 
     s = socket.socket()
@@ -103,7 +124,7 @@ async def test_unreachable_server_gives_one_clear_stderr_line_and_nonzero_exit()
     port = s.getsockname()[1]
     s.close()  # nothing listens there now
     started = time.monotonic()
-    child = await Child.spawn(f"{MLDSERVER} connect 127.0.0.1:{port} --connect-timeout 0.5")
+    child = await connect(f"127.0.0.1:{port} --connect-timeout 0.5")
     code = await child.wait_exit(10)
     assert code == 2
     assert 0.4 < time.monotonic() - started < 5
@@ -112,14 +133,14 @@ async def test_unreachable_server_gives_one_clear_stderr_line_and_nonzero_exit()
     assert await child.read_line() is None
 
 
-async def test_waits_for_a_server_that_comes_up_within_the_deadline(tmp_path):
+async def test_waits_for_a_server_that_comes_up_within_the_deadline(tmp_path, connect):
     import socket
 
     s = socket.socket()
     s.bind(("127.0.0.1", 0))
     port = s.getsockname()[1]
     s.close()
-    child = await Child.spawn(f"{MLDSERVER} connect 127.0.0.1:{port} --connect-timeout 5")
+    child = await connect(f"127.0.0.1:{port} --connect-timeout 5")
     await asyncio.sleep(0.5)
 
     async def handle(reader, writer):
@@ -133,10 +154,10 @@ async def test_waits_for_a_server_that_comes_up_within_the_deadline(tmp_path):
     server.close()
 
 
-async def test_unix_socket_target(tmp_path):
+async def test_unix_socket_target(tmp_path, connect):
     path = str(tmp_path / "mld.sock")
     server, _, _ = await echo_server(unix=path)
-    child = await Child.spawn(f"{MLDSERVER} connect unix:{path}")
+    child = await connect(f"unix:{path}")
     await child.write(b"over unix\n")
     assert await child.read_line() == b"over unix"
     await child.close_stdin()
@@ -161,15 +182,59 @@ def test_a_bad_target_says_what_is_wrong(target, says):
         parse_target(target)
 
 
-async def test_relay_runs_lean_with_only_builtin_modules():
-    """mldserver connect re-executes as `python -I -S relay.py`: no site, no package."""
+def private_kb(pid: int) -> int:
+    rollup = Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines()
+    return sum(int(line.split()[1]) for line in rollup if line.startswith(("Private_Clean:", "Private_Dirty:")))
+
+
+async def test_the_relay_runs_lean(connect):
+    """The C build is the process itself, under 1 MiB of private memory; relay.py runs as
+    `python -I -S relay.py` (no site, no package) under 6 MiB."""
     server, port, _ = await echo_server()
-    child = await Child.spawn(f"{MLDSERVER} connect 127.0.0.1:{port}")
+    child = await connect(f"127.0.0.1:{port}")
     await read_until_ready(child)
     cmdline = Path(f"/proc/{child.proc.pid}/cmdline").read_bytes().split(b"\0")
-    assert cmdline[1:3] == [b"-I", b"-S"] and cmdline[3].endswith(b"mldserver/ops/relay.py")
     maps = Path(f"/proc/{child.proc.pid}/maps").read_text()
-    assert "orjson" not in maps and "uvloop" not in maps
+    if connect.build == "native":
+        assert cmdline[0] == str(NATIVE).encode() and "python" not in maps
+        assert private_kb(child.proc.pid) < 1024
+    else:
+        assert cmdline[1:3] == [b"-I", b"-S"] and cmdline[3].endswith(b"mldserver/ops/relay.py")
+        assert "orjson" not in maps and "uvloop" not in maps
+        assert private_kb(child.proc.pid) < 6 * 1024
     await child.close_stdin()
     assert await child.wait_exit() == 0
     server.close()
+
+
+@pytest.mark.parametrize("args", [
+    "127.0.0.1:99999", "127.0.0.1", "unix:", "localhost:7070 extra", "", "--help", "-h",
+    "127.0.0.1:7070 --connect-timeout", "127.0.0.1:7070 --connect-timeout -1",
+    "127.0.0.1:7070 --connect-timeout inf", "127.0.0.1:7070 --connect-timeout soon",
+])
+async def test_both_builds_say_the_same_words(args):
+    """Usage, help and every refusal: the same exit status and the same text."""
+    said = []
+    for build in ("native", "python"):
+        child = await Child.spawn(f"{MLDSERVER} connect {args}", env={"MLDSERVER_RELAY": build})
+        code = await child.wait_exit(10)
+        out = await child.proc.stdout.read()
+        said.append((code, out.decode(), child.stderr.decode()))
+    assert said[0] == said[1]
+    assert said[0][0] == (0 if args in ("--help", "-h") else 2)
+
+
+async def test_both_builds_name_an_unreachable_server_alike():
+    import socket
+
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    said = []
+    for build in ("native", "python"):
+        child = await Child.spawn(f"{MLDSERVER} connect 127.0.0.1:{port} --connect-timeout 0.2",
+                                  env={"MLDSERVER_RELAY": build})
+        said.append((await child.wait_exit(10), child.stderr.decode()))
+    assert said[0] == said[1]
+    assert "Connection refused" in said[0][1]

@@ -1,0 +1,46 @@
+"""Builds the one native part: the relay the daemon starts once per shard
+(``mldserver/ops/relay.c`` -> ``mldserver/ops/mldserver-relay``, an executable, not a
+Python module), so a wheel or an editable install carries it. Everything else about the
+package is in pyproject.toml.
+
+Without a C compiler the install still succeeds, with a warning: ``mldserver connect``
+then runs the relay in Python (``relay.py``), the same program at about 3.5 MiB more
+memory per shard.
+"""
+
+from __future__ import annotations
+
+import os
+
+from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
+
+RELAY = "mldserver.ops.mldserver-relay"
+
+
+class BuildRelay(build_ext):
+    """build_ext that links the relay as an executable, named without a module suffix."""
+
+    def get_ext_filename(self, fullname: str) -> str:
+        if fullname in (RELAY, RELAY.rpartition(".")[2]):  # (distutils asks for the last part alone)
+            return os.path.join(*fullname.split("."))
+        return super().get_ext_filename(fullname)
+
+    def build_extension(self, ext: Extension) -> None:
+        if ext.name != RELAY:
+            return super().build_extension(ext)
+        target = self.get_ext_fullpath(ext.name)
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        try:
+            objects = self.compiler.compile(ext.sources, output_dir=self.build_temp,
+                                            extra_postargs=["-O2", "-pthread"])
+            self.compiler.link_executable(objects, os.path.basename(target), output_dir=os.path.dirname(target),
+                                          extra_postargs=["-pthread"])
+        except Exception as exc:  # no compiler, no libc headers: the Python relay serves
+            self.warn(f"the native relay was not built ({exc}); `mldserver connect` will run relay.py")
+
+
+setup(
+    ext_modules=[Extension(RELAY, sources=["mldserver/ops/relay.c"], optional=True)],
+    cmdclass={"build_ext": BuildRelay},
+)
