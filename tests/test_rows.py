@@ -79,3 +79,38 @@ def test_a_server_without_a_sink_and_the_handler_processes_never_load_numpy():
               "rows, bad = encode_rows(())\n"
               "assert len(rows) == 0 and bad == []\n")
     assert loaded_after(script, "numpy", "pyarrow") == []
+
+
+def test_held_bytes_is_the_memory_a_batch_from_a_handler_process_really_holds():
+    """As the coordinator keeps one: the frame's body (columns, then JSON lines) read
+    in place, its own offsets and clamped times, the positions' texts (tracemalloc sees
+    numpy's buffers too)."""
+    import tracemalloc
+
+    import orjson
+
+    from mldserver.pool.frames import decode_rows
+
+    n = 10_000
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        texts = [str(10**40 + i) for i in range(n)]
+        lines = b"".join(orjson.dumps({"seq": t, "data": "x" * 200}) + b"\n" for t in texts)
+        ends = np.cumsum([len(orjson.dumps({"seq": t, "data": "x" * 200})) + 1 for t in texts], dtype=np.uint64)
+        body = (np.arange(n, dtype=np.uint32).tobytes() + np.arange(n, dtype=np.int64).tobytes()
+                + ends.tobytes() + lines)
+        del lines, ends
+        columns = decode_rows(n, body)
+        del body
+        offsets = np.zeros(n + 1, dtype=np.int64)
+        offsets[1:] = np.frombuffer(columns.ends, dtype=np.uint64)
+        rows = RowBatch(np.frombuffer(columns.times, dtype=np.int64).astype(np.int64),
+                        np.frombuffer(columns.records, dtype=np.uint32), Position.batch(texts, [0] * n),
+                        columns.lines, offsets)
+        del columns, texts, offsets
+        held = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert 0.9 * held <= rows.held_bytes() <= 1.1 * held, (rows.held_bytes(), held)
+    assert rows[5:].held_bytes() == rows.held_bytes()  # a slice holds the same buffers

@@ -34,6 +34,7 @@ processes, never load it.
 from __future__ import annotations
 
 import bisect
+import sys
 from array import array
 from itertools import islice
 from operator import le
@@ -159,6 +160,21 @@ class RowBatch:
         """The rows' JSON, newlines included."""
         return int(self.offsets[-1] - self.offsets[0])
 
+    def held_bytes(self) -> int:
+        """The memory this batch keeps alive, which its slices share: each buffer whole
+        (the frame its JSON lines were read from, with the columns a handler process
+        sent beside them; its own columns, a slice's parents'), and its positions. What
+        the ledger counts against ``max_buffered_bytes``: a 10,000-row batch of 340-byte
+        rows from a handler process holds some 4.6 MB (3.4 MB of JSON, 200 kB of columns
+        in the frame, 240 kB of columns of its own, 1 MB of positions)."""
+        body = _root(self.body)
+        held = _size(body)
+        for column in (self.times, self.records, self.offsets):
+            root = _root(column)
+            if root is not body:
+                held += _size(root)
+        return held + _positions_size(self.positions)
+
     def lowest(self) -> Position:
         return self.positions[int(self.records[0] if self.ordered else self.records.min())]
 
@@ -177,6 +193,33 @@ class RowBatch:
 
     def __repr__(self) -> str:
         return f"RowBatch({len(self.times)} rows)"
+
+
+def _root(buffer: Any) -> Any:
+    """The object that owns a buffer's memory: a view's (numpy's ``base``, a
+    memoryview's ``obj``), followed to the end."""
+    while True:
+        owner = buffer.obj if type(buffer) is memoryview else getattr(buffer, "base", None)
+        if owner is None or owner is buffer:
+            return buffer
+        buffer = owner
+
+
+def _size(buffer: Any) -> int:
+    return buffer.nbytes if hasattr(buffer, "nbytes") else memoryview(buffer).nbytes
+
+
+def _positions_size(positions: Sequence[Any]) -> int:
+    """A batch's positions, from its last one (they differ in little but their digits):
+    the texts of ``positions.Positions``, or ``Position`` tuples."""
+    if not len(positions):
+        return 0
+    texts = getattr(positions, "texts", None)
+    if texts is not None:
+        return sys.getsizeof(texts) + len(texts) * sys.getsizeof(texts[-1])
+    last = positions[-1]
+    each = sys.getsizeof(last) + sys.getsizeof(last.seq) + sys.getsizeof(last.text)
+    return sys.getsizeof(positions) + len(positions) * each
 
 
 def _nondecreasing(values: Sequence[Any]) -> bool:

@@ -256,9 +256,10 @@ class Settings:
     idle_timeout: float = setting(60.0, low=0.1, high=DAY, unit="seconds")
     # a shard checkpoints what is committed at most this often, sparing the lease table (0: at once)
     checkpoint_interval: float = setting(10.0, low=0.0, high=DAY, unit="seconds")
-    # back-pressure: past either cap, shards running ahead of the watermark wait
+    # back-pressure: from three quarters of either cap, shards running ahead of the watermark
+    # wait, so the rows buffered stay below it (bytes: the memory they hold, JSON and columns)
     max_buffered_rows: int = setting(1_000_000, low=1)
-    max_buffered_bytes: int = setting(512 * 1024 * 1024, low=1, unit="bytes")
+    max_buffered_bytes: int = setting(256 * 1024 * 1024, low=1, unit="bytes")
     # lineage from the stream itself: a Kinesis stream name or ARN, or a DynamoDB stream ARN
     stream: str | None = setting(None, str, empty=False)
     aws_region: str | None = setting(None, str, empty=False)

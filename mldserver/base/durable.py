@@ -5,6 +5,7 @@
   over ``path``, and the folder is fsynced so the rename itself survives a power cut::
 
       atomic_write(Path("out/_commits/1763719200000-1763719260000.json"), b'{"rows": 812}')
+      atomic_write(Path("out/0-60000.jsonl"), window.rows.chunks())   # buffers, one after another
 
 - ``append_fsync(path, data)``: append and fsync (dead letters), whole lines or nothing:
   a write that fails or falls short is cut back to the size before it, and a file found
@@ -46,7 +47,7 @@ import re
 import shutil
 import time
 from pathlib import Path
-from typing import Any, Callable, Protocol, TypeVar
+from typing import Any, Callable, Iterable, Protocol, TypeVar
 
 from .backoff import Backoff
 
@@ -102,13 +103,16 @@ def _fsync(path: Path | str) -> None:
         os.close(fd)
 
 
-def atomic_write(path: Path, data: bytes) -> Path:
-    """Write ``path`` whole: a temporary name, fsync, rename, fsync the folder. On an
-    error the temporary file is removed: a failed write leaves nothing behind."""
+def atomic_write(path: Path, data: bytes | Iterable[Any]) -> Path:
+    """Write ``path`` whole: a temporary name, fsync, rename, fsync the folder. ``data``
+    is bytes, or buffers written one after another (a window's rows, a run at a time).
+    On an error the temporary file is removed: a failed write leaves nothing behind."""
     tmp = path.with_name(f"_{path.name}.tmp")
+    chunks = (data,) if isinstance(data, (bytes, bytearray, memoryview)) else data
     try:
         with open(tmp, "wb") as f:
-            f.write(data)
+            for chunk in chunks:
+                f.write(chunk)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)

@@ -62,20 +62,41 @@ from typing import Any, Callable, Iterable, Iterator, Protocol, Sequence, runtim
 from .positions import Position
 
 Made = tuple[Any, Sequence[int]]  # a buffer, and the n + 1 offsets of its lines in it
+Chunks = Callable[[int, int], Iterator[memoryview]]  # rows start to stop, a run of lines at a time
 
 
 class JsonLines:
     """Rows as JSON lines in one buffer: row ``i`` is ``buffer[offsets[i]:offsets[i + 1]]``
     without its last byte (its newline). ``make`` builds the buffer and offsets on
-    first use; ``JsonLines.of(rows)`` holds rows given one by one."""
+    first use; ``JsonLines.of(rows)`` holds rows given one by one.
 
-    __slots__ = ("_n", "_make", "_buffer", "_offsets")
+    A sink that only writes the lines out (the file sink) reads them with ``chunks``: a
+    run of lines at a time, where they already are or gathered a block at a time
+    (``chunks``, given by ``merge.seal``), so the window is never copied whole::
 
-    def __init__(self, n: int, make: Callable[[], Made]) -> None:
+        for chunk in window.rows.chunks(late):    # memoryviews, each valid until the next
+            f.write(chunk)
+    """
+
+    __slots__ = ("_n", "_make", "_chunks", "_buffer", "_offsets")
+
+    def __init__(self, n: int, make: Callable[[], Made], chunks: Chunks | None = None) -> None:
         self._n = n
         self._make: Callable[[], Made] | None = make
+        self._chunks = chunks
         self._buffer: memoryview | None = None
         self._offsets: Sequence[int] = ()
+
+    def chunks(self, start: int = 0, stop: int | None = None) -> Iterator[memoryview]:
+        """Rows ``start`` to ``stop`` (all by default) as JSON lines, in runs of lines
+        one after another: together, what ``buffer(start, stop)`` holds. Each is valid
+        until the next is asked for."""
+        stop = self._n if stop is None else stop
+        if stop <= start:
+            return iter(())
+        if self._chunks is None or self._make is None:  # one buffer, or made already
+            return iter((self.buffer(start, stop),))
+        return self._chunks(start, stop)
 
     @classmethod
     def of(cls, rows: Iterable[bytes]) -> JsonLines:

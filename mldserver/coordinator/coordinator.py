@@ -38,10 +38,20 @@ its rows stay buffered and back-pressure holds. Anything else is a bug: it ends 
 committer, and the server, which watches ``coordinator.tasks``, logs ``task_crashed``
 and shuts down.
 
-Back-pressure: past ``max_buffered_rows`` or ``max_buffered_bytes``, ``admit`` makes
+Back-pressure: past the high-water mark, three quarters of ``max_buffered_rows`` or of
+``max_buffered_bytes`` (the memory the buffered rows hold: ``ledger``), ``admit`` makes
 a shard whose watermark is ahead of the global one wait before its status (so the
 daemon waits); never the shard holding the watermark back, never a parent whose
-child is waiting on it.
+child is waiting on it. It starts below the caps because what is under way still
+lands: a batch is added before its shard is delayed, up to ``max_batches_in_flight``
+are being handled, and the watermark's shard goes on. With the default 256 MiB, 32
+shards each a 10,000-row batch (3.4 MB of JSON, 4.6 MB held) ahead of one slow
+shard::
+
+    coordinator.add_batch("shardId-000000000007", rows, last, 1000)   # buffered_bytes 199 MiB
+    await coordinator.admit("shardId-000000000007")   # waits (logs backpressure once): past
+                                                      # 192 MiB and ahead of the watermark
+    await coordinator.admit("shardId-000000000000")   # returns at once: it holds the watermark
 
 What the admin endpoint and the metrics report of it is one snapshot, read at once
 (never its helpers' state)::
@@ -75,6 +85,12 @@ from .merge import seal
 from .ordering import Ordering, WindowRows
 from .spool import Spool
 from .watermarks import Watermarks
+
+
+# Back-pressure starts at this fraction of a cap: what is under way when it starts (the
+# batches being handled, one more batch of each shard delayed, the watermark shard's
+# own) lands below the cap.
+HIGH_WATER = 0.75
 
 
 def wall_clock_ms() -> int:
@@ -412,8 +428,10 @@ class Coordinator:
                 await self._progress.wait()
 
     def _over_cap(self) -> bool:
+        """Past the high-water mark of either cap: back-pressure starts below the cap."""
         s = self.settings
-        return self.ledger.rows > s.max_buffered_rows or self.ledger.bytes > s.max_buffered_bytes
+        return (self.ledger.rows > s.max_buffered_rows * HIGH_WATER
+                or self.ledger.bytes > s.max_buffered_bytes * HIGH_WATER)
 
     def _may_delay(self, shard_id: str) -> bool:
         now = self.clock()

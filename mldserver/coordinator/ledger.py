@@ -20,8 +20,16 @@ hand-off), so committing is cutting rows off the front of the shard's pending ba
 A shard whose lease is lost has its pending rows dropped (``ledger.drop("s0")``): the
 new owner reads them again; what was safe stays safe.
 
-It also keeps the count and size of buffered (uncommitted) rows: the memory the
-back-pressure cap applies to. A row's size is its JSON line plus a fixed overhead.
+It also keeps the count of buffered (uncommitted) rows and the memory they hold: what
+the back-pressure caps apply to. A batch holds its buffers whole until its last row is
+committed (``RowBatch.held_bytes``: the frame its rows came in, its columns, its
+positions; a window's rows are slices of them), so that is what is counted, from the
+batch's ``add`` until its last row's ``commit``::
+
+    ledger.add("s0", rows, last)       # ledger.bytes += rows.held_bytes(): some 4.6 MB for
+                                       # 10,000 rows of 340 bytes from a handler process
+    ledger.commit("s0", 9_000)         # the same: the batch's buffers are still held
+    ledger.commit("s0", 1_000)         # ledger.bytes back where it was
 """
 
 from __future__ import annotations
@@ -32,16 +40,10 @@ from dataclasses import dataclass, field
 from ..base.positions import Position
 from ..api.rows import RowBatch
 
-# Bytes a buffered row costs beside its JSON line, measured with tracemalloc: its
-# columns (event time, clamped time, record index, offset: some 40 bytes) and its
-# record's position (a tuple of the sequence number as an int and as text: some 200
-# bytes for 41 digits; shared by a record's rows, counted for each).
-ROW_OVERHEAD = 240
-
-
 @dataclass(slots=True)
 class ShardLedger:
     pending: deque[RowBatch] = field(default_factory=deque)  # uncommitted rows, in order
+    held: deque[int] = field(default_factory=deque)  # the memory each pending batch holds, whole
     ends: deque[Position] = field(default_factory=deque)  # last positions of processed batches
     safe: Position | None = None
 
@@ -58,9 +60,11 @@ class Ledger:
         if state is None:
             state = self.shards[shard_id] = ShardLedger()
         if len(rows):
+            held = rows.held_bytes()
             state.pending.append(rows)
+            state.held.append(held)
             self.rows += len(rows)
-            self.bytes += rows.nbytes() + ROW_OVERHEAD * len(rows)
+            self.bytes += held
         if last is not None:
             state.ends.append(last)
         self._advance(state, None)
@@ -69,18 +73,17 @@ class Ledger:
         """The sink committed the next ``count`` rows of this shard."""
         state = self.shards[shard_id]
         pending = state.pending
-        left, size, committed = count, 0, None
+        left, committed = count, None
         while left:
             head = pending[0]
             if len(head) <= left:
                 done = pending.popleft()
-            else:
+                self.bytes -= state.held.popleft()  # its buffers are let go
+            else:  # the rest still holds the batch's buffers
                 done, pending[0] = head[:left], head[left:]
             left -= len(done)
-            size += done.nbytes()
             committed = done.position(-1)
         self.rows -= count
-        self.bytes -= size + ROW_OVERHEAD * count
         self._advance(state, committed)
 
     def _advance(self, state: ShardLedger, committed: Position | None) -> None:
@@ -116,8 +119,9 @@ class Ledger:
             return 0
         count = sum(map(len, state.pending))
         self.rows -= count
-        self.bytes -= sum(rows.nbytes() for rows in state.pending) + ROW_OVERHEAD * count
+        self.bytes -= sum(state.held)
         state.pending.clear()
+        state.held.clear()
         state.ends.clear()
         return count
 

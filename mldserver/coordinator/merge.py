@@ -8,7 +8,9 @@ handler emitted rows out of record order, a sort by the whole key. The rows' JSO
 copied into that order where a sink first reads it (``handoff.JsonLines``, in the
 sink's thread, off the loop): one batch as it is, batches already in order one after
 another (``rows.concat_lines``), or rows of interleaved shards gathered by pyarrow's
-``take``, a block of rows at a time. Two shards of a 60 s window, their rows at
+``take``, a block of rows at a time; or, for a sink that only writes them out
+(``JsonLines.chunks``: the file sink), never copied whole: each run of lines where it
+is, or a block gathered at a time. Two shards of a 60 s window, their rows at
 1_000 and 3_000 (``s0``, records 7 and 8) and 2_000 (``s1``, record 4)::
 
     [closed] = ordering.close(until=60_000)   # WindowRows(0, 60000, parts={"s0": [...], "s1": [...]})
@@ -58,8 +60,8 @@ def seal(closed: WindowRows) -> tuple[Window, dict[str, int]]:
     else:
         order, positions = _merge_out_of_order(closed, shards, parts, times)
     owners = [shard_id for shard_id in shards for _ in closed.parts[shard_id]]
-    window = Window(closed.start, closed.end, JsonLines(n, partial(_gather, parts, order)), closed.late_rows,
-                    positions, RowSources(owners, parts, order))
+    rows = JsonLines(n, partial(_gather, parts, order), partial(_chunks, parts, order))
+    window = Window(closed.start, closed.end, rows, closed.late_rows, positions, RowSources(owners, parts, order))
     closed.parts = {}
     return window, counts
 
@@ -125,20 +127,49 @@ TAKE_BLOCK = 1 << 13  # rows gathered at a time (some 3 MB): pyarrow copies what
 
 
 def _take(parts: list[RowBatch], order: np.ndarray) -> Made:
-    """Rows ``order`` (indexes into the parts one after another) into one buffer, a
-    block of rows at a time: a block takes from a narrow range of each part (a part's
-    rows come out in its order, or nearly), so pyarrow's copy of what it takes from
-    stays small and the window is not held twice."""
+    """Rows ``order`` (indexes into the parts one after another) into one buffer (what
+    ``JsonLines.buffer`` reads), a block of rows at a time (``_taken``)."""
+    import numpy as np
+
+    sizes = np.concatenate([np.diff(rows.offsets) for rows in parts])[order]
+    offsets = np.zeros(len(order) + 1, dtype=np.int64)
+    np.cumsum(sizes, out=offsets[1:])
+    out = np.empty(int(offsets[-1]), dtype=np.uint8)
+    at = 0
+    for chunk in _taken(parts, order):
+        out[at : at + len(chunk)] = np.frombuffer(chunk, dtype=np.uint8)
+        at += len(chunk)
+    return out, offsets
+
+
+def _chunks(parts: list[RowBatch], order: np.ndarray | None, start: int, stop: int) -> Iterator[memoryview]:
+    """Rows ``start`` to ``stop`` in merged order as runs of JSON lines (``JsonLines.chunks``):
+    where they are in the parts when they are in order already, else gathered a block at
+    a time by pyarrow (each block let go once the next is asked for)."""
+    if order is not None:
+        yield from _taken(parts, order[start:stop])
+        return
+    first = 0  # the part's first row, in the window
+    for rows in parts:
+        a, b = max(start - first, 0), min(stop - first, len(rows))
+        first += len(rows)
+        if a < b:
+            yield memoryview(rows.body).cast("B")[int(rows.offsets[a]) : int(rows.offsets[b])]
+        if first >= stop:
+            return
+
+
+def _taken(parts: list[RowBatch], order: np.ndarray) -> Iterator[memoryview]:
+    """Rows ``order`` (indexes into the parts one after another) as runs of JSON lines,
+    gathered by pyarrow's ``take`` a block of rows at a time: a block takes from a narrow
+    range of each part (a part's rows come out in its order, or nearly), so pyarrow's
+    copy of what it takes from stays small and the window is never held twice."""
     import numpy as np
     import pyarrow as pa
     import pyarrow.compute as pc
 
     pool = pa.system_memory_pool()  # malloc's: the copies go back to the system once dropped
     firsts = np.cumsum([0] + [len(rows) for rows in parts])  # each part's first row
-    sizes = np.concatenate([np.diff(rows.offsets) for rows in parts])[order]
-    offsets = np.zeros(len(order) + 1, dtype=np.int64)
-    np.cumsum(sizes, out=offsets[1:])
-    out = np.empty(int(offsets[-1]), dtype=np.uint8)
     part_of = np.searchsorted(firsts, order, side="right") - 1
     for a in range(0, len(order), TAKE_BLOCK):
         b = min(a + TAKE_BLOCK, len(order))
@@ -160,10 +191,7 @@ def _take(parts: list[RowBatch], order: np.ndarray) -> Made:
         for chunk in taken.chunks:
             _, chunk_offsets, data = chunk.buffers()
             first, last = np.frombuffer(chunk_offsets, dtype=np.int64)[[chunk.offset, chunk.offset + len(chunk)]]
-            out[offsets[a] : offsets[a] + last - first] = np.frombuffer(data, dtype=np.uint8, count=last - first,
-                                                                        offset=first)
-            a += len(chunk)
-    return out, offsets
+            yield memoryview(data)[int(first) : int(last)]
 
 
 def _arrow(rows: RowBatch, start: int, stop: int) -> Any:

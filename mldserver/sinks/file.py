@@ -32,14 +32,15 @@ class FileSink:
         await asyncio.to_thread(self._write, window)
 
     def _write(self, window: Window) -> None:
-        """The window's rows are JSON lines already: written as they are."""
+        """The window's rows are JSON lines already: written as they are, a run of lines
+        at a time (``JsonLines.chunks``): the window is never copied whole."""
         self.directory.mkdir(parents=True, exist_ok=True)
         name = self._free_name(window.id)
         rows, late = window.rows, window.late_rows
         if late:
-            atomic_write(self.directory / f"{name}.late.jsonl", rows.buffer(0, late))
+            atomic_write(self.directory / f"{name}.late.jsonl", rows.chunks(0, late))
         if len(rows) > late:
-            atomic_write(self.directory / f"{name}.jsonl", rows.buffer(late))
+            atomic_write(self.directory / f"{name}.jsonl", rows.chunks(late))
 
     def _free_name(self, base: str) -> str:
         name, n = base, 0

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from mldserver.coordinator.ledger import ROW_OVERHEAD, Ledger
+from mldserver.coordinator.ledger import Ledger
 from mldserver.base.positions import Position
 from mldserver.api.rows import Item, RowBatch
 
@@ -55,10 +55,22 @@ def test_later_batches_do_not_pass_an_earlier_pending_row():
 
 def test_buffered_rows_and_bytes_are_counted_and_released():
     ledger = Ledger()
-    ledger.add("A", rows(row(1, data=b"x" * 10), row(2, data=b"y" * 20)), last=pos(2))
-    assert (ledger.rows, ledger.bytes) == (2, (10 + 1) + (20 + 1) + 2 * ROW_OVERHEAD)  # JSON lines
+    batch = rows(row(1, data=b"x" * 10), row(2, data=b"y" * 20))
+    ledger.add("A", batch, last=pos(2))
+    assert (ledger.rows, ledger.bytes) == (2, batch.held_bytes()) and batch.held_bytes() > (10 + 1) + (20 + 1)
     ledger.commit("A", 2)
     assert (ledger.rows, ledger.bytes) == (0, 0) and ledger.done("A")
+
+
+def test_a_batch_holds_its_bytes_until_its_last_row_is_committed():
+    ledger = Ledger()
+    first, second = rows(row(1), row(2), row(3)), rows(row(4))
+    ledger.add("A", first, last=pos(3))
+    ledger.add("A", second, last=pos(4))
+    ledger.commit("A", 2)  # a slice of the first batch still holds its buffers
+    assert (ledger.rows, ledger.bytes) == (2, first.held_bytes() + second.held_bytes())
+    ledger.commit("A", 1)
+    assert (ledger.rows, ledger.bytes) == (1, second.held_bytes())
 
 
 def test_a_lost_lease_drops_the_pending_rows_and_keeps_what_is_safe():

@@ -73,6 +73,34 @@ def test_interleaved_rows_are_gathered_in_merged_order_whatever_the_block_of_row
                                 ("C", 3), ("D", 10), ("D", 11), ("D", 12), ("A", 4), ("B", 4), ("C", 4)]
 
 
+def sealed(interleaved):
+    """A window of three shards, their rows interleaved in time or one shard's after
+    another's (two batches each, so in order it is several runs)."""
+    o = ordering()
+    for i, shard_id in enumerate("ABC"):
+        base = 0 if interleaved else 10_000 * i
+        add(o, shard_id, 1, [base + 1000, base + 2000, base + 3000], shard_id)
+        add(o, shard_id, 4, [base + 4000, base + 5000], shard_id)
+    [closed] = o.close(until=MINUTE)
+    return seal(closed)[0]
+
+
+@pytest.mark.parametrize("interleaved", [True, False])
+@pytest.mark.parametrize("block", [1, 4, 1 << 16])
+def test_chunks_are_the_rows_buffer_in_runs_without_gathering_the_window_whole(monkeypatch, interleaved, block):
+    monkeypatch.setattr(merge, "TAKE_BLOCK", block)
+    whole = bytes(sealed(interleaved).rows.buffer())
+    offsets = [0] + [i + 1 for i, byte in enumerate(whole) if byte == ord("\n")]
+    for start, stop in [(0, 15), (0, 1), (3, 11), (14, 15), (5, 5), (0, None)]:
+        window = sealed(interleaved)
+        chunks = list(window.rows.chunks(start, stop))
+        assert all(type(chunk) is memoryview for chunk in chunks)
+        assert b"".join(chunks) == whole[offsets[start] : offsets[15 if stop is None else stop]]
+        assert window.rows._make is not None  # never made whole
+    if not interleaved:  # runs where the rows are: one per batch, nothing copied
+        assert len(list(sealed(False).rows.chunks())) == 6
+
+
 def test_gathering_a_window_of_interleaved_shards_never_loads_pandas():
     # pyarrow imports pandas when first handed a numpy array (0.2 s on the first commit, 30 MiB).
     script = ("from mldserver.coordinator.merge import seal\n"

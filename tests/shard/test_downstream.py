@@ -126,3 +126,48 @@ async def test_a_lost_lease_drops_the_shards_uncommitted_rows_from_the_coordinat
         assert not server.coordinator.watermarks.tracks("shardId-1")
         await lost.close()
         await kept.close()
+
+
+async def test_shards_ahead_wait_below_the_byte_cap_and_the_watermark_shard_never_waits(tmp_path):
+    """Six shards far ahead of a slow one, on the real server and its handler processes:
+    their statuses stop coming once the rows they added pass three quarters of
+    ``max_buffered_bytes``, what is buffered never passes the cap, and the slow shard,
+    which holds the watermark back, goes on at once all along."""
+    import asyncio
+
+    from mldserver.coordinator.coordinator import HIGH_WATER
+
+    assert Settings().max_buffered_bytes == 256 * 2**20  # the default
+    cap, t0 = 300_000, 1476889707000
+    async with running(tmp_path, "tests.pool_handlers:Emit", sink=f"file:{tmp_path / 'out'}", window=3600.0,
+                       idle_timeout=3600.0, max_buffered_bytes=cap, shutdown_timeout=1.0) as (server, _, daemon):
+        coordinator = server.coordinator
+        slow = await daemon.shard("shardId-slow")
+        await slow.process_records(make_records(1, 5, approximate_arrival_timestamp=t0), millis_behind_latest=1000)
+        sent = {}
+
+        async def ahead(shard, n):
+            for b in range(200):  # 20 rows of ~130 bytes a batch: some 4 kB held, far below the cap
+                await shard.process_records(make_records(10_000 + 20 * b, 20, 100,
+                                                         approximate_arrival_timestamp=t0 + 10**7 + n),
+                                            millis_behind_latest=1000)
+                sent[n] = b + 1
+
+        fast = [await daemon.shard(f"shardId-fast-{n}") for n in range(6)]
+        tasks = [asyncio.create_task(ahead(shard, n)) for n, shard in enumerate(fast)]
+        try:
+            # Each fast shard stops (its status waits) once the rows pass the high-water mark.
+            stalled = -1
+            while stalled != sum(sent.values()):
+                stalled = sum(sent.values())
+                await asyncio.sleep(0.5)
+            assert not any(task.done() for task in tasks) and len(sent) == 6
+            assert cap * HIGH_WATER < coordinator.ledger.bytes <= coordinator.status().peak_bytes <= cap
+            for b in range(10):  # the watermark's shard is never delayed, however full
+                await asyncio.wait_for(slow.process_records(
+                    make_records(100 + 5 * b, 5, approximate_arrival_timestamp=t0 + b), millis_behind_latest=1000), 5)
+            assert stalled == sum(sent.values()) and coordinator.status().peak_bytes <= cap
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)

@@ -12,8 +12,10 @@ Each batch is a new line (fresh sequence numbers, so nothing is dropped as a
 duplicate) covering 10 s of event time: one window per batch, closing as the run
 goes. Reported: rows/s for both and the cost; the CPU the server used a row, its
 handler processes included (steadier than rows/s on a machine shared with other
-work); and the largest memory the coordinator used (its buffered rows as the ledger
-counts them, and the server's peak PSS against the no-pipeline server's).
+work); and the largest memory the coordinator used: its buffered rows as the ledger
+counts them (the memory they hold) against ``max_buffered_bytes``, which they must stay
+under, and the peak PSS of the server and its handler processes against the
+no-pipeline server's.
 """
 
 from __future__ import annotations
@@ -83,9 +85,12 @@ async def run_one(name: str, k: int, batch_lines: list, tmp: str,
 
 
 async def run(shard_counts: list[int], quick: bool, tmp: str, workers: list[int | None] | None = None) -> None:
+    from ...base.config import Settings
+
+    cap = Settings.max_buffered_bytes / 2**20
     print(f"\ncoordinator: batches of {RECORDS:,} records x {SIZE} B, passthrough handler, direct TCP")
     print(f"  {'workers':>7} {'K':>4} {'no pipeline rows/s':>19} {'file sink rows/s':>17} {'cost':>7} "
-          f"{'CPU us/row (none / sink)':>25} {'peak buffered':>14} {'server PSS (none / sink)':>25}")
+          f"{'CPU us/row (none / sink)':>25} {'peak buffered / cap':>20} {'server PSS (none / sink)':>25}")
     for k in shard_counts:
         batches = 2 if quick else max(2, 120 // k)
         batch_lines = lines(batches)
@@ -93,5 +98,5 @@ async def run(shard_counts: list[int], quick: bool, tmp: str, workers: list[int 
             bare, bare_cpu, bare_pss, _ = await run_one("no pipeline", k, batch_lines, tmp, w)
             sink, sink_cpu, sink_pss, peak = await run_one("file sink", k, batch_lines, tmp, w)
             print(f"  {'-' if w is None else w:>7} {k:4d} {bare:19,.0f} {sink:17,.0f} {100 * (1 - sink / bare):+6.1f}% "
-                  f"{bare_cpu:16.2f} / {sink_cpu:.2f} {(peak or 0) / 2**20:9.1f} MiB "
+                  f"{bare_cpu:16.2f} / {sink_cpu:.2f} {(peak or 0) / 2**20:9.1f} / {cap:.0f} MiB "
                   f"{bare_pss / 1024:11.1f} / {sink_pss / 1024:.1f} MiB")
