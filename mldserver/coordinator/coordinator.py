@@ -40,9 +40,13 @@ and shuts down.
 
 Back-pressure: past the high-water mark, three quarters of ``max_buffered_rows`` or of
 ``max_buffered_bytes`` (the memory the buffered rows hold: ``ledger``), ``admit`` makes
-a shard whose watermark is ahead of the global one wait before its status (so the
-daemon waits); never the shard holding the watermark back, never a parent whose
-child is waiting on it. It starts below the caps because what is under way still
+every shard but the one holding the watermark back wait before its status (so the
+daemon waits), and never a parent whose child is waiting on it. The holder is one
+shard: the least watermark, shards that tie ordered by shard id, as the merge orders
+their rows. Shards in step (all at one watermark) then go on one at a time, each
+released as it becomes the holder, until the window they hold open closes and its
+commit frees memory; delaying none of them would let every one add a batch past the
+mark. It starts below the caps because what is under way still
 lands: a batch is added before its shard is delayed, up to ``max_batches_in_flight``
 are being handled, and the watermark's shard goes on. With the default 256 MiB, 32
 shards each a 10,000-row batch (3.4 MB of JSON, 4.6 MB held) ahead of one slow
@@ -434,9 +438,8 @@ class Coordinator:
                 or self.ledger.bytes > s.max_buffered_bytes * HIGH_WATER)
 
     def _may_delay(self, shard_id: str) -> bool:
-        now = self.clock()
-        if self.watermarks.value(shard_id) <= self.watermarks.minimum(now):
-            return False  # it holds the watermark back (or ties): delaying it would stall all
+        if self.watermarks.holder(self.clock()) == shard_id:
+            return False  # it holds the watermark back: delaying it would stall all
         return not self.ordering.holds_children(self.lineage.children_of(shard_id))
 
     def _blocks(self, shard_id: str, now: float) -> bool:

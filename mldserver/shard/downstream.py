@@ -6,6 +6,7 @@ One interface, two implementations, chosen once per connection by the server::
     CoordinatorLink(coordinator, interval=10.0)
 
     await downstream.open(shard_id, checkpoint)          # initialize (a Position or None)
+    await downstream.ready()                             # before the next batch is read
     if await downstream.batch(rows, last, millis_behind, release):   # rows: a RowBatch
         ...                                              # checkpoint what is safe, now
     downstream.safe()                                    # how far a checkpoint may go
@@ -19,7 +20,10 @@ With the coordinator, every checkpoint waits for the sink (``holds_checkpoints``
 is clamped to what the sink has committed (``safe``), and the server checkpoints that
 itself, at most every ``checkpoint_interval`` on a batch and on ``shutdownRequested``.
 ``batch`` hands the rows over, gives up the shard's in-flight slot (``release``) and
-waits out back-pressure before the batch's status goes back; ``shard_ended`` spools the
+waits out back-pressure before the batch's status goes back; ``ready`` waits it out
+again before the next batch is read, for a batch the daemon sent while the buffered
+rows were under the mark stays in the kernel until the shard may go on (else every
+shard adds one more batch past the mark); ``shard_ended`` spools the
 shard's uncommitted rows, so SHARD_END may be stored before they commit; ``lease_lost``
 drops them (the new owner reads them again) so they hold nothing back; ``close``
 tells the coordinator the connection is gone, so it can forget the shard once its rows
@@ -44,6 +48,8 @@ class Downstream(Protocol):
 
     async def open(self, shard_id: str, checkpoint: Position | None) -> None: ...
 
+    async def ready(self) -> None: ...
+
     async def batch(
         self, rows: RowBatch, last: Position | None, millis_behind: int | None, release: Callable[[], None]
     ) -> bool: ...
@@ -64,6 +70,9 @@ class NoSink:
     holds_checkpoints = False
 
     async def open(self, shard_id: str, checkpoint: Position | None) -> None:
+        pass
+
+    async def ready(self) -> None:
         pass
 
     async def batch(
@@ -104,6 +113,12 @@ class CoordinatorLink:
             self.close()
         await self.coordinator.open_shard(shard_id, checkpoint)
         self._opened = shard_id
+
+    async def ready(self) -> None:
+        """Wait out back-pressure before the next batch is read (a shard not yet open,
+        or not running ahead, goes on at once)."""
+        if self._opened is not None:
+            await self.coordinator.admit(self._opened)
 
     async def batch(
         self, rows: RowBatch, last: Position | None, millis_behind: int | None, release: Callable[[], None]

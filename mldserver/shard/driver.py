@@ -68,7 +68,7 @@ class ShardDriver:
         self.metrics = metrics  # the server's (admin endpoint): recorded here, the seam's server side
         self.pause = pause
         self.wire = Wire(reader, writer, self.conn, slots, log, running=lambda: calls.running,
-                         on_bad_line=self._bad_line)
+                         on_bad_line=self._bad_line, ready=self.downstream.ready)
         self.checkpoints = Checkpoints(self.conn, self.wire, settings=settings, downstream=self.downstream,
                                        metrics=metrics, log=log)
         self.shard: ShardInfo | None = None

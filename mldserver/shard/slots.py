@@ -9,6 +9,8 @@ in memory::
     await wire.write(conn.send(Status(response_for="processRecords")))   # Lost if the peer went away
     wire.release()                       # the batch is answered: its slot goes back
 
+- A batch waits for ``ready`` (the downstream's back-pressure) before it takes a
+  slot: a shard running ahead of the watermark leaves its next batch in the kernel.
 - Only a batch takes a slot: a line whose first ``PEEK`` bytes name another action
   (``initialize``, ``leaseLost``, ...) never does; one that names none within them
   does. The slot is taken at the line's first bytes, so the rest of a batch waiting
@@ -122,6 +124,7 @@ class Wire:
         *,
         running: Callable[[], str | None],  # the callback under way, for slots_held
         on_bad_line: Callable[[RemoteProtocolError], Awaitable[None]],
+        ready: Callable[[], Awaitable[None]] | None = None,  # awaited before a batch takes a slot
     ) -> None:
         self.reader = reader
         self.writer = writer
@@ -130,6 +133,7 @@ class Wire:
         self.log = log
         self._running = running
         self._on_bad_line = on_bad_line
+        self._ready = ready
         self.stopping = False
         self.aborted = asyncio.Event()  # past shutdown_timeout: no slot waited for, no action read further
         self.lost: BaseException | None = None  # the peer went away (a reset, a broken pipe)
@@ -226,9 +230,24 @@ class Wire:
 
     async def _take_slot(self) -> None:
         assert self.slots is not None
+        if self._ready is not None and not self.aborted.is_set():
+            await self._until_aborted(self._ready())  # back-pressure: the batch stays in the kernel
         if await self.slots.acquire(self, self.aborted):
             self._holding = True
             self._grew = time.monotonic()
+
+    async def _until_aborted(self, wait: Awaitable[None]) -> None:
+        """``wait``, unless ``abort()`` comes first."""
+        waiting = asyncio.ensure_future(wait)
+        aborted = asyncio.ensure_future(self.aborted.wait())
+        try:
+            await asyncio.wait((waiting, aborted), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in (waiting, aborted):
+                task.cancel()
+            await asyncio.gather(waiting, aborted, return_exceptions=True)
+        if waiting.done() and not waiting.cancelled() and waiting.exception() is not None:
+            raise waiting.exception()  # type: ignore[misc]
 
     def release(self) -> None:
         """The slot goes back, if this wire holds one."""

@@ -122,6 +122,32 @@ async def test_ahead_shard_waits_for_its_status_while_over_the_cap_and_the_holde
         await c.stop()
 
 
+async def test_shards_in_step_go_on_one_at_a_time_over_the_cap(settings, tmp_path):
+    """All at one watermark, the holder is the least shard id: only it passes; each of
+    the others is released as it becomes the holder, so the cap holds and all go on."""
+    clock = FakeClock(1_000)
+    c = await started(settings.replace(max_buffered_rows=4), tmp_path, clock)
+    try:
+        for s in ("A", "B", "C"):
+            await c.open_shard(s, "TRIM_HORIZON")
+        for i, s in enumerate(("A", "B", "C")):
+            c.add_batch(s, items(10 * i + 1, [1_000, 2_000]), position(10 * i + 2), 100)
+        waiting = {s: asyncio.create_task(c.admit(s)) for s in ("B", "C")}
+        await asyncio.wait_for(c.admit("A"), 1)  # ties at 2 s: A holds the watermark
+        await settle()
+        assert not any(t.done() for t in waiting.values())
+        c.add_batch("A", items(3, [3_000]), position(3), 100)  # A goes past: B holds it now
+        assert await c.step() == 0
+        await asyncio.wait_for(waiting["B"], 2)
+        await settle()
+        assert not waiting["C"].done()
+        c.add_batch("B", items(13, [3_000]), position(13), 100)  # B ties A at 3 s: C holds it now
+        assert await c.step() == 0
+        await asyncio.wait_for(waiting["C"], 2)
+    finally:
+        await c.stop()
+
+
 async def test_spooled_rows_of_an_ended_shard_are_replayed_after_a_restart_then_deleted(settings, tmp_path):
     clock = FakeClock(1_000)
     c = await started(settings, tmp_path, clock)
