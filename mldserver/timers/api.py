@@ -50,13 +50,14 @@ import inspect
 import math
 from contextvars import ContextVar
 from datetime import datetime, timedelta, timezone
-from typing import Any, Awaitable, Callable
+from typing import Any, Awaitable, Callable, Sequence
 
 import orjson
 
 from ..errors import ConfigError, MldserverError
 from ..base.importer import import_from_string
-from .store import Timer
+from .pending import pending
+from .store import Op, Timer
 
 MAX_AT_S = 253_402_300_799  # 9999-12-31T23:59:59Z
 MAX_NAME_BYTES = 1024  # a reference, a callback name (a DynamoDB key holds both, at most 2048 bytes)
@@ -199,31 +200,43 @@ def _hashable(obj: Any) -> bool:
 
 class Timers:
     """``self.timers`` in a handler; ``timers.create`` / ``timers.cancel`` in a timer
-    callback. Subclasses store (``_create``, ``_cancel``) and count refusals
-    (``_refused``)."""
+    callback. Subclasses write (``write``: creates and cancels in order, in one
+    commit) and count refusals (``_refused``)."""
 
     def __init__(self, context_size: int) -> None:
         self.context_size = context_size
 
     async def create(self, callback: Any, at: Any, reference: str, context: Any = None) -> None:
-        """Store the timer (durably) before returning; the same callback and
-        reference replaces the one stored."""
+        """Check the timer and add it to the call's timers (``pending.py``), durable
+        before the call's checkpoints and its end; outside a call, write it before
+        returning. The same callback and reference replaces the one stored."""
         try:
             timer = prepare(callback, at, reference, context, self.context_size)
         except TimerError as exc:
             await self._refused(str(exc))
             raise
-        await self._create(timer)
+        call = pending()
+        if call is not None:
+            call.create(timer)
+        else:
+            await self.write([timer])
 
     async def cancel(self, callback: Any, reference: str) -> bool:
         """Remove the timer; whether there was one pending (a timer firing now may
-        still finish its call)."""
-        return await self._cancel(callback_name(callback), check_reference(reference))
+        still finish its call). Answered from the call's timers when they touched it,
+        else by the store, with the call's timers so far in the same commit."""
+        key = (callback_name(callback), check_reference(reference))
+        call = pending()
+        if call is None:
+            return (await self.write([key]))[0]
+        found = call.cancel(key)
+        if found is not None:
+            return found
+        return (await call.send([*call.take(), key]))[-1]
 
-    async def _create(self, timer: Timer) -> None:
-        raise NotImplementedError
-
-    async def _cancel(self, callback: str, reference: str) -> bool:
+    async def write(self, ops: Sequence[Op]) -> list[bool]:
+        """``ops`` durable, in one commit; whether each cancel found a timer.
+        TimerError (retriable) if the store failed."""
         raise NotImplementedError
 
     async def _refused(self, error: str) -> None:
