@@ -20,6 +20,10 @@ two apart; what changes is what a failure can be::
   other shards twice; the shard goes back to the pool's processes after that action;
 - a call of another shard that was only waiting in that process is redone at once in a
   live process, without counting (``handler_redone``), up to ``UNBLAMED_REDOS`` times;
+- the timers the call created (``mldserver.timers.pending``) come with its checkpoint
+  requests and its ``done`` frame, and are committed before the daemon is asked and
+  before the outcome is returned (so before the action's status); a commit that fails
+  is a failed attempt, redone with its timers;
 - anything else that goes wrong on our side of the call (a bug of ours) is logged
   ``action_failed_internally`` with its traceback and counts as a failed attempt: the
   driver answers the action whatever happens here;

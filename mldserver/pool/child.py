@@ -31,8 +31,10 @@ server writes its id to the state file (STOP) and sends SIGUSR2, which raises
 :class:`ExecutionTimeout` in its code. Either way it answers ``done`` with
 ``"stopped": true``; the server kills the process only if that does not come soon.
 
-Timers (``mldserver.timers.remote``): ``self.timers.create`` / ``cancel`` are requests
-the server answers once its store has committed; a ``fire`` frame runs due timers'
+Timers (``mldserver.timers.remote``): the timers a call creates (``self.timers.create``)
+are kept with it and cross with its checkpoint requests and its ``done`` frame, which
+the server commits before it asks the daemon and before the action's status; a write
+that fails makes the call's ``done`` a failure. A ``fire`` frame runs due timers'
 callbacks, each tracked as a call of its own, and is answered by one ``done``.
 
 A watchdog thread logs ``handler_blocked`` with the stack, once per episode, when the

@@ -23,6 +23,11 @@ escapes the handler ends the action at once, without a retry (the checkpointer h
 logged it), keeping what it emitted. ``checkpointer`` is called once an attempt for the checkpointer to hand
 the handler (one per attempt, or the same one every time).
 
+The timers an attempt creates (``mldserver.timers.pending``: kept in the attempt's
+task, and its tasks') are written in one commit once it returned, before its outcome
+(a checkpoint it asks for writes those so far first); a write that fails is a failed
+attempt, retried as any failure is.
+
 Each attempt runs in its own task, so nothing the handler does reaches the caller:
 
 - past ``timeout`` the task is cancelled and given ``grace`` seconds to end; a handler

@@ -28,20 +28,25 @@ through before anything is stored::
 - ``context``: anything JSON (as orjson encodes it), at most ``timer_context_size``
   bytes once encoded (1 KiB by default); the callback gets it back decoded.
 
-``create`` returns once the timer is durable (committed to the store), so a record
-checkpointed after it never loses its timer. Mistakes raise :class:`TimerError`
-naming the timer, what was wrong and what to do, and count as
-``timer_create_failure``::
+``create`` checks the timer at once and adds it to the call's timers (``pending.py``),
+without waiting for the store: the timers a call creates become durable together, in
+one commit, before any checkpoint it asks for and before its action's status, so a
+record checkpointed after a create never loses its timer. A call that fails loses
+them with it, as it loses its records not yet checkpointed: the action is redone and
+creates them again; a commit that fails fails the call (retried, then dead-lettered).
+Outside a call (a task the handler started that outlives its call), ``create`` and
+``cancel`` return once written. Mistakes raise :class:`TimerError` at once, naming the
+timer, what was wrong and what to do, and count as ``timer_create_failure``::
 
     TimerError: timer 'order-7': context is 1730 bytes of JSON, over timer_context_size
     (1024 bytes): keep a key in it and look the rest up in the callback, or raise
     timer_context_size
 
-``Timers`` is the object handlers reach as ``self.timers``; the server's
-(``scheduler.LocalTimers``) stores directly, a handler process's
-(``remote.RemoteTimers``) asks the server, which answers once it has committed. In a
-timer callback, which has no ``self``, the module functions ``timers.create`` and
-``timers.cancel`` reach the same object (``current``).
+``Timers`` is the object handlers reach as ``self.timers``; its ``write`` makes
+creates and cancels durable in one commit: the server's (``scheduler.LocalTimers``)
+stores directly, a handler process's (``remote.RemoteTimers``) asks the server, which
+answers once it has committed. In a timer callback, which has no ``self``, the module
+functions ``timers.create`` and ``timers.cancel`` reach the same object (``current``).
 """
 
 from __future__ import annotations

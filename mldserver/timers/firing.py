@@ -26,6 +26,9 @@ batch's start:
   others of the batch are handed back uncounted (``counted=False``: redone, not a
   failed attempt), as are those of a process that dies under another call.
 
+A callback's timers (``timers.create`` inside it: ``pending.py``) are written in one
+commit once it returned, before its result is ok; a write that fails fails it.
+
 A failed result is an attempt: the scheduler retries it with backoff, then
 dead-letters it.
 """

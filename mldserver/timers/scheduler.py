@@ -6,6 +6,7 @@ task (``timer-scheduler``) started after the pool and stopped before it::
     await scheduler.start()                  # timers due while the server was down fire now
     await scheduler.create(Timer("handlers.orders:remind", "order-7", due_ms, b'{"order":7}'))
     await scheduler.cancel("handlers.orders:remind", "order-7")   # -> True
+    await scheduler.write([timer_a, timer_b, ("handlers.orders:remind", "order-3")])  # a call's: one commit
     await scheduler.stop(timeout=30)         # firings under way finish (or are cancelled)
 
 Tests drive it by hand with a fake clock (epoch milliseconds)::
