@@ -52,7 +52,7 @@ from ..base.logs import EventLogger, get_logger
 from .api import Timers, TimerError
 from .firing import Firing, LoopFiring, Result
 from .remote import decode
-from .store import Key, Op, Store, Timer, new_version
+from .store import Key, Op, Store, Timer, net, new_version
 
 if TYPE_CHECKING:
     from ..base.deadletters import DeadLetters
@@ -231,12 +231,7 @@ class Scheduler:
             raise TimerError(f"timer {first} not {what} ({error}) in {self.store!r}", retriable=True) from None
         self.stats.created += created
         self.stats.cancelled += sum(found)
-        final: dict[Key, Timer | None] = {}
-        for op in ops:
-            if isinstance(op, Timer):
-                final[op.key] = op
-            else:
-                final[op] = None
+        final, _, _ = net(ops)  # what each key is left with
         async with self._lock:
             for key, timer in final.items():
                 self._redos.pop(key, None)
