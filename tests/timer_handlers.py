@@ -13,9 +13,10 @@ A fourth item names another callback of ``CALLBACKS`` (``"slow"``, ``"failing"``
 SIGKILLed right after), with the context, the time it ran and its pid.
 
 ``Scripted`` appends to the same file a line as it calls each create or cancel and
-one once the call returned (the store committed it), so a test knows what was in the
-store when a callback fired; a call cut short (its batch timed out, its process died)
-has the first line only, though the server may have committed it::
+one once it is durable (the batch's checkpoint returned: a call's timers are committed
+before its checkpoints), so a test knows what was in the store when a callback fired;
+a call cut short (its batch timed out, its process died) has the first line only,
+though the server may have committed it::
 
     {"call": "create", "ref": "ref-3", "context": {"ref": "ref-3", "v": 1, "at": ...}, "asked": ..., "pid": 42}
     {"call": "create", "ref": "ref-3", "asked": ..., "returned": ..., "pid": 42}
@@ -83,7 +84,10 @@ CALLBACKS = {"fired": fired, "slow": slow, "lingering": lingering, "failing": fa
 
 
 class Scripted(mldserver.Handler):
+    checkpoints = True  # the batch's last record, once its ops ran (Unchecked: never)
+
     async def process_records(self, batch, checkpointer):
+        made = []  # the lines for the ops made, written once they are durable
         for record in batch.records:
             for op in orjson.loads(record.data):
                 if op[0] in ("create", "create_in"):
@@ -100,8 +104,17 @@ class Scripted(mldserver.Handler):
                     await self.timers.cancel(CALLBACKS[op[2] if len(op) > 2 else "fired"], ref)
                 else:
                     continue
-                _append({"call": op[0].removesuffix("_in"), "ref": ref, "asked": asked, "returned": time.time(),
-                         "pid": os.getpid()})
-        if batch.records:
+                made.append({"call": op[0].removesuffix("_in"), "ref": ref, "asked": asked, "pid": os.getpid()})
+        if batch.records and self.checkpoints:
             last = batch.records[-1]
+            # The call's timers are committed before the checkpoint: durable once it returned.
             await checkpointer.checkpoint(last.sequence_number, last.sub_sequence_number)
+            returned = time.time()
+            for line in made:
+                _append({**line, "returned": returned})
+
+
+class Unchecked(Scripted):
+    """Never checkpoints: the call's timers are committed with its end, before its status."""
+
+    checkpoints = False

@@ -30,6 +30,10 @@ committed): a checkpoint never goes past it (invariant 3). ``checkpoint()`` then
 
 Every refusal is reported to ``on_refused(error, delay)`` once: with the delay before
 the next attempt, or ``None`` when the checkpoint gives up and raises.
+
+The timers the calling handler call has created so far (``mldserver.timers.pending``)
+are committed before anything else: a record checkpointed after a create never loses
+its timer. A commit that fails raises ``TimerError`` here, and the call fails.
 """
 
 from __future__ import annotations
@@ -42,6 +46,7 @@ from ..base.backoff import Backoff
 from ..errors import CheckpointError
 from ..base.positions import Position
 from ..protocol import Checkpoint, CheckpointReply
+from ..timers import pending as timer_ops
 
 Roundtrip = Callable[[Checkpoint], Awaitable[CheckpointReply]]
 
@@ -111,6 +116,7 @@ class Checkpointer:
             self._refused(CheckpointError(
                 "IllegalArgumentException", _text(sequence_number), None,
                 f"sub_sequence_number must be an int, got {type(sub_sequence_number).__name__}"), None)
+        await timer_ops.flush()  # the calling call's timers durable first (TimerError if not)
         progress = self._progress
         position = None
         if sequence_number is not None:

@@ -34,7 +34,8 @@ start-up (``mldserver.api.checks``): a near miss of a callback's name
 Durable timers (Couchbase Eventing's ``createTimer``/``cancelTimer``; see
 ``mldserver.timers``): ``await self.timers.create(callback, at, reference, context)``
 calls ``await callback(context)`` at or after ``at``, at least once, even across
-restarts; ``await self.timers.cancel(callback, reference)`` removes it::
+restarts; ``await self.timers.cancel(callback, reference)`` removes it. A call's
+timers are committed together, before its checkpoints and its status::
 
     async def remind(context):                     # module level, async
         ...

@@ -20,6 +20,10 @@ two apart; what changes is what a failure can be::
   other shards twice; the shard goes back to the pool's processes after that action;
 - a call of another shard that was only waiting in that process is redone at once in a
   live process, without counting (``handler_redone``), up to ``UNBLAMED_REDOS`` times;
+- the timers the call created (``mldserver.timers.pending``) come with its checkpoint
+  requests and its ``done`` frame, and are committed before the daemon is asked and
+  before the outcome is returned (so before the action's status); a commit that fails
+  is a failed attempt, redone with its timers;
 - anything else that goes wrong on our side of the call (a bug of ours) is logged
   ``action_failed_internally`` with its traceback and counts as a failed attempt: the
   driver answers the action whatever happens here;
@@ -49,6 +53,8 @@ from ..base.logs import EventLogger
 from ..api.records import Batch, ShardInfo
 from ..shard.batches import BAD_ROW, BadRecords, EncodedRows, encoded_rows
 from ..shard.calls import FAILED, Calls, Outcome
+from ..timers import remote as timers_remote
+from ..timers.api import TimerError
 from .frames import decode_rows, encode_records
 from .pool import HandlerPool
 from .process import START_TIMEOUT, HandlerImportFailed, HandlerProcess, ProcessDied
@@ -182,10 +188,14 @@ class ProcessCalls(Calls):
                     if message["result"] != FAILED:
                         if action == "initialize":
                             self._moved = False  # the instance is made
-                        return Outcome(message["result"], message["error"],
-                                       self._rows(arg, message, rows) if collect_rows else None,
-                                       message.get("failed") or None)
-                    error, traceback = message["error"], message.get("traceback")
+                        lost = await self._write_timers(message.get("timers"))
+                        if lost is None:
+                            return Outcome(message["result"], message["error"],
+                                           self._rows(arg, message, rows) if collect_rows else None,
+                                           message.get("failed") or None)
+                        error = f"TimerError: {lost}"
+                    else:
+                        error, traceback = message["error"], message.get("traceback")
                 await self._settled()
                 attempt += 1
                 retry = attempt < attempts
@@ -304,10 +314,13 @@ class ProcessCalls(Calls):
         self.log.info("shard_moved", pid=proc.pid, from_pid=self._moved_from, sequence_number=info.sequence_number,
                       sub_sequence_number=info.sub_sequence_number)
         message, _ = await self._wait(proc, self._frame("initialize", info, False)[0], b"", None, "initialize")
+        error = message["error"]
+        if message["result"] != FAILED and (lost := await self._write_timers(message.get("timers"))) is not None:
+            message, error = {"result": FAILED}, f"TimerError: {lost}"
         if message["result"] == FAILED:
             self.proc = None
             self.pool.release(proc, self.key)
-            raise _InitializeFailed(f"initialize in a new handler process failed: {message['error']}")
+            raise _InitializeFailed(f"initialize in a new handler process failed: {error}")
         self._moved = False
 
     def _leave(self) -> None:
@@ -373,7 +386,23 @@ class ProcessCalls(Calls):
 
         return answer
 
+    async def _write_timers(self, items: Any) -> TimerError | None:
+        """The call's timers (its ``done`` frame's or its checkpoint's) committed; why
+        not, or None. Not committed, they fail the call: it is redone and creates them
+        again."""
+        if not items:
+            return None
+        timers = self.context.timers
+        try:
+            await timers.write(timers_remote.decode(items, timers.context_size))
+        except TimerError as exc:
+            return exc
+        return None
+
     async def _checkpoint(self, cp: Checkpointer | None, message: dict[str, Any]) -> dict[str, Any]:
+        lost = await self._write_timers(message.get("timers"))  # before the daemon stores the position
+        if lost is not None:
+            return {"timer_error": str(lost), "retriable": lost.retriable}
         if cp is None:
             return {"error": "InvalidStateException", "detail": "no checkpointer here"}
         try:

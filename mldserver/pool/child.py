@@ -31,8 +31,10 @@ server writes its id to the state file (STOP) and sends SIGUSR2, which raises
 :class:`ExecutionTimeout` in its code. Either way it answers ``done`` with
 ``"stopped": true``; the server kills the process only if that does not come soon.
 
-Timers (``mldserver.timers.remote``): ``self.timers.create`` / ``cancel`` are requests
-the server answers once its store has committed; a ``fire`` frame runs due timers'
+Timers (``mldserver.timers.remote``): the timers a call creates (``self.timers.create``)
+are kept with it and cross with its checkpoint requests and its ``done`` frame, which
+the server commits before it asks the daemon and before the action's status; a write
+that fails makes the call's ``done`` a failure. A ``fire`` frame runs due timers'
 callbacks, each tracked as a call of its own, and is answered by one ``done``.
 
 A watchdog thread logs ``handler_blocked`` with the stack, once per episode, when the
@@ -69,7 +71,9 @@ from ..api.checks import check_handler, emits
 from ..api import bindings as bindings_api
 from ..api.bindings import Bindings
 from ..timers import api as timers_api
+from ..timers import pending as timer_ops
 from ..timers import remote as timers_remote
+from ..timers.api import TimerError
 from .arena import ArenaView
 from .frames import BEAT, BEAT_AT, RUN, STATE_SIZE, STOP, STOP_AT, WATCH_INTERVAL, CallFrame, StartFrame, encode, encode_head, encode_rows, read_frame_async, records_from
 
@@ -145,8 +149,17 @@ class ProxyCheckpointer:
         self._proxy = proxy
 
     async def checkpoint(self, sequence_number: str | None = None, sub_sequence_number: int | None = None) -> None:
-        reply = await self._proxy.request("checkpoint", sequence_number=sequence_number,
-                                          sub_sequence_number=sub_sequence_number)
+        fields: dict[str, Any] = {"sequence_number": sequence_number, "sub_sequence_number": sub_sequence_number}
+        call = timer_ops.pending()
+        ops = call.take() if call is not None else []
+        if ops:  # committed by the server before it asks the daemon
+            fields["timers"] = timers_remote.encode(ops)
+        reply = await self._proxy.request("checkpoint", **fields)
+        if reply.get("timer_error") is not None:
+            exc = TimerError(reply["timer_error"], retriable=bool(reply.get("retriable")))
+            if call is not None:
+                call.failed = exc  # lost with the call: it fails, whatever the handler does with this
+            raise exc
         if reply.get("error") is not None:
             raise CheckpointError(reply["error"], reply.get("sequence_number"), reply.get("sub_sequence_number"),
                                   reply.get("detail") or "")
@@ -263,6 +276,8 @@ class Child:
         error = tb = None
         result = "ok"
         stopped = False
+        timers = timer_ops.Pending(self.context.timers.write)
+        timer_ops.current.set(timers)  # this call's task's: its creates are its own, and its tasks'
         try:
             if action == "initialize":
                 self.handlers[shard] = self.factory(self.context)
@@ -290,12 +305,17 @@ class Child:
                 self.running.set(0)  # (SIGUSR2 may land before Tracked clears it)
             if action == "initialize":
                 self.handlers.pop(shard, None)
+        ops = timers.close()
+        if timers.failed is not None and result != "failed":
+            result, error = "failed", f"{type(timers.failed).__name__}: {timers.failed}"
         n, rows, bad = 0, b"", []
         failed = batch.settle_failures() if batch is not None and result != "failed" else None
         if batch is not None and batch.rows and result != "failed":
             index = {id(r): i for i, r in enumerate(batch.records)}
             n, rows, bad = encode_rows(batch.rows, index)
         done = {"op": "done", "id": call_id, "result": result, "error": error, "traceback": tb, "rows": n, "bad": bad}
+        if ops and result != "failed":
+            done["timers"] = timers_remote.encode(ops)  # committed by the server before the status
         if stopped:
             done["stopped"] = True
         if failed:
@@ -311,7 +331,8 @@ class Child:
             return await Tracked(coro, call_id, self.running)
 
         try:
-            done = await timers_remote.fire(frame, track=track, timeout=self.settings.execution_timeout, log=log)
+            done = await timers_remote.fire(frame, track=track, timers=self.context.timers,
+                                            timeout=self.settings.execution_timeout, log=log)
         except Exception as exc:  # a bug here, not in a callback: each timer is retried
             failed = [f"{type(exc).__name__}: {exc}", traceback.format_exc()]
             done = {"op": "done", "id": frame["id"], "result": "ok", "fired": [failed] * len(frame["timers"])}

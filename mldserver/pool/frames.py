@@ -18,17 +18,23 @@ What crosses, and how often (one shard's action is one ``call`` and one ``done``
     child -> server
       {"op":"ready","pid":4242}  or  {"op":"import_failed","error":"Could not import ..."}
       {"op":"checkpoint","id":7,"req":2,"sequence_number":"49..","sub_sequence_number":0}
+      {"op":"checkpoint",...,"timers":[["mod:callback","ref",1763719260000,{context}],["mod:callback","ref2"]]}
       {"op":"sql_fetch","id":7,"req":3,"cursor":1,"query":"SELECT ..","params":{},"n":64}
       {"op":"sql_close","id":7,"req":4,"cursor":1}
       {"op":"done","id":7,"result":"ok","error":null,"rows":2,"bad":[]} | rows, columnar
       {"op":"done",...,"failed":[[41,"ValueError: bad order",3]],"stats":{"on_update_success":999}}
-      {"op":"timer_create","id":7,"req":5,"timers":[["mod:callback","ref",1763719260000,{context}], ...]}
-      {"op":"timer_cancel","id":7,"req":6,"callback":"mod:callback","reference":"ref"}
+      {"op":"done",...,"timers":[["mod:callback","ref",1763719260000,{context}], ...]}  (the call's timers)
+      {"op":"timer_write","id":7,"req":5,"timers":[["mod:callback","ref",1763719260000,{context}], ...]}
+      {"op":"timer_refused","id":7,"req":6,"error":"timer 'ref': context is 1730 bytes ..."}
       {"op":"done","id":90,"result":"ok","fired":[null,["ValueError: ..","Traceback .."]]}  (a fire's)
 
-A timer's requests are answered by the server whichever call sends them (services);
-a ``fire`` frame's callbacks each run under their own id (``[91, ...]``), so the
-server can tell which one blocks (``mldserver.timers.firing``, ``.remote``).
+The timers a call creates cross with its checkpoint requests and its ``done`` frame
+(``timers``: a create four items, a cancel two, in order), committed by the server
+before it asks the daemon and before the action's status; a timer request
+(``timer_write``: outside a call, a cancel the call cannot answer, a callback's
+timers) is answered by the server whichever call sends it (services); a ``fire``
+frame's callbacks each run under their own id (``[91, ...]``), so the server can tell
+which one blocks (``mldserver.timers.firing``, ``.remote``, ``.pending``).
 
 The records of a batch cross as the daemon's processRecords line, the bytes that
 arrived (``"line": true``), or, when the server changed them (KPL aggregates expanded,
@@ -136,6 +142,7 @@ class DoneFrame(TypedDict):
     bad: list[tuple[int, str]]
     failed: NotRequired[list[tuple[int, str, int]]]  # batch.fail: [index, error, attempts]
     stats: NotRequired[dict[str, int]]  # what the handler counted (on_update_success, ...)
+    timers: NotRequired[list[list[Any]]]  # the call's timers not yet written (timers.remote.encode)
 
 
 def encode_head(message: dict[str, Any], body_size: int) -> bytes:

@@ -10,7 +10,7 @@ answer its requests, notice its death. All asyncio; the loop only waits on pipes
 ``requests`` answers what the handler asks during the call (``checkpoint``,
 ``sql_fetch``, ``sql_close``): the call's owner (``calls.ProcessCalls``) is the only
 one that knows the shard's checkpointer. What the server answers whichever call asks
-(``timer_create``, ``timer_cancel``: ``mldserver.timers``) is in ``services``, by op.
+(``timer_write``, ``timer_refused``: ``mldserver.timers``) is in ``services``, by op.
 When the process dies, every call in flight fails with :class:`ProcessDied`, which
 says how (exit code or signal) and whether that call was the one running
 (``blamed``: its id was in the shared state file).

@@ -23,6 +23,11 @@ escapes the handler ends the action at once, without a retry (the checkpointer h
 logged it), keeping what it emitted. ``checkpointer`` is called once an attempt for the checkpointer to hand
 the handler (one per attempt, or the same one every time).
 
+The timers an attempt creates (``mldserver.timers.pending``: kept in the attempt's
+task, and its tasks') are written in one commit once it returned, before its outcome
+(a checkpoint it asks for writes those so far first); a write that fails is a failed
+attempt, retried as any failure is.
+
 Each attempt runs in its own task, so nothing the handler does reaches the caller:
 
 - past ``timeout`` the task is cancelled and given ``grace`` seconds to end; a handler
@@ -45,6 +50,7 @@ What the handler counted in its calls (``batch.stats``: a ``ChangeHandler``'s
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import inspect
 from typing import Any, Callable, NamedTuple
 
@@ -55,6 +61,8 @@ from ..api.failures import FailureGuard
 from ..api.checks import not_async
 from ..base.logs import EventLogger
 from ..api.records import Emitted
+from ..timers import pending as timer_ops
+from ..timers.pending import Pending
 
 GRACE_CAP = 1.0  # at most this long for a cancelled handler call to end
 
@@ -75,6 +83,10 @@ class Outcome(NamedTuple):
     def ok(self) -> bool:
         """Did the handler finish the action (a failed checkpoint ends it, done)?"""
         return self.result != FAILED
+
+
+async def _awaited(started: Any) -> Any:
+    return await started
 
 
 def _invoke(handler: Any, action: str, arg: Any, cp: Checkpointer) -> Any:
@@ -259,7 +271,30 @@ class HandlerCalls(Calls):
             owner = type(self.handler)
             return None, (f"{owner.__qualname__}.{action} is not async: it returned {type(started).__name__}, "
                           f"not an awaitable; define it with `async def {action}`"), True
-        task = asyncio.ensure_future(started)
+        timers = getattr(self.context, "timers", None)
+        call = Pending(timers.write) if timers is not None else None
+        try:
+            outcome, error, final = await self._run(action, started, call)
+        finally:
+            ops = call.close() if call is not None else []
+        if outcome is None or call is None:
+            return outcome, error, final
+        try:  # the timers it created, durable before the action's status
+            if call.failed is not None:
+                raise call.failed  # a write for a checkpoint or a cancel failed, and the handler went on
+            if ops:
+                await call.send(ops)
+        except Exception as exc:
+            self._failure = exc
+            return None, f"{type(exc).__name__}: {exc}", False
+        return outcome, error, final
+
+    async def _run(self, action: str, started: Any, call: Pending | None) -> tuple[Outcome | None, str, bool]:
+        """Await the handler's coroutine in a task of its own, with ``call``'s timers."""
+        context = contextvars.copy_context()
+        context.run(timer_ops.current.set, call)
+        coro = started if inspect.iscoroutine(started) else _awaited(started)
+        task = asyncio.get_running_loop().create_task(coro, context=context)
         self._current, self.running = task, action
         try:
             done, _ = await asyncio.wait((task,), timeout=self.timeout)

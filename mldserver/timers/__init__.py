@@ -17,17 +17,25 @@ in a handler process, even if the server restarts in between::
                     await self.timers.cancel(expire, cart)       # -> True if one was pending
                 else:                                            # replaces the cart's timer
                     await self.timers.create(expire, time.time() + 1800, cart, {"cart": cart})
-            ...
+            await checkpointer.checkpoint()   # the batch's timers are committed first, in one commit
 
 In a timer callback (no ``self``), ``await timers.create(...)`` and
 ``await timers.cancel(...)`` do the same.
 
-The parts: ``api`` (the checks and the handler-facing ``Timers``), ``store`` (a
-stored ``Timer`` and the store's contract), ``sqlite`` (the embedded store, the
-default) and ``dynamodb`` (a table several servers share), ``scheduler`` (what is
-due soon, in memory; firing; retries; dead letters), ``firing`` (callbacks in a
-handler process or in the server's loop), ``remote`` (the handler process's side),
-``stats`` (the metrics).
+A create costs no round trip: it is checked at once (a mistake raises ``TimerError``
+there) and kept with the call; the call's timers become durable together, in one
+commit, before any checkpoint the call asks for and before its action's status (a
+callback's, before it counts as done). A record checkpointed after a create never
+loses its timer; a call that fails loses its timers with it, and its action, redone,
+creates them again. A cancel the call's own timers cannot answer asks the store (one
+commit, with the call's timers so far).
+
+The parts: ``api`` (the checks and the handler-facing ``Timers``), ``pending`` (a
+call's timers until they are written), ``store`` (a stored ``Timer`` and the store's
+contract), ``sqlite`` (the embedded store, the default) and ``dynamodb`` (a table
+several servers share), ``scheduler`` (what is due soon, in memory; firing; retries;
+dead letters), ``firing`` (callbacks in a handler process or in the server's loop),
+``remote`` (the handler process's side), ``stats`` (the metrics).
 
 Settings: ``timer_store`` (``sqlite``, ``sqlite:PATH`` or ``dynamodb:TABLE``) and
 ``timer_context_size`` (bytes of a context's JSON, 1024 by default); callbacks get

@@ -28,20 +28,25 @@ through before anything is stored::
 - ``context``: anything JSON (as orjson encodes it), at most ``timer_context_size``
   bytes once encoded (1 KiB by default); the callback gets it back decoded.
 
-``create`` returns once the timer is durable (committed to the store), so a record
-checkpointed after it never loses its timer. Mistakes raise :class:`TimerError`
-naming the timer, what was wrong and what to do, and count as
-``timer_create_failure``::
+``create`` checks the timer at once and adds it to the call's timers (``pending.py``),
+without waiting for the store: the timers a call creates become durable together, in
+one commit, before any checkpoint it asks for and before its action's status, so a
+record checkpointed after a create never loses its timer. A call that fails loses
+them with it, as it loses its records not yet checkpointed: the action is redone and
+creates them again; a commit that fails fails the call (retried, then dead-lettered).
+Outside a call (a task the handler started that outlives its call), ``create`` and
+``cancel`` return once written. Mistakes raise :class:`TimerError` at once, naming the
+timer, what was wrong and what to do, and count as ``timer_create_failure``::
 
     TimerError: timer 'order-7': context is 1730 bytes of JSON, over timer_context_size
     (1024 bytes): keep a key in it and look the rest up in the callback, or raise
     timer_context_size
 
-``Timers`` is the object handlers reach as ``self.timers``; the server's
-(``scheduler.LocalTimers``) stores directly, a handler process's
-(``remote.RemoteTimers``) asks the server, which answers once it has committed. In a
-timer callback, which has no ``self``, the module functions ``timers.create`` and
-``timers.cancel`` reach the same object (``current``).
+``Timers`` is the object handlers reach as ``self.timers``; its ``write`` makes
+creates and cancels durable in one commit: the server's (``scheduler.LocalTimers``)
+stores directly, a handler process's (``remote.RemoteTimers``) asks the server, which
+answers once it has committed. In a timer callback, which has no ``self``, the module
+functions ``timers.create`` and ``timers.cancel`` reach the same object (``current``).
 """
 
 from __future__ import annotations
@@ -50,13 +55,14 @@ import inspect
 import math
 from contextvars import ContextVar
 from datetime import datetime, timedelta, timezone
-from typing import Any, Awaitable, Callable
+from typing import Any, Awaitable, Callable, Sequence
 
 import orjson
 
 from ..errors import ConfigError, MldserverError
 from ..base.importer import import_from_string
-from .store import Timer
+from .pending import pending
+from .store import Op, Timer
 
 MAX_AT_S = 253_402_300_799  # 9999-12-31T23:59:59Z
 MAX_NAME_BYTES = 1024  # a reference, a callback name (a DynamoDB key holds both, at most 2048 bytes)
@@ -199,31 +205,43 @@ def _hashable(obj: Any) -> bool:
 
 class Timers:
     """``self.timers`` in a handler; ``timers.create`` / ``timers.cancel`` in a timer
-    callback. Subclasses store (``_create``, ``_cancel``) and count refusals
-    (``_refused``)."""
+    callback. Subclasses write (``write``: creates and cancels in order, in one
+    commit) and count refusals (``_refused``)."""
 
     def __init__(self, context_size: int) -> None:
         self.context_size = context_size
 
     async def create(self, callback: Any, at: Any, reference: str, context: Any = None) -> None:
-        """Store the timer (durably) before returning; the same callback and
-        reference replaces the one stored."""
+        """Check the timer and add it to the call's timers (``pending.py``), durable
+        before the call's checkpoints and its end; outside a call, write it before
+        returning. The same callback and reference replaces the one stored."""
         try:
             timer = prepare(callback, at, reference, context, self.context_size)
         except TimerError as exc:
             await self._refused(str(exc))
             raise
-        await self._create(timer)
+        call = pending()
+        if call is not None:
+            call.create(timer)
+        else:
+            await self.write([timer])
 
     async def cancel(self, callback: Any, reference: str) -> bool:
         """Remove the timer; whether there was one pending (a timer firing now may
-        still finish its call)."""
-        return await self._cancel(callback_name(callback), check_reference(reference))
+        still finish its call). Answered from the call's timers when they touched it,
+        else by the store, with the call's timers so far in the same commit."""
+        key = (callback_name(callback), check_reference(reference))
+        call = pending()
+        if call is None:
+            return (await self.write([key]))[0]
+        found = call.cancel(key)
+        if found is not None:
+            return found
+        return (await call.send([*call.take(), key]))[-1]
 
-    async def _create(self, timer: Timer) -> None:
-        raise NotImplementedError
-
-    async def _cancel(self, callback: str, reference: str) -> bool:
+    async def write(self, ops: Sequence[Op]) -> list[bool]:
+        """``ops`` durable, in one commit; whether each cancel found a timer.
+        TimerError (retriable) if the store failed."""
         raise NotImplementedError
 
     async def _refused(self, error: str) -> None:

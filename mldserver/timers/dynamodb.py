@@ -16,6 +16,7 @@ is due, by bucket (a hash of the key, so the index's partitions share the load):
 
 - ``put``: unconditional writes (a replacement is a new version, its claim gone);
   ``delete``: unconditional, ``ReturnValues=ALL_OLD`` says whether there was one;
+  ``write`` (a call's creates and cancels): each key's end state, so written;
 - ``due``: one Query per bucket (``due_ms <= until``), merged in firing order, without
   the timers another server claims;
 - ``claim``: ``SET claim_owner = me, claim_until = now + claim_ms`` if the version is
@@ -44,7 +45,7 @@ import zlib
 from typing import Any, Callable, Sequence
 
 from ..base.aws import client
-from .store import After, Timer
+from .store import After, Op, Timer, net
 
 BUCKETS = 8
 INDEX = "due"
@@ -156,6 +157,17 @@ class DynamoStore:
         return True
 
     # -- writes -----------------------------------------------------------------------
+
+    async def write(self, ops: Sequence[Op]) -> list[bool]:
+        """Not one transaction (DynamoDB has none this wide): the cancels that only the
+        table can answer first, then every key's end state, concurrently."""
+        final, answers, asked = net(ops)
+        found = iter(await asyncio.gather(*(self.delete(*key) for key in asked)))
+        gone = set(asked)
+        await asyncio.gather(
+            self.put([t for t in final.values() if t is not None]),
+            *(self._call("delete_item", Key=_key(*key)) for key, t in final.items() if t is None and key not in gone))
+        return [next(found) if a is None else a for a in answers]
 
     async def put(self, timers: Sequence[Timer]) -> None:
         latest = {t.key: t for t in timers}  # a batch write may not name a key twice: the last one wins

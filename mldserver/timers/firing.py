@@ -26,6 +26,9 @@ batch's start:
   others of the batch are handed back uncounted (``counted=False``: redone, not a
   failed attempt), as are those of a process that dies under another call.
 
+A callback's timers (``timers.create`` inside it: ``pending.py``) are written in one
+commit once it returned, before its result is ok; a write that fails fails it.
+
 A failed result is an attempt: the scheduler retries it with backoff, then
 dead-letters it.
 """
@@ -40,7 +43,9 @@ from typing import Any, NamedTuple, Protocol, Sequence
 import orjson
 
 from ..base.logs import EventLogger
+from . import pending as timer_ops
 from .api import Timers, TimerError, current, resolve
+from .pending import Pending, Write
 from .store import Timer
 
 GRACE_CAP = 1.0  # a cancelled callback gets this long to end before it is abandoned
@@ -66,11 +71,13 @@ def timed_out(timeout: float) -> str:
 
 
 async def call_all(calls: Sequence[tuple[str, Any]], timeout: float, *, wrap: Any = None,
-                   log: EventLogger | None = None) -> list[Result]:
+                   log: EventLogger | None = None, write: Write | None = None) -> list[Result]:
     """Call each ``(callback name, context)`` concurrently, each in its own task, all
     within ``timeout``; ``wrap(coroutine, index)`` may wrap each call (the handler
-    process marks which one runs). What both the server's loop and a handler process
-    run."""
+    process marks which one runs). A callback's timers (``pending.py``) are written
+    with ``write`` (``Timers.write``) once it returned, before it counts as done: a
+    write that fails fails the callback. What both the server's loop and a handler
+    process run."""
     loop = asyncio.get_running_loop()
     results: list[Result | None] = [None] * len(calls)
     tasks: dict[asyncio.Task[Any], int] = {}
@@ -83,7 +90,9 @@ async def call_all(calls: Sequence[tuple[str, Any]], timeout: float, *, wrap: An
         except Exception as exc:  # calling it raised before it could be awaited
             results[i] = Result(False, f"{type(exc).__name__}: {exc}", traceback.format_exc())
             continue
-        tasks[loop.create_task(wrap(coro, i) if wrap is not None else coro)] = i
+        if wrap is not None:
+            coro = wrap(coro, i)
+        tasks[loop.create_task(_durable(coro, write) if write is not None else coro)] = i
     if tasks:
         _, pending = await asyncio.wait(tasks, timeout=timeout)
         for task in pending:
@@ -113,6 +122,22 @@ async def call_all(calls: Sequence[tuple[str, Any]], timeout: float, *, wrap: An
     return results  # type: ignore[return-value]
 
 
+async def _durable(coro: Any, write: Write) -> Any:
+    """Await a callback with timers of its own, then write them (in its task: the
+    timers it creates, and its tasks', are its)."""
+    call = Pending(write)
+    timer_ops.current.set(call)
+    try:
+        result = await coro
+    finally:
+        ops = call.close()
+    if call.failed is not None:
+        raise call.failed  # a cancel's write failed, and the callback went on
+    if ops:
+        await write(ops)
+    return result
+
+
 def _retrieve(task: asyncio.Task[Any]) -> None:
     if not task.cancelled():
         task.exception()
@@ -131,5 +156,6 @@ class LoopFiring:
         context = contextvars.copy_context()
         context.run(current.set, self.timers)  # timers.create / cancel inside a callback
         calls = [(t.callback, orjson.loads(t.context)) for t in timers]
-        task = asyncio.get_running_loop().create_task(call_all(calls, self.timeout, log=self.log), context=context)
+        task = asyncio.get_running_loop().create_task(call_all(calls, self.timeout, log=self.log,
+                                                               write=self.timers.write), context=context)
         return await task

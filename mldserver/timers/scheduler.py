@@ -6,6 +6,7 @@ task (``timer-scheduler``) started after the pool and stopped before it::
     await scheduler.start()                  # timers due while the server was down fire now
     await scheduler.create(Timer("handlers.orders:remind", "order-7", due_ms, b'{"order":7}'))
     await scheduler.cancel("handlers.orders:remind", "order-7")   # -> True
+    await scheduler.write([timer_a, timer_b, ("handlers.orders:remind", "order-3")])  # a call's: one commit
     await scheduler.stop(timeout=30)         # firings under way finish (or are cancelled)
 
 Tests drive it by hand with a fake clock (epoch milliseconds)::
@@ -41,16 +42,17 @@ import heapq
 import itertools
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Awaitable, Callable
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, Sequence
 
 import orjson
 
 from ..base.backoff import Backoff, CallPolicy
 from ..base.config import Settings, TimerStoreSpec, state_path
 from ..base.logs import EventLogger, get_logger
-from .api import Timers, TimerError, encode_context
+from .api import Timers, TimerError
 from .firing import Firing, LoopFiring, Result
-from .store import Key, Store, Timer, new_version
+from .remote import decode
+from .store import Key, Op, Store, Timer, net, new_version
 
 if TYPE_CHECKING:
     from ..base.deadletters import DeadLetters
@@ -192,32 +194,53 @@ class Scheduler:
     async def create(self, timer: Timer) -> None:
         """Store ``timer`` (replacing the one with its key) durably, then hold it if it
         is due soon. TimerError (retriable) if the store failed."""
-        await self.create_many([timer])
+        await self.write([timer])
 
     async def create_many(self, timers: list[Timer]) -> None:
-        """``create`` for each, in one commit (a handler process's creates of one
-        turn of its loop arrive together)."""
-        first = timers[0].reference if len(timers) == 1 else f"{timers[0].reference!r} and {len(timers) - 1} more"
+        """``create`` for each, in one commit."""
+        await self.write(timers)
+
+    async def cancel(self, callback: str, reference: str) -> bool:
+        """Delete the timer; whether one was pending. One being fired now finishes
+        its call, and is neither retried nor fired again."""
+        return (await self.write([(callback, reference)]))[0]
+
+    async def write(self, ops: Sequence[Op]) -> list[bool]:
+        """Creates (a ``Timer``) and cancels (a key) in order, in one commit (a call's
+        timers arrive so: ``pending.py``); whether each cancel found one pending. What
+        memory holds follows once the store has committed. TimerError (retriable) if
+        the store failed: none of them is stored."""
+        ops = [op._replace(version=new_version(), attempts=0) if isinstance(op, Timer) else op for op in ops]
+        created = sum(isinstance(op, Timer) for op in ops)
+        if not ops:
+            return []
+        first = repr(ops[0][1]) if len(ops) == 1 else f"{ops[0][1]!r} and {len(ops) - 1} more"
+        what = "stored" if created else "cancelled"
         if self._closed:
-            self.stats.create_failures += len(timers)
-            raise TimerError(f"timer {first} not stored: the server is stopping", retriable=True)
-        timers = [t._replace(version=new_version(), attempts=0) for t in timers]
+            self.stats.create_failures += created
+            raise TimerError(f"timer {first} not {what}: the server is stopping", retriable=True)
         try:
-            await self.store.put(timers)
+            found = await self.store.write(ops)
         except Exception as exc:
-            self.stats.create_failures += len(timers)
+            self.stats.create_failures += created
             error = f"{type(exc).__name__}: {exc}"
-            self.log.error("timer_create_failed", callback=timers[0].callback, reference=timers[0].reference,
-                           timers=len(timers), error=error, store=repr(self.store),
+            self.log.error("timer_write_failed", callback=ops[0][0], reference=ops[0][1], creates=created,
+                           cancels=len(ops) - created, error=error, store=repr(self.store),
                            what_to_do="the store refused the write (a full disk? DynamoDB unreachable?); the "
-                                      "handler got a TimerError: its batch fails and is retried")
-            raise TimerError(f"timer {first} not stored ({error}) in {self.store!r}", retriable=True) from None
-        self.stats.created += len(timers)
+                                      "call that made these timers fails and is retried")
+            raise TimerError(f"timer {first} not {what} ({error}) in {self.store!r}", retriable=True) from None
+        self.stats.created += created
+        self.stats.cancelled += sum(found)
+        final, _, _ = net(ops)  # what each key is left with
         async with self._lock:
-            for timer in timers:
-                key = timer.key
+            for key, timer in final.items():
                 self._redos.pop(key, None)
-                if key in self.in_flight:
+                if timer is None:
+                    self.held.pop(key, None)
+                    self._deferred.pop(key, None)
+                    if key in self.in_flight:
+                        self._superseded.add(key)
+                elif key in self.in_flight:
                     self._superseded.add(key)
                     if self._loaded(timer):
                         self._deferred[key] = timer
@@ -228,23 +251,6 @@ class Scheduler:
                     self._poke(timer.due_ms)
                 else:
                     self.held.pop(key, None)
-
-    async def cancel(self, callback: str, reference: str) -> bool:
-        """Delete the timer; whether one was pending. One being fired now finishes
-        its call, and is neither retried nor fired again."""
-        try:
-            found = await self.store.delete(callback, reference)
-        except Exception as exc:
-            raise TimerError(f"timer {reference!r} not cancelled ({type(exc).__name__}: {exc}) in {self.store!r}",
-                             retriable=True) from None
-        key = (callback, reference)
-        async with self._lock:
-            self.held.pop(key, None)
-            self._deferred.pop(key, None)
-            self._redos.pop(key, None)
-            if key in self.in_flight:
-                self._superseded.add(key)
-        self.stats.cancelled += found
         return found
 
     def refused(self, error: str) -> None:
@@ -255,40 +261,16 @@ class Scheduler:
     def services(self) -> dict[str, Answer]:
         """The requests of handler processes (``remote.RemoteTimers``), answered here
         once the store has committed."""
-        return {"timer_create": self._serve_create, "timer_cancel": self._serve_cancel,
-                "timer_refused": self._serve_refused}
+        return {"timer_write": self._serve_write, "timer_refused": self._serve_refused}
 
-    async def _serve_create(self, message: dict[str, Any]) -> dict[str, Any]:
-        """``timers``: ``[callback, reference, due_ms, context]`` each; ``errors``: one
-        ``[message, retriable]`` or null each, in order."""
-        items = message.get("timers") or []
-        errors: list[list[Any] | None] = [None] * len(items)
-        timers, where = [], []
-        for i, item in enumerate(items):
-            try:
-                callback, reference, due, context = item
-                timers.append(Timer(str(callback), str(reference), int(due),
-                                    encode_context(context, self.context_size, str(reference))))
-                where.append(i)
-            except TimerError as exc:
-                self.refused(str(exc))
-                errors[i] = [str(exc), False]
-            except (TypeError, ValueError) as exc:
-                errors[i] = [f"malformed timer_create request: {exc}", False]
-        if timers:
-            try:
-                await self.create_many(timers)
-            except TimerError as exc:
-                for i in where:
-                    errors[i] = [str(exc), exc.retriable]
-        return {"errors": errors}
-
-    async def _serve_cancel(self, message: dict[str, Any]) -> dict[str, Any]:
+    async def _serve_write(self, message: dict[str, Any]) -> dict[str, Any]:
+        """``timers``: creates and cancels (``remote.encode``); ``found``: each
+        cancel's answer, or ``error`` and ``retriable``."""
         try:
-            cancelled = await self.cancel(str(message["callback"]), str(message["reference"]))
+            found = await self.write(decode(message.get("timers") or [], self.context_size))
         except TimerError as exc:
             return {"error": str(exc), "retriable": exc.retriable}
-        return {"error": None, "cancelled": cancelled}
+        return {"error": None, "found": found}
 
     async def _serve_refused(self, message: dict[str, Any]) -> dict[str, Any]:
         self.refused(str(message.get("error")))
@@ -515,11 +497,8 @@ class LocalTimers(Timers):
         super().__init__(scheduler.context_size)
         self.scheduler = scheduler
 
-    async def _create(self, timer: Timer) -> None:
-        await self.scheduler.create(timer)
-
-    async def _cancel(self, callback: str, reference: str) -> bool:
-        return await self.scheduler.cancel(callback, reference)
+    async def write(self, ops: Sequence[Op]) -> list[bool]:
+        return await self.scheduler.write(ops)
 
     async def _refused(self, error: str) -> None:
         self.scheduler.refused(error)

@@ -15,7 +15,9 @@ One table, keyed as a timer is named, with an index in firing order::
     CREATE INDEX timers_due ON timers (due_ms, callback, reference);
 
 The scheduler reads the next due timers through the index (``due``), a bounded slice
-at a time, so a million pending timers cost disk, not memory.
+at a time, so a million pending timers cost disk, not memory. A call's creates and
+cancels (``write``) run in order in one transaction: a batch's thousand creates are
+one commit, and a create cancelled in the same call leaves nothing.
 
 Durability: WAL journal, ``synchronous = FULL`` (the WAL is fsynced at each commit:
 a timer survives a power cut, not only a crash). Commits are grouped: every write
@@ -35,7 +37,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from .store import After, Timer
+from .store import After, Op, Timer
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS timers (
@@ -52,8 +54,9 @@ CREATE INDEX IF NOT EXISTS timers_due ON timers (due_ms, callback, reference);
 _COLUMNS = "callback, reference, due_ms, context, version, attempts"
 _INSERT = f"INSERT INTO timers ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING"
 _UPDATE = "UPDATE timers SET due_ms = ?, context = ?, version = ?, attempts = ? WHERE callback = ? AND reference = ?"
+_DELETE = "DELETE FROM timers WHERE callback = ? AND reference = ?"
 
-Op = Callable[[sqlite3.Connection], Any]
+GroupOp = Callable[[sqlite3.Connection], Any]
 
 
 class Group:
@@ -65,10 +68,11 @@ class Group:
     def __init__(self, executor: ThreadPoolExecutor, connection: Callable[[], sqlite3.Connection]) -> None:
         self.executor = executor
         self.connection = connection
-        self._queue: list[tuple[Op, asyncio.Future[Any]]] = []
+        self._queue: list[tuple[GroupOp, asyncio.Future[Any]]] = []
         self._task: asyncio.Task[None] | None = None
+        self.commits = 0  # transactions committed so far
 
-    async def run(self, op: Op) -> Any:
+    async def run(self, op: GroupOp) -> Any:
         future = asyncio.get_running_loop().create_future()
         self._queue.append((op, future))
         if self._task is None:
@@ -94,6 +98,7 @@ class Group:
                     if not isinstance(exc, Exception):
                         raise
                     continue
+                self.commits += 1
                 for (_, future), result in zip(batch, results):
                     if future.done():
                         continue
@@ -104,7 +109,7 @@ class Group:
         finally:
             self._task = None
 
-    def _commit(self, ops: list[Op]) -> list[Any]:
+    def _commit(self, ops: list[GroupOp]) -> list[Any]:
         conn = self.connection()
         results: list[Any] = []
         conn.execute("BEGIN IMMEDIATE")
@@ -194,27 +199,34 @@ class SqliteStore:
 
     # -- writes (grouped) --------------------------------------------------------------
 
-    async def put(self, timers: Sequence[Timer]) -> None:
-        def op(conn: sqlite3.Connection) -> None:
-            insert, update = conn.cursor(), conn.cursor()
-            for t in timers:
-                row = (t.callback, t.reference, t.due_ms, t.context, t.version, t.attempts)
-                if insert.execute(_INSERT, row).rowcount:
-                    self.pending = (self.pending or 0) + 1
-                else:  # a replacement: the pending count stays
-                    update.execute(_UPDATE, row[2:] + row[:2])
+    async def write(self, ops: Sequence[Op]) -> list[bool]:
+        def op(conn: sqlite3.Connection) -> list[bool]:
+            insert, update, delete = conn.cursor(), conn.cursor(), conn.cursor()
+            found = []
+            for o in ops:
+                if isinstance(o, Timer):
+                    row = (o.callback, o.reference, o.due_ms, o.context, o.version, o.attempts)
+                    if insert.execute(_INSERT, row).rowcount:
+                        self.pending = (self.pending or 0) + 1
+                    else:  # a replacement: the pending count stays
+                        update.execute(_UPDATE, row[2:] + row[:2])
+                else:
+                    n = delete.execute(_DELETE, o).rowcount
+                    self.pending = (self.pending or 0) - n
+                    found.append(n > 0)
+            return found
 
-        await self.group.run(op)
+        if not ops:
+            return []
+        if self._conn is None and not self.path.exists() and not any(isinstance(o, Timer) for o in ops):
+            return [False] * len(ops)  # cancels only, and no file yet: none was there
+        return await self.group.run(op)
+
+    async def put(self, timers: Sequence[Timer]) -> None:
+        await self.write(timers)
 
     async def delete(self, callback: str, reference: str) -> bool:
-        def op(conn: sqlite3.Connection) -> bool:
-            n = conn.execute("DELETE FROM timers WHERE callback = ? AND reference = ?", (callback, reference)).rowcount
-            self.pending = (self.pending or 0) - n
-            return n > 0
-
-        if self._conn is None and not self.path.exists():
-            return False
-        return await self.group.run(op)
+        return (await self.write([(callback, reference)]))[0]
 
     async def finish(self, done: Sequence[Timer], retry: Sequence[Timer], release: Sequence[Timer]) -> None:
         if not done and not retry:

@@ -15,8 +15,16 @@ store so that retries and the dead letter survive a restart.
 The store's contract (each call durable when it returns; the scheduler is the only
 caller, and runs them on one event loop):
 
-- ``put(timers)`` inserts or replaces each (in order: the last of a key wins), all
-  in one commit; ``delete(callback, reference)`` says whether there was one;
+- ``write(ops)``: creates (a ``Timer``: insert or replace) and cancels (a ``Key``:
+  delete) in order, all in one commit; whether each cancel found a timer (one
+  created earlier in the same ops counts). A call's timers arrive so, together
+  (``pending.py``)::
+
+      await store.write([Timer("m:remind", "order-7", due_ms, b'{"order":7}', version),
+                         ("m:remind", "order-8")])          # -> [True]: order-8 was there
+
+  ``put(timers)`` is ``write`` of creates only; ``delete(callback, reference)`` of
+  one cancel, and says whether there was one;
 - ``due(until_ms, limit, after)``: timers due at or before ``until_ms``, in
   ``(due_ms, callback, reference)`` order, after a key (``(due, callback, reference)``)
   or after a due time (an int, exclusive), at most ``limit`` of them;
@@ -33,7 +41,7 @@ caller, and runs them on one event loop):
 from __future__ import annotations
 
 import secrets
-from typing import NamedTuple, Protocol, Sequence
+from typing import NamedTuple, Protocol, Sequence, Union
 
 Key = tuple[str, str]  # (callback, reference)
 After = tuple[int, str, str] | int | None
@@ -57,6 +65,35 @@ class Timer(NamedTuple):
         return (self.due_ms, self.callback, self.reference)
 
 
+Op = Union[Timer, Key]  # a create (the timer to store) or a cancel (the key to delete)
+
+
+def net(ops: Sequence[Op]) -> tuple[dict[Key, Timer | None], list[bool | None], list[Key]]:
+    """What ``ops`` leave, for a store that cannot run them in order in one
+    transaction: each key's end state (its timer, or None: deleted), each cancel's
+    answer where the ops tell it (a create before it on its key: True; a cancel: False)
+    or None where only the store can (the first op on its key), and those keys in
+    order (a store deletes them before anything else, and answers from what it found)::
+
+        net([Timer("m:cb", "a", ...), ("m:cb", "a"), ("m:cb", "b")])
+        -> ({("m:cb", "a"): None, ("m:cb", "b"): None}, [True, None], [("m:cb", "b")])
+    """
+    final: dict[Key, Timer | None] = {}
+    answers: list[bool | None] = []
+    asked: list[Key] = []
+    for op in ops:
+        if isinstance(op, Timer):
+            final[op.key] = op
+            continue
+        if op in final:
+            answers.append(final[op] is not None)
+        else:
+            answers.append(None)
+            asked.append(op)
+        final[op] = None
+    return final, answers, asked
+
+
 def new_version() -> int:
     """A version no other server will make (random, 63 bits: an SQLite INTEGER)."""
     return secrets.randbits(63) or 1
@@ -69,6 +106,8 @@ class Store(Protocol):
     async def open(self) -> None: ...
 
     async def close(self) -> None: ...
+
+    async def write(self, ops: Sequence[Op]) -> list[bool]: ...
 
     async def put(self, timers: Sequence[Timer]) -> None: ...
 

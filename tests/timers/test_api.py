@@ -12,6 +12,7 @@ import pytest
 import mldserver
 from mldserver.timers import api
 from mldserver.timers.api import TimerError, callback_name, due_ms, encode_context, prepare, resolve
+from mldserver.timers.store import Timer
 
 from .. import timer_handlers
 
@@ -107,11 +108,9 @@ class Counting(api.Timers):
         super().__init__(64)
         self.stored, self.refusals = [], []
 
-    async def _create(self, timer):
-        self.stored.append(timer)
-
-    async def _cancel(self, callback, reference):
-        return True
+    async def write(self, ops):
+        self.stored.extend(op for op in ops if isinstance(op, Timer))
+        return [True for op in ops if not isinstance(op, Timer)]
 
     async def _refused(self, error):
         self.refusals.append(error)

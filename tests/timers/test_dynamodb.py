@@ -67,6 +67,17 @@ async def test_the_table_is_made_on_first_use_and_keeps_what_is_put(stores, aws)
     await again.close()
 
 
+async def test_a_write_leaves_what_its_creates_and_cancels_in_order_leave(stores):
+    [store] = await stores(1)
+    await store.put([t("old", T0 + 1), t("kept", T0 + 2)])
+    found = await store.write([t("a", T0 + 5), (CB, "a"),                      # created and cancelled
+                               (CB, "old"), t("old", T0 + 9, version=2),       # cancelled, then created again
+                               (CB, "never"), t("b", T0 + 6)])
+    assert found == [True, True, False]
+    assert [(x.reference, x.version) for x in await store.due(T0 + 100, 10)] == [
+        ("kept", 1), ("b", 1), ("old", 2)]
+
+
 async def test_a_table_of_another_shape_is_refused(stores, aws):
     aws.client.create_table(TableName="not-timers", BillingMode="PAY_PER_REQUEST",
                             AttributeDefinitions=[{"AttributeName": "id", "AttributeType": "S"}],

@@ -115,3 +115,15 @@ async def test_one_put_of_many_is_one_commit_and_the_last_of_a_key_wins(store):
     await store.put([t("a", 1, version=1), t("b", 2), t("a", 3, version=2)])
     assert on_disk(store.path) == {"a": (3, b"{}", 2, 0), "b": (2, b"{}", 1, 0)}
     assert store.pending == 2
+
+
+async def test_a_write_runs_creates_and_cancels_in_order_in_one_commit(store):
+    await store.put([t("old", 1), t("kept", 2)])
+    commits = store.group.commits
+    found = await store.write([t("a", 5), ("mod:cb", "a"),             # created and cancelled: nothing left
+                               ("mod:cb", "old"), t("old", 9, version=2),  # cancelled, then created again
+                               ("mod:cb", "never"), t("b", 6)])
+    assert found == [True, True, False]
+    assert store.group.commits == commits + 1
+    assert on_disk(store.path) == {"old": (9, b"{}", 2, 0), "kept": (2, b"{}", 1, 0), "b": (6, b"{}", 1, 0)}
+    assert store.pending == 3

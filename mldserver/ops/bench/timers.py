@@ -6,10 +6,11 @@ serve``, its own process, with its handler processes):
   (due tomorrow), created by the handler in a handler process:
 
   - ``await each``  ``await self.timers.create(...)`` record by record, as a handler
-                    loop does: each returns once committed (fsynced), and the 4
-                    shards' creates share commits;
-  - ``gathered``    the batch's creates awaited together (``asyncio.gather``): one
-                    commit for many;
+                    loop does: each is checked and kept with the call, and the
+                    batch's timers are committed (fsynced) in one commit before its
+                    status;
+  - ``gathered``    the batch's creates awaited together (``asyncio.gather``): the
+                    same commit, reached through a task per create;
   - ``direct``      the design not taken: the handler process writes the SQLite file
                     itself (no request to the server), record by record.
 
