@@ -246,8 +246,8 @@ class Wire:
             for task in (waiting, aborted):
                 task.cancel()
             await asyncio.gather(waiting, aborted, return_exceptions=True)
-        if waiting.done() and not waiting.cancelled() and waiting.exception() is not None:
-            raise waiting.exception()  # type: ignore[misc]
+        if not waiting.cancelled():
+            waiting.result()  # what it raised, if it raised
 
     def release(self) -> None:
         """The slot goes back, if this wire holds one."""

@@ -31,7 +31,7 @@ from ...api.changes import ChangeHandler
 from ...api.dynamodb_json import decode_item
 from ...api.handler import Handler
 from ...api.testing import Shard
-from .common import cpu_s, descendants, open_shards, start_server
+from .common import close_shards, cpu_s, descendants, open_shards, start_server
 
 RECORDS = 1_000  # changes per batch
 BY_HAND = "mldserver.ops.bench.changes:ByHand"
@@ -163,9 +163,7 @@ class Served:
         return self.cpu / self.records * 1e6 if self.records else 0.0
 
     async def stop(self) -> None:
-        for shard in self.shards:
-            await shard.lease_lost()
-            await shard.close(30)
+        await close_shards(self.shards)
         if self.server is not None:
             self.server.terminate()
             self.server.wait(30)

@@ -136,6 +136,14 @@ async def open_shards(port: int, k: int, daemon: Any = None) -> list[Any]:
     return shards
 
 
+async def close_shards(shards: list[Any]) -> None:
+    """The end of a run, as the daemon ends it: each shard's lease lost, then its
+    connection closed (the status of each awaited)."""
+    for shard in shards:
+        await shard.lease_lost()
+        await shard.close(30)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

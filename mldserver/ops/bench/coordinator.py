@@ -28,7 +28,7 @@ from pathlib import Path
 import orjson
 
 from ...api.testing import Shard
-from .common import PASSTHROUGH, RECORDS, SIZE, Sampler, cpu_s, descendants, lines, open_shards, start_server
+from .common import PASSTHROUGH, RECORDS, SIZE, Sampler, close_shards, cpu_s, descendants, lines, open_shards, start_server
 
 
 def committed_rows(log: Path) -> int:
@@ -71,9 +71,7 @@ async def run_one(name: str, k: int, batch_lines: list, tmp: str,
         seconds = time.perf_counter() - started
         cpu = sum(map(cpu_s, pids)) - cpu
         await sampler.stop()
-        for shard in shards:
-            await shard.lease_lost()
-            await shard.close(30)
+        await close_shards(shards)
     finally:
         server.terminate()
         server.wait(30)

@@ -36,7 +36,7 @@ import orjson
 
 from ...api.handler import Handler
 from ...api.testing import Child, FakeDaemon, Shard, SocketChild, relay_command
-from .common import Sampler, cpu_s, cpu_spent, descendants, free_port, pss_kb, rss_kb, start_server, tree_cpu_s
+from .common import Sampler, close_shards, cpu_s, cpu_spent, descendants, free_port, pss_kb, rss_kb, start_server, tree_cpu_s
 
 
 class TouchHandler(Handler):
@@ -208,9 +208,7 @@ async def _run_variant(name: str, k: int, records: int, size: int, batches: int,
     result.server_cpu_s = cpu_s(server_pid) - cpu if server_pid else 0.0
     result.cpu_s = cpu_spent(every, tree_cpu_s(sides))
     await sampler.stop()
-    for shard in shards:
-        await shard.lease_lost()
-        await shard.close(30)
+    await close_shards(shards)
     children, server = sampler.peak.get("children", 0), sampler.peak.get("server", 0)
     result.total_pss_kb = children + server
     result.per_shard_pss_kb = (children + server) / k

@@ -33,7 +33,7 @@ import orjson
 from ...base.handoff import JsonLines
 from ...spark.bench import bare_handoff
 from ...sinks.schema import rows_to_table
-from .common import PASSTHROUGH, RECORDS, lines, open_shards, start_server
+from .common import PASSTHROUGH, RECORDS, close_shards, lines, open_shards, start_server
 
 BATCHES_PER_WINDOW = 10  # 10 x 10,000 records = one 100,000-row window
 WARM_UP = BATCHES_PER_WINDOW + 1  # fed before the clock starts: the first window closes with the last
@@ -77,8 +77,7 @@ async def end_to_end(tmp: str, windows: int) -> tuple[float, list[float], float 
         while _committed(log)[0] < total:
             await asyncio.sleep(0.02)
         seconds = time.perf_counter() - started
-        await shard.lease_lost()
-        await shard.close(30)
+        await close_shards([shard])
     finally:
         server.terminate()
         server.wait(60)

@@ -26,7 +26,7 @@ from pathlib import Path
 import orjson
 
 from ...api.testing import FakeDaemon, Shard, SocketChild
-from .common import PASSTHROUGH, RECORDS, free_port, lines, start_server
+from .common import PASSTHROUGH, RECORDS, close_shards, free_port, lines, start_server
 
 BATCHES_PER_WINDOW = 10
 
@@ -71,9 +71,7 @@ async def serve_and_feed(tmp: str, kind: str, servers: int, windows: int) -> flo
         while sum(_committed(log) for log in logs) < total:
             await asyncio.sleep(0.05)
         seconds = time.perf_counter() - started
-        for shard in shards:
-            await shard.lease_lost()
-            await shard.close(30)
+        await close_shards(shards)
     finally:
         for proc, _ in procs:
             proc.terminate()

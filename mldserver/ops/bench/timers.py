@@ -40,7 +40,7 @@ from ...api.handler import Handler
 from ...api.testing import Shard
 from ...timers.sqlite import SCHEMA, SqliteStore
 from ...timers.store import Timer, new_version
-from .common import Sampler, free_port, open_shards, start_server
+from .common import Sampler, close_shards, free_port, open_shards, start_server
 
 SHARDS, PER_BATCH = 4, 1_000
 TOMORROW = 86_400
@@ -136,9 +136,7 @@ async def create_rate(tmp: str, handler: str, per_shard: int, workers: int | Non
 
         await asyncio.gather(*(one(shard, lines) for shard, lines in zip(shards, batches)))
         seconds = time.perf_counter() - started
-        for shard in shards:
-            await shard.lease_lost()
-            await shard.close(30)
+        await close_shards(shards)
     finally:
         server.terminate()
         server.wait(30)
