@@ -61,6 +61,12 @@ class Record:
         return self._data
 
     @property
+    def raw(self) -> Any:
+        """The daemon's JSON object for this record, as it arrived: a dict, or in a handler
+        process a read-only mapping over the line (``[key]``, ``get``), read when asked."""
+        return self._raw
+
+    @property
     def raw_data(self) -> str | None:
         """``data`` as the daemon sent it (base64), or None for a de-aggregated record."""
         return self._raw.get("data")

@@ -39,6 +39,7 @@ from ..records import Batch, ShardInfo
 from .emitting import batch as emitting_to
 from .inputs import Checkpointer, records_of
 from .thread import ShardThread
+from .turns import TURNS
 
 log = get_logger("mldserver.handler")
 
@@ -46,9 +47,10 @@ log = get_logger("mldserver.handler")
 class KclpyHandler(Handler):
     processor_class: ClassVar[type]  # the user's class (set by ``wrap``)
     api_version: ClassVar[int]  # 3, 2 or 1: which base class it has
-    # In a handler process, the batch's line is handed over (``batch.line``): the
-    # records are parsed from it in one go, in the shard's thread.
-    reads_batch_line = True
+    # In a handler process, a batch comes as its line (``batch.line``), parsed in the
+    # shard's thread when it gets to it (``inputs.records_of``): a batch waiting for
+    # its turn holds no parsed copy.
+    parses_line = True
 
     @classmethod
     def wrap(cls, processor_class: type, api_version: int) -> type["KclpyHandler"]:
@@ -103,12 +105,13 @@ class KclpyHandler(Handler):
             self.checkpointer.bind(None)
 
     def _in_thread(self, action: Any) -> None:
-        if isinstance(action, Batch):  # the records made here, off the loop
-            batch = action
-            records = records_of(batch)
-            action = messages.ProcessRecordsInput({"action": "processRecords", "records": records,
-                                                   "millisBehindLatest": batch.millis_behind_latest})
-            with emitting_to(batch, records):
-                action.dispatch(self.checkpointer, self.target)
-            return
-        action.dispatch(self.checkpointer, self.target)
+        with TURNS.turn():  # (one shard computes at a time, unless it blocks: turns.py)
+            if isinstance(action, Batch):  # its records read here, off the loop
+                batch = action
+                records = records_of(batch)
+                action = messages.ProcessRecordsInput({"action": "processRecords", "records": records,
+                                                       "millisBehindLatest": batch.millis_behind_latest})
+                with emitting_to(batch, records):
+                    action.dispatch(self.checkpointer, self.target)
+                return
+            action.dispatch(self.checkpointer, self.target)

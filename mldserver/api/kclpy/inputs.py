@@ -15,8 +15,9 @@ are ``messages.Record``s, and a checkpointer that is a ``kcl.Checkpointer``::
 
 A record reads its fields from the daemon's JSON object when asked (amazon_kclpy's
 ``Record.__init__`` reads them all and builds the datetime at once): the same values,
-built only for the fields the processor reads. ``binary_data`` is decoded with SIMD
-(``records.decode_data``): the bytes ``base64.b64decode`` gives.
+built only for the fields the processor reads, and no copy of the batch as Python
+objects (in a handler process the line stays where it was parsed). ``binary_data`` is
+decoded with SIMD (``records.decode_data``): the bytes ``base64.b64decode`` gives.
 
 The checkpointer asks the daemon once per call, as amazon_kclpy's does: a
 ``ThrottlingException`` is raised to the processor (whose own loop sleeps and tries
@@ -26,6 +27,7 @@ checkpointer: clamped to what a sink committed, refused past what was delivered.
 
 from __future__ import annotations
 
+import binascii
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
@@ -33,66 +35,69 @@ import orjson
 from amazon_kclpy import kcl, messages
 
 from ...errors import CheckpointError
-from ..records import Batch, decode_data
+from ..records import Batch, Record as MldRecord, decode_data
 
 if TYPE_CHECKING:
     from .thread import ShardThread
 
 
 class Record(messages.Record):
-    """amazon_kclpy's ``messages.Record``, its fields read when asked."""
+    """amazon_kclpy's ``messages.Record`` over the server's record: each field read from
+    the daemon's JSON when asked (in a handler process, from the line where it lies)."""
 
-    def __init__(self, json_dict: dict[str, Any]) -> None:  # noqa: super().__init__ reads every field: not here
-        self._json_dict = json_dict
+    def __init__(self, record: MldRecord) -> None:  # noqa: super().__init__ reads every field: not here
+        self._record = record
 
     @property
     def binary_data(self) -> bytes:
-        return decode_data(self._json_dict["data"])
+        b64 = self._record.raw_data
+        return decode_data(b64) if b64 is not None else self._record.data  # (a de-aggregated record's own)
 
     @property
     def data(self) -> str:
-        return self._json_dict["data"]
+        b64 = self._record.raw_data
+        return b64 if b64 is not None else binascii.b2a_base64(self._record.data, newline=False).decode("ascii")
 
     @property
     def sequence_number(self) -> str:
-        return self._json_dict["sequenceNumber"]
+        return self._record.sequence_number
 
     @property
     def sub_sequence_number(self) -> int:
-        return self._json_dict["subSequenceNumber"]
+        return self._record.sub_sequence_number  # type: ignore[return-value]
 
     @property
     def partition_key(self) -> str:
-        return self._json_dict["partitionKey"]
+        return self._record.partition_key  # type: ignore[return-value]
 
     @property
     def timestamp_millis(self) -> int:
-        return int(self._json_dict["approximateArrivalTimestamp"])
+        return int(self._record.approximate_arrival_timestamp)  # type: ignore[arg-type]
 
     @property
     def approximate_arrival_timestamp(self) -> datetime:
         return datetime.fromtimestamp(self.timestamp_millis / 1000.0)
 
+    def get(self, field: str) -> Any:
+        """The record's JSON field, as v1 processors read records (``record["data"]``)."""
+        return self.data if field == "data" else self._record.raw[field]
+
     def __repr__(self) -> str:
-        d = self._json_dict
-        return (f"Record(sequence_number={d.get('sequenceNumber')!r}, sub_sequence_number="
-                f"{d.get('subSequenceNumber')!r}, partition_key={d.get('partitionKey')!r})")
+        return repr(self._record)
 
 
 def records_of(batch: Batch) -> list[Record]:
-    """The batch's records as amazon_kclpy's: from the daemon's line when the batch's
-    records are its records one for one (parsed here, in one go), else record by record."""
-    dicts = None
-    if batch.line is not None:
+    """The batch's records as amazon_kclpy's (one small object each over the server's).
+    A batch handed over as its line alone (``batch.line``, no ``records``: a handler
+    process, ``KclpyHandler.parses_line``) is parsed here, in the shard's thread, and its
+    ``records`` set."""
+    if not batch.records and batch.line is not None:
         try:
             dicts = orjson.loads(batch.line)["records"]
-        except (orjson.JSONDecodeError, KeyError, TypeError):
-            dicts = None
-        if type(dicts) is not list or len(dicts) != len(batch.records):
-            dicts = None
-    if dicts is None:
-        dicts = [r.to_json() for r in batch.records]
-    return list(map(Record, dicts))
+        except orjson.JSONDecodeError:  # not UTF-8: read tolerantly, as the protocol core reads it
+            dicts = orjson.loads(bytes(batch.line).decode("utf-8", "replace"))["records"]
+        batch.records = list(map(MldRecord, dicts))
+    return list(map(Record, batch.records))
 
 
 class Checkpointer(kcl.Checkpointer):
