@@ -23,7 +23,7 @@ import contextlib
 import threading
 from typing import Any, Iterator, Sequence
 
-from ..records import Batch
+from ..records import Batch, Record
 
 _local = threading.local()  # .current: (batch, its records as the processor sees them, id -> index)
 
@@ -48,6 +48,8 @@ def emit(record: Any, row: dict[str, Any], event_time_ms: int | None = None) -> 
     batch, records, index = current
     if index is None:
         index = current[2] = {id(r): i for i, r in enumerate(records)}
+        if not batch.records:  # read from the line: the server's records for the rows, made now
+            batch.records = [Record(r._json_dict) for r in records]
     i = index.get(id(record))
     if i is None:
         raise ValueError(f"emit({record!r:.200}, ...): not a record of the batch under way; pass one of "

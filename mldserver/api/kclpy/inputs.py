@@ -27,7 +27,6 @@ checkpointer: clamped to what a sink committed, refused past what was delivered.
 
 from __future__ import annotations
 
-import binascii
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
@@ -42,62 +41,66 @@ if TYPE_CHECKING:
 
 
 class Record(messages.Record):
-    """amazon_kclpy's ``messages.Record`` over the server's record: each field read from
-    the daemon's JSON when asked (in a handler process, from the line where it lies)."""
+    """amazon_kclpy's ``messages.Record`` over the daemon's JSON object for it (amazon_kclpy's
+    own ``_json_dict``, whose ``get`` and ``[]`` it keeps), each field read when asked."""
 
-    def __init__(self, record: MldRecord) -> None:  # noqa: super().__init__ reads every field: not here
-        self._record = record
+    def __init__(self, json_dict: dict[str, Any]) -> None:  # noqa: super().__init__ reads every field: not here
+        self._json_dict = json_dict
 
     @property
     def binary_data(self) -> bytes:
-        b64 = self._record.raw_data
-        return decode_data(b64) if b64 is not None else self._record.data  # (a de-aggregated record's own)
+        return decode_data(self._json_dict["data"])
 
     @property
     def data(self) -> str:
-        b64 = self._record.raw_data
-        return b64 if b64 is not None else binascii.b2a_base64(self._record.data, newline=False).decode("ascii")
+        return self._json_dict["data"]
 
     @property
     def sequence_number(self) -> str:
-        return self._record.sequence_number
+        return self._json_dict["sequenceNumber"]
 
     @property
     def sub_sequence_number(self) -> int:
-        return self._record.sub_sequence_number  # type: ignore[return-value]
+        return self._json_dict["subSequenceNumber"]
 
     @property
     def partition_key(self) -> str:
-        return self._record.partition_key  # type: ignore[return-value]
+        return self._json_dict["partitionKey"]
 
     @property
     def timestamp_millis(self) -> int:
-        return int(self._record.approximate_arrival_timestamp)  # type: ignore[arg-type]
+        return int(self._json_dict["approximateArrivalTimestamp"])
 
     @property
     def approximate_arrival_timestamp(self) -> datetime:
         return datetime.fromtimestamp(self.timestamp_millis / 1000.0)
 
-    def get(self, field: str) -> Any:
-        """The record's JSON field, as v1 processors read records (``record["data"]``)."""
-        return self.data if field == "data" else self._record.raw[field]
-
     def __repr__(self) -> str:
-        return repr(self._record)
+        d = self._json_dict
+        return (f"Record(sequence_number={d.get('sequenceNumber')!r}, sub_sequence_number="
+                f"{d.get('subSequenceNumber')!r}, partition_key={d.get('partitionKey')!r})")
 
 
 def records_of(batch: Batch) -> list[Record]:
-    """The batch's records as amazon_kclpy's (one small object each over the server's).
-    A batch handed over as its line alone (``batch.line``, no ``records``: a handler
-    process, ``KclpyHandler.parses_line``) is parsed here, in the shard's thread, and its
-    ``records`` set."""
+    """The batch's records as amazon_kclpy's. A batch handed over as its line alone
+    (``batch.line`` and no ``records``: a handler process, ``KclpyHandler.parses_line``)
+    is parsed here, in the shard's thread; its ``records`` are made only if the
+    processor emits (``emitting.py``)."""
     if not batch.records and batch.line is not None:
         try:
             dicts = orjson.loads(batch.line)["records"]
         except orjson.JSONDecodeError:  # not UTF-8: read tolerantly, as the protocol core reads it
             dicts = orjson.loads(bytes(batch.line).decode("utf-8", "replace"))["records"]
-        batch.records = list(map(MldRecord, dicts))
-    return list(map(Record, batch.records))
+        return list(map(Record, dicts))
+    return [Record(_json(r)) for r in batch.records]
+
+
+def _json(record: MldRecord) -> dict[str, Any]:
+    """The record's JSON object as a dict, with its data (a de-aggregated record's own, base64)."""
+    raw = record.raw
+    if type(raw) is dict and raw.get("data") is not None:
+        return raw
+    return record.to_json()
 
 
 class Checkpointer(kcl.Checkpointer):
