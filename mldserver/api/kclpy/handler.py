@@ -2,7 +2,7 @@
 is a ``Handler`` class whose instance, one per shard, holds one instance of ``cls``
 (built as KCLProcess's script builds it: ``cls()``) and a thread of its own::
 
-    factory = KclpyHandler.wrap(RecordProcessor)        # a Handler subclass named app.RecordProcessor
+    factory = KclpyHandler.wrap(RecordProcessor, 3)     # a Handler subclass named app.RecordProcessor
     handler = factory(context)                           # RecordProcessor() inside
     await handler.initialize(shard)                      # processor.initialize(InitializeInput) in its thread
     await handler.process_records(batch, checkpointer)   # processor.process_records(ProcessRecordsInput)
@@ -18,8 +18,9 @@ What differs from KCLProcess, on purpose (``docs/kclpy.md``):
 - an exception out of a callback is mldserver's failure (retried, then the batch
   dead-lettered, the shard going on), where KCLProcess logs it and answers the action
   as if it had succeeded;
-- the calls run in the shard's thread (``thread.py``), past ``execution_timeout`` they
-  are stopped (``ProcessorStopped`` raised in them);
+- the calls run in the shard's thread (``thread.py``), taking turns with the other
+  shards of the process while they compute (``turns.py``); past ``execution_timeout``
+  they are stopped (``ProcessorStopped`` raised in them);
 - ``print()`` and ``sys.stderr`` become ``handler_output`` events (``output.py``);
 - whatever the processor does at a shard end, the server stores ``SHARD_END``.
 """

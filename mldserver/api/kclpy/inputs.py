@@ -15,8 +15,9 @@ are ``messages.Record``s, and a checkpointer that is a ``kcl.Checkpointer``::
 
 A record reads its fields from the daemon's JSON object when asked (amazon_kclpy's
 ``Record.__init__`` reads them all and builds the datetime at once): the same values,
-built only for the fields the processor reads, and no copy of the batch as Python
-objects (in a handler process the line stays where it was parsed). ``binary_data`` is
+built only for the fields the processor reads. In a handler process the batch's line
+is parsed (orjson) in the shard's thread when its turn comes, never in the loop, and
+the server's record objects are made only if the processor emits. ``binary_data`` is
 decoded with SIMD (``records.decode_data``): the bytes ``base64.b64decode`` gives.
 
 The checkpointer asks the daemon once per call, as amazon_kclpy's does: a
