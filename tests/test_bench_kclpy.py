@@ -22,5 +22,7 @@ def test_the_kclpy_part_prints_the_sample_behind_mldserver_beside_kclprocess(tmp
         for variant in ("amazon_kclpy", "mldserver w2", "mldserver w0"):
             assert re.search(rf"^\s+{variant}\s+{k}\s+[\d,]+\s+[\d.]+x", out.stdout, re.M), (variant, out.stdout)
         for workers in (2, 0):
-            assert re.search(rf"--workers {workers}, K={k}: [\d.]+x amazon_kclpy's records/s, [\d.]+x its CPU per "
-                             rf"record, [\d.]+x its memory per shard \([\d.]+ vs [\d.]+ MiB\)", out.stdout), out.stdout
+            # (CPU is counted in 10 ms ticks: a quick run may be too short to measure it, "-")
+            assert re.search(rf"--workers {workers}, K={k}: [\d.]+x amazon_kclpy's records/s, ([\d.]+x|-) its CPU "
+                             rf"per record, [\d.]+x its memory per shard \([\d.]+ vs [\d.]+ MiB\)", out.stdout), \
+                out.stdout

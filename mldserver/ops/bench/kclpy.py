@@ -62,10 +62,16 @@ async def run(args, shard_counts: list[int], tmp: str) -> None:
                 print(result.row(base))
                 _check(result, k, records)
             for w, result in zip(args.workers, ours):
-                print(f"  --workers {w}, K={k}: {result.rate / base.rate:.2f}x amazon_kclpy's records/s, "
-                      f"{result.cpu_s / result.records / (base.cpu_s / base.records):.2f}x its CPU per record, "
-                      f"{result.per_shard_pss_kb / base.per_shard_pss_kb:.2f}x its memory per shard "
+                print(f"  --workers {w}, K={k}: {_times(result.rate, base.rate)} amazon_kclpy's records/s, "
+                      f"{_times(result.cpu_s / result.records, base.cpu_s / base.records)} its CPU per record, "
+                      f"{_times(result.per_shard_pss_kb, base.per_shard_pss_kb)} its memory per shard "
                       f"({result.per_shard_pss_kb / 1024:.1f} vs {base.per_shard_pss_kb / 1024:.1f} MiB)")
+
+
+def _times(ours: float, theirs: float) -> str:
+    """``ours`` as a multiple of ``theirs`` ("-" when a run was too short to measure it:
+    CPU time is counted in ticks of 10 ms)."""
+    return f"{ours / theirs:.2f}x" if ours and theirs else "-"
 
 
 def _check(result, k: int, records: int) -> None:
