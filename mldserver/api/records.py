@@ -257,7 +257,9 @@ class Batch:
         self.shard = shard
         self.rows = rows  # what emit collected, or None when nothing collects rows
         # The daemon's processRecords line, when ``records`` are its records one for one
-        # (a handler process decodes them from it; nothing is encoded again).
+        # (a handler process decodes them from it; nothing is encoded again). In a handler
+        # process, a handler that says ``parses_line`` gets the line alone (``records``
+        # empty until it reads them from it: an amazon_kclpy processor, ``api/kclpy``).
         self.line: bytes | None = None
         # batch.fail: the index of each failed record -> (error, attempts)
         self.failed: dict[int, tuple[str, int]] | None = None
