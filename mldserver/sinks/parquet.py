@@ -15,6 +15,16 @@ appends ``DIR/_commits/<id>.json`` (``sinks/commitlog.py``)::
 Readers (``spark.read.parquet(DIR)``, pyarrow datasets) skip names starting with
 ``_``. Rows that do not fit the schema are dead-lettered with the error
 (``<state-dir>/dead-letters/rows.jsonl``) and the rest of the window goes on.
+
+When several windows closed at once, the coordinator says which comes next
+(``prepare``, ``base/handoff.py``): its Arrow file is written, in a thread, while the
+Spark process commits the window in front of it (the file is an input, not output:
+nothing is published before its own commit, and commits stay one at a time, in
+order)::
+
+    sink.prepare(w2)        # noted
+    await sink.commit(w1)   # w1's file written; w2's begins; Spark commits w1
+    await sink.commit(w2)   # w2's file is ready (or is awaited): Spark commits w2
 """
 
 from __future__ import annotations
@@ -47,6 +57,8 @@ class SparkSink:
         self.schema_path = directory / "_schema.arrow"
         self.schema = declared(settings.schema)  # a ConfigError before the server binds
         self.rows_out = 0
+        self._next: Window | None = None  # prepare's window: its file is begun once the one in front is handed over
+        self._inputs: dict[str, asyncio.Future[list[tuple[bytes, str]]]] = {}  # window id -> its file being written
 
     async def start(self) -> Committed:
         def prepare() -> Committed:
@@ -58,12 +70,25 @@ class SparkSink:
 
         return await asyncio.to_thread(prepare)
 
+    def prepare(self, window: Window) -> None:
+        """``window`` is committed after the one committing next: its file is written
+        while Spark commits that one."""
+        self._next = window
+
     async def commit(self, window: Window) -> None:
-        path = self.inputs / f"{window.id}.parquet"
-        if not path.exists():  # a retry after a failed attempt reuses the file
-            rejected = await asyncio.to_thread(self._write_input, window, path)
+        path = self._input_path(window)
+        written = self._inputs.pop(window.id, None)
+        if written is None and not path.exists():  # a retry after a failed attempt reuses the file
+            written = asyncio.ensure_future(asyncio.to_thread(self._write_input, window, path))
+        if written is not None:
+            rejected = await written
             if rejected:
                 await self.dead_letters.rejected_rows(window.id, rejected, "row does not fit the schema", log)
+        upcoming, self._next = self._next, None
+        if upcoming is not None and upcoming.id not in self._inputs and upcoming is not window:
+            # Begun now, not at prepare: two files written at once only slow this one down.
+            self._inputs[upcoming.id] = asyncio.ensure_future(
+                asyncio.to_thread(self._write_input, upcoming, self._input_path(upcoming)))
         request: CommitRequest = {
             "op": "commit",
             "path": str(path),
@@ -81,6 +106,9 @@ class SparkSink:
         self.rows_out += reply.get("rows_out") or 0
         if reply.get("already"):
             log.info("window_already_committed", window=window.id)
+
+    def _input_path(self, window: Window) -> Path:
+        return self.inputs / f"{window.id}.parquet"
 
     def _write_input(self, window: Window, path: Path) -> list[tuple[bytes, str]]:
         table, rejected = rows_to_table(window.rows, self.schema)
