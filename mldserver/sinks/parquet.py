@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import shutil
+import time
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -76,6 +77,7 @@ class SparkSink:
         self._next = window
 
     async def commit(self, window: Window) -> None:
+        started = time.perf_counter()
         path = self._input_path(window)
         written = self._inputs.pop(window.id, None)
         if written is None and not path.exists():  # a retry after a failed attempt reuses the file
@@ -101,7 +103,11 @@ class SparkSink:
                 "positions": {shard_id: p.to_json() for shard_id, p in window.positions.items()},
             },
         }
+        handed_over = time.perf_counter()
         reply = await self.spark.request(request)
+        # input_ms: its file written, or waited for (near 0 when prepared ahead); spark_ms: the job and commit there
+        log.debug("window_handed_over", window=window.id, input_ms=round((handed_over - started) * 1000, 1),
+                  spark_ms=reply.get("spark_ms"))
         await asyncio.to_thread(path.unlink, True)
         self.rows_out += reply.get("rows_out") or 0
         if reply.get("already"):
