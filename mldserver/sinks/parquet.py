@@ -91,8 +91,11 @@ class SparkSink:
         upcoming, self._next = self._next, None
         if upcoming is not None and upcoming.id not in self._inputs and upcoming is not window:
             # Begun now, not at prepare: two files written at once only slow this one down.
-            self._inputs[upcoming.id] = asyncio.ensure_future(
-                asyncio.to_thread(self._write_input, upcoming, self._input_path(upcoming)))
+            ahead = asyncio.ensure_future(asyncio.to_thread(self._write_input, upcoming, self._input_path(upcoming)))
+            # Its commit awaits it (and raises what it raised); if none comes (the server
+            # stops first), a failure is not reported as never retrieved.
+            ahead.add_done_callback(lambda f: f.cancelled() or f.exception())
+            self._inputs[upcoming.id] = ahead
         request: CommitRequest = {
             "op": "commit",
             "path": str(path),
