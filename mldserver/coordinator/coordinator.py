@@ -82,11 +82,11 @@ from ..errors import retriable
 from ..base.logs import EventLogger, get_logger
 from ..base.positions import Position
 from ..api.rows import RowBatch
-from ..base.handoff import SharedSink, Sink
+from ..base.handoff import PreparingSink, SharedSink, Sink, Window
 from .ledger import Ledger
 from .lineage import Lineage, StreamShards
 from .merge import seal
-from .ordering import Ordering, WindowRows
+from .ordering import Ordering
 from .spool import Spool
 from .watermarks import Watermarks
 
@@ -471,9 +471,13 @@ class Coordinator:
                 self.log.info("child_released", shard_id=shard_id, parents=list(self.lineage.parents_of(shard_id)))
             watermark = self.watermarks.minimum(now)
             closed_at = time.perf_counter()
-            windows = self.ordering.close(watermark)
-            for window in windows:
-                await self._commit(window, watermark, closed_at)
+            # seal: on the loop, a sort of each shard's event times (runs already sorted,
+            # numpy), some 10 ns a row; the rows' JSON is put in that order by the sink.
+            windows = [seal(closed) for closed in self.ordering.close(watermark)]
+            for i, (window, counts) in enumerate(windows):
+                if i + 1 < len(windows) and isinstance(self.sink, PreparingSink):
+                    self.sink.prepare(windows[i + 1][0])  # made ready while this one commits
+                await self._commit(window, counts, watermark, closed_at)
             for shard_id in [s for s, entry in self.shards.items() if entry.lost]:
                 self.shards[shard_id].lost = False
                 self._drop(shard_id)
@@ -482,11 +486,8 @@ class Coordinator:
             self._progress.notify_all()
         return len(windows)
 
-    async def _commit(self, closed: WindowRows, watermark: float, closed_at: float) -> None:
+    async def _commit(self, window: Window, counts: dict[str, int], watermark: float, closed_at: float) -> None:
         started = time.perf_counter()
-        # On the loop: a sort of each shard's event times (runs already sorted, numpy),
-        # some 10 ns a row; the rows' JSON is put in that order by the sink, in its thread.
-        window, counts = seal(closed)
         attempt = 0
         while True:
             try:

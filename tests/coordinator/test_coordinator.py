@@ -236,6 +236,38 @@ async def test_a_sink_error_that_is_not_retriable_ends_the_committer_and_stop_ra
     assert c.tasks == []
 
 
+class Preparing(FileSink):
+    """The file sink, noting each ``prepare`` and ``commit`` in the order it is told."""
+
+    def __init__(self, directory):
+        super().__init__(directory)
+        self.calls = []
+
+    def prepare(self, window):
+        self.calls.append(("prepare", window.id))
+
+    async def commit(self, window):
+        self.calls.append(("commit", window.id))
+        await super().commit(window)
+
+
+async def test_windows_closed_at_once_commit_in_order_each_prepared_while_the_one_before_commits(
+    settings, tmp_path
+):
+    clock = FakeClock(1_000)
+    sink = Preparing(tmp_path / "out")
+    c = await started(settings, tmp_path, clock, sink)
+    try:
+        await c.open_shard("A", "TRIM_HORIZON")
+        c.add_batch("A", items(1, [1_000, 61_000, 121_000, 181_000]), position(4), 100)
+        assert await c.step() == 3
+        w0, w1, w2 = "0-60000", "60000-120000", "120000-180000"
+        assert sink.calls == [("prepare", w1), ("commit", w0), ("prepare", w2), ("commit", w1), ("commit", w2)]
+        assert output(tmp_path / "out") == {f"{w}.jsonl": [n] for n, w in enumerate([w0, w1, w2], 1)}
+    finally:
+        await c.stop()
+
+
 # -- shards gone from here are forgotten ---------------------------------------------------
 
 def known(c, shard_id):
