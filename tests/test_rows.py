@@ -114,3 +114,20 @@ def test_held_bytes_is_the_memory_a_batch_from_a_handler_process_really_holds():
         tracemalloc.stop()
     assert 0.9 * held <= rows.held_bytes() <= 1.1 * held, (rows.held_bytes(), held)
     assert rows[5:].held_bytes() == rows.held_bytes()  # a slice holds the same buffers
+
+
+def test_rows_spilled_to_a_file_read_back_as_they_were_and_hold_no_memory(tmp_path):
+    seqs = [str(10**55 + i) for i in range(50)]
+    rows = RowBatch(np.arange(50, dtype=np.int64) * 10, np.arange(50), Position.batch(seqs, [0] * 50),
+                    b"".join(b'{"i":%d}\n' % i for i in range(50)), np.cumsum([0] + [len(b'{"i":%d}\n' % i)
+                                                                                      for i in range(50)]))
+    for piece in (rows[10:30], rows.compact(), rows[:1]):
+        spilled = piece.spilled(str(tmp_path))
+        assert list(spilled) == list(piece) and spilled.times.tolist() == piece.times.tolist()
+        assert spilled.held_bytes() == 0 < piece.held_bytes()
+        assert spilled.position(len(piece) - 1) == piece.position(len(piece) - 1) and spilled.lowest() == piece.lowest()
+    assert list(tmp_path.iterdir()) == []  # unlinked at once: the file goes with the batch
+    odd = RowBatch.of([Item(5, Position(7, 1, "7"), b'{"kpl":1}'), Item(6, Position(7, 2, "7"), b'{"kpl":2}')])
+    assert list(odd.spilled(str(tmp_path))) == list(odd)  # positions that are tuples stay as they are
+    mixed = RowBatch.of([Item(5, at(7), b"{}"), Item(6, at(800), b"[]")])
+    assert list(mixed.spilled(str(tmp_path))) == list(mixed)  # numbers of several widths

@@ -46,10 +46,11 @@ shard: the least watermark, shards that tie ordered by shard id, as the merge or
 their rows. Shards in step (all at one watermark) then go on one at a time, each
 released as it becomes the holder, until the window they hold open closes and its
 commit frees memory; delaying none of them would let every one add a batch past the
-mark. It starts below the caps because what is under way still
+mark. While closed windows commit, the holder waits too: those commits free memory
+without it. It starts below the caps because what is under way still
 lands: a batch is added before its shard is delayed, up to ``max_batches_in_flight``
 are being handled, and the watermark's shard goes on. With the default 256 MiB, 32
-shards each a 10,000-row batch (3.4 MB of JSON, 4.6 MB held) ahead of one slow
+shards each a 10,000-row batch (3.4 MB of JSON, 4.2 MB held) ahead of one slow
 shard::
 
     coordinator.add_batch("shardId-000000000007", rows, last, 1000)   # buffered_bytes 199 MiB
@@ -72,8 +73,10 @@ from __future__ import annotations
 
 import asyncio
 import math
+import shutil
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from ..base.backoff import Backoff
@@ -176,9 +179,12 @@ class Coordinator:
         )
         self.ledger = Ledger()
         self.spool = Spool(state_path(settings, "spool"), self.log)
+        self.spill_dir = state_path(settings, "spill")  # rows past max_buffered_bytes, unlinked files
+        self.spilled_bytes = 0
         self.shards: dict[str, ShardEntry] = {}
         self._changed = asyncio.Event()
         self._progress = asyncio.Condition()
+        self._closing = 0  # windows closed, not committed yet: their commits free memory
         self._stepping = asyncio.Lock()  # passes never overlap: windows commit in order
         self._tasks: list[asyncio.Task[None]] = []
         self._inflight: asyncio.Task[None] | None = None  # the sink commit under way
@@ -196,6 +202,7 @@ class Coordinator:
         """Read what the sink committed, replay the spool, then start the committer
         and its tick."""
         committed = await self.sink.start()
+        await asyncio.to_thread(_fresh, self.spill_dir)
         for shard_id, position in committed.positions.items():
             self.ordering.delivered(shard_id, position)  # replays at or below are dropped
             self._entry(shard_id).committed = position
@@ -231,6 +238,7 @@ class Coordinator:
             late=self.ordering.late_rows,
             peak_rows=self.peak_rows,
             peak_bytes=self.peak_bytes,
+            spilled_bytes=self.spilled_bytes,
         )
         for task in tasks:
             if not task.cancelled() and task.exception() is not None:
@@ -295,9 +303,9 @@ class Coordinator:
     def add_batch(self, shard_id: str, rows: RowBatch, last: Position | None, millis_behind: int | None) -> None:
         now = self.clock()
         dropped, clamped = self.ordering.duplicates, self.ordering.clamped
-        kept = self.ordering.add(shard_id, rows, last, now)
-        self.ledger.add(shard_id, kept, last)
-        self.watermarks.batch(shard_id, int(kept.times[-1]) if len(kept) else None, millis_behind == 0, now)
+        pieces = self.ordering.add(shard_id, rows, last, now, self._keeper())
+        self.ledger.add(shard_id, pieces, last)
+        self.watermarks.batch(shard_id, int(pieces[-1].times[-1]) if pieces else None, millis_behind == 0, now)
         if self.ledger.rows > self.peak_rows:
             self.peak_rows = self.ledger.rows
         if self.ledger.bytes > self.peak_bytes:
@@ -413,6 +421,30 @@ class Coordinator:
             return False
         return not self.watermarks.tracks(shard_id) or not self.watermarks.holds(shard_id, now)
 
+    def _keeper(self) -> Callable[[RowBatch], RowBatch]:
+        """How a batch's pieces are kept: in memory up to ``max_buffered_bytes``, the
+        rest with their JSON in a file (``RowBatch.spilled``). Back-pressure keeps most
+        batches under the cap; what must still land past it (the watermark's holder
+        going on until a window closes, batches already in handler processes) is
+        spilled, so the cap holds whatever the shards' count."""
+        room = self.settings.max_buffered_bytes - self.ledger.bytes
+
+        def keep(piece: RowBatch) -> RowBatch:
+            nonlocal room
+            held = piece.held_bytes()
+            if held > room:
+                if not self.spilled_bytes:
+                    self.log.info("rows_spilled", directory=str(self.spill_dir), buffered_bytes=self.ledger.bytes,
+                                  max_buffered_bytes=self.settings.max_buffered_bytes,
+                                  what_to_do="none: rows past the cap wait in files until their window commits")
+                self.spilled_bytes += piece.nbytes()
+                piece = piece.spilled(str(self.spill_dir))
+                held = piece.held_bytes()
+            room -= held
+            return piece
+
+        return keep
+
     async def admit(self, shard_id: str) -> None:
         """Wait while memory is over the cap and this shard runs ahead."""
         waited = False
@@ -438,8 +470,8 @@ class Coordinator:
                 or self.ledger.bytes > s.max_buffered_bytes * HIGH_WATER)
 
     def _may_delay(self, shard_id: str) -> bool:
-        if self.watermarks.holder(self.clock()) == shard_id:
-            return False  # it holds the watermark back: delaying it would stall all
+        if self.watermarks.holder(self.clock()) == shard_id and not self._closing:
+            return False  # it holds the watermark back, and no commit under way frees memory
         return not self.ordering.holds_children(self.lineage.children_of(shard_id))
 
     def _blocks(self, shard_id: str, now: float) -> bool:
@@ -474,10 +506,16 @@ class Coordinator:
             # seal: on the loop, a sort of each shard's event times (runs already sorted,
             # numpy), some 10 ns a row; the rows' JSON is put in that order by the sink.
             windows = [seal(closed) for closed in self.ordering.close(watermark)]
+            self._closing = len(windows)
             for i, (window, counts) in enumerate(windows):
                 if i + 1 < len(windows) and isinstance(self.sink, PreparingSink):
                     self.sink.prepare(windows[i + 1][0])  # made ready while this one commits
-                await self._commit(window, counts, watermark, closed_at)
+                try:
+                    await self._commit(window, counts, watermark, closed_at)
+                finally:
+                    self._closing -= 1
+                async with self._progress:
+                    self._progress.notify_all()  # its rows' memory is let go
             for shard_id in [s for s, entry in self.shards.items() if entry.lost]:
                 self.shards[shard_id].lost = False
                 self._drop(shard_id)
@@ -544,3 +582,9 @@ class Coordinator:
 
 def _ms(value: float) -> int | None:
     return None if math.isinf(value) else int(value)
+
+
+def _fresh(directory: Path) -> None:
+    """An empty directory (a spill file left by a crash between its write and its unlink goes)."""
+    shutil.rmtree(directory, ignore_errors=True)
+    directory.mkdir(parents=True, exist_ok=True)
