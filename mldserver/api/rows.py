@@ -35,13 +35,11 @@ from __future__ import annotations
 
 import bisect
 import mmap
-import os
 import sys
-import tempfile
 from array import array
 from itertools import islice
 from operator import le
-from typing import TYPE_CHECKING, Any, Iterable, Iterator, NamedTuple, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, NamedTuple, Sequence
 
 from ..base.positions import Position, Positions
 
@@ -163,14 +161,13 @@ class RowBatch:
         return RowBatch(np.array(self.times, dtype=np.int64), np.asarray(records, dtype=np.int64) - first, kept,
                         body, np.asarray(self.offsets, dtype=np.int64) - start, self.ordered)
 
-    def spilled(self, directory: str) -> RowBatch:
-        """These rows in a file of ``directory`` rather than in memory (their JSON
-        lines, columns and positions), read through a map of it: its pages come in only
-        when a sink reads them, and are the kernel's to drop. The file is unlinked at
-        once: it goes when the last batch mapping it does. What the coordinator keeps
-        past ``max_buffered_bytes``::
+    def spilled(self, put: Callable[[Sequence[Any]], list[Any]]) -> RowBatch:
+        """These rows out of memory: their columns, JSON lines and positions written by
+        ``put`` (``coordinator.spill.Spill.put``: into a file, returning a read-only
+        uint8 view of each part, mapped), read back only when a sink reads them. What the
+        coordinator keeps past ``max_buffered_bytes``::
 
-            rows = piece.spilled("state/spill")   # rows.held_bytes() == 0
+            rows = piece.spilled(spill.put)   # rows.held_bytes() == 0
         """
         import numpy as np
 
@@ -186,27 +183,12 @@ class RowBatch:
             parts.append(joined.encode("ascii") if type(joined) is str else joined)
             if positions.ends is not None:
                 parts.append(np.asarray(positions.ends, dtype=np.int64))
-        with tempfile.NamedTemporaryFile(dir=directory, prefix="rows-", delete=False) as f:
-            try:
-                for part in parts:
-                    f.write(part)
-                f.flush()
-                mapped = np.memmap(f.name, dtype=np.uint8, mode="r")
-            finally:
-                os.unlink(f.name)
-        views, at = [], 0
-        for part in parts:
-            size = memoryview(part).nbytes
-            views.append(mapped[at : at + size])
-            at += size
-        n = len(self.times)
+        views = put(parts)
         times, records, offsets = (v.view(np.int64) for v in views[:3])
-        body = views[3]
         if joined is not None:
             ends = views[5].view(np.int64) if positions.ends is not None else None
             positions = type(positions)(views[4], positions.width, ends)
-        assert len(times) == n
-        return RowBatch(times, records, positions, body, offsets, self.ordered)
+        return RowBatch(times, records, positions, views[3], offsets, self.ordered)
 
     def take(self, indices: np.ndarray) -> RowBatch:
         """Some of the rows, copied (a rare path: duplicates among rows out of order)."""

@@ -90,6 +90,7 @@ from .ledger import Ledger
 from .lineage import Lineage, StreamShards
 from .merge import seal
 from .ordering import Ordering
+from .spill import Spill
 from .spool import Spool
 from .watermarks import Watermarks
 
@@ -179,8 +180,7 @@ class Coordinator:
         )
         self.ledger = Ledger()
         self.spool = Spool(state_path(settings, "spool"), self.log)
-        self.spill_dir = state_path(settings, "spill")  # rows past max_buffered_bytes, unlinked files
-        self.spilled_bytes = 0
+        self.spill = Spill(state_path(settings, "spill"))  # rows past max_buffered_bytes
         self.shards: dict[str, ShardEntry] = {}
         self._changed = asyncio.Event()
         self._progress = asyncio.Condition()
@@ -202,7 +202,7 @@ class Coordinator:
         """Read what the sink committed, replay the spool, then start the committer
         and its tick."""
         committed = await self.sink.start()
-        await asyncio.to_thread(_fresh, self.spill_dir)
+        await asyncio.to_thread(_fresh, self.spill.directory)
         for shard_id, position in committed.positions.items():
             self.ordering.delivered(shard_id, position)  # replays at or below are dropped
             self._entry(shard_id).committed = position
@@ -228,6 +228,7 @@ class Coordinator:
             await asyncio.wait(tasks)
         if self._inflight is not None and not self._inflight.done():
             await asyncio.wait([self._inflight], timeout=self.settings.shutdown_timeout)
+        self.spill.close()
         self.log.info(
             "coordinator_stopped",
             windows=self.windows_committed,
@@ -238,7 +239,7 @@ class Coordinator:
             late=self.ordering.late_rows,
             peak_rows=self.peak_rows,
             peak_bytes=self.peak_bytes,
-            spilled_bytes=self.spilled_bytes,
+            spilled_bytes=self.spill.bytes,
         )
         for task in tasks:
             if not task.cancelled() and task.exception() is not None:
@@ -423,23 +424,24 @@ class Coordinator:
 
     def _keeper(self) -> Callable[[RowBatch], RowBatch]:
         """How a batch's pieces are kept: in memory up to ``max_buffered_bytes``, the
-        rest with their JSON in a file (``RowBatch.spilled``). Back-pressure keeps most
-        batches under the cap; what must still land past it (the watermark's holder
-        going on until a window closes, batches already in handler processes) is
-        spilled, so the cap holds whatever the shards' count."""
+        rest in files (``spill``). Should a file fail (a full disk), the piece stays in
+        memory: past the cap, but nothing lost."""
         room = self.settings.max_buffered_bytes - self.ledger.bytes
 
         def keep(piece: RowBatch) -> RowBatch:
             nonlocal room
             held = piece.held_bytes()
             if held > room:
-                if not self.spilled_bytes:
-                    self.log.info("rows_spilled", directory=str(self.spill_dir), buffered_bytes=self.ledger.bytes,
+                if not self.spill.bytes:
+                    self.log.info("rows_spilled", directory=str(self.spill.directory), buffered_bytes=self.ledger.bytes,
                                   max_buffered_bytes=self.settings.max_buffered_bytes,
                                   what_to_do="none: rows past the cap wait in files until their window commits")
-                self.spilled_bytes += piece.nbytes()
-                piece = piece.spilled(str(self.spill_dir))
-                held = piece.held_bytes()
+                try:
+                    piece = piece.spilled(self.spill.put)
+                    held = 0
+                except OSError as exc:
+                    self.log.error("spill_failed", directory=str(self.spill.directory), error=str(exc),
+                                   what_to_do="free space there: the rows stay in memory, past max_buffered_bytes")
             room -= held
             return piece
 

@@ -159,7 +159,7 @@ async def test_rows_past_the_memory_cap_wait_in_files_and_commit_as_they_were(se
         for b in range(6):  # six batches of 100 rows in one window: twice the cap
             c.add_batch("A", items(100 * b + 1, [1_000 + b] * 100), position(100 * b + 100), 100)
             assert c.ledger.bytes <= cap
-        assert c.spilled_bytes > 0 and c.ledger.rows == 600
+        assert c.spill.bytes > 0 and c.ledger.rows == 600
         c.add_batch("A", items(601, [MINUTE + 1]), position(601), 100)  # the window closes
         assert await c.step() == 1
         assert output(tmp_path / "out") == {"0-60000.jsonl": list(range(1, 601))}
