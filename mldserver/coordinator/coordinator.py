@@ -46,8 +46,9 @@ shard: the least watermark, shards that tie ordered by shard id, as the merge or
 their rows. Shards in step (all at one watermark) then go on one at a time, each
 released as it becomes the holder, until the window they hold open closes and its
 commit frees memory; delaying none of them would let every one add a batch past the
-mark. While closed windows commit, the holder waits too: those commits free memory
-without it. It starts below the caps because what is under way still
+mark. What must still land past ``max_buffered_bytes`` (the holder's batches, the
+batches already in handler processes) is spilled to files (``spill``): the memory
+buffered never passes the cap. It starts below the caps because what is under way still
 lands: a batch is added before its shard is delayed, up to ``max_batches_in_flight``
 are being handled, and the watermark's shard goes on. With the default 256 MiB, 32
 shards each a 10,000-row batch (3.4 MB of JSON, 4.2 MB held) ahead of one slow
@@ -184,7 +185,6 @@ class Coordinator:
         self.shards: dict[str, ShardEntry] = {}
         self._changed = asyncio.Event()
         self._progress = asyncio.Condition()
-        self._closing = 0  # windows closed, not committed yet: their commits free memory
         self._stepping = asyncio.Lock()  # passes never overlap: windows commit in order
         self._tasks: list[asyncio.Task[None]] = []
         self._inflight: asyncio.Task[None] | None = None  # the sink commit under way
@@ -472,8 +472,8 @@ class Coordinator:
                 or self.ledger.bytes > s.max_buffered_bytes * HIGH_WATER)
 
     def _may_delay(self, shard_id: str) -> bool:
-        if self.watermarks.holder(self.clock()) == shard_id and not self._closing:
-            return False  # it holds the watermark back, and no commit under way frees memory
+        if self.watermarks.holder(self.clock()) == shard_id:
+            return False  # it holds the watermark back: delaying it would stall all
         return not self.ordering.holds_children(self.lineage.children_of(shard_id))
 
     def _blocks(self, shard_id: str, now: float) -> bool:
@@ -508,14 +508,10 @@ class Coordinator:
             # seal: on the loop, a sort of each shard's event times (runs already sorted,
             # numpy), some 10 ns a row; the rows' JSON is put in that order by the sink.
             windows = [seal(closed) for closed in self.ordering.close(watermark)]
-            self._closing = len(windows)
             for i, (window, counts) in enumerate(windows):
                 if i + 1 < len(windows) and isinstance(self.sink, PreparingSink):
                     self.sink.prepare(windows[i + 1][0])  # made ready while this one commits
-                try:
-                    await self._commit(window, counts, watermark, closed_at)
-                finally:
-                    self._closing -= 1
+                await self._commit(window, counts, watermark, closed_at)
                 async with self._progress:
                     self._progress.notify_all()  # its rows' memory is let go
             for shard_id in [s for s, entry in self.shards.items() if entry.lost]:
