@@ -214,10 +214,10 @@ class RowBatch:
     def held_bytes(self) -> int:
         """The memory this batch keeps alive, which its slices share: each buffer whole
         (the frame its JSON lines were read from, with the columns a handler process
-        sent beside them; its own columns, a slice's parents'), and its positions; not
-        JSON lines ``spilled`` to a file. What
-        the ledger counts against ``max_buffered_bytes``: a 10,000-row batch of 340-byte
-        rows from a handler process holds some 4.2 MB (3.4 MB of JSON, 200 kB of columns
+        sent beside them; its own columns, a slice's parents'), and its positions;
+        nothing of rows ``spilled`` to a file. What the ledger counts against
+        ``max_buffered_bytes``: a 10,000-row batch of 340-byte rows from a handler
+        process holds some 4.2 MB (3.4 MB of JSON, 200 kB of columns
         in the frame, 240 kB of columns of its own, 560 kB of positions)."""
         body = _root(self.body)
         held = _size(body)

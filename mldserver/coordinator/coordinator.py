@@ -74,10 +74,8 @@ from __future__ import annotations
 
 import asyncio
 import math
-import shutil
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from ..base.backoff import Backoff
@@ -202,7 +200,7 @@ class Coordinator:
         """Read what the sink committed, replay the spool, then start the committer
         and its tick."""
         committed = await self.sink.start()
-        await asyncio.to_thread(_fresh, self.spill.directory)
+        await asyncio.to_thread(self.spill.clear)
         for shard_id, position in committed.positions.items():
             self.ordering.delivered(shard_id, position)  # replays at or below are dropped
             self._entry(shard_id).committed = position
@@ -580,9 +578,3 @@ class Coordinator:
 
 def _ms(value: float) -> int | None:
     return None if math.isinf(value) else int(value)
-
-
-def _fresh(directory: Path) -> None:
-    """An empty directory (a spill file left by a crash between its write and its unlink goes)."""
-    shutil.rmtree(directory, ignore_errors=True)
-    directory.mkdir(parents=True, exist_ok=True)

@@ -23,6 +23,8 @@ import tempfile
 from pathlib import Path
 from typing import Any, Sequence
 
+from ..base.durable import empty_dir
+
 SEGMENT = 64 << 20  # bytes a segment file holds (a larger batch gets one of its own)
 
 
@@ -34,25 +36,26 @@ class Spill:
         self._map: Any = None  # its map (numpy uint8), shared by every batch in it
         self._used = 0
 
+    def clear(self) -> None:
+        """At start-up: a segment a crash left (between its making and its unlink) goes."""
+        empty_dir(self.directory)
+
     def put(self, parts: Sequence[Any]) -> list[Any]:
         """Write ``parts`` (buffers) one after another; returns a read-only uint8 view
         of each. OSError (a full disk) leaves nothing half written behind a view."""
-        sizes = [memoryview(part).nbytes for part in parts]
-        if self._map is None or self._used + sum(sizes) > len(self._map):
-            self._new(max(SEGMENT, sum(sizes)))
-        at = self._used
-        for part, size in zip(parts, sizes):
-            view = memoryview(part).cast("B")
-            done = 0
-            while done < size:
-                done += os.pwrite(self._fd, view[done:], at + done)
-            at += size
+        bufs = [memoryview(part).cast("B") for part in parts]
+        total = sum(map(len, bufs))
+        if self._map is None or self._used + total > len(self._map):
+            self._new(max(SEGMENT, total))
         views, at = [], self._used
-        for size in sizes:
-            views.append(self._map[at : at + size])
-            at += size
+        for buf in bufs:
+            done = 0
+            while done < len(buf):
+                done += os.pwrite(self._fd, buf[done:], at + done)
+            views.append(self._map[at : at + len(buf)])
+            at += len(buf)
         self._used = at
-        self.bytes += sum(sizes)
+        self.bytes += total
         return views
 
     def _new(self, size: int) -> None:

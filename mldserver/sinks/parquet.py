@@ -32,7 +32,6 @@ order)::
 from __future__ import annotations
 
 import asyncio
-import shutil
 import time
 from pathlib import Path
 
@@ -41,6 +40,7 @@ import pyarrow.parquet as pq
 from ..base.config import Settings, state_path
 from ..base.handoff import Committed, Window
 from ..base.deadletters import DeadLetters
+from ..base.durable import empty_dir
 from ..base.logs import get_logger
 from ..base.commitlog import CommitLog
 from .schema import declared, load, rows_to_table, save
@@ -65,8 +65,7 @@ class SparkSink:
 
     async def start(self) -> Committed:
         def prepare() -> Committed:
-            shutil.rmtree(self.inputs, ignore_errors=True)
-            self.inputs.mkdir(parents=True, exist_ok=True)
+            empty_dir(self.inputs)
             if self.schema is None:
                 self.schema = load(self.schema_path)
             return self.commit_log.read()
