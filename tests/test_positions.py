@@ -83,3 +83,21 @@ def test_a_batch_of_usual_values_makes_each_position_when_read_and_answers_as_th
     assert Position.batch(["7", huge], [0, 0]) == [Position(7, 0, "7"), None]
     assert Position.batch([], []) == []
     assert Position.batch(["7", "8"], [[1], {}]) == Position.parse_all(["7", "8"], [[1], {}]) == [None, None]
+
+
+def test_a_batchs_positions_are_one_string_sliced_into_strings_of_their_own():
+    import sys
+
+    from mldserver.base.positions import Positions
+
+    same = [str(10**55 + i) for i in range(1000)]  # 56 digits each, as Kinesis writes them
+    positions = Position.batch(same, [0] * 1000)
+    assert type(positions) is Positions and positions.width == 56 and positions.ends is None
+    assert list(positions) == Position.parse_all(same, [0] * 1000)
+    assert positions.nbytes() < 60 * 1000 < sum(map(sys.getsizeof, same))  # a string each: 105 bytes
+    piece = positions.sliced(10, 20)
+    assert list(piece) == list(positions)[10:20] and piece.joined is not positions.joined
+    mixed = Position.batch(["7", "80", "900"], [0, 0, 0])
+    assert (mixed.width, list(mixed.ends)) == (0, [0, 1, 3, 6])
+    assert list(mixed.sliced(1, 3)) == [Position(80, 0, "80"), Position(900, 0, "900")]
+    assert list(mixed.sliced(1, 3).ends) == [0, 2, 5]

@@ -114,3 +114,46 @@ def test_held_bytes_is_the_memory_a_batch_from_a_handler_process_really_holds():
         tracemalloc.stop()
     assert 0.9 * held <= rows.held_bytes() <= 1.1 * held, (rows.held_bytes(), held)
     assert rows[5:].held_bytes() == rows.held_bytes()  # a slice holds the same buffers
+
+
+def test_rows_spilled_to_a_file_read_back_as_they_were_and_hold_no_memory(tmp_path):
+    from mldserver.coordinator.spill import Spill
+
+    spill = Spill(tmp_path)
+    seqs = [str(10**55 + i) for i in range(50)]
+    lines = [b'{"i":%d}\n' % i for i in range(50)]
+    rows = RowBatch(np.arange(50, dtype=np.int64) * 10, np.arange(50), Position.batch(seqs, [0] * 50),
+                    b"".join(lines), np.cumsum([0] + list(map(len, lines))))
+    for piece in (rows[10:30], rows.compact(), rows[:1]):
+        spilled = piece.spilled(spill.put)
+        assert list(spilled) == list(piece) and spilled.times.tolist() == piece.times.tolist()
+        assert spilled.held_bytes() == 0 < piece.held_bytes()
+        assert spilled.position(len(piece) - 1) == piece.position(len(piece) - 1)
+        assert spilled.lowest() == piece.lowest()
+    assert list(tmp_path.iterdir()) == []  # unlinked at once: the file goes with its last batch
+    odd = RowBatch.of([Item(5, Position(7, 1, "7"), b'{"kpl":1}'), Item(6, Position(7, 2, "7"), b'{"kpl":2}')])
+    assert list(odd.spilled(spill.put)) == list(odd)  # positions that are tuples stay in memory
+    mixed = RowBatch.of([Item(5, at(7), b"{}"), Item(6, at(800), b"[]")])
+    assert list(mixed.spilled(spill.put)) == list(mixed)  # numbers of several widths
+
+
+def test_spilled_rows_share_a_segment_file_and_a_batch_larger_than_one_gets_its_own(tmp_path, monkeypatch):
+    import os
+
+    from mldserver.coordinator import spill as spilling
+
+    monkeypatch.setattr(spilling, "SEGMENT", 4096)
+    spill = spilling.Spill(tmp_path)
+    small = RowBatch.of([Item(1, at(i), b'"x"') for i in range(10)])
+    big = RowBatch.of([Item(1, at(i), b'"%s"' % (b"y" * 100)) for i in range(100)])
+    fds = len(os.listdir("/proc/self/fd"))
+    kept = [small.spilled(spill.put) for _ in range(5)]
+    assert len(os.listdir("/proc/self/fd")) == fds + 2  # one segment: its descriptor, its map's
+    assert all(list(k) == list(small) for k in kept)
+    large = big.spilled(spill.put)  # 12 kB: a segment of its own
+    assert list(large) == list(big) and list(kept[0]) == list(small)
+    spill.close()
+    assert len(os.listdir("/proc/self/fd")) == fds + 2  # each map's: the segments live on in their rows
+    assert list(large) == list(big)  # the maps outlive the writing
+    del kept
+    assert len(os.listdir("/proc/self/fd")) == fds + 1  # the first segment went with its last rows

@@ -34,13 +34,14 @@ processes, never load it.
 from __future__ import annotations
 
 import bisect
+import mmap
 import sys
 from array import array
 from itertools import islice
 from operator import le
-from typing import TYPE_CHECKING, Any, Iterable, Iterator, NamedTuple, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, NamedTuple, Sequence
 
-from ..base.positions import Position
+from ..base.positions import Position, Positions
 
 if TYPE_CHECKING:
     import numpy as np
@@ -139,6 +140,56 @@ class RowBatch:
     def with_times(self, times: np.ndarray) -> RowBatch:
         return RowBatch(times, self.records, self.positions, self.body, self.offsets, self.ordered)
 
+    def compact(self) -> RowBatch:
+        """These rows in buffers of their own, copied: a piece of a batch that spans
+        windows, so that the batch's buffers are let go once each piece is (``ordering``
+        splits such a batch at its windows' ends, and a window's commit frees its
+        piece)::
+
+            rows = batch[:4_000].compact()      # 4,000 rows' JSON, columns and positions
+            rows.held_bytes() < batch.held_bytes()
+        """
+        import numpy as np
+
+        records = self.records
+        first, last = (int(records[0]), int(records[-1])) if self.ordered else (int(records.min()), int(records.max()))
+        start, end = int(self.offsets[0]), int(self.offsets[-1])
+        body = np.frombuffer(self.body, dtype=np.uint8, count=end - start, offset=start).copy()
+        positions = self.positions
+        sliced = getattr(positions, "sliced", None)  # positions.Positions: a string of their own
+        kept = sliced(first, last + 1) if sliced is not None else list(positions[first : last + 1])
+        return RowBatch(np.array(self.times, dtype=np.int64), np.asarray(records, dtype=np.int64) - first, kept,
+                        body, np.asarray(self.offsets, dtype=np.int64) - start, self.ordered)
+
+    def spilled(self, put: Callable[[Sequence[Any]], list[Any]]) -> RowBatch:
+        """These rows out of memory: their columns, JSON lines and positions written by
+        ``put`` (``coordinator.spill.Spill.put``: into a file, returning a read-only
+        uint8 view of each part, mapped), read back only when a sink reads them. What the
+        coordinator keeps past ``max_buffered_bytes``::
+
+            rows = piece.spilled(spill.put)   # rows.held_bytes() == 0
+        """
+        import numpy as np
+
+        start, end = int(self.offsets[0]), int(self.offsets[-1])
+        parts: list[Any] = [np.asarray(self.times, dtype=np.int64), np.asarray(self.records, dtype=np.int64),
+                            np.asarray(self.offsets, dtype=np.int64) - start,
+                            memoryview(self.body).cast("B")[start:end]]
+        positions = self.positions
+        if type(positions) is list and not any(p.sub for p in positions):
+            positions = Positions.of([p.text for p in positions])  # one string: it can move too
+        joined = getattr(positions, "joined", None)  # positions.Positions (KPL sub-records stay)
+        if joined is not None:
+            parts.append(joined.encode("ascii") if type(joined) is str else joined)
+            if positions.ends is not None:
+                parts.append(np.asarray(positions.ends, dtype=np.int64))
+        views = put(parts)
+        times, records, offsets = (v.view(np.int64) for v in views[:3])
+        if joined is not None:
+            ends = views[5].view(np.int64) if positions.ends is not None else None
+            positions = type(positions)(views[4], positions.width, ends)
+        return RowBatch(times, records, positions, views[3], offsets, self.ordered)
+
     def take(self, indices: np.ndarray) -> RowBatch:
         """Some of the rows, copied (a rare path: duplicates among rows out of order)."""
         import numpy as np
@@ -163,10 +214,11 @@ class RowBatch:
     def held_bytes(self) -> int:
         """The memory this batch keeps alive, which its slices share: each buffer whole
         (the frame its JSON lines were read from, with the columns a handler process
-        sent beside them; its own columns, a slice's parents'), and its positions. What
-        the ledger counts against ``max_buffered_bytes``: a 10,000-row batch of 340-byte
-        rows from a handler process holds some 4.6 MB (3.4 MB of JSON, 200 kB of columns
-        in the frame, 240 kB of columns of its own, 1 MB of positions)."""
+        sent beside them; its own columns, a slice's parents'), and its positions;
+        nothing of rows ``spilled`` to a file. What the ledger counts against
+        ``max_buffered_bytes``: a 10,000-row batch of 340-byte rows from a handler
+        process holds some 4.2 MB (3.4 MB of JSON, 200 kB of columns
+        in the frame, 240 kB of columns of its own, 560 kB of positions)."""
         body = _root(self.body)
         held = _size(body)
         for column in (self.times, self.records, self.offsets):
@@ -206,17 +258,19 @@ def _root(buffer: Any) -> Any:
 
 
 def _size(buffer: Any) -> int:
+    if type(buffer) is mmap.mmap:
+        return 0  # a file's pages (``spilled``): on disk until read, the kernel's to drop
     return buffer.nbytes if hasattr(buffer, "nbytes") else memoryview(buffer).nbytes
 
 
 def _positions_size(positions: Sequence[Any]) -> int:
-    """A batch's positions, from its last one (they differ in little but their digits):
-    the texts of ``positions.Positions``, or ``Position`` tuples."""
+    """A batch's positions: ``positions.Positions`` say, ``Position`` tuples are
+    reckoned from the last one (they differ in little but their digits)."""
     if not len(positions):
         return 0
-    texts = getattr(positions, "texts", None)
-    if texts is not None:
-        return sys.getsizeof(texts) + len(texts) * sys.getsizeof(texts[-1])
+    nbytes = getattr(positions, "nbytes", None)
+    if nbytes is not None:
+        return nbytes()
     last = positions[-1]
     each = sys.getsizeof(last) + sys.getsizeof(last.seq) + sys.getsizeof(last.text)
     return sys.getsizeof(positions) + len(positions) * each

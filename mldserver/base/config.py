@@ -257,7 +257,8 @@ class Settings:
     # a shard checkpoints what is committed at most this often, sparing the lease table (0: at once)
     checkpoint_interval: float = setting(10.0, low=0.0, high=DAY, unit="seconds")
     # back-pressure: from three quarters of either cap, shards running ahead of the watermark
-    # wait, so the rows buffered stay below it (bytes: the memory they hold, JSON and columns)
+    # wait, so the rows buffered stay below it (bytes: the memory they hold, JSON and columns;
+    # what must land past it waits in files, <state-dir>/spill/)
     max_buffered_rows: int = setting(1_000_000, low=1)
     max_buffered_bytes: int = setting(256 * 1024 * 1024, low=1, unit="bytes")
     # lineage from the stream itself: a Kinesis stream name or ARN, or a DynamoDB stream ARN

@@ -14,6 +14,8 @@
 - ``publish_dir(staging, final)``: a folder written elsewhere (Spark's output) made
   durable and renamed into place, replacing a half-published one.
 - ``fsync_dir(folder)``: make the names in a folder durable.
+- ``empty_dir(folder)``: a scratch folder emptied at start-up (the Spark sinks' input
+  files, the coordinator's spill): what a crash left there goes.
 - ``utc_timestamp()``: ``"2026-11-21T10:01:05.120Z"``, the form every log line, commit-log
   entry and dead letter carries.
 - ``safe_filename(shard_id)``: a name made from data that arrives from the network
@@ -226,6 +228,14 @@ async def until_written(
                 **fields,
             )
         return result
+
+
+def empty_dir(path: Path) -> Path:
+    """``path`` as an empty folder, made if missing: a scratch folder at start-up,
+    whose files a crash may have left (nothing in it is kept across a restart)."""
+    shutil.rmtree(path, ignore_errors=True)
+    path.mkdir(parents=True, exist_ok=True)
+    return path
 
 
 def publish_dir(staging: Path, final: Path) -> Path:

@@ -50,6 +50,18 @@ it returns (the coordinator then marks the rows committed and lets shards checkp
 past them). An exception means "not committed": the same window is offered again
 after a backoff. ``start`` runs once, before any commit: the positions it returns are
 filtered out of replays, and windows up to ``end`` are not closed again.
+
+A sink whose commit has work to do before anything is published (the Spark sink turns
+the rows into an Arrow file for the Spark process) may also be told, when several
+windows closed at once, which window comes next, before the one in front commits::
+
+        def prepare(self, window: Window) -> None: ...   # not awaited, never raises
+
+    sink.prepare(w2); await sink.commit(w1); await sink.commit(w2)
+
+It may start that work while ``w1`` commits (``sinks/parquet.py``: once ``w1``'s file
+is handed over), never publish anything of ``w2`` before ``commit(w2)``; ``w2`` may
+never be committed (the server stops first). Commits stay one at a time, in order.
 """
 
 from __future__ import annotations
@@ -173,6 +185,14 @@ class Sink(Protocol):
     async def start(self) -> Committed: ...
 
     async def commit(self, window: Window) -> None: ...
+
+
+@runtime_checkable
+class PreparingSink(Sink, Protocol):
+    """A sink told the next window ahead of its commit (``prepare``), to overlap work
+    that publishes nothing with the commit in front of it."""
+
+    def prepare(self, window: Window) -> None: ...
 
 
 @runtime_checkable

@@ -21,7 +21,8 @@ counts as 0, as the KCL does.
 from __future__ import annotations
 
 import sys
-from itertools import repeat
+from array import array
+from itertools import accumulate, repeat
 from typing import Any, Iterator, NamedTuple, Sequence, overload
 
 _DIGITS = "0123456789"
@@ -43,7 +44,7 @@ class Position(NamedTuple):
     def parse_all(cls, sequence_numbers: list[Any], sub_sequence_numbers: list[Any]) -> list[Position | None]:
         """``parse`` over a batch, at a fraction of the cost when every value is good
         (the usual case): checked together, converted in C."""
-        if _usual(sequence_numbers, sub_sequence_numbers):
+        if _usual(sequence_numbers, sub_sequence_numbers) is not None:
             return list(map(_new, repeat(cls), zip(map(int, sequence_numbers), repeat(0), sequence_numbers)))
         return list(map(_parse, sequence_numbers, sub_sequence_numbers))
 
@@ -52,8 +53,9 @@ class Position(NamedTuple):
         """``parse_all``'s answer for a batch, where each position is made only when
         read if every value is good in its usual form (``Positions``): whoever keeps a
         batch's rows (the coordinator) reads few of its positions."""
-        if _usual(sequence_numbers, sub_sequence_numbers):
-            return Positions(sequence_numbers)
+        joined = _usual(sequence_numbers, sub_sequence_numbers)
+        if joined is not None:
+            return Positions.of(sequence_numbers, joined)
         return cls.parse_all(sequence_numbers, sub_sequence_numbers)
 
     def to_json(self) -> list[Any]:
@@ -77,15 +79,15 @@ _ZERO_SUBS = frozenset({0, None})  # what a record that is not a KPL sub-record 
 _SUB_TYPES = frozenset({int, type(None)})
 
 
-def _usual(sequence_numbers: list[Any], sub_sequence_numbers: list[Any]) -> bool:
-    """Is every sequence number a string of ASCII digits ``int`` takes, and every
-    sub-sequence number 0 or None? Checked together, in C."""
+def _usual(sequence_numbers: list[Any], sub_sequence_numbers: list[Any]) -> str | None:
+    """The sequence numbers joined, if every one is a string of ASCII digits ``int``
+    takes and every sub-sequence number is 0 or None; else None. Checked together, in C."""
     try:
         joined = "".join(sequence_numbers)
     except TypeError:  # some value is not a string
-        return False
+        return None
     limit = sys.get_int_max_str_digits() or len(joined)  # 0: no limit
-    return (
+    usual = (
         joined.isascii()
         and joined.encode("ascii").isdigit()  # bytes.isdigit is a byte table; str's walks Unicode
         and "" not in sequence_numbers
@@ -93,6 +95,7 @@ def _usual(sequence_numbers: list[Any], sub_sequence_numbers: list[Any]) -> bool
         and set(map(type, sub_sequence_numbers)) <= _SUB_TYPES  # not False, which equals 0; hashable
         and set(sub_sequence_numbers) <= _ZERO_SUBS
     )
+    return joined if usual else None
 
 
 class Positions(Sequence[Position]):
@@ -102,15 +105,51 @@ class Positions(Sequence[Position]):
         positions = Position.batch(["100", "101", "102"], [None, None, 0])
         positions[-1] == Position(102, 0, "102"); len(positions) == 3
         bisect.bisect_right(positions, Position(100, 0, "100")) == 1   # a few made, not all
+        positions.sliced(1, 3)         # Positions(2): "101", "102", in a string of their own
+
+    They are kept as one string, the numbers joined: a 56-digit sequence number takes
+    56 bytes, not the 113 of a string and its pointer of its own (the coordinator keeps
+    a batch's positions until its rows commit, 10,000 of them a batch). ``width``: the
+    numbers' one length (the usual batch), or 0 and ``ends`` says where each ends.
     """
 
-    __slots__ = ("texts",)
+    __slots__ = ("joined", "width", "ends")
 
-    def __init__(self, texts: list[str]) -> None:
-        self.texts = texts
+    def __init__(self, joined: Any, width: int, ends: Any = None) -> None:
+        self.joined = joined  # a str; or a file's ASCII bytes, mapped (``RowBatch.spilled``)
+        self.width = width
+        self.ends = ends  # with width 0: where each number starts, then len(joined) (an array)
+
+    @classmethod
+    def of(cls, texts: Sequence[str], joined: str | None = None) -> Positions:
+        """``texts`` (checked: ASCII digits), and their join if already made."""
+        if joined is None:
+            joined = "".join(texts)
+        widths = set(map(len, texts))
+        if len(widths) == 1:
+            return cls(joined, widths.pop())
+        return cls(joined, 0, array("q", accumulate(map(len, texts), initial=0)))
 
     def __len__(self) -> int:
-        return len(self.texts)
+        if self.ends is None:
+            return len(self.joined) // self.width if self.width else 0
+        return len(self.ends) - 1
+
+    def text(self, i: int) -> str:
+        n = len(self)
+        if i < 0:
+            i += n
+        if not 0 <= i < n:
+            raise IndexError("position index out of range")
+        if self.ends is None:
+            w = self.width
+            text = self.joined[i * w : (i + 1) * w]
+        else:
+            text = self.joined[int(self.ends[i]) : int(self.ends[i + 1])]
+        return text if type(text) is str else bytes(text).decode("ascii")  # a file's bytes (``RowBatch.spilled``)
+
+    def texts(self) -> Iterator[str]:
+        return map(self.text, range(len(self)))
 
     @overload
     def __getitem__(self, i: int) -> Position: ...
@@ -120,17 +159,34 @@ class Positions(Sequence[Position]):
 
     def __getitem__(self, i: int | slice) -> Position | list[Position]:
         if isinstance(i, slice):
-            return [_made(text) for text in self.texts[i]]
-        return _made(self.texts[i])
+            return [_made(self.text(j)) for j in range(*i.indices(len(self)))]
+        return _made(self.text(i))
 
     def __iter__(self) -> Iterator[Position]:
-        return map(_made, self.texts)
+        return map(_made, self.texts())
 
     def __contains__(self, value: object) -> bool:
-        return isinstance(value, Position) and value.sub == 0 and value.text in self.texts
+        return isinstance(value, Position) and value.sub == 0 and value.text in self.texts()
+
+    def sliced(self, start: int, stop: int) -> Positions:
+        """Positions ``start`` to ``stop`` (not included), in a string of their own."""
+        if self.ends is None:
+            w = self.width
+            joined, ends = self.joined[start * w : stop * w], None
+        else:
+            base = int(self.ends[start])
+            joined = self.joined[base : int(self.ends[stop])]
+            ends = array("q", (int(e) - base for e in self.ends[start : stop + 1]))
+        return Positions(joined if type(joined) is str else bytes(joined).decode("ascii"), self.width, ends)
+
+    def nbytes(self) -> int:
+        """The memory these positions hold (none in a file, ``RowBatch.spilled``)."""
+        if type(self.joined) is not str:
+            return 0
+        return sys.getsizeof(self.joined) + (0 if self.ends is None else self.ends.itemsize * len(self.ends))
 
     def __repr__(self) -> str:
-        return f"Positions({len(self.texts)})"
+        return f"Positions({len(self)})"
 
 
 def _made(text: str) -> Position:

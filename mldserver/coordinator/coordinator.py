@@ -46,10 +46,12 @@ shard: the least watermark, shards that tie ordered by shard id, as the merge or
 their rows. Shards in step (all at one watermark) then go on one at a time, each
 released as it becomes the holder, until the window they hold open closes and its
 commit frees memory; delaying none of them would let every one add a batch past the
-mark. It starts below the caps because what is under way still
+mark. What must still land past ``max_buffered_bytes`` (the holder's batches, the
+batches already in handler processes) is spilled to files (``spill``): the memory
+buffered never passes the cap. It starts below the caps because what is under way still
 lands: a batch is added before its shard is delayed, up to ``max_batches_in_flight``
 are being handled, and the watermark's shard goes on. With the default 256 MiB, 32
-shards each a 10,000-row batch (3.4 MB of JSON, 4.6 MB held) ahead of one slow
+shards each a 10,000-row batch (3.4 MB of JSON, 4.2 MB held) ahead of one slow
 shard::
 
     coordinator.add_batch("shardId-000000000007", rows, last, 1000)   # buffered_bytes 199 MiB
@@ -82,11 +84,12 @@ from ..errors import retriable
 from ..base.logs import EventLogger, get_logger
 from ..base.positions import Position
 from ..api.rows import RowBatch
-from ..base.handoff import SharedSink, Sink
+from ..base.handoff import PreparingSink, SharedSink, Sink, Window
 from .ledger import Ledger
 from .lineage import Lineage, StreamShards
 from .merge import seal
-from .ordering import Ordering, WindowRows
+from .ordering import Ordering
+from .spill import Spill
 from .spool import Spool
 from .watermarks import Watermarks
 
@@ -176,6 +179,7 @@ class Coordinator:
         )
         self.ledger = Ledger()
         self.spool = Spool(state_path(settings, "spool"), self.log)
+        self.spill = Spill(state_path(settings, "spill"))  # rows past max_buffered_bytes
         self.shards: dict[str, ShardEntry] = {}
         self._changed = asyncio.Event()
         self._progress = asyncio.Condition()
@@ -196,6 +200,7 @@ class Coordinator:
         """Read what the sink committed, replay the spool, then start the committer
         and its tick."""
         committed = await self.sink.start()
+        await asyncio.to_thread(self.spill.clear)
         for shard_id, position in committed.positions.items():
             self.ordering.delivered(shard_id, position)  # replays at or below are dropped
             self._entry(shard_id).committed = position
@@ -221,6 +226,7 @@ class Coordinator:
             await asyncio.wait(tasks)
         if self._inflight is not None and not self._inflight.done():
             await asyncio.wait([self._inflight], timeout=self.settings.shutdown_timeout)
+        self.spill.close()
         self.log.info(
             "coordinator_stopped",
             windows=self.windows_committed,
@@ -231,6 +237,7 @@ class Coordinator:
             late=self.ordering.late_rows,
             peak_rows=self.peak_rows,
             peak_bytes=self.peak_bytes,
+            spilled_bytes=self.spill.bytes,
         )
         for task in tasks:
             if not task.cancelled() and task.exception() is not None:
@@ -295,9 +302,9 @@ class Coordinator:
     def add_batch(self, shard_id: str, rows: RowBatch, last: Position | None, millis_behind: int | None) -> None:
         now = self.clock()
         dropped, clamped = self.ordering.duplicates, self.ordering.clamped
-        kept = self.ordering.add(shard_id, rows, last, now)
-        self.ledger.add(shard_id, kept, last)
-        self.watermarks.batch(shard_id, int(kept.times[-1]) if len(kept) else None, millis_behind == 0, now)
+        pieces = self.ordering.add(shard_id, rows, last, now, self._keeper())
+        self.ledger.add(shard_id, pieces, last)
+        self.watermarks.batch(shard_id, int(pieces[-1].times[-1]) if pieces else None, millis_behind == 0, now)
         if self.ledger.rows > self.peak_rows:
             self.peak_rows = self.ledger.rows
         if self.ledger.bytes > self.peak_bytes:
@@ -413,6 +420,31 @@ class Coordinator:
             return False
         return not self.watermarks.tracks(shard_id) or not self.watermarks.holds(shard_id, now)
 
+    def _keeper(self) -> Callable[[RowBatch], RowBatch]:
+        """How a batch's pieces are kept: in memory up to ``max_buffered_bytes``, the
+        rest in files (``spill``). Should a file fail (a full disk), the piece stays in
+        memory: past the cap, but nothing lost."""
+        room = self.settings.max_buffered_bytes - self.ledger.bytes
+
+        def keep(piece: RowBatch) -> RowBatch:
+            nonlocal room
+            held = piece.held_bytes()
+            if held > room:
+                if not self.spill.bytes:
+                    self.log.info("rows_spilled", directory=str(self.spill.directory), buffered_bytes=self.ledger.bytes,
+                                  max_buffered_bytes=self.settings.max_buffered_bytes,
+                                  what_to_do="none: rows past the cap wait in files until their window commits")
+                try:
+                    piece = piece.spilled(self.spill.put)
+                    held = 0
+                except OSError as exc:
+                    self.log.error("spill_failed", directory=str(self.spill.directory), error=str(exc),
+                                   what_to_do="free space there: the rows stay in memory, past max_buffered_bytes")
+            room -= held
+            return piece
+
+        return keep
+
     async def admit(self, shard_id: str) -> None:
         """Wait while memory is over the cap and this shard runs ahead."""
         waited = False
@@ -471,9 +503,15 @@ class Coordinator:
                 self.log.info("child_released", shard_id=shard_id, parents=list(self.lineage.parents_of(shard_id)))
             watermark = self.watermarks.minimum(now)
             closed_at = time.perf_counter()
-            windows = self.ordering.close(watermark)
-            for window in windows:
-                await self._commit(window, watermark, closed_at)
+            # seal: on the loop, a sort of each shard's event times (runs already sorted,
+            # numpy), some 10 ns a row; the rows' JSON is put in that order by the sink.
+            windows = [seal(closed) for closed in self.ordering.close(watermark)]
+            for i, (window, counts) in enumerate(windows):
+                if i + 1 < len(windows) and isinstance(self.sink, PreparingSink):
+                    self.sink.prepare(windows[i + 1][0])  # made ready while this one commits
+                await self._commit(window, counts, watermark, closed_at)
+                async with self._progress:
+                    self._progress.notify_all()  # its rows' memory is let go
             for shard_id in [s for s, entry in self.shards.items() if entry.lost]:
                 self.shards[shard_id].lost = False
                 self._drop(shard_id)
@@ -482,11 +520,8 @@ class Coordinator:
             self._progress.notify_all()
         return len(windows)
 
-    async def _commit(self, closed: WindowRows, watermark: float, closed_at: float) -> None:
+    async def _commit(self, window: Window, counts: dict[str, int], watermark: float, closed_at: float) -> None:
         started = time.perf_counter()
-        # On the loop: a sort of each shard's event times (runs already sorted, numpy),
-        # some 10 ns a row; the rows' JSON is put in that order by the sink, in its thread.
-        window, counts = seal(closed)
         attempt = 0
         while True:
             try:

@@ -9,7 +9,7 @@ close in order, a shard's event times never decrease, late rows go to a later
 hand-off), so committing is cutting rows off the front of the shard's pending batches
 (``rows.RowBatch``, shared with ``ordering``: nothing is copied)::
 
-    ledger.add("s0", rows, last=Position(12, 0, "12"))   # a processed batch: rows at 10, 11
+    ledger.add("s0", [rows], last=Position(12, 0, "12"))  # a processed batch: rows at 10, 11
     ledger.safe("s0")                  # None: nothing committed yet
     ledger.last_end("s0")              # Position(12, 0, "12"): where the uncommitted rows' batches end
     ledger.commit("s0", 1)             # the window holding row 10 committed
@@ -21,12 +21,14 @@ A shard whose lease is lost has its pending rows dropped (``ledger.drop("s0")``)
 new owner reads them again; what was safe stays safe.
 
 It also keeps the count of buffered (uncommitted) rows and the memory they hold: what
-the back-pressure caps apply to. A batch holds its buffers whole until its last row is
+the back-pressure caps apply to. A piece holds its buffers whole until its last row is
 committed (``RowBatch.held_bytes``: the frame its rows came in, its columns, its
 positions; a window's rows are slices of them), so that is what is counted, from the
-batch's ``add`` until its last row's ``commit``::
+piece's ``add`` until its last row's ``commit``. A batch that spans windows comes in
+one piece a window, each in buffers of its own (``ordering.add``), so a commit lets go
+of what it committed::
 
-    ledger.add("s0", rows, last)       # ledger.bytes += rows.held_bytes(): some 4.6 MB for
+    ledger.add("s0", [rows], last)     # ledger.bytes += rows.held_bytes(): some 4.2 MB for
                                        # 10,000 rows of 340 bytes from a handler process
     ledger.commit("s0", 9_000)         # the same: the batch's buffers are still held
     ledger.commit("s0", 1_000)         # ledger.bytes back where it was
@@ -36,6 +38,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Sequence
 
 from ..base.positions import Position
 from ..api.rows import RowBatch
@@ -54,12 +57,15 @@ class Ledger:
         self.rows = 0
         self.bytes = 0
 
-    def add(self, shard_id: str, rows: RowBatch, last: Position | None) -> None:
-        """A processed batch: its kept rows, and its last record's position."""
+    def add(self, shard_id: str, pieces: Sequence[RowBatch], last: Position | None) -> None:
+        """A processed batch: its kept rows (in pieces, ``ordering.add``'s), and its
+        last record's position."""
         state = self.shards.get(shard_id)
         if state is None:
             state = self.shards[shard_id] = ShardLedger()
-        if len(rows):
+        for rows in pieces:
+            if not len(rows):
+                continue
             held = rows.held_bytes()
             state.pending.append(rows)
             state.held.append(held)

@@ -34,7 +34,7 @@ A batch of records at 7, 8 and 9 (``rows``: a row for 7 at 1_500, two for 9 with
 event time given), then one at 10 given 61_000, of a shard with no parents::
 
     ordering = Ordering(window_ms=60_000, blocks=lambda parent, now: False, parents_of=lambda s: ())
-    kept = ordering.add("s0", rows, last=Position(9..), now=now)   # times [1_500, 1_500, 1_500]:
+    [kept] = ordering.add("s0", rows, last=Position(9..), now=now) # times [1_500, 1_500, 1_500]:
                                                                    # a running maximum
     ordering.add("s0", more, last=Position(10..), now=now)         # times [61_000]
     ordering.close(until=59_000)      # []: the watermark has not passed 60_000 yet
@@ -148,8 +148,12 @@ class Ordering:
         them are late now, so a window id is never committed twice."""
         self.closed_until = max(self.closed_until, committed_end)
 
-    def add(self, shard_id: str, rows: RowBatch, last: Position | None, now: float) -> RowBatch:
-        """One processed batch's rows; returns the rows kept, their times clamped."""
+    def add(self, shard_id: str, rows: RowBatch, last: Position | None, now: float,
+            keep: Callable[[RowBatch], RowBatch] | None = None) -> list[RowBatch]:
+        """One processed batch's rows; returns the rows kept, their times clamped, in
+        pieces: one, or one a window, each in buffers of its own, for a batch whose rows
+        span windows (``pieces``). ``keep`` says how each piece is kept (the
+        coordinator's: in memory, or spilled to a file past its cap)."""
         state = self.shard(shard_id)
         high = state.high
         if high is not None and len(rows) and rows.lowest() <= high:
@@ -159,13 +163,34 @@ class Ordering:
         if last is not None and (high is None or last > high):
             state.high = last
         if not len(rows):
-            return rows
-        rows = self._clamped(state, rows, now)
+            return []
+        pieces = self._pieces(self._clamped(state, rows, now))
+        if keep is not None:
+            pieces = list(map(keep, pieces))
         if state.held or self._blocked(shard_id, now):
-            state.held.append(rows)
+            state.held.extend(pieces)
         else:
-            self._enqueue(shard_id, self._after_parents(shard_id, rows))
-        return rows
+            for piece in pieces:
+                self._enqueue(shard_id, self._after_parents(shard_id, piece))
+        return pieces
+
+    def _pieces(self, rows: RowBatch) -> list[RowBatch]:
+        """A batch whose rows span windows as one piece a window, each copied into
+        buffers of its own (``RowBatch.compact``), so that a window's commit lets go of
+        its rows' memory; were the pieces slices, the batch's buffers would be held
+        whole until its last window commits, some two rounds of every shard's batches
+        when batches straddle window ends. Times are sorted (clamped)."""
+        import numpy as np
+
+        times = rows.times
+        if self.window.end(int(times[0])) > times[-1]:
+            return [rows]  # one window: kept as it is
+        pieces, i = [], 0
+        while i < len(times):
+            j = int(np.searchsorted(times, self.window.end(int(times[i]))))
+            pieces.append(rows[i:j].compact())
+            i = j
+        return pieces
 
     def _clamped(self, state: ShardOrder, rows: RowBatch, now: float) -> RowBatch:
         """Event times as a running maximum from the shard's last (a row without one

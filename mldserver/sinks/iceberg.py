@@ -77,6 +77,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ..base.config import Settings, state_path
+from ..base.durable import empty_dir
 from ..base.handoff import Committed, Window
 from ..errors import ConfigError, MldserverError
 from ..base.logs import get_logger
@@ -257,10 +258,7 @@ class IcebergSink:
                 table = self._load(catalog)
             self._adopt(table)
         if self.spark is not None:
-            import shutil
-
-            shutil.rmtree(self.inputs, ignore_errors=True)
-            self.inputs.mkdir(parents=True, exist_ok=True)
+            empty_dir(self.inputs)
         log.info("table_opened", table=".".join(self.identifier), exists=table is not None,
                  server=self.server_id, stream=self.stream)
 

@@ -4,7 +4,9 @@ committed exactly once.
 
 Here, on the server's side, a window's rows (JSON lines, in merged order) become an
 Arrow table (``schema.py``: pyarrow's JSON reader on the window's buffer as it is, in a
-thread) written to ``<state-dir>/spark/windows/<id>.parquet``; the Spark process reads
+thread) written to ``<state-dir>/spark/windows/<id>.parquet`` (plain: no compression,
+no dictionaries, as it is read once; Spark's own reader takes a 100,000-row window in
+less time than ``createDataFrame`` of the same Arrow table); the Spark process reads
 that file into a DataFrame, runs the pipeline, publishes ``DIR/window=<id>/`` and
 appends ``DIR/_commits/<id>.json`` (``sinks/commitlog.py``)::
 
@@ -15,12 +17,22 @@ appends ``DIR/_commits/<id>.json`` (``sinks/commitlog.py``)::
 Readers (``spark.read.parquet(DIR)``, pyarrow datasets) skip names starting with
 ``_``. Rows that do not fit the schema are dead-lettered with the error
 (``<state-dir>/dead-letters/rows.jsonl``) and the rest of the window goes on.
+
+When several windows closed at once, the coordinator says which comes next
+(``prepare``, ``base/handoff.py``): its Arrow file is written, in a thread, while the
+Spark process commits the window in front of it (the file is an input, not output:
+nothing is published before its own commit, and commits stay one at a time, in
+order)::
+
+    sink.prepare(w2)        # noted
+    await sink.commit(w1)   # w1's file written; w2's begins; Spark commits w1
+    await sink.commit(w2)   # w2's file is ready (or is awaited): Spark commits w2
 """
 
 from __future__ import annotations
 
 import asyncio
-import shutil
+import time
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -28,6 +40,7 @@ import pyarrow.parquet as pq
 from ..base.config import Settings, state_path
 from ..base.handoff import Committed, Window
 from ..base.deadletters import DeadLetters
+from ..base.durable import empty_dir
 from ..base.logs import get_logger
 from ..base.commitlog import CommitLog
 from .schema import declared, load, rows_to_table, save
@@ -47,23 +60,41 @@ class SparkSink:
         self.schema_path = directory / "_schema.arrow"
         self.schema = declared(settings.schema)  # a ConfigError before the server binds
         self.rows_out = 0
+        self._next: Window | None = None  # prepare's window: its file is begun once the one in front is handed over
+        self._inputs: dict[str, asyncio.Future[list[tuple[bytes, str]]]] = {}  # window id -> its file being written
 
     async def start(self) -> Committed:
         def prepare() -> Committed:
-            shutil.rmtree(self.inputs, ignore_errors=True)
-            self.inputs.mkdir(parents=True, exist_ok=True)
+            empty_dir(self.inputs)
             if self.schema is None:
                 self.schema = load(self.schema_path)
             return self.commit_log.read()
 
         return await asyncio.to_thread(prepare)
 
+    def prepare(self, window: Window) -> None:
+        """``window`` is committed after the one committing next: its file is written
+        while Spark commits that one."""
+        self._next = window
+
     async def commit(self, window: Window) -> None:
-        path = self.inputs / f"{window.id}.parquet"
-        if not path.exists():  # a retry after a failed attempt reuses the file
-            rejected = await asyncio.to_thread(self._write_input, window, path)
+        started = time.perf_counter()
+        path = self._input_path(window)
+        written = self._inputs.pop(window.id, None)
+        if written is None and not path.exists():  # a retry after a failed attempt reuses the file
+            written = asyncio.ensure_future(asyncio.to_thread(self._write_input, window, path))
+        if written is not None:
+            rejected = await written
             if rejected:
                 await self.dead_letters.rejected_rows(window.id, rejected, "row does not fit the schema", log)
+        upcoming, self._next = self._next, None
+        if upcoming is not None and upcoming.id not in self._inputs and upcoming is not window:
+            # Begun now, not at prepare: two files written at once only slow this one down.
+            ahead = asyncio.ensure_future(asyncio.to_thread(self._write_input, upcoming, self._input_path(upcoming)))
+            # Its commit awaits it (and raises what it raised); if none comes (the server
+            # stops first), a failure is not reported as never retrieved.
+            ahead.add_done_callback(lambda f: f.cancelled() or f.exception())
+            self._inputs[upcoming.id] = ahead
         request: CommitRequest = {
             "op": "commit",
             "path": str(path),
@@ -76,11 +107,18 @@ class SparkSink:
                 "positions": {shard_id: p.to_json() for shard_id, p in window.positions.items()},
             },
         }
+        handed_over = time.perf_counter()
         reply = await self.spark.request(request)
+        # input_ms: its file written, or waited for (near 0 when prepared ahead); spark_ms: the job and commit there
+        log.debug("window_handed_over", window=window.id, input_ms=round((handed_over - started) * 1000, 1),
+                  spark_ms=reply.get("spark_ms"))
         await asyncio.to_thread(path.unlink, True)
         self.rows_out += reply.get("rows_out") or 0
         if reply.get("already"):
             log.info("window_already_committed", window=window.id)
+
+    def _input_path(self, window: Window) -> Path:
+        return self.inputs / f"{window.id}.parquet"
 
     def _write_input(self, window: Window, path: Path) -> list[tuple[bytes, str]]:
         table, rejected = rows_to_table(window.rows, self.schema)
@@ -89,6 +127,8 @@ class SparkSink:
             save(table.schema, self.schema_path)
             log.info("schema_inferred", window=window.id, schema=str(table.schema).replace("\n", "; "))
         tmp = path.with_name(f"_{path.name}")
-        pq.write_table(table, tmp, compression="none")
+        # Read once, by Spark, then deleted: no compression, no dictionaries to build
+        # (some 20 ms less a 100,000-row window, and Spark reads it no slower).
+        pq.write_table(table, tmp, compression="none", use_dictionary=False)
         tmp.replace(path)
         return [(window.rows[i], error) for i, error in rejected]

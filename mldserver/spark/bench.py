@@ -32,7 +32,7 @@ def bare_handoff(work: Path, table: Any, windows: int) -> float:
         started = time.perf_counter()
         for w in range(windows):
             path = work / f"in-{w}.parquet"
-            pq.write_table(table, path, compression="none")
+            pq.write_table(table, path, compression="none", use_dictionary=False)  # as the sink writes it
             spark.read.schema(spark_schema).parquet(str(path)).write.parquet(str(work / f"out-{w}"))
         return windows * table.num_rows / (time.perf_counter() - started)
     finally:

@@ -148,6 +148,27 @@ async def test_shards_in_step_go_on_one_at_a_time_over_the_cap(settings, tmp_pat
         await c.stop()
 
 
+async def test_rows_past_the_memory_cap_wait_in_files_and_commit_as_they_were(settings, tmp_path):
+    """The holder must go on for a window to close, whatever memory it takes: what
+    lands past max_buffered_bytes is spilled, so the memory buffered never passes it."""
+    clock = FakeClock(1_000)
+    cap = 3 * items(1, [1_000] * 100).held_bytes()
+    c = await started(settings.replace(max_buffered_bytes=cap), tmp_path, clock)
+    try:
+        await c.open_shard("A", "TRIM_HORIZON")
+        for b in range(6):  # six batches of 100 rows in one window: twice the cap
+            c.add_batch("A", items(100 * b + 1, [1_000 + b] * 100), position(100 * b + 100), 100)
+            assert c.ledger.bytes <= cap
+        assert c.spill.bytes > 0 and c.ledger.rows == 600
+        c.add_batch("A", items(601, [MINUTE + 1]), position(601), 100)  # the window closes
+        assert await c.step() == 1
+        assert output(tmp_path / "out") == {"0-60000.jsonl": list(range(1, 601))}
+        assert c.ledger.safe("A") == position(600) and c.ledger.bytes < cap
+    finally:
+        await c.stop()
+    assert list((tmp_path / "state" / "spill").iterdir()) == []
+
+
 async def test_spooled_rows_of_an_ended_shard_are_replayed_after_a_restart_then_deleted(settings, tmp_path):
     clock = FakeClock(1_000)
     c = await started(settings, tmp_path, clock)
@@ -234,6 +255,38 @@ async def test_a_sink_error_that_is_not_retriable_ends_the_committer_and_stop_ra
     with pytest.raises(TypeError, match="a bug in the sink"):
         await c.stop()
     assert c.tasks == []
+
+
+class Preparing(FileSink):
+    """The file sink, noting each ``prepare`` and ``commit`` in the order it is told."""
+
+    def __init__(self, directory):
+        super().__init__(directory)
+        self.calls = []
+
+    def prepare(self, window):
+        self.calls.append(("prepare", window.id))
+
+    async def commit(self, window):
+        self.calls.append(("commit", window.id))
+        await super().commit(window)
+
+
+async def test_windows_closed_at_once_commit_in_order_each_prepared_while_the_one_before_commits(
+    settings, tmp_path
+):
+    clock = FakeClock(1_000)
+    sink = Preparing(tmp_path / "out")
+    c = await started(settings, tmp_path, clock, sink)
+    try:
+        await c.open_shard("A", "TRIM_HORIZON")
+        c.add_batch("A", items(1, [1_000, 61_000, 121_000, 181_000]), position(4), 100)
+        assert await c.step() == 3
+        w0, w1, w2 = "0-60000", "60000-120000", "120000-180000"
+        assert sink.calls == [("prepare", w1), ("commit", w0), ("prepare", w2), ("commit", w1), ("commit", w2)]
+        assert output(tmp_path / "out") == {f"{w}.jsonl": [n] for n, w in enumerate([w0, w1, w2], 1)}
+    finally:
+        await c.stop()
 
 
 # -- shards gone from here are forgotten ---------------------------------------------------

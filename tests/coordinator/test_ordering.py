@@ -43,7 +43,12 @@ def ordering(lineage=None, window_ms=MINUTE):
 
 def add(o, shard_id, first_seq, times, tag=""):
     items = rows(first_seq, times, tag)
-    return o.add(shard_id, items, last(items), now=0)
+    return flat(o.add(shard_id, items, last(items), now=0))
+
+
+def flat(pieces):
+    """The rows ``Ordering.add`` kept, one by one across its pieces."""
+    return [item for piece in pieces for item in piece]
 
 
 def contents(closed):
@@ -203,7 +208,7 @@ def test_windows_close_in_order_only_when_the_watermark_passes_their_end():
 def test_rows_without_event_time_take_the_shards_last_time_or_now():
     o = ordering()
     items = rows(1, [None, 5000, None])
-    kept = o.add("A", items, last(items), now=4000)
+    kept = flat(o.add("A", items, last(items), now=4000))
     assert [r.time for r in kept] == [4000, 5000, 5000]
 
 
@@ -222,7 +227,7 @@ def test_duplicates_among_rows_out_of_record_order_are_dropped_by_position():
     o = ordering()
     o.delivered("A", Position.parse("11"))  # a checkpoint at 11: 10 and 11 were delivered
     records = [Position.parse(str(s)) for s in (10, 11, 12, 13)]
-    kept = o.add("A", emitted(records, [2, 0, 3, 1]), records[-1], now=0)
+    kept = flat(o.add("A", emitted(records, [2, 0, 3, 1]), records[-1], now=0))
     assert [r.position.seq for r in kept] == [12, 13] and o.duplicates == 2
 
 
@@ -237,15 +242,30 @@ def test_a_batch_split_by_a_closed_window_hands_its_late_rows_with_its_next_wind
     assert contents(window) == [("B", 1), ("B", 2), ("B", 3)]
 
 
-def test_each_shards_rows_are_cut_from_its_queue_without_a_copy():
+def test_a_batch_within_one_window_is_cut_from_its_queue_without_a_copy():
     o = ordering()
-    batch = rows(1, [1000, 61_000, 62_000], "A")
+    batch = rows(1, [1000, 2000, 3000], "A")
     o.add("A", batch, last(batch), now=0)
-    [first] = o.close(until=MINUTE)
-    [part] = first.parts["A"]
-    assert part.body is batch.body and len(part) == 1
-    [rest] = o.shards["A"].queue
-    assert rest.body is batch.body and rest.times.tolist() == [61_000, 62_000]
+    [window] = o.close(until=MINUTE)
+    [part] = window.parts["A"]
+    assert part.body is batch.body and len(part) == 3
+
+
+def test_a_batch_spanning_windows_comes_apart_in_one_piece_a_window_each_in_buffers_of_its_own():
+    o = ordering()
+    batch = rows(1, [1000, 61_000, 62_000, 125_000], "A")
+    pieces = o.add("A", batch, last(batch), now=0)
+    assert [p.times.tolist() for p in pieces] == [[1000], [61_000, 62_000], [125_000]]
+    assert [[r.position.seq for r in p] for p in pieces] == [[1], [2, 3], [4]]
+    assert [p.row(0) for p in pieces] == [batch.row(0), batch.row(1), batch.row(3)]
+    # nothing of the batch is held by a piece: a window's commit lets go of its rows
+    original = [np.frombuffer(batch.body, np.uint8), batch.offsets, batch.times, batch.records]
+    for piece in pieces:
+        for column in (piece.body, piece.offsets, piece.times, piece.records):
+            assert not any(np.shares_memory(np.asarray(column), o) for o in original)
+    assert sum(p.held_bytes() for p in pieces) < 2 * batch.held_bytes()
+    [first, second] = o.close(until=2 * MINUTE)
+    assert [first.parts["A"][0], second.parts["A"][0]] == pieces[:2]  # cut as they are
 
 
 def test_a_dropped_shard_leaves_the_windows_and_comes_back_with_only_its_committed_rows_duplicates():
@@ -257,7 +277,7 @@ def test_a_dropped_shard_leaves_the_windows_and_comes_back_with_only_its_committ
     [first, second] = ordering.close(until=float("inf"))
     assert contents(first) + contents(second) == [("a", 1), ("a", 2)]
     again = rows(100, [2_000, 3_000], "b")  # delivered again after the lease came back
-    kept = ordering.add("B", again, last(again), now=0)
+    kept = flat(ordering.add("B", again, last(again), now=0))
     assert [r.position.seq for r in kept] == [101] and ordering.duplicates == 1
 
 

@@ -10,6 +10,7 @@ import os
 import signal
 from collections import Counter
 
+import orjson
 import pyarrow.dataset as ds
 import pytest
 
@@ -183,3 +184,80 @@ async def test_a_spark_process_that_cannot_start_again_shuts_the_server_down_in_
              "spark_stopped", "stopped"]
     assert [names.index(name) for name in order] == sorted(names.index(name) for name in order)
     assert "broken deploy" in server.stderr_path.read_text()  # the CLI's one line
+
+
+async def test_windows_prepared_ahead_commit_once_in_window_order_across_spark_process_sigkills(tmp_path, monkeypatch):
+    """The coordinator's way with windows closed at once: ``prepare`` the next, commit
+    one at a time in order, retry a retriable failure. The next window's file is
+    written while the one in front commits; the Spark process is SIGKILLed in the
+    middle of two commits (one with a prepared window behind it): every window is
+    committed once, in window order, with all its rows."""
+    from mldserver.base.commitlog import CommitLog
+    from mldserver.base.config import Settings
+    from mldserver.base.deadletters import DeadLetters
+    from mldserver.base.handoff import JsonLines, Window
+    from mldserver.base.positions import Position
+    from mldserver.errors import retriable
+    from mldserver.sinks.parquet import SparkSink
+    from mldserver.spark.process import SparkError, SparkProcess
+
+    from ..harness import eventually
+
+    marks, out = tmp_path / "marks", tmp_path / "out"
+    monkeypatch.setenv("MLDSERVER_TEST_MARKS", str(marks))
+    monkeypatch.setenv("MLDSERVER_TEST_SLEEP", "1.5")
+    settings = Settings(handler="x:y", state_dir=str(tmp_path / "state"), pipeline="tests.spark.pipelines:slow")
+    spark = SparkProcess(settings, sink_dir=out)
+    sink = SparkSink(settings, spark, out, DeadLetters(tmp_path / "dead-letters"))
+
+    def window(n: int) -> Window:
+        seqs = range(n * 100, n * 100 + 25 + n)
+        rows = [b'{"shard_id":"s0","sequence_number":"%d","n":%d}' % (s, n) for s in seqs]
+        return Window(n * 1000, (n + 1) * 1000, JsonLines.of(rows), 0, {"s0": Position(seqs[-1], 0, str(seqs[-1]))})
+
+    windows = [window(n) for n in range(1, 6)]
+
+    async def committer() -> None:
+        for i, w in enumerate(windows):
+            if i + 1 < len(windows):
+                sink.prepare(windows[i + 1])
+            while True:
+                try:
+                    await sink.commit(w)
+                    break
+                except SparkError as exc:
+                    assert retriable(exc)
+                    await asyncio.sleep(0.1)
+
+    def commits_under_way(w: Window, pid: int) -> bool:
+        return (marks / f"{w.id}-{pid}").exists()
+
+    await spark.start()
+    try:
+        await sink.start()
+        task = asyncio.ensure_future(committer())
+        pid = spark._proc.pid
+        await eventually(lambda: commits_under_way(windows[0], pid), timeout=60, what="window 1 in Spark")
+        # window 2's file is written while window 1 is still in Spark
+        await eventually(lambda: (sink.inputs / f"{windows[1].id}.parquet").exists(), timeout=10,
+                         what="window 2's file, prepared ahead")
+        assert not CommitLog(out).path(windows[0].id).exists()
+        os.kill(pid, signal.SIGKILL)
+        await eventually(lambda: spark.state == "up" and spark._proc.pid != pid, timeout=90, what="a new Spark process")
+        pid = spark._proc.pid
+        await eventually(lambda: commits_under_way(windows[2], pid), timeout=60, what="window 3 in Spark")
+        os.kill(pid, signal.SIGKILL)
+        await asyncio.wait_for(task, 180)
+    finally:
+        await spark.stop()
+
+    log = CommitLog(out)
+    entries = [orjson.loads(log.path(w.id).read_bytes()) for w in windows]
+    assert [e["window"] for e in sorted(entries, key=lambda e: e["committed_at"])] == [w.id for w in windows]
+    assert sorted(p.name for p in log.directory.iterdir()) == sorted(f"{w.id}.json" for w in windows)
+    counts = committed_rows(out)
+    assert max(counts.values()) == 1
+    assert set(counts) == {("s0", str(s)) for w in windows for s in range(w.start // 10, w.start // 10 + len(w))}
+    assert [e["rows_out"] for e in entries] == [len(w) for w in windows]
+    assert len([m for m in marks.iterdir() if m.name.startswith(windows[0].id)]) == 2  # killed, then again
+    assert not any(sink.inputs.iterdir())  # every input file removed once its window committed

@@ -13,9 +13,9 @@ duplicate) covering 10 s of event time: one window per batch, closing as the run
 goes. Reported: rows/s for both and the cost; the CPU the server used a row, its
 handler processes included (steadier than rows/s on a machine shared with other
 work); and the largest memory the coordinator used: its buffered rows as the ledger
-counts them (the memory they hold) against ``max_buffered_bytes``, which they must stay
-under, and the peak PSS of the server and its handler processes against the
-no-pipeline server's.
+counts them (the memory they hold) against ``max_buffered_bytes``, which they stay
+under (what lands past it is spilled to files: how much is reported), and the peak PSS
+of the server and its handler processes against the no-pipeline server's.
 """
 
 from __future__ import annotations
@@ -39,9 +39,10 @@ def committed_rows(log: Path) -> int:
 
 
 async def run_one(name: str, k: int, batch_lines: list, tmp: str,
-                  workers: int | None = None) -> tuple[float, float, int, int | None]:
+                  workers: int | None = None) -> tuple[float, float, int, int | None, int | None]:
     """rows/s, the server's CPU microseconds a row (with its handler processes), its
-    peak PSS (KiB, the same), and the coordinator's peak buffered bytes."""
+    peak PSS (KiB, the same), the coordinator's peak buffered bytes and the bytes of
+    rows it spilled to files past the cap."""
     state = os.path.join(tmp, f"coord-{name}-{k}-{workers}")
     log = Path(state) / "server.log"
     extra = ["--log-file", str(log), "--log-level", "info"]
@@ -75,11 +76,12 @@ async def run_one(name: str, k: int, batch_lines: list, tmp: str,
     finally:
         server.terminate()
         server.wait(30)
-    peak = None
+    peak = spilled = None
     for line in log.read_bytes().splitlines():
         if b'"coordinator_stopped"' in line:
-            peak = orjson.loads(line)["peak_bytes"]
-    return total / seconds, cpu / total * 1e6, sampler.peak.get("server", 0), peak
+            stopped = orjson.loads(line)
+            peak, spilled = stopped["peak_bytes"], stopped["spilled_bytes"]
+    return total / seconds, cpu / total * 1e6, sampler.peak.get("server", 0), peak, spilled
 
 
 async def run(shard_counts: list[int], quick: bool, tmp: str, workers: list[int | None] | None = None) -> None:
@@ -88,13 +90,14 @@ async def run(shard_counts: list[int], quick: bool, tmp: str, workers: list[int 
     cap = Settings.max_buffered_bytes / 2**20
     print(f"\ncoordinator: batches of {RECORDS:,} records x {SIZE} B, passthrough handler, direct TCP")
     print(f"  {'workers':>7} {'K':>4} {'no pipeline rows/s':>19} {'file sink rows/s':>17} {'cost':>7} "
-          f"{'CPU us/row (none / sink)':>25} {'peak buffered / cap':>20} {'server PSS (none / sink)':>25}")
+          f"{'CPU us/row (none / sink)':>25} {'peak buffered / cap':>20} {'spilled':>10} {'server PSS (none / sink)':>25}")
     for k in shard_counts:
         batches = 2 if quick else max(2, 120 // k)
         batch_lines = lines(batches)
         for w in workers or [None]:
-            bare, bare_cpu, bare_pss, _ = await run_one("no pipeline", k, batch_lines, tmp, w)
-            sink, sink_cpu, sink_pss, peak = await run_one("file sink", k, batch_lines, tmp, w)
+            bare, bare_cpu, bare_pss, _, _ = await run_one("no pipeline", k, batch_lines, tmp, w)
+            sink, sink_cpu, sink_pss, peak, spilled = await run_one("file sink", k, batch_lines, tmp, w)
             print(f"  {'-' if w is None else w:>7} {k:4d} {bare:19,.0f} {sink:17,.0f} {100 * (1 - sink / bare):+6.1f}% "
                   f"{bare_cpu:16.2f} / {sink_cpu:.2f} {(peak or 0) / 2**20:9.1f} / {cap:.0f} MiB "
+                  f"{(spilled or 0) / 2**20:6.1f} MiB "
                   f"{bare_pss / 1024:11.1f} / {sink_pss / 1024:.1f} MiB")
