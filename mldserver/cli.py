@@ -83,7 +83,7 @@ def _parser():
 
     bench = sub.add_parser("bench", help="throughput and memory against amazon_kclpy, in one run")
     bench.add_argument("--shards", type=int, nargs="+", default=[1, 32],
-                       help="relay part: shard counts to run, each a row (default 1 32)")
+                       help="relay and kclpy parts: shard counts to run, each a row (default 1 32)")
     bench.add_argument("--batches", type=int, default=None, help="batches per shard (default: by load)")
     bench.add_argument("--load", nargs="+", default=["10000x100", "1000x1024"], help="RECORDSxBYTES per batch")
     bench.add_argument("--quick", action="store_true", help="a short run (for tests)")
@@ -93,9 +93,11 @@ def _parser():
     bench.add_argument("--workers", type=int, nargs="+", default=None,
                        help="handler processes of the servers measured, side by side (default: the default and 0)")
     bench.add_argument("--part", choices=["all", "relay", "coordinator", "spark", "changes", "timers", "table",
-                                          "chaos"],
+                                          "kclpy", "chaos"],
                        default="all",
-                       help="relay: against amazon_kclpy; coordinator: with a sink against none; "
+                       help="relay: against amazon_kclpy; kclpy: amazon_kclpy's sample processor behind "
+                            "mldserver against the same class under KCLProcess; "
+                            "coordinator: with a sink against none; "
                             "spark: end to end into Spark against the bare handoff; "
                             "changes: a ChangeHandler against a batch Handler decoding by hand; "
                             "timers: durable timers created and fired per second, and the store's memory; "

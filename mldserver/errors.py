@@ -80,3 +80,10 @@ class SparkProcessDied(SparkError):
 class ServerCrashed(MldserverError):
     """A task the server owns died (logged as ``task_crashed``); the server shut down
     in order and the CLI exits 1 so that systemd starts it again."""
+
+
+class ExecutionTimeout(BaseException):
+    """Raised in a handler's code that blocks past ``execution_timeout``: where it blocks
+    its handler process's loop (the server's SIGUSR2, ``pool/child.py``), or in the
+    thread an amazon_kclpy processor runs in (``api/kclpy/thread.py``). Not an
+    Exception: a handler's ``except Exception`` lets it pass."""

@@ -39,6 +39,8 @@ def test_bench_prints_every_variant_side_by_side(tmp_path):
     for workers in (2, 0):  # the handler processes and the server's own loop, side by side
         assert re.search(rf"--workers {workers}, K=2: relay cost [-+][\d.]+% .*; memory per shard", out.stdout)
     assert re.search(r"relay start-up: \d+ ms", out.stdout)
+    # the kclpy part: amazon_kclpy's sample behind mldserver beside KCLProcess (test_bench_kclpy.py)
+    assert re.search(r"--workers 2, K=2: [\d.]+x amazon_kclpy's records/s", out.stdout), out.stdout
     for workers in (2, 0):  # the changes part: a ChangeHandler beside the batch Handler decoding by hand
         assert re.search(rf"^\s+{workers}\s+1 by hand\s+[\d,]+\s+[\d.]+$", out.stdout, re.M), out.stdout
         assert re.search(rf"^\s+{workers}\s+1 ChangeHandler\s+[\d,]+\s+[\d.]+x\s+[\d.]+\s+[\d.]+x$", out.stdout,

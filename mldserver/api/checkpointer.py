@@ -14,7 +14,12 @@ sub-sequence number that is not an int, raises ``CheckpointError``
 Each call is one round trip: the checkpoint line goes to the daemon, and the daemon's
 reply comes back before anything else happens on the shard. ``ThrottlingException``
 and ``KinesisClientLibDependencyException`` are retried with jittered exponential
-backoff within a budget; every other error raises ``CheckpointError`` at once.
+backoff within a budget; every other error raises ``CheckpointError`` at once. With
+``retry=False`` the call is one round trip whatever the answer, for a caller with a
+retry loop of its own (an amazon_kclpy processor, ``api/kclpy``)::
+
+    await checkpointer.checkpoint(r.sequence_number, r.sub_sequence_number, retry=False)
+    # CheckpointError("ThrottlingException") on the daemon's first refusal
 After a ``ShutdownException`` (lease lost) later calls fail without asking the daemon.
 
 With an explicit sequence number and no sub-sequence number, the highest sub-sequence
@@ -101,7 +106,8 @@ class Checkpointer:
         known, or no progress kept)."""
         return None if self._progress is None else self._progress.stored
 
-    async def checkpoint(self, sequence_number: str | None = None, sub_sequence_number: int | None = None) -> None:
+    async def checkpoint(self, sequence_number: str | None = None, sub_sequence_number: int | None = None, *,
+                         retry: bool = True) -> None:
         if self.closed:
             raise CheckpointError(
                 "InvalidStateException", _text(sequence_number), None,
@@ -151,7 +157,7 @@ class Checkpointer:
             error = CheckpointError(reply.error, sequence_number, sub_sequence_number)
             if reply.error == "ShutdownException":
                 self.lease_lost = True
-            if not error.retriable:
+            if not error.retriable or not retry:
                 self._refused(error, None)
             delay = self._backoff.delay(attempt)
             attempt += 1

@@ -20,6 +20,11 @@ A handler is refused with a ``ConfigError`` that names it when:
   that takes no context, a missing environment variable): the instance made here is
   dropped, and the server makes one per shard later. A factory function's product is
   checked like a class.
+
+An amazon_kclpy processor class arrives here wrapped (``api/loading.py``, ``api/kclpy``):
+its callbacks are synchronous by design, and its constructor is called with no
+arguments; a class with synchronous callbacks that does not subclass one of
+amazon_kclpy's bases is told so.
 """
 
 from __future__ import annotations
@@ -73,6 +78,9 @@ def check_class(cls: type) -> None:
                           f"and define async def process_records(self, batch, checkpointer)")
     error = not_async(cls)
     if error is not None:
+        if not issubclass(cls, Handler):
+            error += (" (an amazon_kclpy processor runs unchanged when it subclasses amazon_kclpy's "
+                      "RecordProcessorBase: amazon_kclpy.v3.processor, amazon_kclpy.v2.processor or amazon_kclpy.kcl)")
         raise ConfigError(error)
 
 
@@ -86,6 +94,10 @@ def check_handler(factory: Any, context: Any, spec: str = "") -> Any:
         instance = factory(context)
     except Exception as exc:
         what = spec or _name(factory)
+        if hasattr(factory, "processor_class"):  # an amazon_kclpy processor, wrapped
+            raise ConfigError(
+                f"handler {what}: {_name(factory)}() failed at start-up: {type(exc).__name__}: {exc} "
+                f"(the server builds one per shard with no arguments, as KCLProcess's script does)") from exc
         raise ConfigError(
             f"handler {what}: {_name(factory)}(context) failed at start-up: {type(exc).__name__}: {exc} "
             f"(the server calls it once per shard with the server context; a class takes it in "
@@ -103,7 +115,8 @@ def emits(cls: type) -> bool:
     def calls(code: Any) -> bool:
         return "emit" in code.co_names or any(calls(c) for c in code.co_consts if inspect.iscode(c))
 
-    return any(calls(f.__code__) for klass in cls.__mro__ if klass not in (object, Handler, ChangeHandler)
+    classes = cls.__mro__ + getattr(cls, "processor_class", object).__mro__  # (an amazon_kclpy processor's)
+    return any(calls(f.__code__) for klass in classes if klass not in (object, Handler, ChangeHandler)
                for f in vars(klass).values() if inspect.isfunction(f))  # (an override's super() too)
 
 

@@ -40,13 +40,17 @@ class FailureGuard:
         self._checkpointer = checkpointer
         self._batch = batch
 
-    async def checkpoint(self, sequence_number: str | None = None, sub_sequence_number: int | None = None) -> None:
+    async def checkpoint(self, sequence_number: str | None = None, sub_sequence_number: int | None = None, *,
+                         retry: bool = True) -> None:
         if self._batch.failed:
             held = held_at(self._batch, sequence_number, sub_sequence_number)
             if held is None:
                 return  # nothing before the first failed record is new in this batch
             sequence_number, sub_sequence_number = held
-        await self._checkpointer.checkpoint(sequence_number, sub_sequence_number)
+        if retry:
+            await self._checkpointer.checkpoint(sequence_number, sub_sequence_number)
+        else:
+            await self._checkpointer.checkpoint(sequence_number, sub_sequence_number, retry=False)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._checkpointer, name)

@@ -61,6 +61,12 @@ class Record:
         return self._data
 
     @property
+    def raw(self) -> Any:
+        """The daemon's JSON object for this record, as it arrived: a dict, or in a handler
+        process a read-only mapping over the line (``[key]``, ``get``), read when asked."""
+        return self._raw
+
+    @property
     def raw_data(self) -> str | None:
         """``data`` as the daemon sent it (base64), or None for a de-aggregated record."""
         return self._raw.get("data")
@@ -251,7 +257,9 @@ class Batch:
         self.shard = shard
         self.rows = rows  # what emit collected, or None when nothing collects rows
         # The daemon's processRecords line, when ``records`` are its records one for one
-        # (a handler process decodes them from it; nothing is encoded again).
+        # (a handler process decodes them from it; nothing is encoded again). In a handler
+        # process, a handler that says ``parses_line`` gets the line alone (``records``
+        # empty until it reads them from it: an amazon_kclpy processor, ``api/kclpy``).
         self.line: bytes | None = None
         # batch.fail: the index of each failed record -> (error, attempts)
         self.failed: dict[int, tuple[str, int]] | None = None

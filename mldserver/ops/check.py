@@ -42,6 +42,7 @@ from . import properties as daemon_properties
 from ..base.config import Settings
 from ..api.context import Context
 from ..api.checks import check_handler, emits
+from ..api.loading import load_handler
 from ..base.importer import import_from_string
 
 
@@ -69,9 +70,13 @@ def handler(given: Given) -> tuple[str, str] | None:
     spec = given.settings.handler
     if not spec:
         return None  # checking only --properties
-    factory = import_from_string(spec, "handler")
+    factory = load_handler(spec)
     handler = check_handler(factory, Context(given.settings), spec)  # as each handler process does at start-up
-    return "handler", f"{spec} ({_kind(factory)}; its callbacks and constructor checked)" + (
+    version = getattr(factory, "api_version", None)
+    kind = (f"{_kind(factory)}; its callbacks and constructor checked" if version is None  # (else wrapped:)
+            else f"an amazon_kclpy v{version} processor class: one per shard, built with no arguments, "
+                 f"its calls in a thread of the shard's own")
+    return "handler", f"{spec} ({kind})" + (
         "; it emits rows, but no sink keeps them: add --sink" if emits(type(handler)) and not given.settings.sink
         else "")
 

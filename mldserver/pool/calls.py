@@ -406,7 +406,8 @@ class ProcessCalls(Calls):
         if cp is None:
             return {"error": "InvalidStateException", "detail": "no checkpointer here"}
         try:
-            await cp.checkpoint(message.get("sequence_number"), message.get("sub_sequence_number"))
+            await cp.checkpoint(message.get("sequence_number"), message.get("sub_sequence_number"),
+                                retry=message.get("retry", True) is not False)
         except CheckpointError as exc:
             return {"error": exc.error, "sequence_number": exc.sequence_number,
                     "sub_sequence_number": exc.sub_sequence_number}

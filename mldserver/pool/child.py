@@ -60,9 +60,9 @@ from typing import Any
 
 from ..base.config import Settings
 from ..api.context import Context
-from ..errors import CheckpointError, ConfigError
+from ..errors import CheckpointError, ConfigError, ExecutionTimeout  # (ExecutionTimeout: named here too)
 from ..api.failures import FailureGuard
-from ..base.importer import import_from_string
+from ..api.loading import load_handler
 from ..base.logs import configure, get_logger
 from ..base.malloc import large_buffers_from_mmap
 from ..base.pieces import PieceReader
@@ -78,11 +78,6 @@ from .arena import ArenaView
 from .frames import BEAT, BEAT_AT, RUN, STATE_SIZE, STOP, STOP_AT, WATCH_INTERVAL, CallFrame, StartFrame, encode, encode_head, encode_rows, read_frame_async, records_from
 
 log = get_logger("mldserver.handler")
-
-
-class ExecutionTimeout(BaseException):
-    """Raised in a handler's code that blocks the loop past ``execution_timeout`` (the
-    server's SIGUSR2). Not an Exception: a handler's ``except Exception`` lets it pass."""
 
 
 class Running:
@@ -148,8 +143,11 @@ class ProxyCheckpointer:
     def __init__(self, proxy: Proxy) -> None:
         self._proxy = proxy
 
-    async def checkpoint(self, sequence_number: str | None = None, sub_sequence_number: int | None = None) -> None:
+    async def checkpoint(self, sequence_number: str | None = None, sub_sequence_number: int | None = None, *,
+                         retry: bool = True) -> None:
         fields: dict[str, Any] = {"sequence_number": sequence_number, "sub_sequence_number": sub_sequence_number}
+        if not retry:
+            fields["retry"] = False  # one round trip: the caller retries (an amazon_kclpy processor)
         call = timer_ops.pending()
         ops = call.take() if call is not None else []
         if ops:  # committed by the server before it asks the daemon
@@ -200,7 +198,7 @@ class Child:
         self.running = Running(self.state + ".run")
         arena = start.get("arena")
         self.arena = ArenaView(*arena) if arena else None  # where a call's line may be
-        self.factory = import_from_string(start["handler"], "handler")
+        self.factory = load_handler(start["handler"])  # (an amazon_kclpy processor class: wrapped)
         self.context = Context(self.settings)
         self.context.bindings = Bindings(self.settings)  # its own client, opened on first use
         from ..base.config import uses_spark
@@ -286,8 +284,13 @@ class Child:
                 raise RuntimeError(f"no handler for shard {info.shard_id} in this process")
             cp = ProxyCheckpointer(Proxy(self, call_id))
             if action == "process_records":
-                batch = Batch(records_from(body, bool(frame.get("line"))), frame.get("millis_behind_latest"), info,
-                              [] if frame.get("collect") else None)
+                if frame.get("line") and getattr(handler, "parses_line", False):
+                    # (an amazon_kclpy processor: its records read from the line when its thread gets to it)
+                    batch = Batch([], frame.get("millis_behind_latest"), info, [] if frame.get("collect") else None)
+                    batch.line = body  # type: ignore[assignment]  (valid until this call's done frame)
+                else:
+                    batch = Batch(records_from(body, bool(frame.get("line"))), frame.get("millis_behind_latest"),
+                                  info, [] if frame.get("collect") else None)
                 coro = handler.process_records(batch, FailureGuard(cp, batch))
             elif action == "initialize":
                 coro = handler.initialize(info)

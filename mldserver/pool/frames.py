@@ -18,6 +18,7 @@ What crosses, and how often (one shard's action is one ``call`` and one ``done``
     child -> server
       {"op":"ready","pid":4242}  or  {"op":"import_failed","error":"Could not import ..."}
       {"op":"checkpoint","id":7,"req":2,"sequence_number":"49..","sub_sequence_number":0}
+      {"op":"checkpoint",...,"retry":false}       (one round trip, no retry: ``checkpoint(retry=False)``)
       {"op":"checkpoint",...,"timers":[["mod:callback","ref",1763719260000,{context}],["mod:callback","ref2"]]}
       {"op":"sql_fetch","id":7,"req":3,"cursor":1,"query":"SELECT ..","params":{},"n":64}
       {"op":"sql_close","id":7,"req":4,"cursor":1}

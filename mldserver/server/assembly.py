@@ -40,7 +40,7 @@ from ..api.context import Context
 from ..coordinator import Coordinator
 from ..base.deadletters import DeadLetters
 from ..api.checks import check_handler, emits
-from ..base.importer import import_from_string
+from ..api.loading import handler_factory, load_handler
 from ..base.logs import get_logger
 from .metrics import Metrics
 from ..base.pausing import Pause
@@ -107,7 +107,7 @@ def build(settings: Settings, factory: Callable[[Any], Any] | None = None, *,
     if factory is None and settings.workers > 0:
         pool = HandlerPool(settings)  # imports the handler in its processes, never here
     else:
-        factory = factory or import_from_string(settings.handler, "handler")
+        factory = handler_factory(factory) if factory is not None else load_handler(settings.handler)
     metrics = Metrics()
     dead_letters = DeadLetters(state_path(settings, "dead-letters"), metrics=metrics)
     firing = None if pool is None else PoolFiring(pool, settings.execution_timeout, get_logger("mldserver.timers"))

@@ -1,6 +1,6 @@
 """``mldserver bench``: what mldserver costs, measured against what it replaces, in one run.
 
-Seven parts, each in its own module, all sharing ``common.py`` (a server in its own
+Eight parts, each in its own module, all sharing ``common.py`` (a server in its own
 process, PSS sampling, the coordinator and Spark parts' batches)::
 
     mldserver bench --part relay         # relay.py: throughput, latency, memory vs amazon_kclpy
@@ -9,6 +9,8 @@ process, PSS sampling, the coordinator and Spark parts' batches)::
     mldserver bench --part changes       # changes.py: a ChangeHandler vs a batch Handler decoding by hand
     mldserver bench --part timers        # timers.py: durable timers created and fired per second, memory
     mldserver bench --part table         # table.py: the iceberg sink vs the parquet sink, position read-back
+    mldserver bench --part kclpy         # kclpy.py: amazon_kclpy's sample processor behind mldserver vs
+                                         #   under amazon_kclpy's KCLProcess: records/s, CPU, memory
     mldserver bench --part chaos         # chaos.py: poisoned batches and SIGKILLed handler processes
                                          #   vs an undisturbed run, and the checks (--duration 300, --seed N)
     mldserver bench                      # every part but chaos (which runs for --duration)
@@ -25,7 +27,7 @@ import tempfile
 
 async def amain(args) -> None:
     shard_counts = [1, 2] if args.quick and args.shards == [1, 32] else args.shards
-    with_kclpy = not args.no_kclpy and args.part in ("all", "relay")
+    with_kclpy = not args.no_kclpy and args.part in ("all", "relay", "kclpy")
     if with_kclpy:
         try:
             import amazon_kclpy  # noqa: F401
@@ -62,6 +64,10 @@ async def amain(args) -> None:
             from . import relay
 
             await relay.run(args, shard_counts, with_kclpy, tmp)
+        if args.part in ("all", "kclpy") and with_kclpy:
+            from . import kclpy
+
+            await kclpy.run(args, shard_counts, tmp)
         if args.part == "chaos":
             from . import chaos
 

@@ -94,6 +94,7 @@ class Result:
     server_cpu_s: float = 0.0  # the server's CPU seconds during the run
     cpu_s: float = 0.0  # every process of the side: server, handler processes and relays (or the kclpy children)
     server_peaks_kb: list[int] = field(default_factory=list)  # the server's, then its handler processes'
+    checkpoints: dict = field(default_factory=dict)  # what the fake daemon stored, by shard (a sanity check)
 
     @property
     def cpu_us_per_record(self) -> float:
@@ -139,22 +140,27 @@ async def drive(shards: list[Shard], line: bytes, last: dict, batches: int, resu
 SCRAPED = "+scrape"
 
 
+TOUCH = "mldserver.ops.bench.relay:TouchHandler"
+
+
 async def run_variant(name: str, k: int, records: int, size: int, batches: int, tmp: str,
-                      workers: int | None = None, scrape: float | None = None) -> Result:
+                      workers: int | None = None, scrape: float | None = None, *, handler: str = TOUCH,
+                      kclpy_child: str = KCLPY_CHILD) -> Result:
     """One run on a fresh server (memory left by an earlier run must not count);
-    ``workers``: its handler processes (their memory counts as the server's)."""
+    ``workers``: its handler processes (their memory counts as the server's);
+    ``handler`` the server's, ``kclpy_child`` the script each amazon_kclpy child runs."""
     server = None
     admin = f"127.0.0.1:{free_port()}" if name == SCRAPED else "off"
     if name != "amazon_kclpy":
         server, port = await start_server(os.path.join(tmp, f"state-{name}-{k}-{workers}"), admin=admin,
-                                          workers=workers)
+                                          workers=workers, handler=handler)
     scraper = None
     if name == SCRAPED:
         assert scrape is not None
         scraper = asyncio.ensure_future(_scrape(f"http://{admin}/metrics", scrape))
     try:
         result = await _run_variant("mldserver" if name == SCRAPED else name, k, records, size, batches,
-                                    port if server else None, server.pid if server else None, tmp)
+                                    port if server else None, server.pid if server else None, tmp, kclpy_child)
         result.name = name if workers is None else f"{name} w{workers}"
         return result
     finally:
@@ -178,14 +184,14 @@ async def _scrape(url: str, every: float) -> None:
 
 
 async def _run_variant(name: str, k: int, records: int, size: int, batches: int, port: int | None,
-                       server_pid: int | None, tmp: str) -> Result:
+                       server_pid: int | None, tmp: str, kclpy_child: str = KCLPY_CHILD) -> Result:
     line, last = batch_line(10**50, records, size)
     daemon = FakeDaemon("", timeout=600)
     sampler = Sampler()
     shards: list[Shard] = []
     script = Path(tmp) / "kclpy_child.py"
     if name == "amazon_kclpy":
-        script.write_text(KCLPY_CHILD)
+        script.write_text(kclpy_child)
     for i in range(k):
         if name == "direct":
             child: Child = await SocketChild.open("127.0.0.1", port)  # type: ignore[arg-type]
@@ -209,6 +215,7 @@ async def _run_variant(name: str, k: int, records: int, size: int, batches: int,
     result.cpu_s = cpu_spent(every, tree_cpu_s(sides))
     await sampler.stop()
     await close_shards(shards)
+    result.checkpoints = dict(daemon.checkpoints)
     children, server = sampler.peak.get("children", 0), sampler.peak.get("server", 0)
     result.total_pss_kb = children + server
     result.per_shard_pss_kb = (children + server) / k
