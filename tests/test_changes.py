@@ -197,7 +197,7 @@ class Checkpoints:
     def __init__(self):
         self.calls = []
 
-    async def checkpoint(self, sequence_number=None, sub_sequence_number=None):
+    async def checkpoint(self, sequence_number=None, sub_sequence_number=None, *, retry=True):
         self.calls.append((sequence_number, sub_sequence_number))
 
 

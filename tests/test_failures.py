@@ -12,7 +12,7 @@ class Recording:
         self.calls = []
         self.closed = False
 
-    async def checkpoint(self, sequence_number=None, sub_sequence_number=None):
+    async def checkpoint(self, sequence_number=None, sub_sequence_number=None, *, retry=True):
         self.calls.append((sequence_number, sub_sequence_number))
 
 

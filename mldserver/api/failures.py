@@ -47,10 +47,7 @@ class FailureGuard:
             if held is None:
                 return  # nothing before the first failed record is new in this batch
             sequence_number, sub_sequence_number = held
-        if retry:
-            await self._checkpointer.checkpoint(sequence_number, sub_sequence_number)
-        else:
-            await self._checkpointer.checkpoint(sequence_number, sub_sequence_number, retry=False)
+        await self._checkpointer.checkpoint(sequence_number, sub_sequence_number, retry=retry)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._checkpointer, name)

@@ -284,13 +284,14 @@ class Child:
                 raise RuntimeError(f"no handler for shard {info.shard_id} in this process")
             cp = ProxyCheckpointer(Proxy(self, call_id))
             if action == "process_records":
+                collected = [] if frame.get("collect") else None
                 if frame.get("line") and getattr(handler, "parses_line", False):
                     # (an amazon_kclpy processor: its records read from the line when its thread gets to it)
-                    batch = Batch([], frame.get("millis_behind_latest"), info, [] if frame.get("collect") else None)
+                    batch = Batch([], frame.get("millis_behind_latest"), info, collected)
                     batch.line = body  # type: ignore[assignment]  (valid until this call's done frame)
                 else:
                     batch = Batch(records_from(body, bool(frame.get("line"))), frame.get("millis_behind_latest"),
-                                  info, [] if frame.get("collect") else None)
+                                  info, collected)
                 coro = handler.process_records(batch, FailureGuard(cp, batch))
             elif action == "initialize":
                 coro = handler.initialize(info)

@@ -18,7 +18,7 @@ served, while the threads that have one compute; it does not wait:
 - longer than ``patience`` (0.1 s) for a thread that computes: a long batch, or one
   spinning until ``execution_timeout`` stops it, is then shared with as before.
 
-The first thread in line polls the others' clocks every ``poll`` (2 ms); the rest
+The first thread in line polls the others' clocks every ``poll`` (5 ms); the rest
 sleep until it goes in. A turn is per call, not per shard.
 """
 
