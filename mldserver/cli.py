@@ -251,12 +251,12 @@ def tune(*, sink: bool) -> None:
     """
     import gc
 
-    from .base.malloc import large_buffers_from_mmap
+    from .base.malloc import reuse_large_buffers
 
     gc.collect()
     gc.freeze()
     gc.set_threshold(50_000, 20, 100)
-    large_buffers_from_mmap()  # a batch's megabyte buffers go back to the system when freed
+    reuse_large_buffers()  # a batch's megabyte buffers reused, not faulted in each time; trimmed every second
     if sink:
         # Sink commits run in a thread that needs the GIL between its system calls;
         # with the loop decoding batches, the default 5 ms hand-over made each commit

@@ -1,5 +1,6 @@
-"""Large buffers go back to the system when freed: the memory of a burst of batches
-in flight is not kept for ever (``mldserver/base/malloc.py``)."""
+"""Large buffers are reused while batches flow (not faulted in again for each batch), and
+the memory of a burst of batches in flight is given back once they are freed
+(``mldserver/base/malloc.py``)."""
 
 from __future__ import annotations
 
@@ -8,32 +9,59 @@ import sys
 
 import pytest
 
-BURST = r"""
-import sys
-from mldserver.base.malloc import large_buffers_from_mmap
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's allocator")
+
+PRELUDE = r"""
+import sys, time
+from mldserver.base.malloc import reuse_large_buffers
 
 def rss_mib():
     return int(open("/proc/self/statm").read().split()[1]) * 4096 / 2**20
 
-if sys.argv[1] == "on":
-    assert large_buffers_from_mmap()
-first = b"x" * (8 << 20)
-del first                                 # glibc raises its mmap threshold to 8 MiB here
+def faults():
+    return int(open("/proc/self/stat").read().rpartition(")")[2].split()[7])  # minflt
+
+if sys.argv[1] != "off":                  # else glibc's default
+    assert reuse_large_buffers(period=float(sys.argv[1]))
+"""
+
+# 200 batches through, one at a time: a line of 3 MiB and its frame of 3 MiB
+CHURN = PRELUDE + r"""
+before = faults()
+for i in range(200):
+    line = bytes([i % 256]) * (3 << 20)
+    frame = line + b"\n"
+    del line, frame
+print(faults() - before)
+"""
+
+# 40 lines of 3 MiB in flight at once, each beside a small object that outlives it
+BURST = PRELUDE + r"""
 before = rss_mib()
 lines, kept = [], []
-for _ in range(40):                       # 40 lines of 3 MiB in flight, and beside each
-    lines.append(b"y" * (3 << 20))       # a small object that outlives it (malloc'ed:
-    kept.append(bytes(1000))              # over pymalloc's 512 bytes)
+for _ in range(40):
+    lines.append(b"y" * (3 << 20))
+    kept.append(bytes(1000))              # (malloc'ed: over pymalloc's 512 bytes)
 del lines
+deadline = time.monotonic() + float(sys.argv[2])  # waiting for the trim, if any
+while rss_mib() - before > 10 and time.monotonic() < deadline:
+    time.sleep(0.05)
 print(rss_mib() - before)                 # what the burst left behind
 """
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's allocator")
-def test_a_burst_of_large_buffers_is_returned_to_the_system_once_freed():
-    def kept(mode: str) -> float:
-        out = subprocess.run([sys.executable, "-c", BURST, mode], capture_output=True, text=True, check=True)
-        return float(out.stdout)
+def run(script: str, period: str, wait: float = 0) -> float:
+    out = subprocess.run([sys.executable, "-c", script, period, str(wait)], capture_output=True, text=True,
+                         check=True)
+    return float(out.stdout)
 
-    assert kept("off") > 60  # the allocator's default keeps (most of) the 120 MiB
-    assert kept("on") < 10
+
+def test_a_batch_s_buffers_reuse_the_pages_the_last_batch_freed():
+    # glibc's default maps each buffer anew until its threshold slides: ~1,500 faults a batch
+    assert run(CHURN, "off") > 20_000
+    assert run(CHURN, "0.1") < 5_000
+
+
+def test_a_burst_of_large_buffers_is_returned_to_the_system_once_freed():
+    assert run(BURST, "3600") > 60  # kept until a trim: most of the 120 MiB
+    assert run(BURST, "0.1", wait=10) < 10

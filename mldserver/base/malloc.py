@@ -1,33 +1,64 @@
-"""Large buffers back to the system when freed (glibc only; elsewhere a no-op).
+"""Large buffers reused while batches flow, and given back to the system when they
+stop (glibc only; elsewhere a no-op).
 
 A batch crosses the server as a few buffers of its line's size (the line, the frame to
-a handler process, the parsed line there), megabytes each, many at a time. glibc
-serves an allocation that large from ``mmap`` and gives it back on ``free``, but
-raises its threshold to the size of every such buffer freed (up to 32 MiB): after the
-first batch, every line comes from the heap, whose free holes are kept, not returned,
-and the processes' memory grows with the peak of lines ever in flight. Measured with
-``mldserver bench --part relay`` at 32 shards of 10,000 x 100 B records: the server's
-peak PSS 484 MiB and each handler process's 52 MiB with the sliding threshold; 212 and
-34 MiB with it fixed at 1 MiB::
+a handler process, the rows coming back, the parsed line there), megabytes each, many
+at a time. Where such a buffer comes from decides what it costs:
 
-    from mldserver.base.malloc import large_buffers_from_mmap
-    large_buffers_from_mmap()   # once, at start-up: True if it took effect
+- from ``mmap`` (glibc's choice for 128 KiB and more, until frees raise its threshold):
+  every page is faulted in on first write and unmapped on ``free``. A 3.4 MB buffer is
+  some 850 page faults; in the server a third of the CPU went there with a file sink
+  (``perf``: ``exc_page_fault`` under ``memmove``, then ``munmap``);
+- from the heap (glibc's sliding threshold, after the first large ``free``): its pages
+  stay mapped and the next batch reuses them, but the heap's free holes are kept, not
+  returned, and the processes' memory grows with the peak of lines ever in flight
+  (``mldserver bench --part relay``, 32 shards of 10,000 x 100 B: the server's peak PSS
+  484 MiB, each handler process's 52 MiB).
+
+So: buffers under ``THRESHOLD`` come from the heap, whose top is not trimmed on each
+``free``, and a thread gives every free page back once a ``period`` (``malloc_trim``):
+a page freed and taken again within a period is never faulted twice, and what a burst
+left behind is returned within a period. Measured with ``bench --part relay`` at 1 shard
+of 10,000 x 100 B, 1.95x amazon_kclpy's records/s against 1.6x with every large buffer
+from ``mmap``; at 32 shards the peak PSS is the same (197 MiB in all)::
+
+    from mldserver.base.malloc import reuse_large_buffers
+    reuse_large_buffers()   # once, at start-up: True if it took effect
 """
 
 from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import threading
+import time
 
-M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter
-THRESHOLD = 1 << 20  # buffers of 1 MiB and more: a batch's lines and frames, not its objects
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameters
+THRESHOLD = 64 << 20  # buffers under 64 MiB (a batch's lines, frames and rows) from the heap
+PERIOD = 1.0  # seconds between two trims
+
+_trimmer: threading.Thread | None = None
 
 
-def large_buffers_from_mmap(threshold: int = THRESHOLD) -> bool:
+def reuse_large_buffers(period: float = PERIOD) -> bool:
+    """Large buffers from the heap, its free pages given back every ``period`` seconds
+    by a daemon thread (started once a process)."""
+    global _trimmer
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        mallopt = libc.mallopt
+        mallopt, malloc_trim = libc.mallopt, libc.malloc_trim
     except (OSError, AttributeError):  # not glibc
         return False
     mallopt.argtypes = (ctypes.c_int, ctypes.c_int)
-    return bool(mallopt(M_MMAP_THRESHOLD, threshold))
+    malloc_trim.argtypes = (ctypes.c_size_t,)
+    if not (mallopt(M_MMAP_THRESHOLD, THRESHOLD) and mallopt(M_TRIM_THRESHOLD, 2**31 - 1)):
+        return False
+    if _trimmer is None:
+        def trim() -> None:
+            while True:
+                time.sleep(period)
+                malloc_trim(0)  # (ctypes lets the GIL go for the call)
+
+        _trimmer = threading.Thread(target=trim, name="malloc-trim", daemon=True)
+        _trimmer.start()
+    return True

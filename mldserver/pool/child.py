@@ -64,7 +64,7 @@ from ..errors import CheckpointError, ConfigError, ExecutionTimeout  # (Executio
 from ..api.failures import FailureGuard
 from ..api.loading import load_handler
 from ..base.logs import configure, get_logger
-from ..base.malloc import large_buffers_from_mmap
+from ..base.malloc import reuse_large_buffers
 from ..base.pieces import PieceReader
 from ..api.records import Batch, ShardInfo
 from ..api.checks import check_handler, emits
@@ -392,7 +392,7 @@ async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> N
     gc.collect()
     gc.freeze()
     gc.set_threshold(50_000, 20, 100)
-    large_buffers_from_mmap()
+    reuse_large_buffers()
     stack = open(start["state"] + ".stack", "w")
     faulthandler.enable(stack, all_threads=True)
     faulthandler.register(signal.SIGUSR1, stack, all_threads=True)
