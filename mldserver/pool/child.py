@@ -315,8 +315,7 @@ class Child:
         n, rows, bad = 0, b"", []
         failed = batch.settle_failures() if batch is not None and result != "failed" else None
         if batch is not None and batch.rows and result != "failed":
-            index = {id(r): i for i, r in enumerate(batch.records)}
-            n, rows, bad = encode_rows(batch.rows, index)
+            n, rows, bad = encode_rows(batch.rows, batch.records)
         done = {"op": "done", "id": call_id, "result": result, "error": error, "traceback": tb, "rows": n, "bad": bad}
         if ops and result != "failed":
             done["timers"] = timers_remote.encode(ops)  # committed by the server before the status

@@ -67,7 +67,7 @@ from __future__ import annotations
 import struct
 from array import array
 from itertools import accumulate
-from operator import itemgetter
+from operator import is_, itemgetter
 from typing import Any, Iterable, Literal, NamedTuple, NotRequired, Sequence, TypedDict
 
 import orjson
@@ -89,6 +89,7 @@ __all__ = [
     "encode_rows",
     "read_frame",
     "read_frame_async",
+    "record_indexes",
     "records_from",
 ]
 
@@ -183,19 +184,20 @@ _U32, _I64, _U64 = "I", "q", "Q"
 
 
 def encode_rows(emitted: Iterable[tuple[Record, Any, int | float | None]],
-                index: dict[int, int]) -> tuple[int, bytes, list[tuple[int, str]]]:
-    """One body for a batch's rows: ``index`` maps ``id(record)`` to its place in the
-    batch. Returns the row count, the body and the rows that could not be encoded."""
+                records: Sequence[Any]) -> tuple[int, bytes, list[tuple[int, str]]]:
+    """One body for a batch's rows, emitted for the batch's ``records``. Returns the row
+    count, the body and the rows that could not be encoded."""
     emitted = list(emitted)
     given = row_times(emitted)  # the record's arrival time stands in, read here where the record is made
     if times_valid(given):
         encoded = json_lines(list(map(_row, emitted)))
         if encoded is not None:  # else some row is not JSON: found one by one below
             sizes, lines = encoded
-            idx = array(_U32, map(index.__getitem__, map(id, map(_record, emitted))))
+            idx = record_indexes(emitted, records)
             times = array(_I64, [NO_TIME if t is None else t for t in given] if None in given else given)
             ends = array(_U64, accumulate(sizes))
             return len(idx), idx.tobytes() + times.tobytes() + ends.tobytes() + lines, []
+    index = {id(r): i for i, r in enumerate(records)}
     idx, times, ends = array(_U32), array(_I64), array(_U64)
     body = bytearray()
     bad: list[tuple[int, str]] = []
@@ -218,6 +220,20 @@ def encode_rows(emitted: Iterable[tuple[Record, Any, int | float | None]],
 
 
 _record, _row = itemgetter(0), itemgetter(1)
+
+
+def record_indexes(emitted: Sequence[tuple[Record, Any, Any]], records: Sequence[Any]) -> array:
+    """Each row's record, as its index in the batch: ``0, 1, 2, ...`` at once when the
+    rows are the records one for one, in order (a passthrough's; checked in C), else
+    found by identity::
+
+        record_indexes([(b, row, None), (b, row2, None)], [a, b])   # array('I', [1, 1])
+    """
+    of = list(map(_record, emitted))
+    if len(of) == len(records) and all(map(is_, of, records)):
+        return array(_U32, range(len(of)))
+    index = {id(r): i for i, r in enumerate(records)}
+    return array(_U32, map(index.__getitem__, map(id, of)))
 
 
 class RowColumns(NamedTuple):

@@ -23,10 +23,9 @@ from mldserver.api.testing import make_records
 
 def test_rows_cross_as_one_columnar_body_and_come_back_as_they_were_encoded():
     records = list(map(Record, make_records(10, 3)))
-    index = {id(r): i for i, r in enumerate(records)}
     emitted = [(records[0], {"k": 1}, None), (records[2], {"é": [1, 2]}, 1763719200000),
                (records[1], {"bad": {1, 2}}, None), (records[2], {}, 5), (records[0], {}, 5.5)]
-    n, body, bad = frames.encode_rows(emitted, index)
+    n, body, bad = frames.encode_rows(emitted, records)
     assert n == 3 and bad == [(1, "row not JSON-encodable: Type is not JSON serializable: set"),
                               (0, f"event time 5.5 from batch.emit(event_time_ms=...) is not {EVENT_TIME}")]
     columns = frames.decode_rows(n, body)
@@ -34,11 +33,22 @@ def test_rows_cross_as_one_columnar_body_and_come_back_as_they_were_encoded():
     # no event time given: the record's arrival time stands in (none: NO_TIME)
     assert columns.times.tolist() == [records[0].approximate_arrival_timestamp, 1763719200000, 5]
     no_arrival = Record({"sequenceNumber": "7"})
-    n, body, _ = frames.encode_rows([(no_arrival, {}, None)], {id(no_arrival): 0})
+    n, body, _ = frames.encode_rows([(no_arrival, {}, None)], [no_arrival])
     assert frames.decode_rows(n, body).times.tolist() == [frames.NO_TIME]
     assert [orjson.loads(d) for d in columns.rows()] == [{"k": 1}, {"é": [1, 2]}, {}]
     assert bytes(columns.lines).count(b"\n") == 3  # JSON lines, as a sink takes them
-    assert frames.decode_rows(*frames.encode_rows([], {})[:2]).rows() == []
+    assert frames.decode_rows(*frames.encode_rows([], [])[:2]).rows() == []
+
+
+def test_each_row_names_its_record_by_its_place_in_the_batch():
+    a, b, c = map(Record, make_records(10, 3))
+    one_for_one = [(a, {}, None), (b, {}, None), (c, {}, None)]
+    assert frames.record_indexes(one_for_one, [a, b, c]).tolist() == [0, 1, 2]
+    assert frames.record_indexes(one_for_one[::-1], [a, b, c]).tolist() == [2, 1, 0]
+    assert frames.record_indexes([(b, {}, None), (b, {}, None), (a, {}, None)], [a, b, c]).tolist() == [1, 1, 0]
+    equal_not_same = Record(dict(a.raw))  # the same record's content is not the record
+    with pytest.raises(KeyError):
+        frames.record_indexes([(equal_not_same, {}, None)], [a])
 
 
 def test_records_cross_as_the_daemons_objects():
@@ -140,7 +150,7 @@ out.write(frames.encode({"op": "checkpoint", "id": call["id"], "req": 1, "sequen
                          "sub_sequence_number": None})); out.flush()
 reply, _ = frames.read_frame(inp)
 assert reply == {"op": "reply", "req": 1, "error": None, "echo": call["action"]}, reply
-n, rows, bad = frames.encode_rows([(0, {"n": len(body)}, 7)], {id(0): 0})
+n, rows, bad = frames.encode_rows([(0, {"n": len(body)}, 7)], [0])
 out.write(frames.encode({"op": "done", "id": call["id"], "result": "ok", "error": None, "traceback": None,
                          "rows": n, "bad": bad}, rows)); out.flush()
 call, _ = frames.read_frame(inp)
