@@ -64,7 +64,7 @@ from ..errors import CheckpointError, ConfigError, ExecutionTimeout  # (Executio
 from ..api.failures import FailureGuard
 from ..api.loading import load_handler
 from ..base.logs import configure, get_logger
-from ..base.malloc import reuse_large_buffers
+from ..base.malloc import one_heap, reuse_large_buffers
 from ..base.pieces import PieceReader
 from ..api.records import Batch, ShardInfo
 from ..api.checks import check_handler, emits
@@ -391,6 +391,8 @@ async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> N
     gc.collect()
     gc.freeze()
     gc.set_threshold(50_000, 20, 100)
+    if getattr(child.factory, "takes_turns", False):  # (an amazon_kclpy processor: a thread per shard)
+        one_heap()  # before the first thread: the trimmer's, the watchdog's, the shards'
     reuse_large_buffers()
     stack = open(start["state"] + ".stack", "w")
     faulthandler.enable(stack, all_threads=True)

@@ -52,6 +52,9 @@ class KclpyHandler(Handler):
     # shard's thread when it gets to it (``inputs.records_of``): a batch waiting for
     # its turn holds no parsed copy.
     parses_line = True
+    # Its shards' threads take turns (``turns.py``): its handler process serves them
+    # from one heap (``base/malloc.one_heap``), not one heap per thread.
+    takes_turns = True
 
     @classmethod
     def wrap(cls, processor_class: type, api_version: int) -> type["KclpyHandler"]:
