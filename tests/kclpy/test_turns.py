@@ -94,3 +94,16 @@ async def test_threads_in_line_go_in_first_come_first_served():
     for t in threads:
         t.join(10)
     assert order == list(range(8)) and turns._holders == {} and not turns._line
+
+
+async def test_a_thread_is_runnable_while_it_computes_and_not_while_it_sleeps():
+    # (what keeps a computing thread's turn on a loaded machine, where its CPU clock
+    # barely moves while it waits for a core)
+    from mldserver.api.kclpy.turns import runnable
+
+    computing, blocked = Holder(Turns(), "compute"), Holder(Turns(), "block")
+    await eventually(lambda: computing.inside.is_set() and blocked.inside.is_set(), what="both in their turns")
+    await eventually(lambda: runnable(computing.thread.native_id), what="the computing thread runnable")
+    assert not any(runnable(blocked.thread.native_id) for _ in range(50))
+    computing.end()
+    blocked.end()

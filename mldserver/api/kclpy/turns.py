@@ -14,7 +14,10 @@ served, while the threads that have one compute; it does not wait:
 
 - for a thread that stopped computing (``time.sleep``, a socket, a checkpoint's round
   trip with the daemon, waiting for the GIL): its CPU clock (``pthread_getcpuclockid``)
-  has not moved over the last poll, so the next thread goes in at once beside it;
+  has not moved over the last poll, so the next thread goes in at once beside it. A
+  thread the system left waiting for a core (a loaded machine) has not moved either,
+  but it is runnable (``R`` in ``/proc/self/task/<tid>/stat``), not asleep: it still
+  computes;
 - longer than ``patience`` (0.1 s) for a thread that computes: a long batch, or one
   spinning until ``execution_timeout`` stops it, is then shared with as before.
 
@@ -66,7 +69,7 @@ class Turns:
                     self._cond.wait(self.poll if self._line[0] == me else None)
                 clock = time.pthread_getcpuclockid(me)
                 now = time.monotonic()
-                self._holders[me] = [clock, time.clock_gettime(clock), now, now]
+                self._holders[me] = [clock, time.clock_gettime(clock), now, now, threading.get_native_id()]
             finally:  # in, or stopped while in line: out of the line either way
                 self._line.remove(me)
                 self._cond.notify_all()  # the next in line polls now
@@ -75,20 +78,30 @@ class Turns:
         """Is a thread computing in a turn it has had for less than ``patience``: has it
         used a tenth of the time since its clock was last read, over ``window`` at least
         (a thread that computes may wait for the GIL a few slices; one that blocks uses
-        none)?"""
+        none), or is it waiting for a core?"""
         now = time.monotonic()
         busy = False
-        for held in self._holders.values():  # [clock id, its CPU s, when read, when its turn began]
+        for held in self._holders.values():  # [clock id, its CPU s, when read, when its turn began, tid]
             if now - held[3] >= self.patience:
                 continue  # had its turn: shared from now on
             if now - held[2] < self.window:
                 busy = True  # too soon to tell
                 continue
             cpu = time.clock_gettime(int(held[0]))
-            if cpu - held[1] >= 0.1 * (now - held[2]):
+            if cpu - held[1] >= 0.1 * (now - held[2]) or runnable(int(held[4])):
                 busy = True
             held[1], held[2] = cpu, now
         return busy
+
+
+def runnable(tid: int) -> bool:
+    """Is thread ``tid`` of this process running or waiting for a core (state ``R``), not
+    asleep? False where ``/proc`` cannot tell."""
+    try:
+        with open(f"/proc/self/task/{tid}/stat", "rb") as f:
+            return f.read().rpartition(b")")[2][1:2] == b"R"
+    except OSError:
+        return False
 
 
 class NoTurns:
