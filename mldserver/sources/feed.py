@@ -104,10 +104,11 @@ class Feed:
         """Half-close our end (the daemon closes the child's stdin) and wait for the
         server to close its end."""
         try:
-            if self.writer.can_write_eof():
-                self.writer.write_eof()
-            await asyncio.wait_for(self.reader.read(), timeout)
-        except (OSError, asyncio.TimeoutError, ValueError):
+            if not self.writer.is_closing():
+                if self.writer.can_write_eof():
+                    self.writer.write_eof()
+                await asyncio.wait_for(self.reader.read(), timeout)
+        except (OSError, RuntimeError, asyncio.TimeoutError, ValueError):  # (RuntimeError: uvloop, closed meanwhile)
             pass
         finally:
             self.writer.close()

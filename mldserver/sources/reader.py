@@ -173,9 +173,7 @@ class SourceReader:
 
     def _may_start(self, shard: ShardInfo) -> bool:
         assert self.saved is not None
-        if self.saved.ended(shard.shard_id):
-            return False
-        return all(p not in self.listed or self.saved.ended(p) for p in shard.parents)
+        return may_start(shard, self.listed, self.saved.ended)
 
     def _start_shard(self, shard: ShardInfo) -> None:
         task = asyncio.create_task(self._read_shard(shard), name=f"source {self.spec.text} {shard.shard_id}")
@@ -330,6 +328,17 @@ class SourceReader:
                 continue
             await self._sleep(poll if not page.records else poll / 4)
         return False
+
+
+def may_start(shard: ShardInfo, listed: dict[str, ShardInfo] | set[str], ended: Callable[[str], bool]) -> bool:
+    """May ``shard`` be read now? Not if it is read to its end already; else once each
+    parent is read to its end (``ended``) or gone from the stream (not ``listed``)::
+
+        may_start(ShardInfo("child", ("parent",), False), {"parent", "child"}, ended={"parent"}.__contains__)  # True
+    """
+    if ended(shard.shard_id):
+        return False
+    return all(p not in listed or ended(p) for p in shard.parents)
 
 
 def _created_ms(api_record: dict[str, Any]) -> int | None:
