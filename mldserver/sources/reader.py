@@ -237,8 +237,7 @@ class SourceReader:
                 kind = "TRIM_HORIZON" if from_parent or self.start_at.kind != "latest" else "LATEST"
                 first = (kind, None)
                 await feed.initialize(kind)
-            log.info("source_shard_started", start=first[0], position=first[1], parents=list(shard.parents))
-            ended = await self._pump(shard_id, feed, first, log)
+            ended = await self._pump(shard, feed, first, log)
             if not ended:
                 await feed.shutdown_requested()  # the source stops: the handler may checkpoint
         except FeedClosed as exc:
@@ -259,8 +258,9 @@ class SourceReader:
                                  "sequence number): the shard's children are not read until a restart reads it "
                                  "to its end again and SHARD_END is stored")
 
-    async def _pump(self, shard_id: str, feed: Feed, first: tuple[str, str | None], log: EventLogger) -> bool:
+    async def _pump(self, shard: ShardInfo, feed: Feed, first: tuple[str, str | None], log: EventLogger) -> bool:
         """Read the shard into the feed until it ends (True) or the source stops (False)."""
+        shard_id = shard.shard_id
         streams = self.streams
         assert streams is not None
         poll = self.settings.source_poll_interval
@@ -269,6 +269,7 @@ class SourceReader:
             since -= since % 1000  # the service's creation times are whole seconds
         iterator: str | None = None
         throttled = failures = 0
+        started = False
         last: Position | None = feed.delivered
         while not self._stop.is_set():
             try:
@@ -277,6 +278,9 @@ class SourceReader:
                     iterator = await self._until_stopped(streams.iterator(shard_id, kind, after))
                     if iterator is None:
                         return False
+                    if not started:  # from here on, nothing written to the shard is missed
+                        log.info("source_shard_started", start=kind, position=after, parents=list(shard.parents))
+                        started = True
                 page = await self._until_stopped(streams.records(iterator))
                 if page is None:
                     return False
