@@ -122,7 +122,7 @@ class Server:
         # Started once listening, stopped first, watched as owned tasks (mldserver run: the daemon).
         self.companions: list[Any] = []
         self.sources: list[Any] = []  # SourceReader per --source (mldserver.sources)
-        if settings.source:
+        if settings.source or settings.source_from:  # (--from alone: refused there)
             from ..sources import readers  # aioboto3 only for a server that reads a stream itself
 
             self.sources = readers(settings, attach=self.attach, empty_batches=self.coordinator is not None)

@@ -49,3 +49,16 @@ def test_the_same_source_twice_or_from_without_a_source_is_refused():
         parse_sources((), "latest")
     specs, start = parse_sources(("dynamodb:orders", f"dynamodb:{ARN}"), "latest")
     assert [s.name for s in specs] == ["orders", ARN] and start == Start("latest")
+
+
+def test_serve_with_from_and_no_source_stops_with_one_line(tmp_path):
+    import os
+    import subprocess
+
+    from ..harness import MLDSERVER, ROOT
+
+    done = subprocess.run([MLDSERVER, "serve", "--handler", "tests.handlers:Noop", "--from", "latest", "--port", "0",
+                           "--admin", "off", "--state-dir", str(tmp_path / "state")],
+                          cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 2 and done.stderr.count("\n") == 1 and "add --source" in done.stderr, done
