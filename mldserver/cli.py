@@ -57,7 +57,8 @@ def _parser():
     serve.add_argument("--timer-store", help="where durable timers are kept: sqlite (the state dir's, default), "
                                              "sqlite:PATH or dynamodb:TABLE (shared by servers)")
     serve.add_argument("--source", action="append",
-                       help="read a stream directly, into the same handlers: dynamodb:TABLE or dynamodb:STREAM_ARN "
+                       help="read a stream directly, into the same handlers: dynamodb:TABLE, dynamodb:STREAM_ARN, "
+                            "kinesis:STREAM or kinesis:STREAM_ARN "
                             "(repeatable; positions saved in the state dir, <state-dir>/sources/)")
     serve.add_argument("--from", dest="source_from",
                        help="where a --source with no saved position starts: trim_horizon (default), latest, or "
@@ -257,7 +258,7 @@ def _reset_positions(settings, logs) -> None:
 
     if not settings.source:
         raise ConfigError("--reset-positions: deletes the saved positions of a --source, and none is given: "
-                          "add --source dynamodb:TABLE, or leave --reset-positions out")
+                          "add --source dynamodb:TABLE or kinesis:STREAM, or leave --reset-positions out")
     from .sources import reset_positions
 
     for source in reset_positions(settings):

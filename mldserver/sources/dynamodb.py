@@ -5,18 +5,12 @@ with the service's errors turned into the few that change what a reader does::
         arn = await streams.stream_arn()          # a table's latest stream (or the ARN given)
         shards = await streams.shards()           # [ShardInfo("shardId-...", parents=("shardId-...",)), ...]
         it = await streams.iterator("shardId-...", "AFTER_SEQUENCE_NUMBER", "000000000000000000017")
-        page = await streams.records(it)          # Page(records=[<the API's Record>, ...], next_iterator="...")
+        page = await streams.records(it)          # Page(records=[<daemon-shaped, the KCL adapter's>], ...)
 
-``page.next_iterator`` is None when the shard is closed and read to its end. What
-fails is one of:
-
-- ``Throttled`` (``LimitExceededException``, ``ProvisionedThroughputExceededException``,
-  ``ThrottlingException``): back off with jitter and read again;
-- ``IteratorExpired`` (``ExpiredIteratorException``; an iterator lives 15 minutes):
-  a fresh iterator after the last position;
-- ``Trimmed`` (``TrimmedDataAccessException``): the position is older than the
-  stream keeps (24 hours): start again at the trim horizon, and say what was lost;
-- ``Unreachable``: anything else the service or the network says (retried, logged).
+Its errors are ``service``'s (``Throttled``, ``IteratorExpired`` after 15 minutes,
+``Trimmed`` past the stream's 24 hours, ``Unreachable``). A page holds up to 1,000
+records; the service has no ``AT_TIMESTAMP`` iterator, so a ``--from`` time reads from
+the trim horizon and the reader skips what was created before it.
 
 The endpoint: ``aws_endpoint_url`` (the setting), else ``AWS_ENDPOINT_URL_DYNAMODB_STREAMS``
 or ``AWS_ENDPOINT_URL`` as botocore reads them, else ``AWS_ENDPOINT_URL_DYNAMODB``: DynamoDB
@@ -26,52 +20,17 @@ Local serves a table's stream beside the table, on the same port.
 from __future__ import annotations
 
 import os
-from typing import Any, NamedTuple
+import time
+from typing import Any
 
+from ..api.adapter import adapter_change, dynamodb_record
 from ..base.aws import client
-from ..errors import ConfigError, MldserverError
+from ..errors import ConfigError
+from .service import Page, ShardInfo, Throttled, Unreachable, call, describe, error_code, service_errors
+
+__all__ = ["LIMIT", "DynamoDBStreams", "Page", "ShardInfo", "Throttled", "Unreachable", "endpoint"]
 
 LIMIT = 1000  # records a GetRecords page holds at most (the service's own limit)
-
-
-class StreamsError(MldserverError):
-    retriable = True
-
-
-class Throttled(StreamsError):
-    pass
-
-
-class IteratorExpired(StreamsError):
-    pass
-
-
-class Trimmed(StreamsError):
-    pass
-
-
-class Unreachable(StreamsError):
-    pass
-
-
-_ERRORS = {
-    "LimitExceededException": Throttled,
-    "ProvisionedThroughputExceededException": Throttled,
-    "ThrottlingException": Throttled,
-    "ExpiredIteratorException": IteratorExpired,
-    "TrimmedDataAccessException": Trimmed,
-}
-
-
-class ShardInfo(NamedTuple):
-    shard_id: str
-    parents: tuple[str, ...]  # one after a split; DynamoDB Streams never merges
-    closed: bool  # an ending sequence number: no new record will come
-
-
-class Page(NamedTuple):
-    records: list[dict[str, Any]]  # the API's Records, as aioboto3 returns them
-    next_iterator: str | None  # None: the shard is closed and read to its end
 
 
 def endpoint(configured: str | None) -> str | None:
@@ -84,6 +43,12 @@ def endpoint(configured: str | None) -> str | None:
 
 
 class DynamoDBStreams:
+    limit = LIMIT
+    read_interval = 0.0  # (at most two readers a shard: this is the one)
+    resume = "AFTER_SEQUENCE_NUMBER"
+    at_timestamp = False  # no AT_TIMESTAMP iterator: a time reads from the trim horizon and skips
+    endpoint_hint = "AWS_ENDPOINT_URL_DYNAMODB for DynamoDB Local"
+
     def __init__(self, name: str, *, region: str | None = None, endpoint_url: str | None = None) -> None:
         """``name``: a table (its latest stream) or a stream ARN."""
         self.name = name
@@ -112,13 +77,13 @@ class DynamoDBStreams:
         try:
             async with client("dynamodb", self.region, endpoint_url=self._table_endpoint) as dynamodb:
                 table = (await dynamodb.describe_table(TableName=self.name))["Table"]
-        except _service_errors() as exc:
-            code = _code(exc)
+        except service_errors() as exc:
+            code = error_code(exc)
             if code == "ResourceNotFoundException":
                 raise ConfigError(f"--source dynamodb:{self.name}: no such table (in region "
                                   f"{self.region or os.environ.get('AWS_REGION') or 'the default'}): check the name, "
                                   f"the region and the endpoint") from None
-            raise Unreachable(f"DescribeTable {self.name}: {_describe(exc)}") from None
+            raise Unreachable(f"DescribeTable {self.name}: {describe(exc)}") from None
         spec = table.get("StreamSpecification") or {}
         arn = table.get("LatestStreamArn")
         if not arn or not spec.get("StreamEnabled"):
@@ -145,7 +110,8 @@ class DynamoDBStreams:
             if not after:
                 return out
 
-    async def iterator(self, shard_id: str, kind: str, sequence_number: str | None = None) -> str:
+    async def iterator(self, shard_id: str, kind: str, sequence_number: str | None = None,
+                       at_ms: int | None = None) -> str:
         """``kind``: TRIM_HORIZON, LATEST, AT_SEQUENCE_NUMBER or AFTER_SEQUENCE_NUMBER."""
         args: dict[str, Any] = {"StreamArn": await self.stream_arn(), "ShardId": shard_id, "ShardIteratorType": kind}
         if sequence_number is not None:
@@ -153,37 +119,15 @@ class DynamoDBStreams:
         return (await self._call("get_shard_iterator", **args))["ShardIterator"]
 
     async def records(self, iterator: str, limit: int = LIMIT) -> Page:
+        """A page, daemon-shaped (the KCL adapter's records); behind: 0 after a page that
+        was not full, else the time since its last record's creation (the service does
+        not say how far behind a reader is)."""
         page = await self._call("get_records", ShardIterator=iterator, Limit=limit)
-        return Page(page.get("Records", []), page.get("NextShardIterator"))
+        api = page.get("Records", [])
+        records = [dynamodb_record(adapter_change(r)) for r in api]
+        created = records[-1].get("approximateArrivalTimestamp") if records else None
+        behind = max(0, int(time.time() * 1000) - created) if len(api) >= limit and created else 0
+        return Page(records, len(api), page.get("NextShardIterator"), behind)
 
     async def _call(self, method: str, **args: Any) -> Any:
-        try:
-            return await getattr(self._client, method)(**args)
-        except _service_errors() as exc:
-            kind = _ERRORS.get(_code(exc) or "", Unreachable)
-            raise kind(f"{_api(method)}: {_describe(exc)}") from None
-
-
-def _service_errors() -> tuple[type[BaseException], ...]:
-    """What the service or the network may raise (anything else is a bug of ours)."""
-    import asyncio
-
-    import aiohttp
-    from botocore.exceptions import BotoCoreError, ClientError
-
-    return (ClientError, BotoCoreError, aiohttp.ClientError, OSError, asyncio.TimeoutError)
-
-
-def _code(exc: BaseException) -> str | None:
-    response = getattr(exc, "response", None)
-    if isinstance(response, dict):
-        return (response.get("Error") or {}).get("Code")
-    return None
-
-
-def _describe(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {exc}"
-
-
-def _api(method: str) -> str:
-    return "".join(part.capitalize() for part in method.split("_"))
+        return await call(self._client, method, **args)

@@ -1,4 +1,5 @@
-"""One source read by the server itself (``mldserver serve --source dynamodb:orders``):
+"""One source read by the server itself (``mldserver serve --source dynamodb:orders``,
+``--source kinesis:clicks``):
 its shards listed on a period and when one ends, each read by a task of its own, parents
 before children, and fed to the server as a daemon's connection would be (``feed``)::
 
@@ -13,17 +14,19 @@ A shard:
 
 - starts once each parent is read to its end (``SHARD_END`` saved) or gone from the
   stream (trimmed): parents before children, always;
-- starts after its saved position (``initialize`` carries it, the iterator is
-  ``AFTER_SEQUENCE_NUMBER``), else where ``--from`` says: ``TRIM_HORIZON``, ``LATEST``,
-  or, for a time, ``TRIM_HORIZON`` with every record created before the time skipped.
-  DynamoDB Streams has no ``AT_TIMESTAMP`` iterator, so a time reads the shard from its
+- starts after its saved position (``initialize`` carries it; the iterator is the
+  service's ``resume``: DynamoDB ``AFTER_SEQUENCE_NUMBER``, Kinesis ``AT_SEQUENCE_NUMBER``
+  with every user record up to the saved one skipped, so a position inside a KPL
+  aggregate resumes at its next user record), else where ``--from`` says
+  (``first_iterator``): ``TRIM_HORIZON``, ``LATEST``, or, for a time, Kinesis's
+  ``AT_TIMESTAMP``; DynamoDB Streams has none, so there a time reads the shard from its
   trim horizon (up to 24 hours of records), and the creation time is the service's
   ``ApproximateCreationDateTime``, in whole seconds: the time is taken down to its
   second, so a record created in that second before it is kept and none after it is
   skipped (DynamoDB Local's times are whole minutes). A child of a shard read here starts at
   ``TRIM_HORIZON`` whatever ``--from`` says (else ``latest`` would lose the records
   written between the split and the child's first read);
-- reads a page (up to 1,000 records), hands it over as one ``processRecords`` and
+- reads a page (up to 1,000 DynamoDB records, 10,000 Kinesis ones), hands it over as one ``processRecords`` and
   waits for its status; then reads again at once when the page was full, after a
   quarter of ``source_poll_interval`` when it was not, after the whole interval when it
   was empty (with a sink, an empty page is handed over too, as an empty batch caught up,
@@ -36,8 +39,10 @@ A shard:
 - ends when the stream closes it and it is read to its end: ``shardEnded``, whose
   ``SHARD_END`` checkpoint is saved (``source_shard_ended``), and the stream is listed again.
 
-``millisBehindLatest``: 0 after a page that was not full, else the time since the
-last record's creation (DynamoDB Streams does not say how far behind a reader is).
+Two reads of one shard are ``read_interval`` apart at least (Kinesis allows 5
+GetRecords a second per shard). ``millisBehindLatest``: Kinesis's own; for DynamoDB 0
+after a page that was not full, else the time since the last record's creation.
+The services are ``service.Service``s (``dynamodb``, ``kinesis``); all else is shared.
 """
 
 from __future__ import annotations
@@ -48,13 +53,14 @@ import time
 from pathlib import Path
 from typing import Any, Awaitable, Callable
 
-from ..api.adapter import adapter_change, dynamodb_record
 from ..base.backoff import Backoff
 from ..base.config import Settings
 from ..base.logs import EventLogger, get_logger
 from ..base.positions import Position
 from ..errors import ConfigError
-from .dynamodb import LIMIT, DynamoDBStreams, IteratorExpired, ShardInfo, Throttled, Trimmed, Unreachable
+from .dynamodb import DynamoDBStreams
+from .kinesis import KinesisStreams
+from .service import IteratorExpired, Service, ShardInfo, Throttled, Trimmed, Unreachable
 from .feed import LINE_LIMIT, Feed, FeedClosed
 from .positions import SHARD_END, SavedPositions
 from .spec import SourceSpec, Start
@@ -81,7 +87,7 @@ class SourceReader:
         self.given_from = given_from
         self.log: EventLogger = get_logger("mldserver.sources").bind(source=spec.text)
         self.saved: SavedPositions | None = None
-        self.streams: DynamoDBStreams | None = None
+        self.streams: Service | None = None
         self.task: asyncio.Task[None] | None = None
         self.listed: dict[str, ShardInfo] = {}
         self.reading: dict[str, asyncio.Task[None]] = {}
@@ -106,13 +112,14 @@ class SourceReader:
             self.prepare()
         assert self.saved is not None
         s = self.settings
-        self.streams = DynamoDBStreams(self.spec.name, region=s.aws_region, endpoint_url=s.aws_endpoint_url)
+        service = KinesisStreams if self.spec.kind == "kinesis" else DynamoDBStreams
+        self.streams = service(self.spec.name, region=s.aws_region, endpoint_url=s.aws_endpoint_url)
         await self.streams.__aenter__()
         try:
             arn = await self.streams.stream_arn()
         except Unreachable as exc:
             raise ConfigError(f"--source {self.spec.text}: {exc}: check the region, the credentials and the "
-                              f"endpoint (AWS_ENDPOINT_URL_DYNAMODB for DynamoDB Local)") from None
+                              f"endpoint ({self.streams.endpoint_hint})") from None
         if self.saved.stream not in (None, arn) and len(self.saved):
             self.log.warning("source_stream_replaced", was=self.saved.stream, now=arn,
                              what_to_do="the table's stream was replaced (disabled and enabled again): the saved "
@@ -230,14 +237,16 @@ class SourceReader:
         ended = False
         try:
             if isinstance(saved, Position):
-                first: tuple[str, str | None] = ("AFTER_SEQUENCE_NUMBER", saved.text)
+                first: tuple[str, str | None] = (self.streams.resume, saved.text)
                 await feed.initialize(saved.text, saved.sub)
             else:
                 from_parent = any(p in self.listed for p in shard.parents)
-                kind = "TRIM_HORIZON" if from_parent or self.start_at.kind != "latest" else "LATEST"
+                kind = first_iterator(self.start_at, from_parent=from_parent,
+                                      at_timestamp=self.streams.at_timestamp)
                 first = (kind, None)
                 await feed.initialize(kind)
-            ended = await self._pump(shard, feed, first, log)
+            children = await self._pump(shard, feed, first, log)
+            ended = children is not None
             if not ended:
                 await feed.shutdown_requested()  # the source stops: the handler may checkpoint
         except FeedClosed as exc:
@@ -251,39 +260,52 @@ class SourceReader:
         if not ended:
             return
         if self.saved.ended(shard_id):
-            log.info("source_shard_ended", position=feed.delivered.text if feed.delivered else None)
+            log.info("source_shard_ended", position=feed.delivered.text if feed.delivered else None,
+                     children=list(children or ()))
         else:
             log.error("source_shard_end_not_stored", stored=str(self.saved.get(shard_id)),
                       what_to_do="the handler's shard_ended did not checkpoint SHARD_END (checkpoint() with no "
                                  "sequence number): the shard's children are not read until a restart reads it "
                                  "to its end again and SHARD_END is stored")
 
-    async def _pump(self, shard: ShardInfo, feed: Feed, first: tuple[str, str | None], log: EventLogger) -> bool:
-        """Read the shard into the feed until it ends (True) or the source stops (False)."""
+    async def _pump(self, shard: ShardInfo, feed: Feed, first: tuple[str, str | None],
+                    log: EventLogger) -> tuple[str, ...] | None:
+        """Read the shard into the feed until it ends (its children, as the last page
+        names them) or the source stops (None)."""
         shard_id = shard.shard_id
         streams = self.streams
         assert streams is not None
         poll = self.settings.source_poll_interval
-        since = self.start_at.at_ms if self.start_at.kind == "time" else None
+        since = self.start_at.at_ms if self.start_at.kind == "time" and not streams.at_timestamp else None
         if since is not None:
-            since -= since % 1000  # the service's creation times are whole seconds
+            since -= since % 1000  # DynamoDB's creation times are whole seconds
         iterator: str | None = None
         throttled = failures = 0
         started = False
         last: Position | None = feed.delivered
+        skip: Position | None = None  # AT_SEQUENCE_NUMBER: the user records up to here were handed over already
+        read_at = -float("inf")
         while not self._stop.is_set():
             try:
                 if iterator is None:
-                    kind, after = ("AFTER_SEQUENCE_NUMBER", last.text) if last is not None else first
-                    iterator = await self._until_stopped(streams.iterator(shard_id, kind, after))
+                    kind, after = (streams.resume, last.text) if last is not None else first
+                    at_ms = self.start_at.at_ms if kind == "AT_TIMESTAMP" else None
+                    iterator = await self._until_stopped(streams.iterator(shard_id, kind, after, at_ms))
                     if iterator is None:
-                        return False
+                        return None
+                    skip = last if kind == "AT_SEQUENCE_NUMBER" else None
                     if not started:  # from here on, nothing written to the shard is missed
                         log.info("source_shard_started", start=kind, position=after, parents=list(shard.parents))
                         started = True
+                wait = read_at + streams.read_interval - time.monotonic()
+                if wait > 0:  # the service's reads a second per shard (Kinesis: 5)
+                    await self._sleep(wait)
+                    if self._stop.is_set():
+                        return None
+                read_at = time.monotonic()
                 page = await self._until_stopped(streams.records(iterator))
                 if page is None:
-                    return False
+                    return None
             except Throttled as exc:
                 log.warning("source_throttled", error=str(exc), attempt=throttled)
                 throttled += 1
@@ -296,7 +318,7 @@ class SourceReader:
             except Trimmed as exc:
                 log.error("source_records_trimmed", after=last.text if last else first[1], error=str(exc),
                           what_to_do="records between this position and the shard's trim horizon were removed by "
-                                     "the stream (kept 24 hours) before they were read, and are lost; reading "
+                                     "the stream (its retention) before they were read, and are lost; reading "
                                      "goes on at the trim horizon. Keep the server running, or read faster")
                 iterator, last, first = None, None, ("TRIM_HORIZON", None)
                 continue
@@ -311,27 +333,40 @@ class SourceReader:
                 log.info("source_read_recovered", attempts=failures)
             throttled = failures = 0
             records = page.records
+            if skip is not None and records:
+                records = [r for r in records if not _at_or_before(r, skip)]
+                skip = None
             if since is not None:
-                records = [r for r in records if _created_ms(r) is None or _created_ms(r) >= since]  # type: ignore[operator]
+                records = [r for r in records if (r.get("approximateArrivalTimestamp") or since) >= since]
             if records:
-                batch = [dynamodb_record(adapter_change(r)) for r in records]
-                full = len(page.records) >= LIMIT
-                created = batch[-1].get("approximateArrivalTimestamp")
-                behind = max(0, int(time.time() * 1000) - created) if full and created else 0
-                await feed.process_records(batch, behind)
+                await feed.process_records(records, page.behind_ms)
                 last = feed.delivered
-            elif page.next_iterator is not None and self.empty_batches and not page.records:
-                await feed.process_records([], 0)
-            elif page.records:  # all skipped (--from a time): the iterator moves on past them
-                pass
+            elif page.next_iterator is not None and self.empty_batches and not page.read:
+                await feed.process_records([], page.behind_ms or 0)
+            # (a page all skipped: --from a time, or a resume's records read again: the iterator moves on)
             iterator = page.next_iterator
             if iterator is None:
                 await feed.shard_ended()
-                return True
-            if len(page.records) >= LIMIT:
-                continue
-            await self._sleep(poll if not page.records else poll / 4)
-        return False
+                return page.children
+            if page.read >= streams.limit or (not page.read and (page.behind_ms or 0) > 0):
+                continue  # more is there: read again (no sooner than read_interval)
+            await self._sleep(poll if not page.read else poll / 4)
+        return None
+
+
+def first_iterator(start: Start, *, from_parent: bool, at_timestamp: bool) -> str:
+    """Where a shard with no saved position starts: a child of a shard read here at
+    its trim horizon whatever ``--from`` says (else ``latest`` would lose what was
+    written between the split and its first read); else as ``--from`` says (a time:
+    ``AT_TIMESTAMP`` where the service has it, else the trim horizon, skipping)::
+
+        first_iterator(Start("time", 1769767200000), from_parent=False, at_timestamp=True)  # "AT_TIMESTAMP"
+    """
+    if from_parent or start.kind == "trim_horizon":
+        return "TRIM_HORIZON"
+    if start.kind == "latest":
+        return "LATEST"
+    return "AT_TIMESTAMP" if at_timestamp else "TRIM_HORIZON"
 
 
 def may_start(shard: ShardInfo, listed: dict[str, ShardInfo] | set[str], ended: Callable[[str], bool]) -> bool:
@@ -345,9 +380,6 @@ def may_start(shard: ShardInfo, listed: dict[str, ShardInfo] | set[str], ended: 
     return all(p not in listed or ended(p) for p in shard.parents)
 
 
-def _created_ms(api_record: dict[str, Any]) -> int | None:
-    created = (api_record.get("dynamodb") or {}).get("ApproximateCreationDateTime")
-    if created is None:
-        return None
-    seconds = created.timestamp() if hasattr(created, "timestamp") else float(created)
-    return round(seconds * 1000)
+def _at_or_before(record: dict[str, Any], position: Position) -> bool:
+    at = Position.parse(record.get("sequenceNumber"), record.get("subSequenceNumber") or 0)
+    return at is not None and at <= position

@@ -17,12 +17,20 @@ def test_a_table_name_or_a_stream_arn_is_a_dynamodb_source():
     assert spec.name == ARN and spec.is_arn and not SourceSpec.parse("dynamodb:orders").is_arn
 
 
+def test_a_stream_name_or_its_arn_is_a_kinesis_source():
+    assert SourceSpec.parse("kinesis:clicks") == SourceSpec("kinesis", "clicks", "kinesis:clicks")
+    arn = "arn:aws:kinesis:eu-west-1:123456789012:stream/clicks"
+    assert SourceSpec.parse(f"kinesis:{arn}") == SourceSpec("kinesis", arn, f"kinesis:{arn}")
+
+
 @pytest.mark.parametrize("text, says", [
     ("orders", "use dynamodb:TABLE"),
     ("dynamodb:", "give a DynamoDB table name"),
     ("dynamodb:o", "give a DynamoDB table name"),
     ("dynamodb:arn:aws:kinesis:us-east-1:1:stream/x", "a stream ARN"),
-    ("kinesis:orders", "not read directly yet"),
+    ("kinesis:", "give a Kinesis stream name"),
+    ("kinesis:a/b", "give a Kinesis stream name"),
+    ("kinesis:arn:aws:kinesis:us-east-1:1:stream/x", "or its ARN"),
 ])  # fmt: skip
 def test_a_source_that_cannot_be_read_says_what_to_give(text, says):
     with pytest.raises(ConfigError, match=says):
