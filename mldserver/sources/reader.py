@@ -19,7 +19,8 @@ A shard:
   with every user record up to the saved one skipped, so a position inside a KPL
   aggregate resumes at its next user record), else where ``--from`` says
   (``first_iterator``): ``TRIM_HORIZON``, ``LATEST``, or, for a time, Kinesis's
-  ``AT_TIMESTAMP``; DynamoDB Streams has none, so there a time reads the shard from its
+  ``AT_TIMESTAMP`` (the SDK sends it in whole seconds, so the records of that second
+  that arrived before the time are skipped here); DynamoDB Streams has none, so there a time reads the shard from its
   trim horizon (up to 24 hours of records), and the creation time is the service's
   ``ApproximateCreationDateTime``, in whole seconds: the time is taken down to its
   second, so a record created in that second before it is kept and none after it is
@@ -276,8 +277,10 @@ class SourceReader:
         streams = self.streams
         assert streams is not None
         poll = self.settings.source_poll_interval
-        since = self.start_at.at_ms if self.start_at.kind == "time" and not streams.at_timestamp else None
-        if since is not None:
+        # --from a time: what arrived before it skipped (Kinesis's AT_TIMESTAMP goes there, but the SDK
+        # sends the time in whole seconds: the records of its second before it come too)
+        since = self.start_at.at_ms if self.start_at.kind == "time" else None
+        if since is not None and not streams.at_timestamp:
             since -= since % 1000  # DynamoDB's creation times are whole seconds
         iterator: str | None = None
         throttled = failures = 0
