@@ -300,7 +300,7 @@ class Settings:
     # table bindings (mldserver.api.bindings): [bindings.ALIAS] table = "T", access = "read_only"
     # or "read_write", allow_recursion = true (a read-write binding to the stream's own table)
     bindings: dict | None = setting(None, dict)
-    # sources read by the server itself (mldserver.sources): dynamodb:TABLE or dynamodb:STREAM_ARN,
+    # sources read by the server itself (mldserver.sources): dynamodb:TABLE|STREAM_ARN, kinesis:STREAM|ARN,
     # repeatable; where a source with no saved position starts (trim_horizon, latest, or an
     # ISO-8601 time with its zone; default trim_horizon); how long a shard waits after an empty
     # read (a partial one waits a quarter of it, a full one not at all); how often shards are listed

@@ -1,5 +1,6 @@
 """Sources the server reads itself, beside (or instead of) the daemon's connections:
-``mldserver serve --handler app:Orders --source dynamodb:orders --from trim_horizon``.
+``mldserver serve --handler app:Orders --source dynamodb:orders --from trim_horizon``
+(or ``--source kinesis:clicks``).
 
 Each source is an in-process MultiLangDaemon: its shards are read through aioboto3
 and fed to the server over socket pairs, so the handlers, timers, bindings, the
@@ -7,7 +8,9 @@ coordinator and every sink work as they do behind the KCL daemon. The modules, o
 job each:
 
 - ``spec``: ``--source`` and ``--from`` parsed (``SourceSpec``, ``Start``);
-- ``dynamodb``: the DynamoDB Streams calls and their errors;
+- ``service``: what a reader asks of a stream service, and the errors it acts on;
+- ``dynamodb``: the DynamoDB Streams calls; ``kinesis``: the Kinesis calls (KPL
+  aggregates as user records);
 - ``feed``: the daemon's side of one shard's conversation (checkpoints checked as the
   KCL checks them, and saved);
 - ``positions``: a source's saved positions, ``<state-dir>/sources/<source>.json``;

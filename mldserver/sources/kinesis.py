@@ -129,8 +129,11 @@ class KinesisStreams:
 
 def daemon_records(api_record: dict[str, Any]) -> list[dict[str, Any]]:
     """A GetRecords record as the daemon sends it: one record, or one per user record
-    of a KPL aggregate (sub-sequence numbers 0, 1, ...; an aggregate that does not
-    decode stays one record, as the KCL keeps it)."""
+    of a KPL aggregate (sub-sequence numbers 0, 1, ...; a blob that is no aggregate
+    stays one record, as the KCL keeps it; an aggregate with a bad table index keeps
+    the user records before it and loses the rest, as the KCL's daemon does: handing it
+    over whole, for the server to dead-letter, would deliver sub-sequence numbers past
+    the one this record names, which a checkpoint could not reach)."""
     arrived = api_record.get("ApproximateArrivalTimestamp")
     base = {"action": "record", "sequenceNumber": api_record["SequenceNumber"],
             "approximateArrivalTimestamp": _epoch_ms(arrived) if arrived is not None else None}

@@ -4,12 +4,15 @@ user record with its sub-sequence number, the exact bytes; and a stream's name f
 from __future__ import annotations
 
 import base64
+import json
+from pathlib import Path
 from datetime import datetime, timezone
 
 from aws_kinesis_agg.aggregator import RecordAggregator
 
 from mldserver.sources.kinesis import KinesisStreams, daemon_records, stream_name
 
+DATA = Path(__file__).parent.parent / "data"
 SEQ = "49590338271490256608559692538361571095921575989136588898"
 AT = datetime(2026, 1, 30, 10, 0, 0, 123000, tzinfo=timezone.utc)
 
@@ -45,3 +48,12 @@ def test_a_stream_arn_names_the_stream_and_its_region():
     assert stream_name(arn) == stream_name("clicks") == "clicks"
     streams = KinesisStreams(arn)
     assert (streams.name, streams.region) == ("clicks", "eu-west-1")
+
+
+def test_an_aggregate_with_a_bad_table_index_keeps_the_user_records_before_it_as_the_kcl():
+    vectors = json.loads((DATA / "kpl-vectors.json").read_text())["vectors"]
+    vector = next(v for v in vectors if v["name"] == "agg_bad_partition_key_index")
+    records = daemon_records({"SequenceNumber": SEQ, "Data": base64.b64decode(vector["kinesis_record"]["data_b64"]),
+                              "PartitionKey": "only-pk", "ApproximateArrivalTimestamp": AT})
+    assert [(r["subSequenceNumber"], r["partitionKey"], r["data"]) for r in records] == \
+        [(u["sub_sequence_number"], u["partition_key"], u["data_b64"]) for u in vector["expected_user_records"]]
