@@ -137,10 +137,15 @@ def test_kpl_aggregates_reach_the_handler_one_user_record_each(kinesis, env, con
     wait_for(lambda: list(saved(tmp_path, name).values()) == [[expected[-1][1], 0]], 30, "the last position saved")
 
 
-def test_a_split_then_a_merge_mid_run_are_read_parents_first(kinesis, env, config, tmp_path, serve):
+def test_a_split_then_a_merge_mid_run_are_read_parents_first(kinesis, env, tmp_path, serve):
+    # A slow handler (0.7 s a batch) and shards listed every 0.3 s: the children are listed
+    # while their parents still have batches in hand, so a child started early would show.
+    config = tmp_path / "split.toml"
+    config.write_text("source_poll_interval = 0.2\nsource_discovery_interval = 0.3\n")
     name = stream(kinesis, 1)
     [parent] = kinesis.shards(name)
-    server = serve(HANDLER, "--source", f"kinesis:{name}", "--config", config, env=env)
+    server = serve(HANDLER, "--source", f"kinesis:{name}", "--config", str(config),
+                   env={**env, "MLDSERVER_TEST_DELAY": "0.7"})
     wait_for(lambda: events(server, "source_shard_started"), 30, "the first shard read")
     expected = put(kinesis, name, 20, "p")
     kinesis.client.split_shard(StreamName=name, ShardToSplit=parent, NewStartingHashKey=str(HALF))
@@ -150,11 +155,12 @@ def test_a_split_then_a_merge_mid_run_are_read_parents_first(kinesis, env, confi
     assert {r[0] for r in expected[20:]} == set(children)
     wait_for(lambda: len(seen(tmp_path)) >= len(expected), 60, "the parent's and the children's records handled")
 
+    expected += put(kinesis, name, 10, "d")  # the children's last records, in hand when the merge is listed
     kinesis.client.merge_shards(StreamName=name, ShardToMerge=children[0], AdjacentShardToMerge=children[1])
     wait_for(lambda: len(kinesis.shards(name)) == 4, 30, "the merge")
     [merged] = sorted(set(kinesis.shards(name)) - {parent, *children})
     expected += put(kinesis, name, 10, "m")
-    assert {r[0] for r in expected[40:]} == {merged}
+    assert {r[0] for r in expected[50:]} == {merged}
     got = wait_for(lambda: len(s := seen(tmp_path)) >= len(expected) and s, 60, "the merged shard's records handled")
 
     assert sorted(got) == sorted(expected) and len(got) == len(expected)  # nothing lost, nothing twice
@@ -163,6 +169,12 @@ def test_a_split_then_a_merge_mid_run_are_read_parents_first(kinesis, env, confi
     for child in children:
         assert max(index[parent]) < min(index[child])  # every record of the parent before any of its children's
         assert max(index[child]) < min(index[merged])  # both parents of a merge before it
+    # and no child read before its parents were read to their end (SHARD_END saved)
+    log = [(e["event"], e["shard_id"]) for e in server.events() if e["event"] in ("source_shard_started",
+                                                                                 "source_shard_ended")]
+    for shard, parents in [(children[0], [parent]), (children[1], [parent]), (merged, children)]:
+        for p in parents:
+            assert log.index(("source_shard_ended", p)) < log.index(("source_shard_started", shard)), log
     ended = {e["shard_id"]: e for e in events(server, "source_shard_ended")}
     assert set(ended) == {parent, *children}
     assert sorted(ended[parent]["children"]) == children and ended[children[0]]["children"] == [merged]
