@@ -4,10 +4,12 @@ process, with no daemon: every record's exact bytes, in order per shard; KPL agg
 as one record per user record (sub-sequence numbers 0, 1, ...); a stream split and then
 merged mid-run read parents first (every record of a parent handled before any of its
 children's), nothing lost, nothing twice; a SIGKILL and a restart resume after the saved
-position; ``--from`` a time starts ``AT_TIMESTAMP`` and skips what came before it."""
+position; ``--from`` a time starts ``AT_TIMESTAMP`` and skips what came before it; a shard is read
+at most 5 times a second."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import pickle
@@ -21,8 +23,9 @@ from aws_kinesis_agg.aggregator import RecordAggregator
 
 from mldserver.sources.positions import positions_path
 
-from ..harness import ServerProcess
-from .components import AWS, KinesisLocal, wait_for
+from ..handlers import CheckpointLast
+from ..harness import ServerProcess, running
+from .components import AWS, KinesisLocal, eventually, wait_for
 
 HANDLER = "tests.pool_handlers:RecordBatches"
 HALF = 2**127  # the middle of the hash key range
@@ -216,3 +219,27 @@ def test_from_a_time_starts_at_timestamp_and_skips_what_came_before(kinesis, env
     assert {e["start"] for e in events(server, "source_shard_started")} == {"AT_TIMESTAMP"}
     assert server.stop() == 0
     assert per_shard(seen(tmp_path)) == per_shard(expected) and len(got) == 6
+
+
+async def test_a_shard_is_read_at_most_five_times_a_second(kinesis, tmp_path, monkeypatch):
+    """Polling every 10 ms asked for, a shard's GetRecords are still 200 ms apart (the
+    service's 5 reads a second per shard, shared by its readers)."""
+    for key, value in {"AWS_ENDPOINT_URL_KINESIS": kinesis.endpoint, "AWS_ACCESS_KEY_ID": AWS["aws_access_key_id"],
+                       "AWS_SECRET_ACCESS_KEY": AWS["aws_secret_access_key"],
+                       "AWS_REGION": AWS["region_name"]}.items():
+        monkeypatch.setenv(key, value)
+    name = await asyncio.to_thread(stream, kinesis, 1)  # (its wait runs a loop of its own)
+    async with running(tmp_path, CheckpointLast, workers=0, source=(f"kinesis:{name}",),
+                       source_poll_interval=0.01) as (server, _, _):
+        [reader] = server.sources
+        calls: list[float] = []
+        records = reader.streams.records
+
+        async def counted(iterator):  # a spy on the service's GetRecords
+            calls.append(time.monotonic())
+            return await records(iterator)
+
+        reader.streams.records = counted
+        await eventually(lambda: len(calls) >= 8, 10, what="8 reads")
+    gaps = [b - a for a, b in zip(calls, calls[1:])]
+    assert min(gaps) >= 0.195, gaps
