@@ -4,7 +4,7 @@ process, with no daemon: every record's exact bytes, in order per shard; KPL agg
 as one record per user record (sub-sequence numbers 0, 1, ...); a stream split and then
 merged mid-run read parents first (every record of a parent handled before any of its
 children's), nothing lost, nothing twice; a SIGKILL and a restart resume after the saved
-position; ``--from`` a time starts ``AT_TIMESTAMP`` and skips what came before it; a shard is read
+position (inside a KPL aggregate too); ``--from`` a time starts ``AT_TIMESTAMP`` and skips what came before it; a shard is read
 at most 5 times a second."""
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from datetime import datetime, timezone
 import pytest
 from aws_kinesis_agg.aggregator import RecordAggregator
 
+import mldserver
 from mldserver.sources.positions import positions_path
 
 from ..handlers import CheckpointLast
@@ -243,3 +244,42 @@ async def test_a_shard_is_read_at_most_five_times_a_second(kinesis, tmp_path, mo
         await eventually(lambda: len(calls) >= 8, 10, what="8 reads")
     gaps = [b - a for a, b in zip(calls, calls[1:])]
     assert min(gaps) >= 0.195, gaps
+
+
+async def test_a_position_inside_a_kpl_aggregate_resumes_at_its_next_user_record(kinesis, tmp_path, monkeypatch):
+    """Saved at user record 2 of an aggregate of 5: the next server reads the aggregate
+    again (AT_SEQUENCE_NUMBER) and hands over user records 3 and 4, then what follows."""
+    for key, value in {"AWS_ENDPOINT_URL_KINESIS": kinesis.endpoint, "AWS_ACCESS_KEY_ID": AWS["aws_access_key_id"],
+                       "AWS_SECRET_ACCESS_KEY": AWS["aws_secret_access_key"],
+                       "AWS_REGION": AWS["region_name"]}.items():
+        monkeypatch.setenv(key, value)
+    name = await asyncio.to_thread(stream, kinesis, 1)
+    agg = RecordAggregator()
+    for i in range(5):
+        agg.add_user_record(f"u-{i}", f"user-{i}".encode())
+    pk, _, blob = agg.clear_and_get().get_contents()
+    r = await asyncio.to_thread(kinesis.client.put_record, StreamName=name, Data=blob, PartitionKey=pk)
+    [after] = await asyncio.to_thread(put, kinesis, name, 1, "after")
+    handled: list[tuple] = []
+
+    class CheckpointsTheThird(mldserver.Handler):
+        async def process_records(self, batch, checkpointer):
+            handled.extend((rec.sequence_number, rec.sub_sequence_number, rec.data) for rec in batch.records)
+            if len(handled) >= 3 and handled[2][1] == 2:
+                await checkpointer.checkpoint(handled[2][0], 2)
+
+        async def shutdown_requested(self, checkpointer):
+            pass  # the saved position stays inside the aggregate
+
+    async with running(tmp_path, CheckpointsTheThird, workers=0, source=(f"kinesis:{name}",),
+                       source_poll_interval=0.05):
+        await eventually(lambda: saved(tmp_path, name) == {"shardId-000000000000": [r["SequenceNumber"], 2]}, 30,
+                         what="user record 2 saved")
+    first, handled[:] = list(handled), []
+    assert [h[1] for h in first] == [0, 1, 2, 3, 4, 0]
+
+    async with running(tmp_path, CheckpointsTheThird, workers=0, source=(f"kinesis:{name}",),
+                       source_poll_interval=0.05):
+        await eventually(lambda: len(handled) >= 3, 30, what="the rest handled")
+    assert handled == [(r["SequenceNumber"], 3, b"user-3"), (r["SequenceNumber"], 4, b"user-4"),
+                       (after[1], 0, after[4])]
