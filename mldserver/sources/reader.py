@@ -20,18 +20,19 @@ A shard:
   aggregate resumes at its next user record), else where ``--from`` says
   (``first_iterator``): ``TRIM_HORIZON``, ``LATEST``, or, for a time, Kinesis's
   ``AT_TIMESTAMP`` (the SDK sends it in whole seconds, so the records of that second
-  that arrived before the time are skipped here); DynamoDB Streams has none, so there a time reads the shard from its
-  trim horizon (up to 24 hours of records), and the creation time is the service's
-  ``ApproximateCreationDateTime``, in whole seconds: the time is taken down to its
-  second, so a record created in that second before it is kept and none after it is
-  skipped (DynamoDB Local's times are whole minutes). A child of a shard read here starts at
-  ``TRIM_HORIZON`` whatever ``--from`` says (else ``latest`` would lose the records
-  written between the split and the child's first read);
-- reads a page (up to 1,000 DynamoDB records, 10,000 Kinesis ones), hands it over as one ``processRecords`` and
-  waits for its status; then reads again at once when the page was full, after a
-  quarter of ``source_poll_interval`` when it was not, after the whole interval when it
-  was empty (with a sink, an empty page is handed over too, as an empty batch caught up,
-  ``millisBehindLatest`` 0: the shard's watermark follows the clock);
+  that arrived before the time are skipped here). DynamoDB Streams has none, so there a
+  time reads the shard from its trim horizon (up to 24 hours of records), and the
+  creation time is the service's ``ApproximateCreationDateTime``, in whole seconds: the
+  time is taken down to its second, so a record created in that second before it is
+  kept and none after it is skipped (DynamoDB Local's times are whole minutes). A child
+  of a shard read here starts at ``TRIM_HORIZON`` whatever ``--from`` says (else
+  ``latest`` would lose the records written between the split and the child's first read);
+- reads a page (up to 1,000 DynamoDB records, 10,000 Kinesis ones), hands it over as
+  one ``processRecords`` and waits for its status; then reads again at once when the
+  page was full, after a quarter of ``source_poll_interval`` when it was not, after the
+  whole interval when it was empty (with a sink, an empty page is handed over too, as
+  an empty batch caught up, ``millisBehindLatest`` 0: the shard's watermark follows the
+  clock);
 - throttled (``source_throttled``): backs off with jitter, up to 30 s; an expired iterator
   (``source_iterator_expired``): a fresh one after the last record handed over; records
   trimmed away before they were read (``source_records_trimmed``, an error: what was lost,
