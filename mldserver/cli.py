@@ -56,6 +56,15 @@ def _parser():
     serve.add_argument("--spark-remote", help="Spark Connect URL sc://host:port")
     serve.add_argument("--timer-store", help="where durable timers are kept: sqlite (the state dir's, default), "
                                              "sqlite:PATH or dynamodb:TABLE (shared by servers)")
+    serve.add_argument("--source", action="append",
+                       help="read a stream directly, into the same handlers: dynamodb:TABLE, dynamodb:STREAM_ARN, "
+                            "kinesis:STREAM or kinesis:STREAM_ARN "
+                            "(repeatable; positions saved in the state dir, <state-dir>/sources/)")
+    serve.add_argument("--from", dest="source_from",
+                       help="where a --source with no saved position starts: trim_horizon (default), latest, or "
+                            "an ISO-8601 time with its zone (2026-01-30T10:00:00Z)")
+    serve.add_argument("--reset-positions", action="store_true",
+                       help="delete the saved positions of every --source before starting (then --from applies)")
     serve.add_argument("--admin", help="admin endpoint HOST:PORT: /metrics, /healthz, /readyz, /status, "
                                        "POST /pause /resume /reload (default 127.0.0.1:7071; off disables it)")
 
@@ -229,6 +238,8 @@ def _serve(args, logs) -> None:
         settings = settings.replace(admin=DEFAULT_ADMIN)  # on by default for `serve` (an embedded Server: off)
     logs.configure(settings.log_format, settings.log_level, settings.log_file)
     _importable_cwd()
+    if args.reset_positions:
+        _reset_positions(settings, logs)
     serving = server.Server(settings)
     if args.command == "run":
         from .ops.daemon import Daemon
@@ -238,6 +249,20 @@ def _serve(args, logs) -> None:
         serving.companions.append(daemon)
     tune(sink=serving.coordinator is not None)
     server.run(serving)
+
+
+def _reset_positions(settings, logs) -> None:
+    """``--reset-positions``: the saved positions of every ``--source`` deleted, before
+    the server reads them."""
+    from .errors import ConfigError
+
+    if not settings.source:
+        raise ConfigError("--reset-positions: deletes the saved positions of a --source, and none is given: "
+                          "add --source dynamodb:TABLE or kinesis:STREAM, or leave --reset-positions out")
+    from .sources import reset_positions
+
+    for source in reset_positions(settings):
+        logs.get_logger("mldserver.sources").info("positions_reset", source=source)
 
 
 def tune(*, sink: bool) -> None:

@@ -165,3 +165,22 @@ class RecordChanges(mldserver.ChangeHandler):
                  "creation_time_ms": meta.creation_time_ms, "source": meta.source, "pid": os.getpid()}
         with open(os.environ["MLDSERVER_TEST_SEEN"], "ab") as f:
             pickle.dump(entry, f)
+
+
+class RecordBatches(mldserver.Handler):
+    """Appends each record it handles (its shard, position, partition key and exact
+    bytes), pickled, to the file ``MLDSERVER_TEST_SEEN`` names, then (after
+    ``MLDSERVER_TEST_DELAY`` seconds, if set) checkpoints the batch at its last record."""
+
+    async def process_records(self, batch, checkpointer):
+        if not batch.records:
+            return
+        with open(os.environ["MLDSERVER_TEST_SEEN"], "ab") as f:
+            for record in batch.records:
+                pickle.dump({"shard": batch.shard.shard_id, "seq": record.sequence_number,
+                             "sub": record.sub_sequence_number or 0, "key": record.partition_key,
+                             "data": record.data, "pid": os.getpid()}, f)
+        if os.environ.get("MLDSERVER_TEST_DELAY"):  # a slow handler: a shard's reader waits on it
+            await asyncio.sleep(float(os.environ["MLDSERVER_TEST_DELAY"]))
+        last = batch.records[-1]
+        await checkpointer.checkpoint(last.sequence_number, last.sub_sequence_number)

@@ -117,3 +117,16 @@ def test_the_timer_store_is_sqlite_a_file_or_a_dynamodb_table():
         load(timer_store="dynamodb:a")
     with pytest.raises(ConfigError, match=r"timer_context_size = 10 is out of range: use 20 to 262144 bytes"):
         load(timer_context_size=10)
+
+
+def test_sources_are_a_list_from_the_file_or_repeated_flags_kept_as_a_tuple(tmp_path):
+    path = tmp_path / "mld.toml"
+    path.write_text('source = ["dynamodb:orders", "dynamodb:customers"]\nsource_from = "latest"\n')
+    assert load(str(path)).source == ("dynamodb:orders", "dynamodb:customers")
+    assert load(source=["dynamodb:orders"]).source == ("dynamodb:orders",)
+    assert load().source == ()
+    with pytest.raises(ConfigError, match=r"source must be a list, got 'dynamodb:orders'"):
+        path.write_text('source = "dynamodb:orders"\n')
+        load(str(path))
+    with pytest.raises(ConfigError, match=r"source\[1\] must not be empty"):
+        load(source=["dynamodb:orders", ""])

@@ -117,6 +117,7 @@ LAYERS = [
     "ops",                  # run, check, status, demo, bench, the relay
     "examples",             # handlers shipped with the package (the demo's)
     "server",               # the server process: lifecycle, assembly, listeners, admin, metrics
+    "sources",              # streams the server reads itself (--source), fed as daemon connections
     "pool",                 # handler processes (pool/child.py: a handler process's main)
     "shard",                # one shard connection's driver and its policy
     "coordinator",          # ordering, watermarks, windows, the ledger

@@ -41,6 +41,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
+from .adapter import adapter_change, dynamodb_record  # noqa: F401  (re-exported: tests build records so)
+
 SHARD_END = "SHARD_END"
 STATUS_KEYS = frozenset({"action", "responseFor"})
 CHECKPOINT_KEYS = frozenset({"action", "sequenceNumber", "subSequenceNumber"})
@@ -84,69 +86,6 @@ def make_records(
             }
         )
     return out
-
-
-def adapter_change(api_record: dict[str, Any]) -> dict[str, Any]:
-    """A DynamoDB Streams API ``Record`` (as boto3's ``dynamodbstreams`` client returns
-    it from ``get_records``: binary as bytes, times as datetime) as the KCL's DynamoDB
-    Streams adapter writes it into a record's data (its ``RecordObjectMapper``): binary
-    as base64, ``ApproximateCreationDateTime`` as epoch milliseconds, ``userIdentity``
-    as ``principalId`` and ``type``; absent fields left out."""
-    out: dict[str, Any] = {}
-    for key in ("awsRegion", "eventID", "eventName", "eventSource", "eventVersion"):
-        if api_record.get(key) is not None:
-            out[key] = api_record[key]
-    stream = api_record.get("dynamodb")
-    if stream is not None:
-        change: dict[str, Any] = {}
-        created = stream.get("ApproximateCreationDateTime")
-        if created is not None:
-            seconds = created.timestamp() if hasattr(created, "timestamp") else float(created)
-            change["ApproximateCreationDateTime"] = round(seconds * 1000)
-        for key in ("Keys", "NewImage", "OldImage"):
-            if stream.get(key) is not None:
-                change[key] = {name: _adapter_value(v) for name, v in stream[key].items()}
-        for key in ("SequenceNumber", "SizeBytes", "StreamViewType"):
-            if stream.get(key) is not None:
-                change[key] = stream[key]
-        out["dynamodb"] = change
-    who = api_record.get("userIdentity")
-    if who is not None:
-        out["userIdentity"] = {k: v for k, v in (("principalId", who.get("PrincipalId", who.get("principalId"))),
-                                                  ("type", who.get("Type", who.get("type")))) if v is not None}
-    return out
-
-
-def _adapter_value(av: dict[str, Any]) -> dict[str, Any]:
-    out = {}
-    for tag, v in av.items():
-        if tag == "B":
-            v = base64.b64encode(v).decode("ascii") if isinstance(v, (bytes, bytearray)) else v
-        elif tag == "BS":
-            v = [base64.b64encode(b).decode("ascii") if isinstance(b, (bytes, bytearray)) else b for b in v]
-        elif tag == "M":
-            v = {k: _adapter_value(x) for k, x in v.items()}
-        elif tag == "L":
-            v = [_adapter_value(x) for x in v]
-        out[tag] = v
-    return out
-
-
-def dynamodb_record(change: dict[str, Any], *, v1: bool = False) -> dict[str, Any]:
-    """The daemon's record for one DynamoDB stream change (``adapter_change``'s form):
-    what the KCL 3.x adapter hands the MultiLangDaemon (``partitionKey`` is the stream
-    sequence number; with ``v1``, the KCL 1.x adapter's null), the data the change's
-    JSON, ``approximateArrivalTimestamp`` its creation time."""
-    stream = change.get("dynamodb") or {}
-    seq = stream.get("SequenceNumber")
-    return {
-        "action": "record",
-        "data": base64.b64encode(json.dumps(change, separators=(",", ":")).encode()).decode("ascii"),
-        "partitionKey": None if v1 else seq,
-        "sequenceNumber": seq,
-        "subSequenceNumber": 0,
-        "approximateArrivalTimestamp": stream.get("ApproximateCreationDateTime"),
-    }
 
 
 class Child:

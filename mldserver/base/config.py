@@ -168,9 +168,14 @@ class Rule:
     choices: tuple[str, ...] = ()
     unit: str = ""
     empty: bool = True  # may a string be ""?
+    item: "Rule | None" = None  # a list setting (kind tuple): each item's rule
 
     def check(self, name: str, value: Any, where: str) -> Any:
         kind = self.kind
+        if self.item is not None:  # a list (TOML array, a repeated flag), kept as a tuple
+            if not isinstance(value, (list, tuple)):
+                raise ConfigError(f"{where}: {name} must be a list, got {value!r}")
+            return tuple(self.item.check(f"{name}[{i}]", v, where) for i, v in enumerate(value))
         if kind is float and isinstance(value, int) and not isinstance(value, bool):
             value = float(value)
         if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
@@ -188,6 +193,8 @@ class Rule:
         return value
 
     def allowed(self) -> str:
+        if self.item is not None:
+            return "a list, each item " + self.item.allowed()
         unit = f" {self.unit}" if self.unit else ""
         if self.high is None:
             return f"at least {_number(self.low)}{unit}"
@@ -203,7 +210,8 @@ def _number(x: float | None) -> str:
 
 def setting(default: Any, kind: type | None = None, **rule: Any) -> Any:
     """A Settings field and its Rule (in the field's metadata): the range sits next
-    to the field it constrains."""
+    to the field it constrains. ``item=Rule(str, empty=False)`` makes a list setting
+    (a tuple of checked items)."""
     rule_ = Rule(kind or type(default), **rule)
     if default is not None:
         rule_.check("default", default, "Settings")  # a default out of its own range is a bug here
@@ -292,6 +300,14 @@ class Settings:
     # table bindings (mldserver.api.bindings): [bindings.ALIAS] table = "T", access = "read_only"
     # or "read_write", allow_recursion = true (a read-write binding to the stream's own table)
     bindings: dict | None = setting(None, dict)
+    # sources read by the server itself (mldserver.sources): dynamodb:TABLE|STREAM_ARN, kinesis:STREAM|ARN,
+    # repeatable; where a source with no saved position starts (trim_horizon, latest, or an
+    # ISO-8601 time with its zone; default trim_horizon); how long a shard waits after an empty
+    # read (a partial one waits a quarter of it, a full one not at all); how often shards are listed
+    source: tuple = setting((), tuple, item=Rule(str, empty=False))
+    source_from: str | None = setting(None, str, empty=False)
+    source_poll_interval: float = setting(1.0, low=0.01, high=MINUTE, unit="seconds")
+    source_discovery_interval: float = setting(60.0, low=0.1, high=DAY, unit="seconds")
 
     @property
     def tcp_port(self) -> int | None:

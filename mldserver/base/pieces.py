@@ -16,7 +16,9 @@ copied once, where its pieces are joined (``LineBuffer``, ``spark.frames``)::
 
 ``read`` and ``readexactly`` are all it serves (what the server, the shard driver and the
 handler processes use); the line-oriented methods raise ``NotImplementedError``.
-``serve_tcp`` and ``serve_unix`` start servers whose connections read so.
+``serve_tcp`` and ``serve_unix`` start servers whose connections read so;
+``serve_socket`` serves one connected socket the same way (a source's end of a
+socket pair, ``mldserver.sources``).
 """
 
 from __future__ import annotations
@@ -120,3 +122,9 @@ async def serve_tcp(connected: Connected, host: str, port: int, limit: int, **kw
 async def serve_unix(connected: Connected, path: str, limit: int, **kwargs: Any) -> asyncio.Server:
     """``asyncio.start_unix_server``, each connection read by a ``PieceReader``."""
     return await asyncio.get_running_loop().create_unix_server(_factory(connected, limit), path, **kwargs)
+
+
+async def serve_socket(connected: Connected, sock: Any, limit: int) -> None:
+    """Serve one connected unix socket (one end of a ``socket.socketpair()``) as if a
+    unix server had accepted it: ``connected`` runs in a task of its own."""
+    await asyncio.get_running_loop().create_unix_connection(_factory(connected, limit), sock=sock)

@@ -13,6 +13,11 @@ on uvloop. Lifecycle (uvicorn's shape)::
               not resolve, a path taken) is a ConfigError naming the setting.
     companions  started once listening, stopped first, watched as owned tasks
               (``mldserver run``: the KCL daemon, mldserver.ops.daemon)
+    sources   with ``--source`` (mldserver.sources): their saved positions read
+              before anything starts (``--from`` where some are saved is a
+              ConfigError), their readers started once listening, each shard
+              served through ``attach`` as an accepted connection, and stopped
+              with the companions (each shard gets ``shutdownRequested``)
     admin     with ``Settings.admin`` (``mldserver serve``: 127.0.0.1:7071 unless
               ``--admin off``), the admin endpoint (mldserver.server.admin) is bound first,
               so /readyz answers 503 while Spark starts; it reads the server's
@@ -53,15 +58,16 @@ import asyncio
 import itertools
 import os
 import signal
+import socket
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
-from ..base import preflight
+from ..base import pieces, preflight
 from .assembly import Parts, build
 from ..api.bindings import current as current_bindings
 from ..base.config import Settings
 from ..errors import ConfigError, ServerCrashed
-from .listeners import Listeners
+from .listeners import STREAM_LIMIT, Listeners
 from ..base.logs import errors_only, get_logger
 from .metrics import LoopLag
 from ..shard import ShardDriver
@@ -115,6 +121,11 @@ class Server:
             self.admin = Admin(self, settings.admin)
         # Started once listening, stopped first, watched as owned tasks (mldserver run: the daemon).
         self.companions: list[Any] = []
+        self.sources: list[Any] = []  # SourceReader per --source (mldserver.sources)
+        if settings.source or settings.source_from:  # (--from alone: refused there)
+            from ..sources import readers  # aioboto3 only for a server that reads a stream itself
+
+            self.sources = readers(settings, attach=self.attach, empty_batches=self.coordinator is not None)
         self.crashed: BaseException | None = None  # what ended a task the server owns
         self.listening = False
         self._emits = self.parts.emits
@@ -177,6 +188,8 @@ class Server:
     async def _start(self) -> None:
         s = self.settings
         await asyncio.to_thread(preflight.writable_state_dir, Path(s.state_dir))
+        for source in self.sources:
+            source.prepare()  # --from where positions are saved: said before anything starts
         if self.spark is not None and not s.spark_remote:  # (a Spark Connect client needs no Java here)
             await asyncio.to_thread(preflight.java, "Spark (--pipeline, --sink parquet: or iceberg:)")
         self.loop_lag.start()
@@ -206,6 +219,8 @@ class Server:
         current_bindings.set(self.context.bindings)  # bindings.table in timer callbacks (workers = 0)
         await self.listeners.serve(workers=None if self.pool is None else [p.pid for p in self.pool.processes])
         self.listening = True
+        for source in self.sources:
+            await source.start()
 
     async def serve(self) -> None:
         """Run until a signal (or ``stop()``), then shut down in order; if a task the
@@ -248,6 +263,7 @@ class Server:
         if self.timers.task is not None:
             tasks.append(self.timers.task)
         tasks += [c.task for c in self.companions if c.task is not None]
+        tasks += [r.task for r in self.sources if r.task is not None]
         return tasks
 
     async def _watch(self) -> None:
@@ -347,6 +363,8 @@ class Server:
         # during its graceful shutdown it may start a child for a shard it takes again.
         for companion in self.companions:
             await self._stopped(companion.stop())
+        for source in self.sources:
+            await self._stopped(source.stop())  # each shard: its action answered, shutdownRequested, closed
         self._refusing = True
         self.listeners.close()
         self.listening = False
@@ -409,6 +427,11 @@ class Server:
                 self._crashed(_name(aw), exc)
 
     # -- connections -----------------------------------------------------------
+
+    async def attach(self, sock: socket.socket) -> None:
+        """Serve one end of a socket pair as an accepted connection: a source's shard
+        (mldserver.sources), the other end spoken by its feed as the daemon would."""
+        await pieces.serve_socket(self._accept, sock, STREAM_LIMIT)
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         conn_id = next(self._ids)

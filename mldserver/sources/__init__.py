@@ -1,0 +1,53 @@
+"""Sources the server reads itself, beside (or instead of) the daemon's connections:
+``mldserver serve --handler app:Orders --source dynamodb:orders --from trim_horizon``
+(or ``--source kinesis:clicks``).
+
+Each source is an in-process MultiLangDaemon: its shards are read through aioboto3
+and fed to the server over socket pairs, so the handlers, timers, bindings, the
+coordinator and every sink work as they do behind the KCL daemon. The modules, one
+job each:
+
+- ``spec``: ``--source`` and ``--from`` parsed (``SourceSpec``, ``Start``);
+- ``service``: what a reader asks of a stream service, and the errors it acts on;
+- ``dynamodb``: the DynamoDB Streams calls; ``kinesis``: the Kinesis calls (KPL
+  aggregates as user records);
+- ``feed``: the daemon's side of one shard's conversation (checkpoints checked as the
+  KCL checks them, and saved);
+- ``positions``: a source's saved positions, ``<state-dir>/sources/<source>.json``;
+- ``reader``: a source's shards listed, read parents first, polled, throttled, fed.
+
+The server builds them with ``readers(settings, attach=..., empty_batches=...)``
+(``prepare`` at start-up: a ConfigError before anything listens), starts them once
+listening and stops them first at shutdown::
+
+    for reader in readers(settings, attach=server.attach, empty_batches=True):
+        reader.prepare()
+"""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+from typing import Awaitable, Callable
+
+from ..base.config import Settings
+from .positions import SavedPositions
+from .reader import SourceReader
+from .spec import parse_sources
+
+__all__ = ["SourceReader", "readers", "reset_positions"]
+
+
+def readers(settings: Settings, *, attach: Callable[[socket.socket], Awaitable[None]],
+            empty_batches: bool) -> list[SourceReader]:
+    """A reader per ``--source`` (none without one); a mistake is a ConfigError."""
+    specs, start = parse_sources(settings.source, settings.source_from)
+    return [SourceReader(spec, start, settings, attach=attach, empty_batches=empty_batches, qualify=len(specs) > 1,
+                         given_from=settings.source_from is not None) for spec in specs]
+
+
+def reset_positions(settings: Settings) -> list[str]:
+    """``--reset-positions``: delete the saved positions of every ``--source``; the
+    sources that had some."""
+    specs, _ = parse_sources(settings.source, settings.source_from)
+    return [spec.text for spec in specs if SavedPositions.reset(Path(settings.state_dir), spec.text)]

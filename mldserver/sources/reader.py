@@ -1,0 +1,389 @@
+"""One source read by the server itself (``mldserver serve --source dynamodb:orders``,
+``--source kinesis:clicks``):
+its shards listed on a period and when one ends, each read by a task of its own, parents
+before children, and fed to the server as a daemon's connection would be (``feed``)::
+
+    reader = SourceReader(SourceSpec.parse("dynamodb:orders"), Start.parse("trim_horizon"), settings,
+                          attach=server.attach, empty_batches=True)
+    reader.prepare()          # the saved positions read; --from with saved positions: ConfigError
+    await reader.start()      # the stream found, the shards listed, their tasks started
+    ...                       # reader.task: the discovery loop (owned by the server)
+    await reader.stop()       # each shard: its action finished, shutdownRequested, closed
+
+A shard:
+
+- starts once each parent is read to its end (``SHARD_END`` saved) or gone from the
+  stream (trimmed): parents before children, always;
+- starts after its saved position (``initialize`` carries it; the iterator is the
+  service's ``resume``: DynamoDB ``AFTER_SEQUENCE_NUMBER``, Kinesis ``AT_SEQUENCE_NUMBER``
+  with every user record up to the saved one skipped, so a position inside a KPL
+  aggregate resumes at its next user record), else where ``--from`` says
+  (``first_iterator``): ``TRIM_HORIZON``, ``LATEST``, or, for a time, Kinesis's
+  ``AT_TIMESTAMP`` (the SDK sends it in whole seconds, so the records of that second
+  that arrived before the time are skipped here). DynamoDB Streams has none, so there a
+  time reads the shard from its trim horizon (up to 24 hours of records), and the
+  creation time is the service's ``ApproximateCreationDateTime``, in whole seconds: the
+  time is taken down to its second, so a record created in that second before it is
+  kept and none after it is skipped (DynamoDB Local's times are whole minutes). A child
+  of a shard read here starts at ``TRIM_HORIZON`` whatever ``--from`` says (else
+  ``latest`` would lose the records written between the split and the child's first read);
+- reads a page (up to 1,000 DynamoDB records, 10,000 Kinesis ones), hands it over as
+  one ``processRecords`` and waits for its status; then reads again at once when the
+  page was full, after a quarter of ``source_poll_interval`` when it was not, after the
+  whole interval when it was empty (with a sink, an empty page is handed over too, as
+  an empty batch caught up, ``millisBehindLatest`` 0: the shard's watermark follows the
+  clock);
+- throttled (``source_throttled``): backs off with jitter, up to 30 s; an expired iterator
+  (``source_iterator_expired``): a fresh one after the last record handed over; records
+  trimmed away before they were read (``source_records_trimmed``, an error: what was lost,
+  between which positions): starts again at the trim horizon; the service unreachable
+  (``source_read_failed``): retried with backoff, logged once until it recovers;
+- ends when the stream closes it and it is read to its end: ``shardEnded``, whose
+  ``SHARD_END`` checkpoint is saved (``source_shard_ended``), and the stream is listed again.
+
+Two reads of one shard are ``read_interval`` apart at least (Kinesis allows 5
+GetRecords a second per shard). ``millisBehindLatest``: Kinesis's own; for DynamoDB 0
+after a page that was not full, else the time since the last record's creation.
+The services are ``service.Service``s (``dynamodb``, ``kinesis``); all else is shared.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import time
+from pathlib import Path
+from typing import Any, Awaitable, Callable
+
+from ..base.backoff import Backoff
+from ..base.config import Settings
+from ..base.logs import EventLogger, get_logger
+from ..base.positions import Position
+from ..errors import ConfigError
+from .dynamodb import DynamoDBStreams
+from .kinesis import KinesisStreams
+from .service import IteratorExpired, Service, ShardInfo, Throttled, Trimmed, Unreachable
+from .feed import LINE_LIMIT, Feed, FeedClosed
+from .positions import SHARD_END, SavedPositions
+from .spec import SourceSpec, Start
+
+THROTTLE = Backoff(first=0.5, cap=30.0)
+UNREACHABLE = Backoff(first=1.0, cap=30.0)
+STOP_WAIT_S = 5.0  # past shutdown_timeout: how long a shard's feed gets once cancelled
+
+
+class SourceReader:
+    def __init__(self, spec: SourceSpec, start: Start, settings: Settings, *,
+                 attach: Callable[[socket.socket], Awaitable[None]], empty_batches: bool = False,
+                 qualify: bool = False, given_from: bool = False) -> None:
+        """``attach`` serves a socket as an accepted connection (``Server.attach``);
+        ``empty_batches``: hand caught-up empty pages over (a sink's watermarks);
+        ``qualify``: shard ids as ``NAME/shardId`` (several sources in one server);
+        ``given_from``: ``--from`` was given (refused where positions are saved)."""
+        self.spec = spec
+        self.start_at = start
+        self.settings = settings
+        self.attach = attach
+        self.empty_batches = empty_batches
+        self.qualify = qualify
+        self.given_from = given_from
+        self.log: EventLogger = get_logger("mldserver.sources").bind(source=spec.text)
+        self.saved: SavedPositions | None = None
+        self.streams: Service | None = None
+        self.task: asyncio.Task[None] | None = None
+        self.listed: dict[str, ShardInfo] = {}
+        self.reading: dict[str, asyncio.Task[None]] = {}
+        self.feeds: dict[str, Feed] = {}
+        self._stop = asyncio.Event()
+        self._wake = asyncio.Event()
+
+    # -- lifecycle ------------------------------------------------------------------
+
+    def prepare(self) -> None:
+        """Read the saved positions; ``--from`` where some are saved is a ConfigError."""
+        self.saved = SavedPositions.open(Path(self.settings.state_dir), self.spec.text)
+        if self.given_from and len(self.saved):
+            raise ConfigError(
+                f"--from {self.settings.source_from}: {self.spec.text} has saved positions ({self.saved.path}), "
+                f"where it resumes: pass --reset-positions to delete them and start from --from, or leave --from out")
+
+    async def start(self) -> None:
+        """Find the stream, list its shards and start reading (a table without a stream
+        is a ConfigError; a service not answering yet is retried by the discovery loop)."""
+        if self.saved is None:
+            self.prepare()
+        assert self.saved is not None
+        s = self.settings
+        service = KinesisStreams if self.spec.kind == "kinesis" else DynamoDBStreams
+        self.streams = service(self.spec.name, region=s.aws_region, endpoint_url=s.aws_endpoint_url)
+        await self.streams.__aenter__()
+        try:
+            arn = await self.streams.stream_arn()
+        except Unreachable as exc:
+            raise ConfigError(f"--source {self.spec.text}: {exc}: check the region, the credentials and the "
+                              f"endpoint ({self.streams.endpoint_hint})") from None
+        if self.saved.stream not in (None, arn) and len(self.saved):
+            self.log.warning("source_stream_replaced", was=self.saved.stream, now=arn,
+                             what_to_do="the table's stream was replaced (disabled and enabled again): the saved "
+                                        "positions name the old stream's shards and are kept for them; the new "
+                                        "stream's shards start from --from")
+        await self.saved.set_stream(arn)
+        self.log.info("source_started", stream=arn, start=self.start_at.kind, saved_shards=len(self.saved))
+        self.task = asyncio.create_task(self._discover(), name=f"source {self.spec.text}")
+
+    async def stop(self) -> None:
+        """Each shard finishes the action under way, gets ``shutdownRequested`` (it may
+        checkpoint) and is closed; past ``shutdown_timeout`` the rest is cancelled."""
+        self._stop.set()
+        tasks = list(self.reading.values())
+        if self.task is not None:
+            tasks.append(self.task)
+        if tasks:
+            _, pending = await asyncio.wait(tasks, timeout=self.settings.shutdown_timeout)
+            for task in pending:
+                task.cancel()
+            if pending:
+                await asyncio.wait(pending, timeout=STOP_WAIT_S)
+        if self.streams is not None:
+            await self.streams.__aexit__(None, None, None)
+        self.log.info("source_stopped", shards=len(self.reading))
+
+    # -- discovery ------------------------------------------------------------------
+
+    async def _discover(self) -> None:
+        """List the shards now, on the period, and when a shard ends; start those whose
+        parents are done. A shard's task that fails (a bug) ends this one: the server
+        logs task_crashed."""
+        assert self.streams is not None and self.saved is not None
+        failures = 0
+        while not self._stop.is_set():
+            self._wake.clear()
+            try:
+                shards = await self.streams.shards()
+            except (Throttled, Unreachable) as exc:
+                if failures == 0:
+                    self.log.warning("source_list_failed", error=str(exc),
+                                     what_to_do="retried with backoff; check the endpoint, region and credentials")
+                failures += 1
+                await self._sleep(UNREACHABLE.delay(failures - 1))
+                continue
+            failures = 0
+            self.listed = {s.shard_id: s for s in shards}
+            gone = [s for s in self.saved.shard_ids() if s not in self.listed]
+            if gone:
+                await self.saved.forget(gone)
+            for shard in shards:
+                if shard.shard_id not in self.reading and self._may_start(shard):
+                    self._start_shard(shard)
+            for shard_id, task in list(self.reading.items()):
+                if task.done() and not task.cancelled() and task.exception() is not None:
+                    raise task.exception()  # type: ignore[misc]
+            await self._sleep(self.settings.source_discovery_interval, wake=True)
+
+    def _may_start(self, shard: ShardInfo) -> bool:
+        assert self.saved is not None
+        return may_start(shard, self.listed, self.saved.ended)
+
+    def _start_shard(self, shard: ShardInfo) -> None:
+        task = asyncio.create_task(self._read_shard(shard), name=f"source {self.spec.text} {shard.shard_id}")
+        self.reading[shard.shard_id] = task
+        task.add_done_callback(lambda _: self._wake.set())
+
+    async def _sleep(self, seconds: float, *, wake: bool = False) -> None:
+        """Sleep, cut short by stop (and by a shard's end, with ``wake``)."""
+        waits = [asyncio.ensure_future(self._stop.wait())]
+        if wake:
+            waits.append(asyncio.ensure_future(self._wake.wait()))
+        try:
+            await asyncio.wait(waits, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for w in waits:
+                w.cancel()
+
+    async def _until_stopped(self, aw: Awaitable[Any]) -> Any:
+        """``aw``'s result, or None if the source stops first (``aw`` cancelled)."""
+        call = asyncio.ensure_future(aw)
+        stopping = asyncio.ensure_future(self._stop.wait())
+        try:
+            await asyncio.wait([call, stopping], return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stopping.cancel()
+        if not call.done():
+            call.cancel()
+            await asyncio.gather(call, return_exceptions=True)
+            return None
+        return call.result()
+
+    # -- one shard ------------------------------------------------------------------
+
+    async def _read_shard(self, shard: ShardInfo) -> None:
+        assert self.streams is not None and self.saved is not None
+        shard_id = shard.shard_id
+        log = self.log.bind(shard_id=shard_id)
+        saved = self.saved.get(shard_id)
+        ours, theirs = socket.socketpair()
+        try:
+            await self.attach(theirs)
+        except BaseException:
+            theirs.close()
+            ours.close()
+            raise
+        reader, writer = await asyncio.open_unix_connection(sock=ours, limit=LINE_LIMIT)
+
+        async def store(position: Any) -> None:
+            await self.saved.store(shard_id, position)  # type: ignore[union-attr]
+
+        feed = Feed(reader, writer, f"{self.spec.name}/{shard_id}" if self.qualify else shard_id,
+                    store=store, stored=saved)
+        self.feeds[shard_id] = feed
+        ended = False
+        try:
+            if isinstance(saved, Position):
+                first: tuple[str, str | None] = (self.streams.resume, saved.text)
+                await feed.initialize(saved.text, saved.sub)
+            else:
+                from_parent = any(p in self.listed for p in shard.parents)
+                kind = first_iterator(self.start_at, from_parent=from_parent,
+                                      at_timestamp=self.streams.at_timestamp)
+                first = (kind, None)
+                await feed.initialize(kind)
+            children = await self._pump(shard, feed, first, log)
+            ended = children is not None
+            if not ended:
+                await feed.shutdown_requested()  # the source stops: the handler may checkpoint
+        except FeedClosed as exc:
+            if not self._stop.is_set():
+                log.warning("source_shard_closed", error=str(exc),
+                            what_to_do="the server closed the shard's connection; it is read again at the next start")
+            return
+        finally:
+            await feed.close()
+            self.feeds.pop(shard_id, None)
+        if not ended:
+            return
+        if self.saved.ended(shard_id):
+            log.info("source_shard_ended", position=feed.delivered.text if feed.delivered else None,
+                     children=list(children or ()))
+        else:
+            log.error("source_shard_end_not_stored", stored=str(self.saved.get(shard_id)),
+                      what_to_do="the handler's shard_ended did not checkpoint SHARD_END (checkpoint() with no "
+                                 "sequence number): the shard's children are not read until a restart reads it "
+                                 "to its end again and SHARD_END is stored")
+
+    async def _pump(self, shard: ShardInfo, feed: Feed, first: tuple[str, str | None],
+                    log: EventLogger) -> tuple[str, ...] | None:
+        """Read the shard into the feed until it ends (its children, as the last page
+        names them) or the source stops (None)."""
+        shard_id = shard.shard_id
+        streams = self.streams
+        assert streams is not None
+        poll = self.settings.source_poll_interval
+        # --from a time: what arrived before it skipped (Kinesis's AT_TIMESTAMP goes there, but the SDK
+        # sends the time in whole seconds: the records of its second before it come too)
+        since = self.start_at.at_ms if self.start_at.kind == "time" else None
+        if since is not None and not streams.at_timestamp:
+            since -= since % 1000  # DynamoDB's creation times are whole seconds
+        iterator: str | None = None
+        throttled = failures = 0
+        started = False
+        last: Position | None = feed.delivered
+        skip: Position | None = None  # AT_SEQUENCE_NUMBER: the user records up to here were handed over already
+        read_at = -float("inf")
+        while not self._stop.is_set():
+            try:
+                if iterator is None:
+                    kind, after = (streams.resume, last.text) if last is not None else first
+                    at_ms = self.start_at.at_ms if kind == "AT_TIMESTAMP" else None
+                    iterator = await self._until_stopped(streams.iterator(shard_id, kind, after, at_ms))
+                    if iterator is None:
+                        return None
+                    skip = last if kind == "AT_SEQUENCE_NUMBER" else None
+                    if not started:  # from here on, nothing written to the shard is missed
+                        log.info("source_shard_started", start=kind, position=after, parents=list(shard.parents))
+                        started = True
+                wait = read_at + streams.read_interval - time.monotonic()
+                if wait > 0:  # the service's reads a second per shard (Kinesis: 5)
+                    await self._sleep(wait)
+                    if self._stop.is_set():
+                        return None
+                read_at = time.monotonic()
+                page = await self._until_stopped(streams.records(iterator))
+                if page is None:
+                    return None
+            except Throttled as exc:
+                log.warning("source_throttled", error=str(exc), attempt=throttled)
+                throttled += 1
+                await self._sleep(THROTTLE.delay(throttled - 1))
+                continue
+            except IteratorExpired:
+                log.info("source_iterator_expired", position=last.text if last else None)
+                iterator = None
+                continue
+            except Trimmed as exc:
+                log.error("source_records_trimmed", after=last.text if last else first[1], error=str(exc),
+                          what_to_do="records between this position and the shard's trim horizon were removed by "
+                                     "the stream (its retention) before they were read, and are lost; reading "
+                                     "goes on at the trim horizon. Keep the server running, or read faster")
+                iterator, last, first = None, None, ("TRIM_HORIZON", None)
+                continue
+            except Unreachable as exc:
+                if failures == 0:
+                    log.warning("source_read_failed", error=str(exc),
+                                what_to_do="retried with backoff; check the endpoint, region and credentials")
+                failures += 1
+                await self._sleep(UNREACHABLE.delay(failures - 1))
+                continue
+            if failures:
+                log.info("source_read_recovered", attempts=failures)
+            throttled = failures = 0
+            records = page.records
+            if skip is not None and records:
+                records = [r for r in records if not _at_or_before(r, skip)]
+                skip = None
+            if since is not None:
+                records = [r for r in records if (r.get("approximateArrivalTimestamp") or since) >= since]
+            if records:
+                await feed.process_records(records, page.behind_ms)
+                last = feed.delivered
+            elif page.next_iterator is not None and self.empty_batches and not page.read:
+                await feed.process_records([], page.behind_ms or 0)
+            # (a page all skipped: --from a time, or a resume's records read again: the iterator moves on)
+            iterator = page.next_iterator
+            if iterator is None:
+                await feed.shard_ended()
+                return page.children
+            if page.read >= streams.limit or (not page.read and (page.behind_ms or 0) > 0):
+                continue  # more is there: read again (no sooner than read_interval)
+            await self._sleep(poll if not page.read else poll / 4)
+        return None
+
+
+def first_iterator(start: Start, *, from_parent: bool, at_timestamp: bool) -> str:
+    """Where a shard with no saved position starts: a child of a shard read here at
+    its trim horizon whatever ``--from`` says (else ``latest`` would lose what was
+    written between the split and its first read); else as ``--from`` says (a time:
+    ``AT_TIMESTAMP`` where the service has it, else the trim horizon, skipping)::
+
+        first_iterator(Start("time", 1769767200000), from_parent=False, at_timestamp=True)  # "AT_TIMESTAMP"
+    """
+    if from_parent or start.kind == "trim_horizon":
+        return "TRIM_HORIZON"
+    if start.kind == "latest":
+        return "LATEST"
+    return "AT_TIMESTAMP" if at_timestamp else "TRIM_HORIZON"
+
+
+def may_start(shard: ShardInfo, listed: dict[str, ShardInfo] | set[str], ended: Callable[[str], bool]) -> bool:
+    """May ``shard`` be read now? Not if it is read to its end already; else once each
+    parent is read to its end (``ended``) or gone from the stream (not ``listed``)::
+
+        may_start(ShardInfo("child", ("parent",), False), {"parent", "child"}, ended={"parent"}.__contains__)  # True
+    """
+    if ended(shard.shard_id):
+        return False
+    return all(p not in listed or ended(p) for p in shard.parents)
+
+
+def _at_or_before(record: dict[str, Any], position: Position) -> bool:
+    at = Position.parse(record.get("sequenceNumber"), record.get("subSequenceNumber") or 0)
+    return at is not None and at <= position

@@ -1,0 +1,136 @@
+"""What a reader asks of a stream service, whichever it is (``dynamodb``: DynamoDB
+Streams; ``kinesis``: Kinesis Data Streams): the shards listed, an iterator taken, a
+page of records read, already daemon-shaped, with the service's errors turned into the
+few that change what a reader does::
+
+    async with KinesisStreams("orders") as streams:           # or DynamoDBStreams("orders")
+        arn = await streams.stream_arn()                       # the stream's identity (saved beside positions)
+        shards = await streams.shards()                        # [ShardInfo("shardId-000000000002", ("shardId-000000000000",), False), ...]
+        it = await streams.iterator("shardId-000000000002", "AT_TIMESTAMP", at_ms=1769767200000)
+        page = await streams.records(it)
+        page.records      # [{"action": "record", "data": "aGVsbG8=", "partitionKey": "k", "sequenceNumber": "4959...",
+                          #   "subSequenceNumber": 0, "approximateArrivalTimestamp": 1769767200123}, ...]
+        page.read         # how many records the service returned (a full page: read again at once)
+        page.next_iterator, page.behind_ms, page.children
+
+``page.next_iterator`` is None when the shard is closed and read to its end. What
+fails is one of:
+
+- ``Throttled`` (``LimitExceededException``, ``ProvisionedThroughputExceededException``,
+  ``ThrottlingException``): back off with jitter and read again;
+- ``IteratorExpired`` (``ExpiredIteratorException``; DynamoDB's iterators live 15
+  minutes, Kinesis's 5): a fresh iterator after the last position;
+- ``Trimmed`` (``TrimmedDataAccessException``): the position is older than the stream
+  keeps: start again at the trim horizon, and say what was lost;
+- ``Unreachable``: anything else the service or the network says (retried, logged).
+
+A service also says how it is read (``Service``): how many records a page holds at
+most (``limit``), the least time between two reads of one shard (``read_interval``:
+Kinesis allows 5 GetRecords a second per shard), how a shard resumes after a saved
+position (``resume``) and whether it has a timestamp iterator (``at_timestamp``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, NamedTuple, Protocol
+
+from ..errors import MldserverError
+
+
+class StreamsError(MldserverError):
+    retriable = True
+
+
+class Throttled(StreamsError):
+    pass
+
+
+class IteratorExpired(StreamsError):
+    pass
+
+
+class Trimmed(StreamsError):
+    pass
+
+
+class Unreachable(StreamsError):
+    pass
+
+
+ERRORS = {
+    "LimitExceededException": Throttled,
+    "ProvisionedThroughputExceededException": Throttled,
+    "ThrottlingException": Throttled,
+    "ExpiredIteratorException": IteratorExpired,
+    "TrimmedDataAccessException": Trimmed,
+}
+
+
+class ShardInfo(NamedTuple):
+    shard_id: str
+    parents: tuple[str, ...]  # one after a split, two after a merge (Kinesis), none for a first shard
+    closed: bool  # an ending sequence number: no new record will come
+
+
+class Page(NamedTuple):
+    records: list[dict[str, Any]]  # daemon-shaped (a KPL aggregate already one record per user record)
+    read: int  # the records the service returned (a page of ``limit``: read again at once)
+    next_iterator: str | None  # None: the shard is closed and read to its end
+    behind_ms: int | None = None  # how far the shard's reader is behind its head (None: the reader works it out)
+    children: tuple[str, ...] = ()  # a closed shard's last page: its children (Kinesis ChildShards)
+
+
+class Service(Protocol):
+    """What ``reader.SourceReader`` needs of a stream service (an async context manager)."""
+
+    limit: int  # records a page holds at most
+    read_interval: float  # seconds between two GetRecords on one shard, at least
+    resume: str  # AFTER_SEQUENCE_NUMBER, or AT_SEQUENCE_NUMBER (what the reader already has is skipped)
+    at_timestamp: bool  # an AT_TIMESTAMP iterator (else a time reads from the trim horizon and skips)
+    endpoint_hint: str  # where to point it at a local emulator, for a message
+
+    async def __aenter__(self) -> "Service": ...
+
+    async def __aexit__(self, *exc: Any) -> None: ...
+
+    async def stream_arn(self) -> str: ...
+
+    async def shards(self) -> list[ShardInfo]: ...
+
+    async def iterator(self, shard_id: str, kind: str, sequence_number: str | None = None,
+                       at_ms: int | None = None) -> str: ...
+
+    async def records(self, iterator: str) -> Page: ...
+
+
+async def call(client: Any, method: str, **args: Any) -> Any:
+    """``client.method(**args)`` with the service's errors turned into ours."""
+    try:
+        return await getattr(client, method)(**args)
+    except service_errors() as exc:
+        kind = ERRORS.get(error_code(exc) or "", Unreachable)
+        raise kind(f"{api_name(method)}: {describe(exc)}") from None
+
+
+def service_errors() -> tuple[type[BaseException], ...]:
+    """What the service or the network may raise (anything else is a bug of ours)."""
+    import aiohttp
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    return (ClientError, BotoCoreError, aiohttp.ClientError, OSError, asyncio.TimeoutError)
+
+
+def error_code(exc: BaseException) -> str | None:
+    response = getattr(exc, "response", None)
+    if isinstance(response, dict):
+        return (response.get("Error") or {}).get("Code")
+    return None
+
+
+def describe(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"
+
+
+def api_name(method: str) -> str:
+    return "".join(part.capitalize() for part in method.split("_"))

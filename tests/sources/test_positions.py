@@ -1,0 +1,63 @@
+"""A source's saved positions: one file in the state dir, written whole, read back as
+positions; a corrupt file or a reset said plainly."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+
+from mldserver.base.positions import Position
+from mldserver.errors import ConfigError
+from mldserver.sources.positions import SHARD_END, SavedPositions, positions_path
+
+
+async def test_positions_stored_are_read_back_by_the_next_server(tmp_path):
+    saved = SavedPositions.open(tmp_path, "dynamodb:orders")
+    assert len(saved) == 0 and saved.get("shardId-1") is None
+    await saved.set_stream("arn:stream")
+    await saved.store("shardId-1", Position.parse("000000000000000000017", 0))
+    await saved.store("shardId-0", SHARD_END)
+
+    path = positions_path(tmp_path, "dynamodb:orders")
+    assert path == tmp_path / "sources" / "dynamodb_3aorders.json"
+    assert json.loads(path.read_text()) == {"source": "dynamodb:orders", "stream": "arn:stream", "shards": {
+        "shardId-1": ["000000000000000000017", 0], "shardId-0": "SHARD_END"}}
+    again = SavedPositions.open(tmp_path, "dynamodb:orders")
+    assert again.get("shardId-1") == Position.parse("000000000000000000017", 0)
+    assert again.get("shardId-1").text == "000000000000000000017"  # leading zeros kept
+    assert again.ended("shardId-0") and not again.ended("shardId-1") and again.stream == "arn:stream"
+
+
+async def test_stores_from_many_shards_at_once_all_reach_the_file(tmp_path):
+    saved = SavedPositions.open(tmp_path, "dynamodb:orders")
+    await asyncio.gather(*(saved.store(f"shardId-{i}", Position.parse(str(100 + i), 0)) for i in range(20)))
+    again = SavedPositions.open(tmp_path, "dynamodb:orders")
+    assert {s: again.get(s).seq for s in again.shard_ids()} == {f"shardId-{i}": 100 + i for i in range(20)}
+
+
+async def test_shards_gone_from_the_stream_are_forgotten(tmp_path):
+    saved = SavedPositions.open(tmp_path, "dynamodb:orders")
+    await saved.store("a", SHARD_END)
+    await saved.store("b", Position.parse("5", 0))
+    await saved.forget(["a", "never-seen"])
+    assert SavedPositions.open(tmp_path, "dynamodb:orders").shard_ids() == ["b"]
+
+
+async def test_reset_deletes_the_file_and_says_whether_there_was_one(tmp_path):
+    saved = SavedPositions.open(tmp_path, "dynamodb:orders")
+    await saved.store("a", Position.parse("5", 0))
+    assert SavedPositions.reset(tmp_path, "dynamodb:orders") is True
+    assert SavedPositions.reset(tmp_path, "dynamodb:orders") is False
+    assert len(SavedPositions.open(tmp_path, "dynamodb:orders")) == 0
+
+
+@pytest.mark.parametrize("text", ["{not json", '{"shards": {"a": ["x", 0]}}', '{"shards": []}', "[]"])
+def test_a_corrupt_file_is_a_config_error_naming_it(tmp_path, text):
+    path = positions_path(tmp_path, "dynamodb:orders")
+    path.parent.mkdir(parents=True)
+    path.write_text(text)
+    with pytest.raises(ConfigError, match="--reset-positions") as caught:
+        SavedPositions.open(tmp_path, "dynamodb:orders")
+    assert str(path) in str(caught.value)
