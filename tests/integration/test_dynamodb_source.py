@@ -24,6 +24,8 @@ from ..harness import ServerProcess
 from .components import AWS, wait_for
 from .test_dynamodb_changes import make_table, same, seen, write
 
+pytestmark = pytest.mark.slow  # servers killed and restarted against an emulator, minutes in all
+
 HANDLER = "tests.pool_handlers:RecordChanges"
 SER = TypeSerializer()
 

@@ -29,6 +29,8 @@ from ..handlers import CheckpointLast
 from ..harness import ServerProcess, running
 from .components import AWS, KinesisLocal, eventually, wait_for
 
+pytestmark = pytest.mark.slow  # servers killed and restarted against an emulator, minutes in all
+
 HANDLER = "tests.pool_handlers:RecordBatches"
 HALF = 2**127  # the middle of the hash key range
 

@@ -192,6 +192,7 @@ async def test_a_server_sigkilled_as_the_status_reaches_the_daemon_has_the_calls
         tmp_path, monkeypatch, workers):
     fired_file(tmp_path, monkeypatch)
     server = ServerProcess(UNCHECKED, tmp_path, "--workers", workers)
+    shard = None
     try:
         shard = await FakeDaemon(relay_command(server.port)).shard("shardId-0")
         ops, live = creates_and_cancels(300)
@@ -200,6 +201,8 @@ async def test_a_server_sigkilled_as_the_status_reaches_the_daemon_has_the_calls
         server.proc.wait()
     finally:
         server.stop()
+        if shard is not None:
+            await shard.child.kill()  # its relay, reaped before the test's loop closes
     assert sorted(stored(tmp_path)) == sorted(live)
 
 
