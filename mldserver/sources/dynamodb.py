@@ -26,7 +26,7 @@ from typing import Any
 from ..api.adapter import adapter_change, dynamodb_record
 from ..base.aws import client
 from ..errors import ConfigError
-from .service import Page, ShardInfo, Throttled, Unreachable, call, describe, error_code, service_errors
+from .service import OpenClient, Page, ShardInfo, Throttled, Unreachable, call, describe, error_code, service_errors
 
 __all__ = ["LIMIT", "DynamoDBStreams", "Page", "ShardInfo", "Throttled", "Unreachable", "endpoint"]
 
@@ -42,11 +42,12 @@ def endpoint(configured: str | None) -> str | None:
     return os.environ.get("AWS_ENDPOINT_URL_DYNAMODB") or None
 
 
-class DynamoDBStreams:
+class DynamoDBStreams(OpenClient):
     limit = LIMIT
     read_interval = 0.0  # (at most two readers a shard: this is the one)
     resume = "AFTER_SEQUENCE_NUMBER"
     at_timestamp = False  # no AT_TIMESTAMP iterator: a time reads from the trim horizon and skips
+    client_service = "dynamodbstreams"
     endpoint_hint = "AWS_ENDPOINT_URL_DYNAMODB for DynamoDB Local"
 
     def __init__(self, name: str, *, region: str | None = None, endpoint_url: str | None = None) -> None:
@@ -56,18 +57,6 @@ class DynamoDBStreams:
         self.endpoint_url = endpoint(endpoint_url)
         self._table_endpoint = endpoint_url
         self._arn = name if name.startswith("arn:") else None
-        self._client: Any = None
-        self._opened: Any = None
-
-    async def __aenter__(self) -> "DynamoDBStreams":
-        self._opened = client("dynamodbstreams", self.region, endpoint_url=self.endpoint_url, connections=64)
-        self._client = await self._opened.__aenter__()
-        return self
-
-    async def __aexit__(self, *exc: Any) -> None:
-        opened, self._opened, self._client = self._opened, None, None
-        if opened is not None:
-            await opened.__aexit__(*exc)
 
     async def stream_arn(self) -> str:
         """The stream's ARN: the one given, or the table's latest stream. A table

@@ -34,10 +34,9 @@ import re
 from datetime import datetime, timezone
 from typing import Any
 
-from ..base.aws import client
 from ..errors import ConfigError
 from ..shard.kpl import deaggregate
-from .service import Page, ShardInfo, Unreachable, call, describe, error_code, service_errors
+from .service import OpenClient, Page, ShardInfo, Unreachable, call, describe, error_code, service_errors
 
 LIMIT = 10_000  # records a GetRecords page holds at most (the service's own limit)
 READ_INTERVAL = 0.2  # 5 GetRecords a second per shard
@@ -51,11 +50,12 @@ def stream_name(name_or_arn: str) -> str:
     return match.group(2) if match else name_or_arn
 
 
-class KinesisStreams:
+class KinesisStreams(OpenClient):
     limit = LIMIT
     read_interval = READ_INTERVAL
     resume = "AT_SEQUENCE_NUMBER"
     at_timestamp = True
+    client_service = "kinesis"
     endpoint_hint = "AWS_ENDPOINT_URL_KINESIS for a local Kinesis"
 
     def __init__(self, name: str, *, region: str | None = None, endpoint_url: str | None = None) -> None:
@@ -65,18 +65,6 @@ class KinesisStreams:
         self.region = region or (match.group(1) if match else None)
         self.endpoint_url = endpoint_url
         self._arn = name if match else None
-        self._client: Any = None
-        self._opened: Any = None
-
-    async def __aenter__(self) -> "KinesisStreams":
-        self._opened = client("kinesis", self.region, endpoint_url=self.endpoint_url, connections=64)
-        self._client = await self._opened.__aenter__()
-        return self
-
-    async def __aexit__(self, *exc: Any) -> None:
-        opened, self._opened, self._client = self._opened, None, None
-        if opened is not None:
-            await opened.__aexit__(*exc)
 
     async def stream_arn(self) -> str:
         """The stream's ARN; a stream that does not exist is a ConfigError."""

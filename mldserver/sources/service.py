@@ -35,6 +35,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any, NamedTuple, Protocol
 
+from ..base.aws import client
 from ..errors import MldserverError
 
 
@@ -65,6 +66,27 @@ ERRORS = {
     "ExpiredIteratorException": IteratorExpired,
     "TrimmedDataAccessException": Trimmed,
 }
+
+
+class OpenClient:
+    """The one aioboto3 client of a service's calls, open from ``async with`` to its
+    end (``self._client``): ``client_service`` at ``self.region`` / ``self.endpoint_url``."""
+
+    client_service: str
+    region: str | None
+    endpoint_url: str | None
+    _client: Any = None
+    _opened: Any = None
+
+    async def __aenter__(self) -> Any:
+        self._opened = client(self.client_service, self.region, endpoint_url=self.endpoint_url, connections=64)
+        self._client = await self._opened.__aenter__()
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        opened, self._opened, self._client = self._opened, None, None
+        if opened is not None:
+            await opened.__aexit__(*exc)
 
 
 class ShardInfo(NamedTuple):
