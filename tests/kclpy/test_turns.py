@@ -104,6 +104,9 @@ async def test_a_thread_is_runnable_while_it_computes_and_not_while_it_sleeps():
     computing, blocked = Holder(Turns(), "compute"), Holder(Turns(), "block")
     await eventually(lambda: computing.inside.is_set() and blocked.inside.is_set(), what="both in their turns")
     await eventually(lambda: runnable(computing.thread.native_id), what="the computing thread runnable")
+    # (``inside`` is set just before the blocked thread's wait begins: it may still be
+    # running a moment; once asleep, it stays asleep)
+    await eventually(lambda: not runnable(blocked.thread.native_id), what="the blocked thread asleep")
     assert not any(runnable(blocked.thread.native_id) for _ in range(50))
     computing.end()
     blocked.end()
