@@ -353,15 +353,23 @@ def load(path: str | None = None, **overrides: Any) -> Settings:
         if kind == "file" and settings.pipeline:
             raise ConfigError("--pipeline runs in Spark: use --sink parquet:DIR (or leave --sink out)")
         if kind == "iceberg":
-            if not settings.stream:
+            if not positions_stream(settings):
                 raise ConfigError(
                     f"--sink {settings.sink}: the table keeps committed positions per stream and shard: "
-                    "set stream (the Kinesis stream name or ARN, or the DynamoDB stream ARN, the same on every server)"
+                    "set stream (the Kinesis stream name or ARN, or the DynamoDB stream ARN, the same on every server), "
+                    "or read the stream with --source"
                 )
             namespace, _, name = settings.table.rpartition(".")
             if not namespace or not name:
                 raise ConfigError(f"table = {settings.table!r}: name the table as NAMESPACE.NAME (mldserver.windows)")
     return settings
+
+
+def positions_stream(settings: Settings) -> str | None:
+    """What a table keys its committed positions by, beside each shard's id: ``stream``,
+    else the ``--source`` text (``dynamodb:orders``; several joined with ``+``), the same
+    on every server that shares the table. None: neither is set."""
+    return settings.stream or ("+".join(sorted(settings.source)) if settings.source else None)
 
 
 def _read(path: str) -> dict[str, Any]:

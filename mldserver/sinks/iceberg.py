@@ -7,6 +7,7 @@ Many machines: any pyiceberg catalog (REST, Glue, DynamoDB), named in the config
     # mldserver.toml
     sink = "iceberg:/data/lake"          # the warehouse, when the catalog names none
     stream = "orders"                    # the key of every position: the same on every server
+                                         # (with --source: the source's text, dynamodb:orders, by default)
     table = "mldserver.windows"          # NAMESPACE.NAME
     [table_catalog]                      # pyiceberg's catalog properties; default SQLite in DIR
     type = "rest"
@@ -76,7 +77,7 @@ import orjson
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ..base.config import Settings, state_path
+from ..base.config import Settings, positions_stream, state_path
 from ..base.durable import empty_dir
 from ..base.handoff import Committed, Window
 from ..errors import ConfigError, MldserverError
@@ -185,12 +186,13 @@ class IcebergSink:
         spark: "SparkProcess | None" = None,
         catalog: "Catalog | None" = None,
     ) -> None:
-        assert settings.stream, "config.load refuses an iceberg sink without a stream"
+        stream = positions_stream(settings)
+        assert stream, "config.load refuses an iceberg sink without a stream or a source"
         self.settings = settings
         self.directory = directory
         self.dead_letters = dead_letters
         self.spark = spark if settings.pipeline else None
-        self.stream = settings.stream
+        self.stream = stream
         self.server_id = settings.server_id or f"{socket.gethostname()}:{os.getpid()}"
         namespace, _, name = settings.table.rpartition(".")
         self.identifier = (namespace, name)

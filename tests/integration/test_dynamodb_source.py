@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import signal
 import time
 import uuid
+from collections import Counter
 from datetime import datetime, timezone
 
 import boto3
@@ -195,3 +197,51 @@ def test_a_file_sink_commits_every_change_once_across_a_sigkill(dynamodb, env, t
     wait_for(lambda: [everything[-1], 0] in saved(tmp_path, table).values(), 30, "the last position saved")
     assert second.stop() == 0
     assert sorted(r["seq"] for r in committed(out)) == sorted(everything)  # each change once
+
+
+def table_seqs(lake) -> Counter:
+    """How many times each change's sequence number is in the Iceberg table (none: no
+    table yet)."""
+    from pyiceberg.catalog.sql import SqlCatalog
+    from pyiceberg.exceptions import NoSuchTableError
+
+    if not (lake / "catalog.db").exists():
+        return Counter()
+    catalog = SqlCatalog("mldserver", uri=f"sqlite:///{lake}/catalog.db", warehouse=f"file://{lake}")
+    try:
+        data = catalog.load_table(("mldserver", "windows")).scan(selected_fields=("seq",)).to_arrow()
+    except NoSuchTableError:
+        return Counter()
+    return Counter(data.column("seq").to_pylist())
+
+
+@pytest.mark.parametrize("seed", [7, 8, 9, 10])
+def test_an_iceberg_sink_holds_every_change_exactly_once_across_sigkills_at_random_moments(
+        dynamodb, env, tmp_path, serve, seed):
+    # Killed wherever the seed says (in a commit, before the position is saved, between
+    # batches): a restart reads again from the saved position, which may lag the table's,
+    # and the table's own positions leave out what it already holds.
+    rng = random.Random(seed)
+    table = f"lake-{uuid.uuid4().hex[:8]}"
+    arn = make_table(dynamodb.client, table)
+    config = tmp_path / "sink.toml"
+    config.write_text("source_poll_interval = 0.1\nwatermark_margin = 0.2\nwindow = 0.5\n")
+    lake = tmp_path / "lake"
+    args = ("--source", f"dynamodb:{table}", "--config", str(config), "--sink", f"iceberg:{lake}")
+    written = 0
+    for round_ in range(3):
+        put(dynamodb.client, table, 8, first=written)
+        written += 8
+        server = serve("tests.pool_handlers:Changes", *args, env=env)
+        before = sum(table_seqs(lake).values())
+        wait_for(lambda: sum(table_seqs(lake).values()) > before, 90, f"a commit in round {round_}")
+        time.sleep(rng.uniform(0, 1.0))  # the moment of the kill: the campaign's random part
+        kill(server)
+    put(dynamodb.client, table, 8, first=written)
+    everything = wait_for(lambda: len(s := stream_sequence_numbers(dynamodb, arn)) == written + 8 and s, 30,
+                          "every record in the stream")
+    last = serve("tests.pool_handlers:Changes", *args, env=env)
+    wait_for(lambda: set(table_seqs(lake)) >= set(everything), 90, "every change in the table")
+    assert last.stop() == 0
+    counts = table_seqs(lake)
+    assert sorted(counts) == sorted(everything) and set(counts.values()) == {1}, counts

@@ -241,6 +241,15 @@ def test_the_table_sink_needs_a_stream_and_a_namespaced_table(tmp_path):
     assert load(sink=f"iceberg:{tmp_path}", stream="orders").table == "mldserver.windows"
 
 
+def test_with_sources_the_tables_positions_are_keyed_by_their_text_unless_stream_is_set(tmp_path):
+    from mldserver.base.config import positions_stream
+
+    assert positions_stream(load(sink=f"iceberg:{tmp_path}", source=("dynamodb:orders",))) == "dynamodb:orders"
+    both = load(sink=f"iceberg:{tmp_path}", source=("kinesis:clicks", "dynamodb:orders"))
+    assert positions_stream(both) == "dynamodb:orders+kinesis:clicks"
+    assert positions_stream(load(sink=f"iceberg:{tmp_path}", source=("dynamodb:orders",), stream="o")) == "o"
+
+
 async def test_a_table_that_cannot_be_opened_is_a_config_error_naming_the_sink(tmp_path):
     (tmp_path / "lake").write_text("a file where the warehouse should be")
     s = IcebergSink(settings(tmp_path), tmp_path / "lake", DeadLetters(tmp_path / "dead-letters"))
