@@ -92,7 +92,8 @@ def _parser():
 
     bench = sub.add_parser("bench", help="throughput and memory against amazon_kclpy, in one run")
     bench.add_argument("--shards", type=int, nargs="+", default=[1, 32],
-                       help="relay and kclpy parts: shard counts to run, each a row (default 1 32)")
+                       help="relay and kclpy parts: shard counts to run, each a row (default 1 32); "
+                            "source part: the stream's shards (default 2)")
     bench.add_argument("--batches", type=int, default=None, help="batches per shard (default: by load)")
     bench.add_argument("--load", nargs="+", default=["10000x100", "1000x1024"], help="RECORDSxBYTES per batch")
     bench.add_argument("--quick", action="store_true", help="a short run (for tests)")
@@ -102,7 +103,7 @@ def _parser():
     bench.add_argument("--workers", type=int, nargs="+", default=None,
                        help="handler processes of the servers measured, side by side (default: the default and 0)")
     bench.add_argument("--part", choices=["all", "relay", "coordinator", "spark", "changes", "timers", "table",
-                                          "kclpy", "chaos"],
+                                          "kclpy", "chaos", "source"],
                        default="all",
                        help="relay: against amazon_kclpy; kclpy: amazon_kclpy's sample processor behind "
                             "mldserver against the same class under KCLProcess; "
@@ -113,7 +114,10 @@ def _parser():
                             "table: the iceberg sink against the parquet sink, and reading a position back; "
                             "chaos (not part of all): 24 shards with poisoned batches and handler processes "
                             "SIGKILLed, rarely (chaos) and often (storm), against an undisturbed run, and the "
-                            "checks (no connection closed, every record handled or dead-lettered)")
+                            "checks (no connection closed, every record handled or dead-lettered); "
+                            "source (not part of all): a Kinesis stream on kinesis-local read by serve --source "
+                            "against the real KCL daemon through the relay (mldserver run): records/s, CPU per "
+                            "record, put to handler p50/p99 (needs scripts/setup --test's emulators)")
     bench.add_argument("--commits", type=int, default=None,
                        help="table part: commits in the table a position is read back from (default 10,000)")
     bench.add_argument("--duration", type=float, default=None, metavar="SECONDS",

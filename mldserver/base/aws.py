@@ -18,13 +18,31 @@ CONNECTIONS = 32  # requests in flight per client (the timer store keeps this ma
 
 
 def client(service: str, region: str | None = None, *, connections: int = CONNECTIONS,
-           endpoint_url: str | None = None) -> Any:
+           endpoint_url: str | None = None, raw: bool = False) -> Any:
     """An aioboto3 client for ``service`` (an async context manager): ``region`` or
     ``AWS_REGION`` (else ``AWS_DEFAULT_REGION``), standard retries, ``connections``
-    requests at a time; ``endpoint_url`` overrides the configured endpoint."""
+    requests at a time; ``endpoint_url`` overrides the configured endpoint.
+
+    ``raw``: blobs stay the base64 text the service sent and timestamps its epoch
+    seconds (botocore's own parsers decode every blob and make a datetime of every
+    timestamp, most of the CPU a page of 10,000 Kinesis records costs; the daemon
+    protocol wants base64 and milliseconds)::
+
+        page = await kinesis.get_records(ShardIterator=it)   # with raw=True
+        page["Records"][0]["Data"], page["Records"][0]["ApproximateArrivalTimestamp"]
+        # ('aGVsbG8=', 1769767200.123)
+    """
     import aioboto3
     from botocore.config import Config
 
-    return aioboto3.Session().client(
+    session = aioboto3.Session()
+    if raw:
+        session._session.get_component("response_parser_factory").set_parser_defaults(
+            blob_parser=_as_sent, timestamp_parser=_as_sent)
+    return session.client(
         service, region_name=region or os.environ.get("AWS_REGION"), endpoint_url=endpoint_url,
         config=Config(max_pool_connections=connections, retries={"mode": "standard", "max_attempts": 5}))
+
+
+def _as_sent(value: Any) -> Any:
+    return value

@@ -35,7 +35,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from ..errors import ConfigError
-from ..shard.kpl import deaggregate
+from ..shard.kpl import MAGIC, deaggregate
 from .service import OpenClient, Page, ShardInfo, Unreachable, call, describe, error_code, service_errors
 
 LIMIT = 10_000  # records a GetRecords page holds at most (the service's own limit)
@@ -56,6 +56,7 @@ class KinesisStreams(OpenClient):
     resume = "AT_SEQUENCE_NUMBER"
     at_timestamp = True
     client_service = "kinesis"
+    raw = True  # Data as the base64 the daemon protocol carries: decoded only for a KPL aggregate
     endpoint_hint = "AWS_ENDPOINT_URL_KINESIS for a local Kinesis"
 
     def __init__(self, name: str, *, region: str | None = None, endpoint_url: str | None = None) -> None:
@@ -125,7 +126,12 @@ def daemon_records(api_record: dict[str, Any]) -> list[dict[str, Any]]:
     arrived = api_record.get("ApproximateArrivalTimestamp")
     base = {"action": "record", "sequenceNumber": api_record["SequenceNumber"],
             "approximateArrivalTimestamp": _epoch_ms(arrived) if arrived is not None else None}
-    users = deaggregate(api_record["Data"], api_record.get("PartitionKey"))
+    data = api_record["Data"]
+    if type(data) is str:  # base64, as sent (a raw client): most records are no aggregate
+        if not data.startswith(_AGGREGATE_B64):
+            return [dict(base, data=data, partitionKey=api_record.get("PartitionKey"), subSequenceNumber=0)]
+        data = base64.b64decode(data)
+    users = deaggregate(data, api_record.get("PartitionKey"))
     out = []
     for user in users.records:
         record = dict(base, data=base64.b64encode(user.data).decode(), partitionKey=user.partition_key,
@@ -134,6 +140,9 @@ def daemon_records(api_record: dict[str, Any]) -> list[dict[str, Any]]:
             record["explicitHashKey"] = user.explicit_hash_key
         out.append(record)
     return out
+
+
+_AGGREGATE_B64 = base64.b64encode(MAGIC[:3]).decode()  # "84ma": every KPL aggregate's data starts so
 
 
 def _epoch_ms(at: Any) -> int:

@@ -73,13 +73,15 @@ class OpenClient:
     end (``self._client``): ``client_service`` at ``self.region`` / ``self.endpoint_url``."""
 
     client_service: str
+    raw = False  # blobs as base64 text, timestamps as epoch seconds (``base.aws.client``)
     region: str | None
     endpoint_url: str | None
     _client: Any = None
     _opened: Any = None
 
     async def __aenter__(self) -> Any:
-        self._opened = client(self.client_service, self.region, endpoint_url=self.endpoint_url, connections=64)
+        self._opened = client(self.client_service, self.region, endpoint_url=self.endpoint_url, connections=64,
+                              raw=self.raw)
         self._client = await self._opened.__aenter__()
         return self
 

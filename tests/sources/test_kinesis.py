@@ -57,3 +57,18 @@ def test_an_aggregate_with_a_bad_table_index_keeps_the_user_records_before_it_as
                               "PartitionKey": "only-pk", "ApproximateArrivalTimestamp": AT})
     assert [(r["subSequenceNumber"], r["partitionKey"], r["data"]) for r in records] == \
         [(u["sub_sequence_number"], u["partition_key"], u["data_b64"]) for u in vector["expected_user_records"]]
+
+
+def test_a_page_as_sent_base64_and_epoch_seconds_gives_the_same_records_as_a_parsed_one():
+    # (the source's client keeps blobs and timestamps as the service sent them:
+    # base.aws.client(raw=True); only an aggregate's data is decoded)
+    agg = RecordAggregator()
+    for i in range(3):
+        agg.add_user_record(f"user-{i}", f"data-{i}".encode(), explicit_hash_key=str(100 + i))
+    pk, _, aggregate = agg.clear_and_get().get_contents()
+    lookalike = b"\xf3\x89\x9a\xc2" + b"x" * 40
+    for blob, key in ((b"\xff\x00hi", "k"), (aggregate, pk), (lookalike, "k"), (b"", "k")):
+        parsed = {"SequenceNumber": SEQ, "Data": blob, "PartitionKey": key, "ApproximateArrivalTimestamp": AT}
+        as_sent = dict(parsed, Data=base64.b64encode(blob).decode(), ApproximateArrivalTimestamp=AT.timestamp())
+        assert daemon_records(as_sent) == daemon_records(parsed), blob
+

