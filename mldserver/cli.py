@@ -67,6 +67,10 @@ def _parser():
                        help="delete the saved positions of every --source before starting (then --from applies)")
     serve.add_argument("--admin", help="admin endpoint HOST:PORT: /metrics, /healthz, /readyz, /status, "
                                        "POST /pause /resume /reload (default 127.0.0.1:7071; off disables it)")
+    serve.add_argument("--admin-token-file",
+                       help="a file holding the token POST /pause, /resume, /reload then need (Authorization: "
+                            "Bearer TOKEN; GETs stay open); beyond loopback without it, <state-dir>/admin-token "
+                            "is generated and required")
 
     for name, what in (("status", "the server's shards, coordinator and Spark as a table (GET /status)"),
                        ("pause", "hold every shard before its next handler call (POST /pause)"),
@@ -74,6 +78,13 @@ def _parser():
                        ("reload", "reload the handler module, as SIGHUP does (POST /reload)")):
         admin = sub.add_parser(name, help=what)
         admin.add_argument("--admin", help="the admin endpoint's URL (default http://127.0.0.1:7071)")
+        if name != "status":
+            admin.add_argument("--admin-token-file",
+                               help="the file holding the server's admin token (default: the state directory's "
+                                    "admin-token, if there is one)")
+            admin.add_argument("--state-dir", default="./mldserver-state",
+                               help="the server's state directory, where it wrote admin-token "
+                                    "(default ./mldserver-state)")
         if name == "status":
             admin.add_argument("--watch", action="store_true", help="redraw every --interval seconds")
             admin.add_argument("--interval", type=float, default=1.0, help="seconds between redraws (default 1)")
@@ -178,6 +189,9 @@ def _main(argv: list[str]) -> None:
         except status.Unreachable as exc:
             sys.stderr.write(f"mldserver {args.command}: {exc}\n")
             sys.exit(1)
+        except ConfigError as exc:  # a token file that cannot be read
+            sys.stderr.write(f"mldserver {args.command}: {exc}\n")
+            sys.exit(2)
     try:
         if args.command in ("serve", "run"):
             _serve(args, logs)

@@ -97,3 +97,16 @@ def test_a_log_file_serve_could_not_open_is_named(tmp_path):
     done = run("check", "--config", config(tmp_path, f'log_file = "{path}"\n'))
     assert done.returncode == 2
     assert done.stderr.startswith(f"mldserver: --log-file {path}: cannot open it for appending")
+
+
+def test_an_admin_token_file_is_read_as_serve_reads_it_and_never_printed(tmp_path):
+    path = tmp_path / "admin.token"
+    path.write_text("0123456789abcdef0123456789abcdef\n")
+    done = run("check", "--config", config(tmp_path, f'admin_token_file = "{path}"\n'))
+    assert done.returncode == 0, done.stderr
+    assert f"admin_token {path} (readable; POST /pause, /resume, /reload need it)" in done.stdout.splitlines()
+    assert "0123456789abcdef" not in done.stdout
+    path.write_text("")
+    checked = run("check", "--config", config(tmp_path, f'admin_token_file = "{path}"\n'))
+    assert checked.returncode == 2
+    assert checked.stderr.startswith(f"mldserver: --admin-token-file {path}: the file is empty: write the token")

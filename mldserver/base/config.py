@@ -293,6 +293,10 @@ class Settings:
     # the admin endpoint (metrics, health, status, pause/resume/reload): HOST:PORT or "off";
     # `mldserver serve` uses DEFAULT_ADMIN when unset, an embedded Server none
     admin: str | None = setting(None, str, empty=False)
+    # the file holding the admin endpoint's bearer token, which POST /pause, /resume and /reload
+    # then require (GETs stay open); beyond loopback one is required: without this file, the
+    # state dir's admin-token (generated at the first start) is used (mldserver.base.admin_token)
+    admin_token_file: str | None = setting(None, str, empty=False)
     # durable timers (mldserver.timers): where they are kept (sqlite, sqlite:PATH or
     # dynamodb:TABLE) and the largest context a timer may carry (its JSON, in bytes)
     timer_store: str = setting("sqlite", empty=False)

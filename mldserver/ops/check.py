@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, TextIO
 
-from ..base import kcl_keys, logs, preflight
+from ..base import admin_token, kcl_keys, logs, preflight
 from . import properties as daemon_properties
 from ..base.config import Settings
 from ..api.context import Context
@@ -107,6 +107,15 @@ def listen(given: Given) -> tuple[str, str]:
     return "listen", " and ".join(where)
 
 
+def admin_token_file(given: Given) -> tuple[str, str] | None:
+    """``admin_token_file``: read as ``serve`` reads it (the token itself never printed)."""
+    path = given.settings.admin_token_file
+    if not path:
+        return None
+    admin_token.read(Path(path), "--admin-token-file")
+    return "admin_token", f"{path} (readable; POST /pause, /resume, /reload need it)"
+
+
 def sink(given: Given) -> tuple[str, str]:
     preflight.extras(given.settings)  # the sink's (or the pipeline's) extra is installed
     return "sink", given.settings.sink or "(none: rows are not collected)"
@@ -122,7 +131,7 @@ def properties(given: Given) -> tuple[str, str] | None:
 
 
 CHECKS: list[Callable[[Given], tuple[str, str] | None]] = [
-    config, handler, pipeline, state_dir, log_file, listen, sink, properties,
+    config, handler, pipeline, state_dir, log_file, listen, admin_token_file, sink, properties,
 ]
 
 

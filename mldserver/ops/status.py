@@ -10,7 +10,11 @@ second); the others POST and print the answer::
     SHARD                 CONN STATE       LAST ACTION (AGE)        RECORDS   BEHIND MS  WATERMARK     CHECKPOINT
     shardId-000000000001     3 READY       processRecords (0.2 s)   120,000           0  10:42:01.250  4959...:0
 
-No server answering is one line naming the URL tried, exit status 1.
+No server answering is one line naming the URL tried, exit status 1. The POSTs send the
+admin token when there is one (``Authorization: Bearer``): ``--admin-token-file``'s, else
+the server's state directory's ``admin-token`` (``--state-dir``, default
+./mldserver-state), which a server listening beyond loopback generates; a 401 says
+where the token is looked for, exit status 1.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import urllib.request
 from datetime import datetime, timezone
 from typing import Any, TextIO
 
+from ..base import admin_token
 from ..base.config import DEFAULT_ADMIN
 
 TIMEOUT_S = 5.0
@@ -37,10 +42,11 @@ def base_url(admin: str | None) -> str:
     return url if "://" in url else f"http://{url}"
 
 
-def request(admin: str | None, method: str, path: str) -> tuple[int, Any]:
+def request(admin: str | None, method: str, path: str, token: str | None = None) -> tuple[int, Any]:
     """(HTTP status, the decoded JSON answer) or Unreachable."""
     url = base_url(admin) + path
-    req = urllib.request.Request(url, method=method, data=b"" if method == "POST" else None)
+    headers = {} if token is None else {"Authorization": f"Bearer {token}"}
+    req = urllib.request.Request(url, method=method, data=b"" if method == "POST" else None, headers=headers)
     try:
         with urllib.request.urlopen(req, timeout=TIMEOUT_S) as resp:
             return resp.status, json.loads(resp.read())
@@ -56,9 +62,17 @@ def request(admin: str | None, method: str, path: str) -> tuple[int, Any]:
                           f"with its admin endpoint there? (pass --admin URL)") from None
 
 
-def command(admin: str | None, action: str, out: TextIO) -> int:
-    """``pause``, ``resume``, ``reload``: POST, print the answer; exit status."""
-    status, answer = request(admin, "POST", f"/{action}")
+def command(admin: str | None, action: str, out: TextIO, token: admin_token.Token | None = None) -> int:
+    """``pause``, ``resume``, ``reload``: POST (with the token, if any), print the answer; exit status."""
+    status, answer = request(admin, "POST", f"/{action}", None if token is None else token.value)
+    if status == 401:
+        said = (f"the admin endpoint refused the token in {token.path}: pass the server's own with "
+                f"--admin-token-file FILE, or --state-dir DIR (the server's, where it wrote admin-token)"
+                if token is not None else
+                "the admin endpoint needs its token, and none was found: pass --state-dir DIR (the server's, "
+                "where it wrote admin-token) or --admin-token-file FILE")
+        out.write(f"mldserver {action}: {said}\n")
+        return 1
     if status >= 400:
         out.write(f"mldserver {action}: {answer.get('error', answer)}\n")
         return 1
@@ -140,4 +154,4 @@ def main(args: Any) -> int:
             return show(args.admin, out, watch=args.watch, interval=args.interval)
         except KeyboardInterrupt:
             return 0
-    return command(args.admin, args.command, out)
+    return command(args.admin, args.command, out, admin_token.for_client(args.admin_token_file, args.state_dir))

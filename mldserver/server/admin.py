@@ -20,18 +20,33 @@ embedded ``Server`` has none unless ``Settings.admin`` names one)::
     $ curl -s -XPOST 127.0.0.1:7071/pause
     {"paused":true,"changed":true}
 
-Like the shard port, it has no authentication: bind it to loopback (the default) or
-firewall it. Once bound it logs ``admin_listening`` with the address; a port in use is
-a ConfigError naming ``--admin``.
+The GETs are always open (Prometheus scrapes /metrics with no credentials). The POSTs
+need the admin token (``Authorization: Bearer TOKEN``; mldserver.base.admin_token) when
+there is one: ``--admin-token-file FILE`` always makes one; an endpoint that listens
+beyond loopback (``--admin 0.0.0.0:7071``) always has one, the state directory's
+``admin-token`` (generated at its first start, mode 0600) unless a file is given. A
+token that cannot be read stops the start with a ConfigError. Without a token, or with
+a wrong one, a POST is a 401 that changes nothing::
+
+    $ curl -s -XPOST 10.0.0.5:7071/pause
+    {"error":"POST /pause needs the admin token: ..."}
+    $ curl -s -XPOST -H "Authorization: Bearer $(cat mldserver-state/admin-token)" 10.0.0.5:7071/pause
+    {"paused":true,"changed":true}
+
+The token travels in clear text: beyond a private network, put TLS in front. Once bound
+it logs ``admin_listening`` with the address (and ``token_file``, where the POSTs' token
+is: never the token); a port in use is a ConfigError naming ``--admin``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import errno
+import ipaddress
 import math
 import socket
 import time
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -39,6 +54,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from ..errors import ConfigError
+from ..base import admin_token
 from ..base.logs import get_logger
 
 log = get_logger("mldserver.admin")
@@ -71,18 +87,46 @@ ENDPOINTS = {
 
 
 class Admin:
-    def __init__(self, server: Any, value: str) -> None:
+    def __init__(self, server: Any, value: str, token_file: str | None = None) -> None:
         self.server = server
         self.value = value
         self.address = parse_address(value)
+        self.token_file = token_file
+        self.token: admin_token.Token | None = None  # set by prepare(): the POSTs need it
         self.bound: tuple[str, int] | None = None
         self._runner: web.AppRunner | None = None
+        self._prepared = False
+
+    async def prepare(self, state_dir: Path) -> None:
+        """Read the token, before anything starts: ``--admin-token-file``'s, else, beyond
+        loopback, the state directory's (generated there if missing). A token that cannot
+        be read or written is a ConfigError: no endpoint beyond loopback without one."""
+        self._prepared = True
+        if self.address is None:
+            return
+        if self.token_file:
+            path = Path(self.token_file)
+            value = await asyncio.to_thread(admin_token.read, path, "--admin-token-file")
+            self.token = admin_token.Token(value, path)
+        elif not await _loopback(*self.address):
+            try:
+                self.token = await asyncio.to_thread(admin_token.in_state_dir, state_dir)
+            except ConfigError as exc:
+                raise ConfigError(f"--admin {self.value} listens beyond loopback, where POST /pause, /resume and "
+                                  f"/reload need a token, and there is none: {exc}") from None
+            if self.token.generated:
+                log.info("admin_token_generated", file=str(self.token.path),
+                         what_to_do="POST /pause, /resume and /reload need it (Authorization: Bearer TOKEN, the "
+                                    "file's content); mldserver pause|resume|reload read it from the state "
+                                    "directory on this machine (--state-dir)")
 
     async def start(self) -> None:
+        if not self._prepared:  # never bound without its token decided
+            await self.prepare(Path(self.server.settings.state_dir))
         if self.address is None:
             return
         host, port = self.address
-        app = web.Application(middlewares=[_errors])
+        app = web.Application(middlewares=[_errors, self._guard])
         app.add_routes([
             web.get("/", self.index),
             web.get("/metrics", self.metrics),
@@ -107,13 +151,34 @@ class Admin:
             raise ConfigError(f"--admin {self.value}: cannot listen there ({reason})") from None
         self._runner = runner
         self.bound = runner.addresses[0][:2]
+        guarded = {} if self.token is None else {"token_file": str(self.token.path)}
         log.info("admin_listening", host=self.bound[0], port=self.bound[1],
-                 url=f"http://{_hostport(*self.bound)}/")
+                 url=f"http://{_hostport(*self.bound)}/", **guarded)
 
     async def stop(self) -> None:
         runner, self._runner = self._runner, None
         if runner is not None:
             await runner.cleanup()
+
+    @web.middleware
+    async def _guard(self, request: web.Request, handler: Any) -> web.StreamResponse:
+        """With a token, anything but a read needs it: a 401 before the handler runs."""
+        if self.token is None or request.method in ("GET", "HEAD"):
+            return await handler(request)
+        header = request.headers.get("Authorization")
+        if admin_token.matches(header, self.token.value):
+            return await handler(request)
+        given = admin_token.bearer(header) is not None
+        log.warning("admin_refused", method=request.method, path=request.path, peer=request.remote,
+                    reason="wrong token" if given else "no token")
+        challenge = 'Bearer realm="mldserver admin"' + (', error="invalid_token"' if given else "")
+        what = "the token given is not the admin token" if given else \
+            f"{request.method} {request.path} needs the admin token"
+        return _json({"error": f"{what}: send Authorization: Bearer TOKEN, TOKEN being the content of the server's "
+                               f"--admin-token-file, or of admin-token in its state directory (mldserver "
+                               f"pause|resume|reload on the server's machine read it: --state-dir DIR or "
+                               f"--admin-token-file FILE)"},
+                     status=401, headers={"WWW-Authenticate": challenge})
 
     # -- GET -------------------------------------------------------------------------
 
@@ -176,6 +241,20 @@ async def _errors(request: web.Request, handler: Any) -> web.StreamResponse:
 def _json(value: Any, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
     return web.Response(body=orjson.dumps(value, option=orjson.OPT_APPEND_NEWLINE), status=status,
                         content_type="application/json", headers=headers)
+
+
+async def _loopback(host: str, port: int) -> bool:
+    """Does ``host`` name this machine's loopback only (every address it resolves to)?
+    A name that does not resolve counts as beyond: binding it fails anyway."""
+    try:
+        infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except (OSError, socket.gaierror):
+        return False
+    addresses = {info[4][0] for info in infos}
+    try:
+        return bool(addresses) and all(ipaddress.ip_address(a.partition("%")[0]).is_loopback for a in addresses)
+    except ValueError:
+        return False
 
 
 def _hostport(host: str, port: int) -> str:

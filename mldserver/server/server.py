@@ -22,7 +22,9 @@ on uvloop. Lifecycle (uvicorn's shape)::
               ``--admin off``), the admin endpoint (mldserver.server.admin) is bound first,
               so /readyz answers 503 while Spark starts; it reads the server's
               metrics (mldserver.server.metrics), ``unhealthy()``, ``not_ready()``, and
-              calls ``pause()`` / ``resume()`` (the gate in mldserver.base.pausing)
+              calls ``pause()`` / ``resume()`` (the gate in mldserver.base.pausing). Its
+              token (which POSTs need: ``--admin-token-file``, or beyond loopback the
+              state directory's ``admin-token``) is read before anything starts
     timers    once the handler processes are up, the timer scheduler (mldserver.timers)
               starts: timers that fell due while the server was down fire now; it is
               stopped after the connections, before the handler processes
@@ -118,7 +120,7 @@ class Server:
         if settings.admin:  # parsed here: a typo stops us early
             from .admin import Admin  # aiohttp (about 20 MiB) only where the endpoint is on
 
-            self.admin = Admin(self, settings.admin)
+            self.admin = Admin(self, settings.admin, settings.admin_token_file)
         # Started once listening, stopped first, watched as owned tasks (mldserver run: the daemon).
         self.companions: list[Any] = []
         self.sources: list[Any] = []  # SourceReader per --source (mldserver.sources)
@@ -188,6 +190,8 @@ class Server:
     async def _start(self) -> None:
         s = self.settings
         await asyncio.to_thread(preflight.writable_state_dir, Path(s.state_dir))
+        if self.admin is not None:
+            await self.admin.prepare(Path(s.state_dir))  # its token read (or made) before anything starts
         for source in self.sources:
             source.prepare()  # --from where positions are saved: said before anything starts
         if self.spark is not None and not s.spark_remote:  # (a Spark Connect client needs no Java here)
