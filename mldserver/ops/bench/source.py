@@ -34,15 +34,14 @@ import sys
 import time
 from pathlib import Path
 
-import mldserver
-
+from ...api.handler import Handler
 from .common import cpu_spent, descendants, tree_cpu_s
 
 RECORDS, SIZE, PROBES = 20_000, 1024, 100
 PROBE = b"P"  # a probe's data: P, the run's letter, its put time in ns (19 digits), padding
 
 
-class Timed(mldserver.Handler):
+class Timed(Handler):
     """Reads every record's ``data``; writes what it handled, and the probes' latencies."""
 
     async def initialize(self, shard):
