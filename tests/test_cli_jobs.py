@@ -56,3 +56,16 @@ def test_bench_prints_every_variant_side_by_side(tmp_path):
     for servers in (1, 2):
         assert re.search(rf"^\s+{servers}\s+[\d,]+\s+[\d,]+\s+\d+%$", out.stdout, re.M), out.stdout
     assert re.search(r"^\s+200\s+\d+s\s+[\d.]+ms\s+[\d.]+ms\s+\d+KiB\s+\d+$", out.stdout, re.M), out.stdout
+
+
+@pytest.mark.realdaemon
+def test_bench_source_prints_the_server_reading_beside_the_daemon(tmp_path):
+    # kinesis-local and DynamoDB Local (scripts/setup --test), the real KCL daemon for the
+    # second row: a few minutes
+    out = subprocess.run([MLDSERVER, "bench", "--part", "source", "--quick"], capture_output=True, text=True,
+                         timeout=900)
+    assert out.returncode == 0, out.stderr + out.stdout
+    for path in ("serve --source kinesis:", r"KCL daemon \+ relay \(run\)"):
+        assert re.search(rf"^\s+{path}\s+([\d,]+|nan)\s+([\d.]+|nan)\s", out.stdout, re.M), (path, out.stdout)
+    assert re.search(r"^\s+serve --source kinesis:.*\s\d+ / \d+ ms$", out.stdout, re.M), out.stdout
+    assert "--source against the daemon:" in out.stdout

@@ -1,6 +1,7 @@
 """DynamoDB stream records as the KCL's DynamoDB Streams adapter hands them to the
 MultiLangDaemon, from the Streams API's own (``GetRecords``, as boto3 or aioboto3
-return them: binary as bytes, times as datetime). The source reader
+return them: binary as bytes, times as datetime; or as the service sent them: base64 and
+epoch seconds, as the source reader's client keeps them). The source reader
 (``mldserver.sources``) feeds a shard's pages to the server in this form, and the fake
 daemon's tests build theirs with it, so a ``ChangeHandler`` sees one format whoever
 read the stream::

@@ -48,6 +48,7 @@ class DynamoDBStreams(OpenClient):
     resume = "AFTER_SEQUENCE_NUMBER"
     at_timestamp = False  # no AT_TIMESTAMP iterator: a time reads from the trim horizon and skips
     client_service = "dynamodbstreams"
+    raw = True  # binary attributes as the base64 the adapter format carries, times as epoch seconds
     endpoint_hint = "AWS_ENDPOINT_URL_DYNAMODB for DynamoDB Local"
 
     def __init__(self, name: str, *, region: str | None = None, endpoint_url: str | None = None) -> None:

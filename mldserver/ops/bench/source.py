@@ -10,8 +10,9 @@ record's ``data`` and checkpoints every few seconds), then gets records put one 
 (``PROBES``, 20 a second) whose data carries the time of its put. Reported side by
 side:
 
-- records/s, from the first record handled to the last of the stream (the daemon's
-  minute of start-up left out);
+- records/s, from the first shard initialized to the last record of the stream
+  handled (the daemon's minute of start-up left out; kinesis-local's GetRecords of
+  10 MB pages, JSON for the server and CBOR for the daemon's Java SDK, is part of it);
 - CPU per record: every process of the side (the server and its handler processes;
   with the daemon, the JVM and the relays too: the JVM's share is shown) over the
   same span;
@@ -119,7 +120,10 @@ async def measure(side: str, argv: list[str], env: dict[str, str], out: Path, to
     proc = subprocess.Popen([*argv, "--log-file", str(log)], env=env, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, start_new_session=True)
     try:
-        await until(lambda: handled(out)[0] > 0, 300, f"{side}: the first record", proc)
+        # From the first shard initialized (the daemon's minute of start-up left out): the
+        # reads, the hand-over and the handler, every page of the stream.
+        await until(lambda: log.exists() and b'"event":"initialize"' in log.read_bytes(), 300,
+                    f"{side}: the first shard initialized", proc)
         first, started = handled(out)[0], time.perf_counter()
         before = tree_cpu_s([proc.pid])
         await until(lambda: handled(out)[0] >= total, 600, f"{side}: the whole stream", proc)
