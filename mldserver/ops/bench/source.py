@@ -16,8 +16,8 @@ side:
 - CPU per record: every process of the side (the server and its handler processes;
   with the daemon, the JVM and the relays too: the JVM's share is shown) over the
   same span;
-- from a put to the handler, p50 and p99 (each side polls: the server at most 5 reads
-  a second per shard, the daemon every ``idleTimeBetweenReadsInMillis``, 250 ms here).
+- from a put to the handler, p50 and p99 (each side polls an idle shard every 250 ms:
+  the daemon's ``idleTimeBetweenReadsInMillis``, the server's ``source_poll_interval``).
 
 The handler counts into one file per process and shard under ``MLDSERVER_BENCH_OUT``::
 
@@ -173,9 +173,11 @@ async def run(args, tmp: str) -> None:
         await asyncio.to_thread(put_all, kinesis.client, "bench", records)
         aws = {"AWS_ACCESS_KEY_ID": "local", "AWS_SECRET_ACCESS_KEY": "local", "AWS_REGION": "us-east-1"}
         common = ["--handler", f"{__name__}:Timed", "--port", "0", "--admin", "off", "--log-level", "info"]
+        polling = base / "source.toml"  # polled as often as the daemon's properties ask (250 ms)
+        polling.write_text("source_poll_interval = 0.25\n")
         own = await measure(
             "--source", [sys.executable, "-m", "mldserver", "serve", "--source", "kinesis:bench",
-                         "--state-dir", str(base / "state-source"), *common],
+                         "--state-dir", str(base / "state-source"), "--config", str(polling), *common],
             {**aws, "AWS_ENDPOINT_URL_KINESIS": kinesis.endpoint}, base / "out-source", records, b"a",
             kinesis.client, "bench", probes, base / "source.log")
         properties = daemon_properties(base / "bench.properties", stream="bench", app=f"bench-{os.getpid()}",
