@@ -33,7 +33,8 @@ A shard:
   whole interval when it was empty (with a sink, an empty page is handed over too, as
   an empty batch caught up, ``millisBehindLatest`` 0: the shard's watermark follows the
   clock);
-- throttled (``source_throttled``): backs off with jitter, up to 30 s; an expired iterator
+- is read through a ``cursor.ShardCursor`` (shared with the Python API, ``stream``):
+  throttled (``source_throttled``): backs off with jitter, up to 30 s; an expired iterator
   (``source_iterator_expired``): a fresh one after the last record handed over; records
   trimmed away before they were read (``source_records_trimmed``, an error: what was lost,
   between which positions): starts again at the trim horizon; the service unreachable
@@ -51,24 +52,21 @@ from __future__ import annotations
 
 import asyncio
 import socket
-import time
 from pathlib import Path
 from typing import Any, Awaitable, Callable
 
-from ..base.backoff import Backoff
 from ..base.config import Settings
 from ..base.logs import EventLogger, get_logger
 from ..base.positions import Position
 from ..errors import ConfigError
 from .dynamodb import DynamoDBStreams
 from .kinesis import KinesisStreams
-from .service import IteratorExpired, Service, ShardInfo, Throttled, Trimmed, Unreachable
+from .cursor import UNREACHABLE, ShardCursor, sleep
+from .service import Service, ShardInfo, Throttled, Unreachable
 from .feed import LINE_LIMIT, Feed, FeedClosed
 from .positions import SHARD_END, SavedPositions
 from .spec import SourceSpec, Start
 
-THROTTLE = Backoff(first=0.5, cap=30.0)
-UNREACHABLE = Backoff(first=1.0, cap=30.0)
 STOP_WAIT_S = 5.0  # past shutdown_timeout: how long a shard's feed gets once cancelled
 
 
@@ -191,28 +189,7 @@ class SourceReader:
 
     async def _sleep(self, seconds: float, *, wake: bool = False) -> None:
         """Sleep, cut short by stop (and by a shard's end, with ``wake``)."""
-        waits = [asyncio.ensure_future(self._stop.wait())]
-        if wake:
-            waits.append(asyncio.ensure_future(self._wake.wait()))
-        try:
-            await asyncio.wait(waits, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for w in waits:
-                w.cancel()
-
-    async def _until_stopped(self, aw: Awaitable[Any]) -> Any:
-        """``aw``'s result, or None if the source stops first (``aw`` cancelled)."""
-        call = asyncio.ensure_future(aw)
-        stopping = asyncio.ensure_future(self._stop.wait())
-        try:
-            await asyncio.wait([call, stopping], return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            stopping.cancel()
-        if not call.done():
-            call.cancel()
-            await asyncio.gather(call, return_exceptions=True)
-            return None
-        return call.result()
+        await sleep(seconds, self._stop, *([self._wake] if wake else []))
 
     # -- one shard ------------------------------------------------------------------
 
@@ -274,82 +251,23 @@ class SourceReader:
                     log: EventLogger) -> tuple[str, ...] | None:
         """Read the shard into the feed until it ends (its children, as the last page
         names them) or the source stops (None)."""
-        shard_id = shard.shard_id
         streams = self.streams
         assert streams is not None
         poll = self.settings.source_poll_interval
-        # --from a time: what arrived before it skipped (Kinesis's AT_TIMESTAMP goes there, but the SDK
-        # sends the time in whole seconds: the records of its second before it come too)
-        since = self.start_at.at_ms if self.start_at.kind == "time" else None
-        if since is not None and not streams.at_timestamp:
-            since -= since % 1000  # DynamoDB's creation times are whole seconds
-        iterator: str | None = None
-        throttled = failures = 0
-        started = False
-        last: Position | None = feed.delivered
-        skip: Position | None = None  # AT_SEQUENCE_NUMBER: the user records up to here were handed over already
-        read_at = -float("inf")
+        at_ms = self.start_at.at_ms if self.start_at.kind == "time" else None
+        cursor = ShardCursor(streams, shard, first, log=log, last=feed.delivered, since_ms=at_ms, at_ms=at_ms,
+                             stop=self._stop)
         while not self._stop.is_set():
-            try:
-                if iterator is None:
-                    kind, after = (streams.resume, last.text) if last is not None else first
-                    at_ms = self.start_at.at_ms if kind == "AT_TIMESTAMP" else None
-                    iterator = await self._until_stopped(streams.iterator(shard_id, kind, after, at_ms))
-                    if iterator is None:
-                        return None
-                    skip = last if kind == "AT_SEQUENCE_NUMBER" else None
-                    if not started:  # from here on, nothing written to the shard is missed
-                        log.info("source_shard_started", start=kind, position=after, parents=list(shard.parents))
-                        started = True
-                wait = read_at + streams.read_interval - time.monotonic()
-                if wait > 0:  # the service's reads a second per shard (Kinesis: 5)
-                    await self._sleep(wait)
-                    if self._stop.is_set():
-                        return None
-                read_at = time.monotonic()
-                page = await self._until_stopped(streams.records(iterator))
-                if page is None:
-                    return None
-            except Throttled as exc:
-                log.warning("source_throttled", error=str(exc), attempt=throttled)
-                throttled += 1
-                await self._sleep(THROTTLE.delay(throttled - 1))
-                continue
-            except IteratorExpired:
-                log.info("source_iterator_expired", position=last.text if last else None)
-                iterator = None
-                continue
-            except Trimmed as exc:
-                log.error("source_records_trimmed", after=last.text if last else first[1], error=str(exc),
-                          what_to_do="records between this position and the shard's trim horizon were removed by "
-                                     "the stream (its retention) before they were read, and are lost; reading "
-                                     "goes on at the trim horizon. Keep the server running, or read faster")
-                iterator, last, first = None, None, ("TRIM_HORIZON", None)
-                continue
-            except Unreachable as exc:
-                if failures == 0:
-                    log.warning("source_read_failed", error=str(exc),
-                                what_to_do="retried with backoff; check the endpoint, region and credentials")
-                failures += 1
-                await self._sleep(UNREACHABLE.delay(failures - 1))
-                continue
-            if failures:
-                log.info("source_read_recovered", attempts=failures)
-            throttled = failures = 0
-            records = page.records
-            if skip is not None and records:
-                records = [r for r in records if not _at_or_before(r, skip)]
-                skip = None
-            if since is not None:
-                records = [r for r in records if (r.get("approximateArrivalTimestamp") or since) >= since]
-            if records:
-                await feed.process_records(records, page.behind_ms)
-                last = feed.delivered
-            elif page.next_iterator is not None and self.empty_batches and not page.read:
+            page = await cursor.read()
+            if page is None:
+                return None
+            if page.records:
+                await feed.process_records(page.records, page.behind_ms)
+                cursor.last = feed.delivered
+            elif not cursor.ended and self.empty_batches and not page.read:
                 await feed.process_records([], page.behind_ms or 0)
             # (a page all skipped: --from a time, or a resume's records read again: the iterator moves on)
-            iterator = page.next_iterator
-            if iterator is None:
+            if cursor.ended:
                 await feed.shard_ended()
                 return page.children
             if page.read >= streams.limit or (not page.read and (page.behind_ms or 0) > 0):
@@ -383,7 +301,3 @@ def may_start(shard: ShardInfo, listed: dict[str, ShardInfo] | set[str], ended: 
         return False
     return all(p not in listed or ended(p) for p in shard.parents)
 
-
-def _at_or_before(record: dict[str, Any], position: Position) -> bool:
-    at = Position.parse(record.get("sequenceNumber"), record.get("subSequenceNumber") or 0)
-    return at is not None and at <= position
