@@ -12,6 +12,13 @@ The handler API (see :mod:`mldserver.api.handler`)::
         async def on_update(self, doc, meta): ...
         async def on_delete(self, meta): ...
 
+A stream read from a script, with no server (:mod:`mldserver.sources.stream`)::
+
+    async with mldserver.open_stream("dynamodb:orders", start="trim_horizon") as stream:
+        async for change in stream:
+            ...
+        saved = stream.token
+
 Names are imported lazily so that ``mldserver connect`` (the relay the daemon starts
 once per shard) pays for none of them.
 """
@@ -41,6 +48,9 @@ _EXPORTS = {
     "WindowInfo": "mldserver.spark.pipeline",
     "SparkError": "mldserver.spark.process",
     "TimerError": "mldserver.timers.api",
+    "open_stream": "mldserver.sources.stream",
+    "Change": "mldserver.sources.stream",
+    "StreamRecord": "mldserver.sources.stream",
 }
 
 __all__ = list(_EXPORTS)
@@ -56,6 +66,7 @@ if TYPE_CHECKING:
     from .spark.pipeline import WindowInfo
     from .spark.process import SparkError
     from .timers.api import TimerError
+    from .sources.stream import Change, StreamRecord, open_stream
 
 
 def __getattr__(name: str) -> Any:

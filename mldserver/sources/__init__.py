@@ -14,7 +14,9 @@ job each:
 - ``feed``: the daemon's side of one shard's conversation (checkpoints checked as the
   KCL checks them, and saved);
 - ``positions``: a source's saved positions, ``<state-dir>/sources/<source>.json``;
-- ``reader``: a source's shards listed, read parents first, polled, throttled, fed.
+- ``cursor``: one shard read page after page (iterators, throttling, expiry, trimming);
+- ``reader``: a source's shards listed, read parents first, polled, fed;
+- ``stream``: the same reading for scripts, ``mldserver.open_stream`` (no server).
 
 The server builds them with ``readers(settings, attach=..., empty_batches=...)``
 (``prepare`` at start-up: a ConfigError before anything listens), starts them once
