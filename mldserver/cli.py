@@ -1,5 +1,5 @@
 """The command line: ``mldserver serve``, ``mldserver run``, ``mldserver check``, ``mldserver connect``,
-``mldserver bench``, ``mldserver demo``, and ``mldserver status|pause|resume|reload``
+``mldserver bench``, ``mldserver demo``, ``mldserver positions`` (a source's saved positions), and ``mldserver status|pause|resume|reload``
 (clients of the admin endpoint). The only module that exits the process or
 configures logging. A mistake in the arguments or the settings is one line on stderr
 and exit status 2.
@@ -88,6 +88,14 @@ def _parser():
         if name == "status":
             admin.add_argument("--watch", action="store_true", help="redraw every --interval seconds")
             admin.add_argument("--interval", type=float, default=1.0, help="seconds between redraws (default 1)")
+
+    positions = sub.add_parser("positions", help="where each shard of a --source resumes: its saved positions "
+                                                 "(<state-dir>/sources/), one line a shard")
+    positions.add_argument("--source", action="append", required=True,
+                           help="dynamodb:TABLE, dynamodb:STREAM_ARN, kinesis:STREAM or kinesis:STREAM_ARN, as "
+                                "given to serve (repeatable)")
+    positions.add_argument("--state-dir", help="the server's state directory (default ./mldserver-state)")
+    positions.add_argument("--json", action="store_true", help="one JSON object per source")
 
     check = sub.add_parser("check", help="load the settings, the handler and the pipeline as serve would, "
                                          "probe the state directory, check the daemon's properties file, print "
@@ -205,6 +213,12 @@ def _main(argv: list[str]) -> None:
             _importable_cwd()
             if check.run(check.Given(settings, args.config, args.properties), sys.stdout):
                 sys.exit(1)
+        elif args.command == "positions":
+            from .base.config import Settings
+            from .ops import positions
+
+            state_dir = args.state_dir or Settings().state_dir
+            sys.exit(positions.main(args.source, state_dir, args.json, sys.stdout, sys.stderr))
         elif args.command == "bench":
             from .ops import bench
 
