@@ -9,6 +9,10 @@ second); the others POST and print the answer::
     spark        up  restarts 0
     SHARD                 CONN STATE       LAST ACTION (AGE)        RECORDS   BEHIND MS  WATERMARK     CHECKPOINT
     shardId-000000000001     3 READY       processRecords (0.2 s)   120,000           0  10:42:01.250  4959...:0
+    SOURCE          SHARD                 LAG MS
+    kinesis:clicks  shardId-000000000001       0
+
+(the sources' rows: each ``--source`` shard being read, how far behind its head).
 
 No server answering is one line naming the URL tried, exit status 1. The POSTs send the
 admin token when there is one (``Authorization: Bearer``): ``--admin-token-file``'s, else
@@ -144,6 +148,12 @@ def render(s: dict[str, Any]) -> str:
                      .rstrip())
     if not s["shards"]:
         lines.append("(no shard connected)")
+    sources = [("SOURCE", "SHARD", "LAG MS")] + [(src["source"], sh["shard_id"], _n(sh["lag_ms"]))
+                                                 for src in s.get("sources") or () for sh in src["shards"]]
+    if len(sources) > 1:
+        widths = [max(len(r[i]) for r in sources) for i in range(3)]
+        for r in sources:
+            lines.append(f"{r[0].ljust(widths[0])}  {r[1].ljust(widths[1])}  {r[2].rjust(widths[2])}")
     return "\n".join(lines) + "\n"
 
 

@@ -277,7 +277,13 @@ def status_of(server: Any) -> dict[str, Any]:
          "coordinator": {"global_watermark": 1763799995000, "open_windows": 2, "buffered_rows": 4100,
                          "buffered_bytes": 390000, "windows_committed": 12, "late_rows": 0,
                          "last_commit": {"window": "...", "rows": 5200, "late": 0, "age_s": 3.1}},
-         "spark": {"state": "up", "restarts": 0, "last_error": null}}
+         "spark": {"state": "up", "restarts": 0, "last_error": null},
+         "sources": [{"source": "kinesis:clicks", "stream": "arn:aws:kinesis:...:stream/clicks",
+                      "shards": [{"shard_id": "shardId-000000000001", "lag_ms": 0}]}]}
+
+    ``sources``: each ``--source`` and its shards being read, ``lag_ms`` how far behind
+    the shard's head the last page read was (Kinesis's MillisBehindLatest; DynamoDB, the
+    age of the last change read; null before the first page).
     """
     now = time.time()
     coordinator = server.coordinator
@@ -311,6 +317,9 @@ def status_of(server: Any) -> dict[str, Any]:
         "shards": shards,
         "coordinator": None,
         "spark": None,
+        "sources": [{"source": r.spec.text, "stream": r.stream,
+                     "shards": [{"shard_id": shard_id, "lag_ms": lag} for shard_id, lag in sorted(r.lags().items())]}
+                    for r in server.sources],
     }
     if snapshot is not None:
         last = snapshot.last_commit

@@ -179,6 +179,14 @@ class _ServerCollector(Collector):
             if shard.millis_behind_latest is not None:
                 behind.add_metric([shard.shard_id], shard.millis_behind_latest)
         yield behind
+        lag = GaugeMetricFamily("mldserver_source_millis_behind", "How far behind its head the last page read of a "
+                                "--source shard was (Kinesis: MillisBehindLatest; DynamoDB: the age of the last "
+                                "change read)", labels=["source", "shard_id"])
+        for reader in list(server.sources):
+            for shard_id, ms in reader.lags().items():
+                if ms is not None:
+                    lag.add_metric([reader.spec.text, shard_id], ms)
+        yield lag
         yield GaugeMetricFamily("mldserver_connected_shards", "Shard connections that have initialized",
                                 value=shards)
         yield GaugeMetricFamily("mldserver_paused", "1 while paused (POST /pause)", value=int(server.paused))

@@ -8,6 +8,7 @@ wrong is handled here, once::
     page = await cursor.read()      # Page(records=[<daemon-shaped>, ...], read=2, next_iterator="AAAA...")
     cursor.last = Position.parse(page.records[-1]["sequenceNumber"], 0)   # handed over: resume after it
     cursor.ended                    # True once the shard is closed and read to its end
+    cursor.lag_ms                   # how far behind the shard's head the last page was (ms)
     await cursor.read()             # None only when ``stop`` is set
 
 - the first iterator is ``first`` (``("TRIM_HORIZON", None)``, ``("LATEST", None)``,
@@ -25,6 +26,10 @@ wrong is handled here, once::
   they were read (``source_records_trimmed``, an error: what was lost): on at the trim
   horizon; the service unreachable (``source_read_failed``): retried with backoff,
   logged once until it recovers.
+
+``lag_ms``, after each page: Kinesis's ``MillisBehindLatest``; for DynamoDB Streams,
+which does not say, the time since the creation of the last change read (0 after an
+empty page: nothing is left to read).
 
 A page whose records were all dropped comes back empty (its ``read`` says how many the
 service returned); its iterator has moved on all the same.
@@ -92,6 +97,7 @@ class ShardCursor:
         self.iterator: str | None = None
         self.ended = False
         self.started = False  # an iterator taken: from here on nothing written to the shard is missed
+        self.lag_ms: int | None = None  # behind the shard's head after the last page (None: none read yet)
         self._skip: Position | None = None  # AT_SEQUENCE_NUMBER: the user records up to here were taken already
         self._read_at = -float("inf")
         self._throttled = self._failures = 0
@@ -170,6 +176,7 @@ class ShardCursor:
 
     def _taken(self, page: Page) -> Page:
         records = page.records
+        self.lag_ms = lag_ms(page, self.streams.millis_behind)
         if self._skip is not None and records:
             records = [r for r in records if not _at_or_before(r, self._skip)]
             self._skip = None
@@ -182,6 +189,21 @@ class ShardCursor:
 
     async def _pause(self, seconds: float) -> None:
         await sleep(seconds, *([self.stop] if self.stop else []))
+
+
+def lag_ms(page: Page, millis_behind: bool, now_ms: int | None = None) -> int | None:
+    """How far behind its shard's head ``page`` is: the service's word where it has one
+    (``millis_behind``), else the age of its last record (0 for an empty page)::
+
+        lag_ms(Page([{"approximateArrivalTimestamp": 1769767200000, ...}], 1, "it"), False,
+               now_ms=1769767200250)   # 250
+    """
+    if millis_behind:
+        return page.behind_ms
+    last = page.records[-1].get("approximateArrivalTimestamp") if page.records else None
+    if not page.read or last is None:
+        return 0 if not page.read else None
+    return max(0, (int(time.time() * 1000) if now_ms is None else now_ms) - last)
 
 
 def _at_or_before(record: dict[str, Any], position: Position) -> bool:

@@ -47,6 +47,7 @@ class DynamoDBStreams(OpenClient):
     read_interval = 0.0  # (at most two readers a shard: this is the one)
     resume = "AFTER_SEQUENCE_NUMBER"
     at_timestamp = False  # no AT_TIMESTAMP iterator: a time reads from the trim horizon and skips
+    millis_behind = False  # (a reader's lag: the age of the last change read)
     client_service = "dynamodbstreams"
     raw = True  # binary attributes as the base64 the adapter format carries, times as epoch seconds
     endpoint_hint = "AWS_ENDPOINT_URL_DYNAMODB for DynamoDB Local"

@@ -55,6 +55,7 @@ class KinesisStreams(OpenClient):
     read_interval = READ_INTERVAL
     resume = "AT_SEQUENCE_NUMBER"
     at_timestamp = True
+    millis_behind = True  # MillisBehindLatest
     client_service = "kinesis"
     raw = True  # Data as the base64 the daemon protocol carries: decoded only for a KPL aggregate
     endpoint_hint = "AWS_ENDPOINT_URL_KINESIS for a local Kinesis"

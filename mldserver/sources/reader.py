@@ -92,6 +92,8 @@ class SourceReader:
         self.listed: dict[str, ShardInfo] = {}
         self.reading: dict[str, asyncio.Task[None]] = {}
         self.feeds: dict[str, Feed] = {}
+        self.cursors: dict[str, ShardCursor] = {}  # the shards being read
+        self.stream: str | None = None  # the stream's ARN, once found
         self._stop = asyncio.Event()
         self._wake = asyncio.Event()
 
@@ -125,6 +127,7 @@ class SourceReader:
                              what_to_do="the table's stream was replaced (disabled and enabled again): the saved "
                                         "positions name the old stream's shards and are kept for them; the new "
                                         "stream's shards start from --from")
+        self.stream = arn
         await self.saved.set_stream(arn)
         self.log.info("source_started", stream=arn, start=self.start_at.kind, saved_shards=len(self.saved))
         self.task = asyncio.create_task(self._discover(), name=f"source {self.spec.text}")
@@ -145,6 +148,15 @@ class SourceReader:
         if self.streams is not None:
             await self.streams.__aexit__(None, None, None)
         self.log.info("source_stopped", shards=len(self.reading))
+
+    def lags(self) -> dict[str, int | None]:
+        """Each shard being read: how far behind its head its last page was, in ms
+        (``cursor.lag_ms``: Kinesis's MillisBehindLatest; DynamoDB, the age of the last
+        change read; None before its first page)::
+
+            reader.lags() == {"shardId-000000000000": 0, "shardId-000000000001": 5200}
+        """
+        return {shard_id: cursor.lag_ms for shard_id, cursor in list(self.cursors.items())}
 
     # -- discovery ------------------------------------------------------------------
 
@@ -236,6 +248,7 @@ class SourceReader:
         finally:
             await feed.close()
             self.feeds.pop(shard_id, None)
+            self.cursors.pop(shard_id, None)
         if not ended:
             return
         if self.saved.ended(shard_id):
@@ -257,6 +270,7 @@ class SourceReader:
         at_ms = self.start_at.at_ms if self.start_at.kind == "time" else None
         cursor = ShardCursor(streams, shard, first, log=log, last=feed.delivered, since_ms=at_ms, at_ms=at_ms,
                              stop=self._stop)
+        self.cursors[shard.shard_id] = cursor
         while not self._stop.is_set():
             page = await cursor.read()
             if page is None:

@@ -27,7 +27,8 @@ fails is one of:
 A service also says how it is read (``Service``): how many records a page holds at
 most (``limit``), the least time between two reads of one shard (``read_interval``:
 Kinesis allows 5 GetRecords a second per shard), how a shard resumes after a saved
-position (``resume``) and whether it has a timestamp iterator (``at_timestamp``).
+position (``resume``), whether it has a timestamp iterator (``at_timestamp``) and
+whether a page says how far behind its shard's head it is (``millis_behind``).
 """
 
 from __future__ import annotations
@@ -112,6 +113,7 @@ class Service(Protocol):
     read_interval: float  # seconds between two GetRecords on one shard, at least
     resume: str  # AFTER_SEQUENCE_NUMBER, or AT_SEQUENCE_NUMBER (what the reader already has is skipped)
     at_timestamp: bool  # an AT_TIMESTAMP iterator (else a time reads from the trim horizon and skips)
+    millis_behind: bool  # a page says how far it is behind the shard's head (Kinesis's MillisBehindLatest)
     endpoint_hint: str  # where to point it at a local emulator, for a message
 
     async def __aenter__(self) -> "Service": ...

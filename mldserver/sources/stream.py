@@ -8,6 +8,7 @@ Bloop's Stream API over the source reader's own pieces (the service calls, the
         saved = stream.token                 # JSON-serialisable: where each shard stands
         await stream.move_to(saved)          # or "latest", "trim_horizon", an aware datetime
         await stream.heartbeat()             # keeps idle iterators alive (call it every few minutes)
+        stream.lags                          # {"shardId-...": 0}: ms behind each shard's head
 
     stream.token == {"stream": "arn:aws:dynamodb:us-east-1:123456789012:table/orders/stream/2026-01-30T10:00:00.000",
                      "shards": {"shardId-00000001769731200000-6a3f0c2d": "000000000000000000017",
@@ -186,6 +187,13 @@ class Stream:
     def token(self) -> dict[str, Any]:
         """Where each shard goes on (see the module): JSON, for ``move_to`` or ``start``."""
         return {"stream": self.arn, "shards": {sid: _encode(s.at, s.since_ms) for sid, s in self._shards.items()}}
+
+    @property
+    def lags(self) -> dict[str, int | None]:
+        """Each shard being read: how far behind its head its last page was, in ms
+        (Kinesis's MillisBehindLatest; DynamoDB, the age of the last change read; None
+        before its first page)."""
+        return {sid: s.cursor.lag_ms for sid, s in self._shards.items() if s.cursor is not None and not s.cursor.ended}
 
     async def move_to(self, position: Any) -> None:
         """Go to ``"trim_horizon"``, ``"latest"``, an aware ``datetime`` or a ``token``;

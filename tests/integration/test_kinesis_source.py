@@ -286,3 +286,30 @@ async def test_a_position_inside_a_kpl_aggregate_resumes_at_its_next_user_record
         await eventually(lambda: len(handled) >= 3, 60, what="the rest handled")
     assert handled == [(r["SequenceNumber"], 3, b"user-3"), (r["SequenceNumber"], 4, b"user-4"),
                        (after[1], 0, after[4])]
+
+
+async def test_each_source_shards_lag_is_on_status_and_a_metric(kinesis, tmp_path, monkeypatch):
+    """Kinesis's MillisBehindLatest of each shard's last page: on ``/status`` under
+    ``sources`` (and ``mldserver status``), and as ``mldserver_source_millis_behind``."""
+    from mldserver.ops.status import render
+    from mldserver.server.admin import status_of
+
+    for key, value in {"AWS_ENDPOINT_URL_KINESIS": kinesis.endpoint, "AWS_ACCESS_KEY_ID": AWS["aws_access_key_id"],
+                       "AWS_SECRET_ACCESS_KEY": AWS["aws_secret_access_key"],
+                       "AWS_REGION": AWS["region_name"]}.items():
+        monkeypatch.setenv(key, value)
+    name = await asyncio.to_thread(stream, kinesis, 2)
+    await asyncio.to_thread(put, kinesis, name, 6, "lag")
+    async with running(tmp_path, CheckpointLast, workers=0, source=(f"kinesis:{name}",),
+                       source_poll_interval=0.05) as (server, _, _):
+        await eventually(lambda: len(server.sources[0].lags()) == 2 and
+                         None not in server.sources[0].lags().values(), 30, what="both shards read")
+        [source] = status_of(server)["sources"]
+        assert source["source"] == f"kinesis:{name}" and source["stream"].endswith(f":stream/{name}")
+        assert [(s["shard_id"], s["lag_ms"]) for s in source["shards"]] == \
+            [("shardId-000000000000", 0), ("shardId-000000000001", 0)]  # caught up
+        registry = server.metrics.registry
+        for shard_id in ("shardId-000000000000", "shardId-000000000001"):
+            assert registry.get_sample_value("mldserver_source_millis_behind",
+                                             {"source": f"kinesis:{name}", "shard_id": shard_id}) == 0
+        assert f"kinesis:{name}  shardId-000000000001       0" in render(status_of(server))

@@ -203,6 +203,7 @@ async def test_kinesis_records_come_with_their_exact_bytes_in_order_per_shard(ki
         got = seen(records)
         assert len(per_shard(expected)) == 2 and per_shard(got) == per_shard(expected)
         assert stream.token["shards"] == {shard: rs[-1][1] for shard, rs in per_shard(expected).items()}
+        assert stream.lags == dict.fromkeys(per_shard(expected), 0)  # MillisBehindLatest: read to the head
 
 
 async def test_a_token_inside_a_kpl_aggregate_resumes_at_its_next_user_record(kinesis, clicks):
