@@ -4,13 +4,13 @@ saved positions (``<state-dir>/sources/<source>.json``, ``sources.positions``), 
 without a server::
 
     $ mldserver positions --source kinesis:clicks
-    kinesis:clicks  stream arn:aws:kinesis:us-east-1:123456789012:stream/clicks  (mldserver-state/sources/kinesis_clicks.json)
+    kinesis:clicks  stream arn:aws:kinesis:us-east-1:...:stream/clicks  (mldserver-state/sources/kinesis_3aclicks.json)
       shardId-000000000000  SHARD_END (read to its end)
       shardId-000000000001  after 49590338271490256608559692538361571095921575989136588898
       shardId-000000000002  after 49590338271490256608559692538361571095921575989136588999 sub 2
 
     $ mldserver positions --source kinesis:clicks --json
-    {"source": "kinesis:clicks", "stream": "arn:aws:kinesis:...", "path": "mldserver-state/sources/kinesis_clicks.json",
+    {"source": "kinesis:clicks", "stream": "arn:...", "path": "mldserver-state/sources/kinesis_3aclicks.json",
      "shards": {"shardId-000000000000": "SHARD_END", "shardId-000000000001": ["4959...8898", 0], ...}}
 
 (one JSON object per line, per ``--source``). A source with no file yet: one line on

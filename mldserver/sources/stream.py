@@ -217,7 +217,6 @@ class Stream:
             else:
                 at, since = TRIM_HORIZON, None
             self._shards[info.shard_id] = _Shard(info, at, since)
-        self._relist = False
         self._next_pass()
         self._start_ready()
         latest = [s for s in self._shards.values() if s.at == LATEST and s.cursor is not None]
