@@ -134,6 +134,16 @@ class Changes(mldserver.ChangeHandler):
         self.emit({"seq": meta.sequence_number, "shard": self.shard_id, "pid": os.getpid()})
 
 
+class SlowChanges(Changes):
+    """``Changes``, and a record whose partition key is ``slow`` awaits a minute
+    (``execution_timeout`` cancels its batch's call)."""
+
+    async def on_update(self, doc, meta):
+        if meta.partition_key == "slow":
+            await asyncio.sleep(60)
+        await super().on_update(doc, meta)
+
+
 class FailOne(mldserver.Handler):
     """A batch handler that gives up on the poisoned record with ``batch.fail``, emits
     a row for every other, and checkpoints the batch's last record itself."""

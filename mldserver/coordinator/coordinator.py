@@ -33,7 +33,8 @@ call ``step()`` themselves, with a fake clock, instead of waiting for the tick::
     await coordinator.step()          # every window the watermark passed is committed
 
 A sink that raises a retriable error (``errors.retriable``: a pipeline's SparkError,
-an OSError) is retried with backoff, ``sink_commit_failed`` logged at every attempt;
+an OSError) is retried with backoff, ``sink_commit_failed`` logged at every attempt
+(and counted: ``mldserver_window_commit_failures_total``);
 its rows stay buffered and back-pressure holds. Anything else is a bug: it ends the
 committer, and the server, which watches ``coordinator.tasks``, logs ``task_crashed``
 and shuts down.
@@ -536,6 +537,8 @@ class Coordinator:
                     raise  # a bug, not a failed commit: the committer ends, the server shuts down
                 delay = self.sink_backoff.delay(attempt)
                 attempt += 1
+                if self.metrics is not None:
+                    self.metrics.window_commit_failed()
                 remote = getattr(exc, "traceback", "")  # a pipeline's, from the Spark process
                 self.log.error(
                     "sink_commit_failed",

@@ -86,6 +86,9 @@ class Metrics:
         self.window_commit_seconds = Histogram(
             "mldserver_window_commit_duration_seconds", "Sealing one closed window and committing it to the sink",
             buckets=COMMIT_BUCKETS, registry=r)
+        self.window_commit_failures = Counter(
+            "mldserver_window_commit_failures", "Window commits the sink failed with a retriable error (each "
+            "attempt counts; the window is retried, its rows stay buffered)", registry=r)
         self.loop_lag = Histogram(
             "mldserver_event_loop_lag_seconds", "How late the event loop woke a 10 ms sleep",
             buckets=LAG_BUCKETS, registry=r)
@@ -143,6 +146,9 @@ class Metrics:
 
     def window_committed(self, seconds: float) -> None:
         self.window_commit_seconds.observe(seconds)
+
+    def window_commit_failed(self) -> None:
+        self.window_commit_failures.inc()
 
     # -- the rest, read from the server when scraped --------------------------------
 

@@ -15,6 +15,7 @@ from mldserver.base.backoff import Backoff
 from mldserver.base.config import Settings
 from mldserver.coordinator import Coordinator
 from mldserver.errors import SparkError
+from mldserver.server.metrics import Metrics
 from mldserver.base.positions import Position
 from mldserver.api.rows import Item, RowBatch
 from mldserver.sinks.file import FileSink
@@ -223,7 +224,9 @@ async def test_failing_sink_is_retried_and_reported_and_nothing_is_safe_until_it
     caplog.set_level(logging.INFO, logger="mldserver")
     clock = FakeClock(1_000)
     sink = Flaky(tmp_path / "out", error)
-    c = await started(settings, tmp_path, clock, sink)
+    metrics = Metrics()
+    c = Coordinator(settings, sink, clock=clock, metrics=metrics)
+    await c.start()
     sink.coordinator = c
     c.sink_backoff = Backoff(first=0.01, cap=0.01)
     try:
@@ -236,6 +239,8 @@ async def test_failing_sink_is_retried_and_reported_and_nothing_is_safe_until_it
         failed = [r.fields for r in caplog.records if r.getMessage() == "sink_commit_failed"]
         assert [f["attempt"] for f in failed] == [1, 2]
         assert all(f["window"] == "0-60000" and type(error).__name__ in f["error"] for f in failed)
+        assert metrics.registry.get_sample_value("mldserver_window_commit_failures_total") == 2
+        assert metrics.registry.get_sample_value("mldserver_window_commit_duration_seconds_count") == 1
     finally:
         await c.stop()
 
