@@ -47,11 +47,13 @@ def test_the_scan_finds_literals_constants_and_unread_calls_and_skips_handler_ev
         '    log.info("plain", records=1)\n'
         '    self.log.bind(x=1).warning("bound")\n'
         "    log.info(EVENT)\n"
+        '    (log.debug if name else log.info)("either")\n'
         "    log.error(name)\n"
         '    self.context.log.info("handlers_own")\n'
         '    other.info("not_a_logger")\n')
     found, unread = emitted(pkg)
-    assert sorted(found) == ["bound", "from_constant", "plain"]
+    assert sorted(found) == ["bound", "either", "from_constant", "plain"]
+    assert sorted(s.level for s in found["either"]) == ["debug", "info"]
     assert found["plain"][0].fields == ("records",) and found["bound"][0].level == "warning"
     assert [u.split(": ", 1)[1] for u in unread] == ["log.error(name)"]
     assert Path(found["plain"][0].path) == Path("mldserver/a.py")

@@ -136,6 +136,9 @@ EVENTS: dict[str, Event] = {
         "handler_process_died": ("error", "A handler process died (`exit_code` or `signal`, `shards`, "
                                           "`running`, `quarantine`, `stack`): it is replaced, its shards "
                                           "move."),
+        "handler_process_started": ("debug info", "A handler process started (`pid`, `process`, "
+                                                  "`generation`): debug for the first ones (`listening` "
+                                                  "names them), info for a replacement."),
         "handler_process_quarantined": ("info", "The action that was running when its process died is "
                                                 "retried in a process of its own."),
         "handler_process_memory": ("warning", "A handler process is over `max_handler_memory`: it is "
@@ -315,7 +318,8 @@ def emitted(root: Path | None = None) -> tuple[dict[str, list[Site]], list[str]]
     event could not be read (neither a string, a module constant nor in ``COMPUTED``).
 
     A log call is a call of ``debug``/``info``/``warning``/``error`` on something whose
-    name says log (``log``, ``self.log``, ``wire.log``, ``get_logger(...)``), or of
+    name says log (``log``, ``self.log``, ``wire.log``, ``get_logger(...)``), of either
+    of two such methods (``(log.debug if initial else log.info)(...)``), or of
     ``getattr(<log>, level)``. Calls on ``context.log`` are a handler's own events."""
     root = root or Path(__file__).resolve().parents[1]
     found: dict[str, list[Site]] = {}
@@ -329,20 +333,20 @@ def emitted(root: Path | None = None) -> tuple[dict[str, list[Site]], list[str]]
                      for t in n.targets if isinstance(t, ast.Name)
                      and isinstance(n.value, ast.Constant) and isinstance(n.value.value, str)}
         for function, call in _calls(tree):
-            level, receiver = _log_call(call)
-            if level is None or "log" not in receiver.lower() or receiver.endswith("context.log"):
+            levels, receiver = _log_call(call.func)
+            if not levels or "log" not in receiver.lower() or receiver.endswith("context.log"):
                 continue
             fields = tuple(k.arg for k in call.keywords if k.arg and k.arg != "exc_info")
             first = call.args[0] if call.args else None
-            if level == "computed":  # getattr(log, level)(...): only COMPUTED says what
+            if levels == ("computed",):  # getattr(log, level)(...): only COMPUTED says what
                 names = COMPUTED.get(f"{rel}:{function}", {})
                 if not names:
                     unread.append(f"{rel}:{call.lineno}: {ast.unparse(call)[:120]}")
                     continue
             elif isinstance(first, ast.Constant) and isinstance(first.value, str):
-                names = {first.value: (level,)}
+                names = {first.value: levels}
             elif isinstance(first, ast.Name) and first.id in constants:
-                names = {constants[first.id]: (level,)}
+                names = {constants[first.id]: levels}
             elif f"{rel}:{function}" in COMPUTED:
                 names = COMPUTED[f"{rel}:{function}"]
             else:
@@ -365,12 +369,16 @@ def _calls(tree: ast.AST):
     yield from visit(tree, "<module>")
 
 
-def _log_call(call: ast.Call) -> tuple[str | None, str]:
-    """(level, receiver's text) if ``call`` looks like a log call, else (None, "")."""
-    func = call.func
+def _log_call(func: ast.expr) -> tuple[tuple[str, ...], str]:
+    """(levels, receiver's text) if ``func``, what a call calls, looks like a logger's
+    method: ``log.info``, ``(log.debug if initial else log.info)``, or
+    ``getattr(log, level)`` (levels ``("computed",)``); else ((), "")."""
     if isinstance(func, ast.Attribute) and func.attr in LEVELS + ("exception", "critical"):
-        return func.attr, ast.unparse(func.value)
+        return (func.attr,), ast.unparse(func.value)
+    if isinstance(func, ast.IfExp):
+        (a, receiver), (b, other) = _log_call(func.body), _log_call(func.orelse)
+        return (a + b, receiver) if a and b and receiver == other else ((), "")
     if (isinstance(func, ast.Call) and isinstance(func.func, ast.Name) and func.func.id == "getattr"
             and func.args):
-        return "computed", ast.unparse(func.args[0])
-    return None, ""
+        return ("computed",), ast.unparse(func.args[0])
+    return (), ""
