@@ -31,6 +31,7 @@ from mldserver.base.events import EVENTS, emitted  # noqa: E402
 
 PACKAGE = ROOT / "mldserver"
 GENERATED = "This page is generated from the code at every build (`docs/reference.py`)."
+WIDE = "---\nhide:\n  - toc\n---\n\n"  # a page that is one wide table: no table of contents beside it
 
 
 # -- settings ------------------------------------------------------------------------------
@@ -125,7 +126,7 @@ def _serve_flags() -> dict[str, tuple[str, str]]:
 
 
 def settings_page() -> str:
-    out = ["# Settings", "",
+    out = [WIDE + "# Settings", "",
            "Every setting, from `mldserver.base.config.Settings`: set it in a TOML file (`--config FILE`, "
            "the key is the setting's name, at the top level; a table setting is a TOML table, "
            "`[spark_conf]`) or, where there is one, with the flag of `mldserver serve` and `mldserver run`. "
@@ -271,7 +272,7 @@ def metrics(root: Path = PACKAGE) -> list[Metric]:
 
 
 def metrics_page() -> str:
-    out = ["# Metrics", "",
+    out = [WIDE + "# Metrics", "",
            "What `GET /metrics` on the admin endpoint answers (Prometheus text, the server's own registry): "
            "every instrument the package makes. A histogram is exposed as its `_bucket`, `_sum` and `_count` "
            "series. Per-shard series (`shard_id`) last while the shard's connection does. Some appear only "
