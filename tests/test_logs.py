@@ -45,3 +45,27 @@ def test_a_log_file_that_cannot_be_opened_is_a_config_error_naming_it(restored, 
 def test_an_unknown_level_is_a_config_error(restored):
     with pytest.raises(ConfigError, match="log_level must be one of 'debug', 'info', 'warning', 'error', got 'loud'"):
         logs.configure("json", "loud")
+
+
+def test_an_event_not_in_the_catalogue_raises_while_the_check_is_on():
+    assert logs._CATALOGUE is not None  # tests/conftest.py turns the check on
+    log = logs.get_logger("mldserver.test").bind(conn=1)
+    log.debug("batch", records=1)  # catalogued, even below the level that is written
+    with pytest.raises(logs.UncataloguedEvent, match="'batch_done' at level info is not in"):
+        log.info("batch_done", records=1)
+    with pytest.raises(logs.UncataloguedEvent, match="'batch' at level error"):
+        log.error("batch")  # a level the catalogue does not give it
+
+
+def test_a_handlers_own_events_are_not_checked(restored):
+    stream = io.StringIO()
+    logs.configure("json", "info", stream=stream)
+    logs.handler_logger().bind(shard_id="s-1").info("order_seen", order=7)
+    assert json.loads(stream.getvalue())["event"] == "order_seen"
+
+
+def test_the_check_is_off_unless_asked_for(monkeypatch):
+    monkeypatch.delenv("MLDSERVER_CHECK_EVENTS")
+    assert logs.catalogue() is None
+    monkeypatch.setenv("MLDSERVER_CHECK_EVENTS", "1")
+    assert ("window_committed", logging.INFO) in logs.catalogue()

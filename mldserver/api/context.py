@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any, AsyncIterator
 
 from ..base.config import Settings
 from ..errors import ConfigError
-from ..base.logs import EventLogger, get_logger
+from ..base.logs import EventLogger, handler_logger
 
 if TYPE_CHECKING:
     from .bindings import Bindings, Table
@@ -42,7 +42,7 @@ if TYPE_CHECKING:
 @dataclass
 class Context:
     settings: Settings
-    log: EventLogger = field(default_factory=lambda: get_logger("mldserver.handler"))
+    log: EventLogger = field(default_factory=handler_logger)  # the handler's own events
     extras: dict[str, Any] = field(default_factory=dict)
     spark: "SparkProcess | None" = None
     timers: Any = None  # mldserver.timers.Timers of this process: Handler.timers

@@ -11,12 +11,19 @@ plus fields where they apply (``shard_id``, ``conn``, ``records``, ``duration_ms
 
 Follow one shard: ``tail -f server.log | jq -c 'select(.shard_id=="shardId-000000000001")'``.
 Only the CLI calls :func:`configure`; library code only gets loggers.
+
+Every event mldserver logs is in one catalogue, ``events.EVENTS``. With
+``MLDSERVER_CHECK_EVENTS=1`` in the environment (the tests' processes and the servers
+they start) a logger raises ``UncataloguedEvent`` for a name, or a level of it, that is
+not there; otherwise nothing is looked up. A handler's ``context.log``
+(:func:`handler_logger`) logs the handler's own events, unchecked.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import sys
 from typing import Any, Iterator, TextIO
 
@@ -28,19 +35,40 @@ from ..errors import ConfigError
 _LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
 
 
+class UncataloguedEvent(AssertionError):
+    """An event (or a level of it) logged that ``events.EVENTS`` does not list."""
+
+
+def catalogue() -> frozenset[tuple[str, int]] | None:
+    """The (event, level) pairs loggers check against, or None (no check)."""
+    if os.environ.get("MLDSERVER_CHECK_EVENTS", "") in ("", "0"):
+        return None
+    from .events import EVENTS
+
+    return frozenset((name, _LEVELS[level]) for name, event in EVENTS.items() for level in event.levels)
+
+
+_CATALOGUE = catalogue()  # read once: the hot path pays one comparison when it is off
+
+
 class EventLogger:
     """A logger whose messages are event names and whose details are fields."""
 
-    __slots__ = ("_logger", "_fields")
+    __slots__ = ("_logger", "_fields", "_checked")
 
-    def __init__(self, logger: logging.Logger, fields: dict[str, Any] | None = None) -> None:
+    def __init__(self, logger: logging.Logger, fields: dict[str, Any] | None = None, *, checked: bool = True) -> None:
         self._logger = logger
         self._fields = fields or {}
+        self._checked = checked  # against the catalogue, when there is one (False: a handler's own events)
 
     def bind(self, **fields: Any) -> "EventLogger":
-        return EventLogger(self._logger, {**self._fields, **fields})
+        return EventLogger(self._logger, {**self._fields, **fields}, checked=self._checked)
 
     def _log(self, level: int, event: str, fields: dict[str, Any], exc_info: Any = None) -> None:
+        if _CATALOGUE is not None and self._checked and (event, level) not in _CATALOGUE:
+            raise UncataloguedEvent(
+                f"log event {event!r} at level {logging.getLevelName(level).lower()} is not in "
+                f"mldserver.base.events.EVENTS: add it there (area, levels, one line on what it means)")
         if self._logger.isEnabledFor(level):
             self._logger.log(level, event, extra={"fields": {**self._fields, **fields}}, exc_info=exc_info)
 
@@ -62,6 +90,11 @@ class EventLogger:
 
 def get_logger(name: str) -> EventLogger:
     return EventLogger(logging.getLogger(name))
+
+
+def handler_logger() -> EventLogger:
+    """A handler's ``context.log``: the handler's own events, named as it likes."""
+    return EventLogger(logging.getLogger("mldserver.handler"), checked=False)
 
 
 class JsonFormatter(logging.Formatter):

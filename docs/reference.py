@@ -1,0 +1,333 @@
+"""The reference pages, generated from the code at every build so they cannot drift:
+every setting (``mldserver.base.config.Settings``, each with its Rule), every command
+and option (the parser of ``mldserver.cli``), every metric (each Prometheus instrument
+the package makes) and every log event (``mldserver.base.events.EVENTS``).
+
+mkdocs runs it as a hook (``hooks:`` in mkdocs.yml): ``on_files`` adds the pages
+``reference/settings.md``, ``cli.md``, ``metrics.md`` and ``log-events.md`` as files
+of the build, never written into ``docs/``. ``tests/test_docs.py`` builds the site and
+reads the pages back against the same sources, both ways. To look at one page's
+Markdown: ``python docs/reference.py settings``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import dataclasses
+import io
+import sys
+import tokenize
+from pathlib import Path
+from typing import Any, NamedTuple
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # the package of this checkout, as the tests import it
+    sys.path.insert(0, str(ROOT))
+
+from mldserver import cli  # noqa: E402
+from mldserver.base import config  # noqa: E402
+from mldserver.base.events import EVENTS, emitted  # noqa: E402
+
+PACKAGE = ROOT / "mldserver"
+GENERATED = "This page is generated from the code at every build (`docs/reference.py`)."
+WIDE = "---\nhide:\n  - toc\n---\n\n"  # a page that is one wide table: no table of contents beside it
+
+
+# -- settings ------------------------------------------------------------------------------
+
+class Setting(NamedTuple):
+    name: str  # the field of Settings, and the TOML key
+    kind: str
+    default: str
+    allowed: str
+    flag: str  # of serve and run ("" if none)
+    note: str  # the comment on the field's line, and the flag's help
+    group: str  # the comment above the fields it belongs to
+
+
+def settings() -> list[Setting]:
+    comments = _settings_comments()
+    flags = _serve_flags()
+    out = []
+    for field in dataclasses.fields(config.Settings):
+        rule = config.RULES[field.name]
+        trailing, group = comments.get(field.name, ("", ""))
+        flag, help_ = flags.get(field.name, ("", ""))
+        note = "; ".join(x for x in (trailing, help_) if x)
+        out.append(Setting(field.name, _kind(rule, field.default), _default(field.default), _allowed(rule),
+                           flag, note, group))
+    return out
+
+
+def _kind(rule: config.Rule, default: Any) -> str:
+    names = {int: "integer", float: "number", str: "string", dict: "table", tuple: "list of strings"}
+    return names.get(rule.kind, rule.kind.__name__)
+
+
+def _default(value: Any) -> str:
+    if value is None:
+        return "unset"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return f'`"{value}"`'
+    if isinstance(value, tuple):
+        return "`[]`" if not value else f"`{list(value)}`"
+    return f"`{value}`"
+
+
+def _allowed(rule: config.Rule) -> str:
+    if rule.item is not None:
+        return "each " + _allowed(rule.item)
+    if rule.choices:
+        return ", ".join(f"`{c}`" for c in rule.choices)
+    if rule.kind in (int, float) and (rule.low is not None or rule.high is not None):
+        return rule.allowed() + (" (finite)" if rule.kind is float else "")
+    if rule.kind is str and not rule.empty:
+        return "not empty"
+    if rule.kind is dict:
+        return "a TOML table"
+    return "any"
+
+
+def _settings_comments() -> dict[str, tuple[str, str]]:
+    """Field -> (the comment on its line, the comment block above it or above the fields
+    before it), read from config.py's source."""
+    source = Path(config.__file__).read_text()
+    tree = ast.parse(source)
+    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Settings")
+    lines = {n.lineno: n.target.id for n in cls.body if isinstance(n, ast.AnnAssign)}
+    comments: dict[int, str] = {}
+    code_lines: set[int] = set()
+    for tok in tokenize.generate_tokens(io.StringIO(source).readline):
+        if tok.type == tokenize.COMMENT:
+            comments[tok.start[0]] = tok.string.lstrip("#").strip()
+        elif tok.type not in (tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT):
+            code_lines.add(tok.start[0])
+    out: dict[str, tuple[str, str]] = {}
+    group: list[str] = []
+    previous = cls.body[0].end_lineno or cls.lineno
+    for line in sorted(lines):
+        above = [comments[n] for n in range(previous + 1, line) if n in comments and n not in code_lines]
+        if above:
+            group = above
+        trailing = comments.get(line, "") if line in code_lines else ""
+        out[lines[line]] = (trailing, " ".join(group))
+        previous = line
+    return out
+
+
+def _serve_flags() -> dict[str, tuple[str, str]]:
+    """Setting -> (the serve flag that sets it, its help)."""
+    serve = _subparsers(cli._parser())["serve"]
+    return {a.dest: (", ".join(a.option_strings), a.help or "") for a in serve._actions
+            if a.option_strings and a.dest in config.RULES}
+
+
+def settings_page() -> str:
+    out = [WIDE + "# Settings", "",
+           "Every setting, from `mldserver.base.config.Settings`: set it in a TOML file (`--config FILE`, "
+           "the key is the setting's name, at the top level; a table setting is a TOML table, "
+           "`[spark_conf]`) or, where there is one, with the flag of `mldserver serve` and `mldserver run`. "
+           "The flag wins over the file, the file over the default; each value is checked against its "
+           "range for the file and the flags alike, and a mistake stops the server with one line naming "
+           "it (exit 2).", "",
+           "```toml", "# mldserver.toml", 'handler = "handlers.orders:Orders"', "execution_timeout = 30.0",
+           'sink = "file:./windows"', "", "[spark_conf]", '"spark.driver.memory" = "2g"', "```", "",
+           GENERATED, ""]
+    group = None
+    for s in settings():
+        if s.group != group:
+            group = s.group
+            out += ["", (_sentence(group) if group else "Serving: what runs, where it listens and logs, "
+                         "where it keeps its state."), "",
+                    "| setting (TOML key) | type | default | allowed | flag | notes |",
+                    "|---|---|---|---|---|---|"]
+        flag = f"`{s.flag}`" if s.flag else ""
+        out.append(f"| `{s.name}` | {s.kind} | {s.default} | {_cell(s.allowed)} | {flag} | {_cell(s.note)} |")
+    return "\n".join(out) + "\n"
+
+
+def _sentence(text: str) -> str:
+    text = text.strip()
+    return (text[:1].upper() + text[1:]).rstrip(".") + "."
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+# -- the command line ----------------------------------------------------------------------
+
+class Option(NamedTuple):
+    command: str  # "" for mldserver's own options
+    names: str  # "--port" or "-h, --help" or a positional's name
+    argument: str
+    default: str
+    help: str
+
+
+def _subparsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return dict(action.choices)
+    return {}
+
+
+def _command_helps(parser: argparse.ArgumentParser) -> dict[str, str]:
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return {a.dest: a.help or "" for a in action._choices_actions}
+    return {}
+
+
+def options(parser: argparse.ArgumentParser | None = None) -> list[Option]:
+    parser = parser or cli._parser()
+    out = [_option("", a) for a in parser._actions if not isinstance(a, argparse._SubParsersAction)]
+    for command, sub in _subparsers(parser).items():
+        out += [_option(command, a) for a in sub._actions]
+    return out
+
+
+def _option(command: str, action: argparse.Action) -> Option:
+    names = ", ".join(action.option_strings) or action.dest
+    if action.nargs == 0:
+        argument = ""
+    else:
+        argument = action.metavar or (action.dest.upper() if action.option_strings else action.dest)
+        if action.choices:
+            argument = "{" + ",".join(map(str, action.choices)) + "}"
+        if action.type is not None:
+            argument += f" ({getattr(action.type, '__name__', action.type)})"
+        if action.nargs in ("+", "*"):
+            argument += " ..."
+    if action.nargs == argparse.SUPPRESS or action.default in (None, False, argparse.SUPPRESS):
+        default = ""
+    else:
+        default = f"`{' '.join(map(str, action.default)) if isinstance(action.default, list) else action.default}`"
+    repeat = " (repeatable)" if isinstance(action, argparse._AppendAction) and "repeatable" not in (
+        action.help or "") else ""
+    return Option(command, names, argument, default, (action.help or "") + repeat)
+
+
+def cli_page() -> str:
+    parser = cli._parser()
+    helps = _command_helps(parser)
+    out = ["# Command line", "",
+           f"`mldserver {{{','.join(_subparsers(parser))}}}`: every command and option, from the argument "
+           "parser of `mldserver/cli.py`. A mistake in the arguments is one line on stderr, with the nearest "
+           "known option, and exit 2. The flags of `serve` that set a setting are listed with it in "
+           "[Settings](settings.md).", "", GENERATED, ""]
+    groups: dict[str, list[Option]] = {}
+    for option in options(parser):
+        groups.setdefault(option.command, []).append(option)
+    for command, rows in groups.items():
+        title = f"mldserver {command}".strip()
+        out += ["", f"## `{title}`", ""]
+        if command:
+            out += [_sentence(helps.get(command, "")), ""]
+        out += ["| option | argument | default | what |", "|---|---|---|---|"]
+        for o in rows:
+            argument = f"`{o.argument}`" if o.argument else ""
+            out.append(f"| `{o.names}` | {_cell(argument)} | {_cell(o.default)} | {_cell(o.help)} |")
+    return "\n".join(out) + "\n"
+
+
+# -- metrics -------------------------------------------------------------------------------
+
+class Metric(NamedTuple):
+    name: str  # as exposed: a counter's with _total
+    kind: str
+    labels: tuple[str, ...]
+    help: str
+    where: str
+
+
+_INSTRUMENTS = {"Counter": "counter", "Gauge": "gauge", "Histogram": "histogram", "Summary": "summary",
+                "CounterMetricFamily": "counter", "GaugeMetricFamily": "gauge",
+                "HistogramMetricFamily": "histogram", "SummaryMetricFamily": "summary"}
+
+
+def metrics(root: Path = PACKAGE) -> list[Metric]:
+    """Every Prometheus instrument the package makes (a constructor called with the
+    metric's name as a string), whatever registry or collector it ends up in."""
+    out = []
+    for path in sorted(root.rglob("*.py")):
+        tree = ast.parse(path.read_text(), str(path))
+        for node in ast.walk(tree):
+            if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+                    and node.func.id in _INSTRUMENTS and len(node.args) >= 2):
+                continue
+            name, doc = (ast.literal_eval(a) if isinstance(a, ast.Constant) else None for a in node.args[:2])
+            if not isinstance(name, str):
+                continue
+            labels: Any = node.args[2] if len(node.args) > 2 else next(
+                (k.value for k in node.keywords if k.arg in ("labels", "labelnames")), None)
+            labels = tuple(ast.literal_eval(labels)) if labels is not None else ()
+            kind = _INSTRUMENTS[node.func.id]
+            exposed = name.removesuffix("_total") + "_total" if kind == "counter" else name
+            out.append(Metric(exposed, kind, labels, doc or "", path.relative_to(ROOT).as_posix()))
+    return sorted(out)
+
+
+def metrics_page() -> str:
+    out = [WIDE + "# Metrics", "",
+           "What `GET /metrics` on the admin endpoint answers (Prometheus text, the server's own registry): "
+           "every instrument the package makes. A histogram is exposed as its `_bucket`, `_sum` and `_count` "
+           "series. Per-shard series (`shard_id`) last while the shard's connection does. Some appear only "
+           "where their part runs: the coordinator's with a sink, the Spark process's with Spark.", "",
+           GENERATED, "",
+           "| metric | type | labels | what | from |", "|---|---|---|---|---|"]
+    for m in metrics():
+        labels = ", ".join(f"`{x}`" for x in m.labels)
+        out.append(f"| `{m.name}` | {m.kind} | {labels} | {_cell(m.help)} | `{m.where}` |")
+    return "\n".join(out) + "\n"
+
+
+# -- log events ----------------------------------------------------------------------------
+
+def log_events_page() -> str:
+    sites, _ = emitted(PACKAGE)
+    out = ["# Log events", "",
+           "Every event mldserver logs, from its catalogue, `mldserver.base.events.EVENTS`. Logs are one JSON "
+           "object per line (`--log-format json`, the default), with `ts`, `level`, `event` and the fields "
+           "below; follow one shard with `jq -c 'select(.shard_id==\"shardId-000000000001\")'`. The fields "
+           "are the ones the code passes at its log calls; a shard's events also carry `conn` and `shard_id`. "
+           "What a handler logs through `context.log` is its own.", "",
+           GENERATED + " The tests run with `MLDSERVER_CHECK_EVENTS=1`: a logger then refuses an event, or "
+           "a level of it, that is not in the catalogue, and a test compares the catalogue with the log calls "
+           "of the code both ways.", ""]
+    area = None
+    for name, event in sorted(EVENTS.items(), key=lambda kv: (list(_areas()).index(kv[1].area), kv[0])):
+        if event.area != area:
+            area = event.area
+            out += ["", f"## {area[:1].upper()}{area[1:]}", "", "| event | level | what | fields |",
+                    "|---|---|---|---|"]
+        fields = sorted({f for s in sites.get(name, []) for f in s.fields})
+        out.append(f"| `{name}` | {', '.join(event.levels)} | {_cell(event.meaning)} | "
+                   f"{', '.join(f'`{f}`' for f in fields)} |")
+    return "\n".join(out) + "\n"
+
+
+def _areas() -> dict[str, None]:
+    return dict.fromkeys(e.area for e in EVENTS.values())
+
+
+# -- the mkdocs hook -----------------------------------------------------------------------
+
+PAGES = {"reference/settings.md": settings_page, "reference/cli.md": cli_page,
+         "reference/metrics.md": metrics_page, "reference/log-events.md": log_events_page}
+
+
+def on_files(files, config):  # mkdocs: the generated pages join the build's files
+    from mkdocs.structure.files import File
+
+    for uri, page in PAGES.items():
+        files.append(File.generated(config, uri, content=page()))
+    return files
+
+
+if __name__ == "__main__":
+    which = sys.argv[1] if len(sys.argv) > 1 else "settings"
+    sys.stdout.write(PAGES[f"reference/{which}.md"]())

@@ -1,0 +1,384 @@
+"""Every log event mldserver can emit, with its level and what it means: the one
+catalogue the logger checks names against and the documentation's log-event reference
+is generated from::
+
+    EVENTS["window_committed"]  ->  Event(area="coordinator", levels=("info",),
+                                          meaning="A closed window was committed to the sink ...")
+
+With ``MLDSERVER_CHECK_EVENTS=1`` in the environment (the tests set it, for their own
+process and every server they start), ``logs.EventLogger`` raises ``UncataloguedEvent``
+for an event, or a level of it, that is not here; without it nothing is looked up.
+``emitted()`` reads the package's source for the events its log calls name, so a test
+compares the two both ways: an event the code logs and this table lacks, or an entry no
+code logs, fails.
+
+Not here: what a handler logs through ``context.log`` (its own events, under its own
+names) and the JSON lines of the Spark process's and the daemon's own logs.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+from typing import NamedTuple
+
+LEVELS = ("debug", "info", "warning", "error")
+
+
+class Event(NamedTuple):
+    area: str  # the part of the server that logs it (a heading of the reference)
+    levels: tuple[str, ...]  # the levels it is logged at
+    meaning: str  # one line: what happened, and what to do when it needs anything
+
+
+def _area(area: str, entries: dict[str, tuple[str, str]]) -> dict[str, Event]:
+    return {name: Event(area, tuple(levels.split()), meaning) for name, (levels, meaning) in entries.items()}
+
+
+EVENTS: dict[str, Event] = {
+    **_area("server", {
+        "listening": ("info", "The server accepts connections: `host` and `port` (or `unix`), the `handler`, "
+                              "the `pid`."),
+        "listening_beyond_loopback": ("warning", "`--host` is not loopback: the shard protocol has no "
+                                                 "authentication; firewall the port."),
+        "connected": ("debug", "A peer (a relay, a source's feed) opened a shard connection."),
+        "driver_crashed": ("error", "A bug of ours ended one shard's connection (with the traceback); the "
+                                    "other shards go on."),
+        "emit_without_sink": ("warning", "The handler emits rows but no `--sink` keeps them: they are "
+                                         "discarded (said once at start-up)."),
+        "signal_received": ("info", "SIGTERM or SIGINT (shut down in order) or SIGHUP (reload) arrived."),
+        "reload_skipped": ("warning", "A reload was asked for with `--workers 0`: nothing can be imported "
+                                      "again in the server's own loop."),
+        "paused": ("info", "`POST /pause`: every shard waits before its next handler call."),
+        "resumed": ("info", "`POST /resume`: every waiting action goes on where it stopped."),
+        "resumed_for_shutdown": ("info", "The server was paused when asked to shut down: it resumes so "
+                                         "that the actions that arrived finish."),
+        "shutting_down": ("info", "The ordered shutdown began: `connections` open, `busy` with an action."),
+        "shutdown_timeout": ("warning", "Past `shutdown_timeout`, the handler calls still running were "
+                                        "cancelled and their actions answered as failed."),
+        "shutdown_cancelled": ("warning", "What was still running after the shutdown's deadline was "
+                                          "cancelled."),
+        "handler_calls_ended": ("warning", "Handler calls that swallowed their cancellation were closed "
+                                           "at shutdown."),
+        "stopped": ("info", "The server stopped (`loop_lag_max_ms`: the longest the loop was blocked); "
+                            "exit 0."),
+        "task_crashed": ("error", "A task the server owns died (`task`: a listener, the coordinator's "
+                                  "committer, the Spark supervisor, the daemon): the server shuts down "
+                                  "and exits 1."),
+        "positions_reset": ("info", "`--reset-positions` deleted a `--source`'s saved positions."),
+    }),
+    **_area("admin endpoint", {
+        "admin_listening": ("info", "The admin endpoint is bound (`host`, `port`, `url`, and `token_file` "
+                                    "when its POSTs need a token)."),
+        "admin_token_generated": ("info", "Listening beyond loopback with no `--admin-token-file`: a token "
+                                          "was written to `<state-dir>/admin-token` (the file, never the "
+                                          "token)."),
+        "admin_refused": ("warning", "A POST without the admin token, or with another, was refused (401): "
+                                     "`method`, `path`, `peer`, `reason`."),
+    }),
+    **_area("shard", {
+        "initialize": ("info", "A shard's connection initialized: its `shard_id`, starting position and "
+                               "protocol `dialect`."),
+        "batch": ("debug", "One `processRecords` batch handled: `records`, `millis_behind_latest`, "
+                           "`duration_ms`."),
+        "checkpoint": ("warning", "A checkpoint the daemon did not store at once: `outcome` (retry or "
+                                  "failed), the daemon's `error`, the position, `delay_ms` before a retry."),
+        "checkpoint_reply_timeout": ("error", "The daemon did not answer a checkpoint within the time "
+                                              "allowed: the checkpoint fails."),
+        "shard_ended": ("info", "The daemon said the shard ended (`shardEnded`, KCL 1.x `TERMINATE`)."),
+        "shard_end_stored": ("info", "`SHARD_END` was checkpointed (`by`: the handler or the server)."),
+        "shard_end_not_stored": ("error", "`SHARD_END` could not be stored within `shard_end_budget`: the "
+                                          "daemon will not start the shard's children until it is."),
+        "lease_lost": ("info", "The daemon said another worker holds the shard's lease now (`leaseLost`, "
+                               "KCL 1.x `ZOMBIE`)."),
+        "disconnected": ("info warning", "The shard's peer went away (a reset, a closed socket); a warning "
+                                         "when an action was left unanswered (`owed`)."),
+        "closed": ("info", "A shard's connection ended: its `batches`, `records` and last `state`."),
+        "close_failed_internally": ("error", "A step of closing a shard's connection raised (a bug of "
+                                             "ours); the other steps still ran."),
+        "unexpected_line": ("error", "The daemon broke the protocol (a line its state does not allow): "
+                                     "the connection is closed."),
+        "bad_line": ("error", "A line from the daemon that does not parse: answered, kept in the dead "
+                              "letters."),
+        "kpl_aggregate_invalid": ("error", "A KPL aggregate record that does not decode: its batch is "
+                                           "dead-lettered whole."),
+        "action_failed_internally": ("error", "A failure of ours inside one action: it is answered, its "
+                                              "batch dead-lettered, and the next action served."),
+        "rows_discarded": ("warning", "A shard's handler emitted rows with no sink to keep them (once per "
+                                      "shard)."),
+        "slots_held": ("warning", "A batch waited more than a few seconds for one of the "
+                                  "`max_batches_in_flight` slots; `holders` names who held them."),
+        "peer_stalled": ("warning", "A peer stopped sending in the middle of an action: its slot is given "
+                                    "back until it sends again."),
+        "unanswered_at_shutdown": ("warning", "At shutdown the daemon had not sent a whole action by "
+                                              "`shutdown_timeout`: it is left unanswered."),
+        "paused_action": ("info", "A shard's next action waits at the pause."),
+        "resumed_action": ("info", "A shard's action held at the pause goes on."),
+    }),
+    **_area("handler calls", {
+        "handler_create_failed": ("error", "The handler factory raised when called for a shard (`factory(context)`)."),
+        "handler_failed": ("error", "A handler call raised: `attempt` of `attempts`, retried after "
+                                    "`handler_backoff`, then dead-lettered."),
+        "handler_stuck": ("error", "A handler swallowed its cancellation past `execution_timeout` and a "
+                                   "grace: abandoned, the action answered as failed."),
+        "handler_timed_out": ("error", "A call ran past `execution_timeout`: where it was (`stack`) and "
+                                       "how it was stopped (`cancelled`, `interrupted`, `killed`)."),
+        "handler_redone": ("warning", "An action in flight in a handler process that died is redone "
+                                      "elsewhere, not counted as an attempt."),
+        "record_retry": ("warning", "A change handler's callback raised for one record: retried for that "
+                                    "record alone."),
+        "record_failed": ("error", "A change handler's callback failed every attempt for one record: it is "
+                                   "dead-lettered and the batch goes on."),
+        "handler_output": ("info", "A line an amazon_kclpy processor printed (`stream`: stdout or stderr, "
+                                   "`line`)."),
+    }),
+    **_area("handler processes", {
+        "handler_process_died": ("error", "A handler process died (`exit_code` or `signal`, `shards`, "
+                                          "`running`, `quarantine`, `stack`): it is replaced, its shards "
+                                          "move."),
+        "handler_process_started": ("debug info", "A handler process started (`pid`, `process`, "
+                                                  "`generation`): debug for the first ones (`listening` "
+                                                  "names them), info for a replacement."),
+        "handler_process_quarantined": ("info", "The action that was running when its process died is "
+                                                "retried in a process of its own."),
+        "handler_process_memory": ("warning", "A handler process is over `max_handler_memory`: it is "
+                                              "replaced between actions."),
+        "handler_process_retired": ("info", "A handler process was retired (over its memory, or an old "
+                                            "generation after a reload) once empty."),
+        "handler_process_start_failed": ("error", "A handler process could not be started (the module does "
+                                                  "not import?): retried with backoff."),
+        "handler_process_unreadable": ("error", "A frame from a handler process could not be read: it is "
+                                                "killed and replaced, its calls redone elsewhere."),
+        "handler_blocked": ("warning", "A handler blocked its process's loop longer than "
+                                       "`handler_block_warning`: its stack (it is not killed for that)."),
+        "handler_pool_stopped": ("info", "The handler processes stopped at shutdown (`deaths`, "
+                                         "`replaced`)."),
+        "shard_moved": ("info", "A shard moved to another handler process with a fresh handler instance, "
+                                "initialized at its checkpoint."),
+        "request_failed_internally": ("error", "A handler process's request (a checkpoint, SQL) failed "
+                                               "inside the server: the handler gets the error."),
+        "bindings_close_failed": ("warning", "A handler process could not close its table bindings' "
+                                             "client at shutdown."),
+        "reloaded": ("info", "SIGHUP or `POST /reload`: the handler module serves from a new generation of "
+                             "processes."),
+        "reload_failed": ("error", "The reloaded handler module failed to import (the importer's error): "
+                                   "the running code keeps serving."),
+    }),
+    **_area("coordinator", {
+        "commit_log_read": ("info", "At start-up the sink's commit log told what is committed: `windows`, "
+                                    "`shards`, `end`."),
+        "committed_position_read": ("info", "A shard's committed position was read from the table "
+                                            "(`duration_ms`)."),
+        "committed_position_failed": ("warning", "A shard's committed position could not be read from the "
+                                                 "table: retried."),
+        "spool_replayed": ("info", "A shard's spooled rows (written at its end) were replayed at start-up."),
+        "spooled": ("info", "At a shard end, its uncommitted rows were spooled (fsynced) before "
+                            "`SHARD_END`."),
+        "spool_deleted": ("info", "A shard's spool was deleted once its windows committed."),
+        "lineage": ("info", "A shard's parents became known: its rows follow theirs."),
+        "lineage_lookup_failed": ("warning", "ListShards / DescribeStream failed: lineage is what the server "
+                                             "saw until the next try."),
+        "child_released": ("info", "A child shard's parents are done: its rows are released into the merge."),
+        "duplicates_dropped": ("info", "Rows at or below a committed position (delivered again) were "
+                                       "dropped."),
+        "event_time_clamped": ("info", "Event times that went backwards within a shard were clamped."),
+        "lease_lost_rows_dropped": ("info", "A shard's lease was lost: its uncommitted rows left the "
+                                            "coordinator; the new owner reads them again."),
+        "backpressure": ("info", "The rows buffered passed three quarters of a cap: shards running ahead "
+                                 "of the watermark get their status late."),
+        "rows_spilled": ("info", "Rows past `max_buffered_bytes` wait in unlinked files under "
+                                 "`<state-dir>/spill/` (once)."),
+        "spill_failed": ("error", "Rows could not be spilled to `<state-dir>/spill/`: they stay in memory."),
+        "window_committed": ("info", "A closed window was committed to the sink: `window`, `rows`, `late`, "
+                                     "`shards`, `duration_ms`."),
+        "sink_commit_failed": ("error", "A window's commit failed (the pipeline raised, the sink failed): "
+                                        "retried with backoff; no shard checkpoints past it."),
+        "coordinator_stopped": ("info", "The coordinator stopped: what it committed, dropped and clamped, "
+                                        "and its peak memory."),
+    }),
+    **_area("sinks", {
+        "window_already_committed": ("info", "A window offered again (after a crash, a time-out, a "
+                                             "conflict) was already committed."),
+        "window_handed_over": ("debug", "A window was handed to the Spark process and written (`input_ms`, "
+                                        "`spark_ms`)."),
+        "schema_inferred": ("info", "The row schema was inferred from the first window, and fixed."),
+        "table_created": ("info", "The Iceberg table was created (`table`, `location`, `schema`)."),
+        "table_opened": ("info", "The Iceberg table was opened (`table`, `exists`, `server`, `stream`)."),
+        "table_commit_conflict": ("info", "Another server committed to the table first: the commit reads "
+                                          "the new base and filters again."),
+        "rows_already_committed": ("info", "Rows of a window were left out: another server had already "
+                                           "committed them."),
+        "rows_rejected": ("error", "Rows that do not fit the schema were dead-lettered with the reason."),
+    }),
+    **_area("spark", {
+        "spark_started": ("info", "The Spark process is up (`pid`, `master` or `remote`, "
+                                  "`spark_version`, `log`)."),
+        "spark_process_exited": ("error", "The Spark process exited: restarted with backoff, the window in "
+                                          "flight handed over again."),
+        "spark_restart_failed": ("error", "The Spark process could not be started again: the server shuts "
+                                          "down and exits 1."),
+        "spark_stopped": ("info", "The Spark process stopped at shutdown (`restarts`)."),
+        "sql_closed": ("debug", "A handler's `context.sql` cursor was closed (`jobs` Spark ran for it)."),
+    }),
+    **_area("timers", {
+        "timers_started": ("info", "The timer scheduler started (`store`, `pending` timers)."),
+        "timer_create_refused": ("warning", "`timers.create` was refused before the store (bad "
+                                            "arguments)."),
+        "timer_write_failed": ("error", "A call's timers could not be written to the store: the action "
+                                        "fails (retried, then dead-lettered)."),
+        "timer_callback_failed": ("error", "A timer callback raised or timed out: retried after "
+                                           "`handler_backoff`."),
+        "timer_callback_stuck": ("error", "A timer callback swallowed its cancellation past "
+                                          "`execution_timeout`: abandoned."),
+        "timer_redone": ("warning", "A timer being fired in a handler process that died is fired again, not "
+                                    "counted as an attempt."),
+        "timer_dead_lettered": ("error", "A timer failed every attempt: dead-lettered with its context to "
+                                         "`<state-dir>/dead-letters/_timers.jsonl`."),
+        "timer_claim_failed": ("error", "Due timers could not be claimed in the DynamoDB store: retried."),
+        "timer_store_failed": ("error", "The timer store failed (read, claim or delete): retried with "
+                                        "backoff."),
+        "timer_store_recovered": ("warning", "The timer store answers again after failures."),
+    }),
+    **_area("sources", {
+        "source_started": ("info", "A `--source` started: its `stream`, where it `start`s, "
+                                   "`saved_shards`."),
+        "source_stream_replaced": ("warning", "The table's stream was replaced: the saved positions name the "
+                                              "old stream's shards."),
+        "source_list_failed": ("warning", "Listing a source's shards failed: retried at the next "
+                                          "discovery."),
+        "source_shard_started": ("info", "A source's shard began to be read (`start`, `position`, "
+                                         "`parents`)."),
+        "source_shard_ended": ("info", "A source's shard was read to its end (`children`)."),
+        "source_shard_end_not_stored": ("error", "A source's shard ended but `SHARD_END` was not stored: "
+                                                 "it is read again at the next start."),
+        "source_shard_closed": ("warning", "The server closed a source shard's connection: it is read "
+                                           "again at the next start."),
+        "source_throttled": ("warning", "The stream service throttled a read: backoff with jitter."),
+        "source_iterator_expired": ("info", "A shard iterator expired: a fresh one from the last position."),
+        "source_records_trimmed": ("error", "Records left the stream before they were read (`after` the "
+                                            "last position): reading restarts at the trim horizon."),
+        "source_read_failed": ("warning", "A read from the stream failed: retried with backoff."),
+        "source_read_recovered": ("info", "Reads succeed again after failures (`attempts`)."),
+        "source_stopped": ("info", "A `--source` stopped at shutdown (`shards`)."),
+    }),
+    **_area("daemon (mldserver run)", {
+        "daemon_started": ("info", "The KCL MultiLangDaemon started as the server's child (`pid`, "
+                                   "`properties`, `log`)."),
+        "executable_overridden": ("info", "The properties file's `executableName` was replaced by this "
+                                          "server's relay."),
+        "jaxb_missing": ("warning", "No JAXB jar for the daemon: one malformed KPL aggregate would make it "
+                                    "exit (`MLDSERVER_JAXB_JAR`)."),
+        "properties_error": ("error", "`mldserver check` would call this line of the properties file an "
+                                      "error (the daemon is started anyway)."),
+        "properties_warning": ("warning", "A warning about a line of the properties file, as "
+                                          "`mldserver check` prints it."),
+        "daemon_lease_taken": ("info", "The daemon took `leases` (from its log)."),
+        "daemon_lease_lost": ("info warning", "The daemon lost a shard's lease (from its log)."),
+        "daemon_error": ("error", "An error line of the daemon's log (`line`)."),
+        "daemon_stopping": ("info", "SIGTERM to the daemon: each shard gets `shutdownRequested` within "
+                                    "`shutdownGraceMillis`."),
+        "daemon_killed": ("warning", "The daemon did not stop within its grace and a margin: killed."),
+        "daemon_stopped": ("info", "The daemon stopped (`returncode`, `clean`)."),
+        "daemon_exited": ("error", "The daemon exited by itself (`returncode`, `last_error`): the server "
+                                   "shuts down and exits 1."),
+    }),
+    **_area("state directory", {
+        "state_write_failed": ("error", "A write to the state directory failed (`errno`: a full disk?): "
+                                        "retried with backoff until it succeeds; the shard's status waits."),
+        "state_write_recovered": ("warning", "A state write succeeded after failures (`attempts`, "
+                                             "`waited_ms`)."),
+        "dead_lettered": ("error", "What could not be processed was written with its data to "
+                                   "`<state-dir>/dead-letters/` (`reason`, `path`)."),
+        "dead_letter_failed": ("error", "A dead letter could not be written whole (`path`, `error`)."),
+        "failed_records_unknown": ("error", "The handler named failed records its batch does not have (a "
+                                            "defect: report it)."),
+    }),
+}
+
+# Log calls whose event is not a string at the call, by "path:function": what they can
+# emit (``emitted`` resolves a module-level constant, ``EVENT = "..."``, itself).
+COMPUTED: dict[str, dict[str, tuple[str, ...]]] = {
+    "mldserver/ops/daemon.py:_scan": {  # ops.daemon.PATTERNS: lines of the daemon's log
+        "daemon_lease_taken": ("info",), "daemon_lease_lost": ("info", "warning"), "daemon_error": ("error",)},
+    "mldserver/ops/daemon.py:report": {  # "properties_" + a finding's level
+        "properties_error": ("error",), "properties_warning": ("warning",)},
+}
+
+
+class Site(NamedTuple):
+    path: str  # relative to the package's parent: mldserver/shard/driver.py
+    line: int
+    function: str
+    level: str
+    fields: tuple[str, ...]  # the keyword arguments given at the call
+
+
+def emitted(root: Path | None = None) -> tuple[dict[str, list[Site]], list[str]]:
+    """What the package's source logs: event -> its call sites, and the log calls whose
+    event could not be read (neither a string, a module constant nor in ``COMPUTED``).
+
+    A log call is a call of ``debug``/``info``/``warning``/``error`` on something whose
+    name says log (``log``, ``self.log``, ``wire.log``, ``get_logger(...)``), of either
+    of two such methods (``(log.debug if initial else log.info)(...)``), or of
+    ``getattr(<log>, level)``. Calls on ``context.log`` are a handler's own events."""
+    root = root or Path(__file__).resolve().parents[1]
+    found: dict[str, list[Site]] = {}
+    unread: list[str] = []
+    for path in sorted(root.rglob("*.py")):
+        rel = path.relative_to(root.parent).as_posix()
+        if rel == "mldserver/base/logs.py":
+            continue
+        tree = ast.parse(path.read_text(), rel)
+        constants = {t.id: n.value.value for n in tree.body if isinstance(n, ast.Assign)
+                     for t in n.targets if isinstance(t, ast.Name)
+                     and isinstance(n.value, ast.Constant) and isinstance(n.value.value, str)}
+        for function, call in _calls(tree):
+            levels, receiver = _log_call(call.func)
+            if not levels or "log" not in receiver.lower() or receiver.endswith("context.log"):
+                continue
+            fields = tuple(k.arg for k in call.keywords if k.arg and k.arg != "exc_info")
+            first = call.args[0] if call.args else None
+            if levels == ("computed",):  # getattr(log, level)(...): only COMPUTED says what
+                names = COMPUTED.get(f"{rel}:{function}", {})
+                if not names:
+                    unread.append(f"{rel}:{call.lineno}: {ast.unparse(call)[:120]}")
+                    continue
+            elif isinstance(first, ast.Constant) and isinstance(first.value, str):
+                names = {first.value: levels}
+            elif isinstance(first, ast.Name) and first.id in constants:
+                names = {constants[first.id]: levels}
+            elif f"{rel}:{function}" in COMPUTED:
+                names = COMPUTED[f"{rel}:{function}"]
+            else:
+                unread.append(f"{rel}:{call.lineno}: {ast.unparse(call)[:120]}")
+                continue
+            for name, levels in names.items():
+                for lv in levels:
+                    found.setdefault(name, []).append(Site(rel, call.lineno, function, lv, fields))
+    return found, unread
+
+
+def _calls(tree: ast.AST):
+    """(enclosing function's name, call) for every call in ``tree``."""
+    def visit(node: ast.AST, function: str):
+        for child in ast.iter_child_nodes(node):
+            name = child.name if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)) else function
+            if isinstance(child, ast.Call):
+                yield function, child
+            yield from visit(child, name)
+    yield from visit(tree, "<module>")
+
+
+def _log_call(func: ast.expr) -> tuple[tuple[str, ...], str]:
+    """(levels, receiver's text) if ``func``, what a call calls, looks like a logger's
+    method: ``log.info``, ``(log.debug if initial else log.info)``, or
+    ``getattr(log, level)`` (levels ``("computed",)``); else ((), "")."""
+    if isinstance(func, ast.Attribute) and func.attr in LEVELS + ("exception", "critical"):
+        return (func.attr,), ast.unparse(func.value)
+    if isinstance(func, ast.IfExp):
+        (a, receiver), (b, other) = _log_call(func.body), _log_call(func.orelse)
+        return (a + b, receiver) if a and b and receiver == other else ((), "")
+    if (isinstance(func, ast.Call) and isinstance(func.func, ast.Name) and func.func.id == "getattr"
+            and func.args):
+        return ("computed",), ast.unparse(func.args[0])
+    return (), ""
