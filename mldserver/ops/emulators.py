@@ -147,6 +147,14 @@ class DynamoDBLocal(Process):
         self.client = boto3.client("dynamodb", endpoint_url=self.endpoint, **AWS)
         until(lambda: "TableNames" in self.client.list_tables(), 60, "DynamoDB Local")
 
+    def leases(self, table: str) -> dict[str, tuple[str, int]]:
+        """The KCL daemon's lease table: each lease's checkpoint and sub-sequence number."""
+        items = self.client.scan(TableName=table, ConsistentRead=True)["Items"]
+        return {
+            i["leaseKey"]["S"]: (i.get("checkpoint", {}).get("S"), int(i.get("checkpointSubSequenceNumber", {}).get("N", 0)))
+            for i in items
+        }
+
 
 def daemon_properties(path: Path, *, stream: str, app: str, kinesis: str, dynamodb: str,
                       extra: dict[str, str] | None = None) -> Path:
