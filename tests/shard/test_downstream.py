@@ -12,7 +12,7 @@ from mldserver.shard.downstream import CoordinatorLink, NoSink
 from mldserver.sinks.file import FileSink
 from mldserver.api.testing import SHARD_END, make_records
 
-from ..harness import running
+from ..harness import eventually, running
 
 
 class EmitAndCheckpoint(mldserver.Handler):
@@ -146,21 +146,24 @@ async def test_shards_ahead_wait_below_the_byte_cap_and_the_watermark_shard_neve
         await slow.process_records(make_records(1, 5, approximate_arrival_timestamp=t0), millis_behind_latest=1000)
         sent = {}
 
-        async def ahead(shard, n):
-            for b in range(200):  # 20 rows of ~130 bytes a batch: some 4 kB held, far below the cap
+        async def ahead(shard, n, first=0, last=200):
+            for b in range(first, last):  # 20 rows of ~130 bytes a batch: some 4 kB held, far below the cap
                 await shard.process_records(make_records(10_000 + 20 * b, 20, 100,
                                                          approximate_arrival_timestamp=t0 + 10**7 + n),
                                             millis_behind_latest=1000)
                 sent[n] = b + 1
 
         fast = [await daemon.shard(f"shardId-fast-{n}") for n in range(6)]
-        tasks = [asyncio.create_task(ahead(shard, n)) for n, shard in enumerate(fast)]
+        for n, shard in enumerate(fast):  # each one's first batch through before any runs ahead
+            await ahead(shard, n, 0, 1)
+        tasks = [asyncio.create_task(ahead(shard, n, 1)) for n, shard in enumerate(fast)]
         try:
             # Each fast shard stops (its status waits) once the rows pass the high-water mark.
+            await eventually(lambda: coordinator.ledger.bytes > cap * HIGH_WATER, 60, what="the high-water mark")
             stalled = -1
-            while stalled != sum(sent.values()):
+            while stalled != sum(sent.values()):  # (a batch read before the mark may still come back)
                 stalled = sum(sent.values())
-                await asyncio.sleep(0.5)
+                await asyncio.sleep(1.0)
             assert not any(task.done() for task in tasks) and len(sent) == 6
             assert cap * HIGH_WATER < coordinator.ledger.bytes <= coordinator.status().peak_bytes <= cap
             for b in range(10):  # the watermark's shard is never delayed, however full
