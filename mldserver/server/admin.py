@@ -198,7 +198,9 @@ def status_of(server: Any) -> dict[str, Any]:
          "coordinator": {"global_watermark": 1763799995000, "open_windows": 2, "buffered_rows": 4100,
                          "buffered_bytes": 390000, "windows_committed": 12, "late_rows": 0,
                          "last_commit": {"window": "...", "rows": 5200, "late": 0, "age_s": 3.1}},
-         "spark": {"state": "up", "restarts": 0, "last_error": null}}
+         "spark": {"state": "up", "restarts": 0, "last_error": null},
+         "sources": [{"source": "dynamodb:orders", "shards": 1, "lease": "holding",      # with --source (lease:
+                      "holder": "host-a:4242:9f2c1e07", "table": "orders-leases"}]}      #   null without --lease-table)
     """
     now = time.time()
     coordinator = server.coordinator
@@ -232,6 +234,7 @@ def status_of(server: Any) -> dict[str, Any]:
         "shards": shards,
         "coordinator": None,
         "spark": None,
+        "sources": [reader.status() for reader in getattr(server, "sources", ())],
     }
     if snapshot is not None:
         last = snapshot.last_commit
