@@ -222,14 +222,14 @@ class SourceLease(OpenClient):
         failures = 0
         while self.state == "holding":
             try:
-                await asyncio.wait_for(self.lost.wait(), self.period / 3)
+                await _within(self.lost.wait(), self.period / 3)
                 return  # a positions write found it taken
             except asyncio.TimeoutError:
                 pass
             left = self._renewed_at + self.period - time.monotonic()
             sent = time.monotonic()
             try:
-                renewed = await asyncio.wait_for(self._renew(), max(left, 0.001))
+                renewed = await _within(self._renew(), max(left, 0.001))
             except asyncio.TimeoutError:
                 self._lose("not renewed within the lease period: DynamoDB did not answer in time")
                 return
@@ -344,6 +344,24 @@ class SourceLease(OpenClient):
 
 async def _sleep(stopping: asyncio.Event, seconds: float) -> None:
     try:
-        await asyncio.wait_for(stopping.wait(), seconds)
+        await _within(stopping.wait(), seconds)
     except asyncio.TimeoutError:
         pass
+
+
+async def _within(aw: Any, seconds: float) -> Any:
+    """``aw``'s result if it completes within ``seconds``, else TimeoutError (``aw``
+    cancelled). Not ``asyncio.wait_for``: on Python 3.11 a cancellation that arrives as
+    its timeout fires can be swallowed, and a renewal loop cancelled then (``keep`` at
+    release) went on renewing, its canceller waiting for ever."""
+    task = asyncio.ensure_future(aw)
+    try:
+        done, _ = await asyncio.wait([task], timeout=seconds)
+    except BaseException:
+        task.cancel()
+        raise
+    if not done:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        raise asyncio.TimeoutError
+    return task.result()
