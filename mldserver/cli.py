@@ -59,12 +59,19 @@ def _parser():
     serve.add_argument("--source", action="append",
                        help="read a stream directly, into the same handlers: dynamodb:TABLE, dynamodb:STREAM_ARN, "
                             "kinesis:STREAM or kinesis:STREAM_ARN "
-                            "(repeatable; positions saved in the state dir, <state-dir>/sources/)")
+                            "(repeatable; positions saved in the state dir, <state-dir>/sources/, or with "
+                            "--lease-table in that table)")
     serve.add_argument("--from", dest="source_from",
                        help="where a --source with no saved position starts: trim_horizon (default), latest, or "
                             "an ISO-8601 time with its zone (2026-01-30T10:00:00Z)")
     serve.add_argument("--reset-positions", action="store_true",
                        help="delete the saved positions of every --source before starting (then --from applies)")
+    serve.add_argument("--lease-table",
+                       help="one reader per --source, the others standing by: a DynamoDB table (created if absent) "
+                            "of the sources' leases, which also keeps their positions")
+    serve.add_argument("--lease-period", type=float,
+                       help="seconds a source's lease lasts unrenewed (default 10): a standby takes a dead "
+                            "reader's source over after about one")
     serve.add_argument("--admin", help="admin endpoint HOST:PORT: /metrics, /healthz, /readyz, /status, "
                                        "POST /pause /resume /reload (default 127.0.0.1:7071; off disables it)")
     serve.add_argument("--admin-token-file",

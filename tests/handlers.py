@@ -36,6 +36,24 @@ class CheckpointFirstRetryOnce(mldserver.Handler):
             await checkpointer.checkpoint(first.sequence_number, first.sub_sequence_number)
 
 
+class CheckpointLastNoting(mldserver.Handler):
+    """Checkpoints each batch's last record; notes (class-wide, for workers = 0) each
+    refused checkpoint's error and each ``lease_lost``."""
+
+    noted: list[str] = []
+
+    async def process_records(self, batch, checkpointer):
+        if batch.records:
+            last = batch.records[-1]
+            try:
+                await checkpointer.checkpoint(last.sequence_number, last.sub_sequence_number)
+            except mldserver.CheckpointError as exc:
+                self.noted.append(exc.error)
+
+    async def lease_lost(self):
+        self.noted.append("lease_lost")
+
+
 class Raise(mldserver.Handler):
     async def process_records(self, batch, checkpointer):
         raise RuntimeError("this handler always fails")

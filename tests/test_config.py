@@ -130,3 +130,14 @@ def test_sources_are_a_list_from_the_file_or_repeated_flags_kept_as_a_tuple(tmp_
         load(str(path))
     with pytest.raises(ConfigError, match=r"source\[1\] must not be empty"):
         load(source=["dynamodb:orders", ""])
+
+
+def test_a_lease_table_needs_a_source_and_a_table_name(tmp_path):
+    assert load(source=["dynamodb:orders"], lease_table="orders-leases", lease_period=3.0).lease_period == 3.0
+    assert load().lease_table is None and load().lease_period == 10.0
+    with pytest.raises(ConfigError, match=r"--lease-table orders-leases: leases the sources .* add --source"):
+        load(lease_table="orders-leases")
+    with pytest.raises(ConfigError, match=r"--lease-table 'a/b': give a DynamoDB table name"):
+        load(source=["dynamodb:orders"], lease_table="a/b")
+    with pytest.raises(ConfigError, match=r"lease_period = 0.1 is out of range"):
+        load(source=["dynamodb:orders"], lease_table="orders-leases", lease_period=0.1)

@@ -312,6 +312,11 @@ class Settings:
     source_from: str | None = setting(None, str, empty=False)
     source_poll_interval: float = setting(1.0, low=0.01, high=MINUTE, unit="seconds")
     source_discovery_interval: float = setting(60.0, low=0.1, high=DAY, unit="seconds")
+    # one reader per source, a standby beside it (mldserver.sources.lease): the DynamoDB table of the
+    # sources' leases, which also keeps their positions (created if absent); the lease period, renewed
+    # every third of it: a standby takes a dead reader's source over after about one period
+    lease_table: str | None = setting(None, str, empty=False)
+    lease_period: float = setting(10.0, low=1.0, high=HOUR, unit="seconds")
 
     @property
     def tcp_port(self) -> int | None:
@@ -351,6 +356,14 @@ def load(path: str | None = None, **overrides: Any) -> Settings:
         raise ConfigError(f"window = {settings.window:g}: windows collect the rows handlers emit, but no sink keeps "
                           f"them: add --sink parquet:DIR (or file:DIR, iceberg:DIR), or leave window out")
     TimerStoreSpec.parse(settings.timer_store)
+    if settings.lease_table is not None:
+        if not _DYNAMODB_TABLE.fullmatch(settings.lease_table):
+            raise ConfigError(f"--lease-table {settings.lease_table!r}: give a DynamoDB table name (3 to 255 of "
+                              f"A-Z a-z 0-9 _ - .), as in orders-leases")
+        if not settings.source:
+            raise ConfigError(f"--lease-table {settings.lease_table}: leases the sources a server reads itself, "
+                              f"and none is given: add --source dynamodb:TABLE or kinesis:STREAM, or leave "
+                              f"--lease-table out (the KCL daemon keeps its own leases)")
     check_bindings(settings, path or "settings")
     if settings.sink:
         kind = SinkSpec.parse(settings.sink).kind

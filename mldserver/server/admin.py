@@ -279,11 +279,14 @@ def status_of(server: Any) -> dict[str, Any]:
                          "last_commit": {"window": "...", "rows": 5200, "late": 0, "age_s": 3.1}},
          "spark": {"state": "up", "restarts": 0, "last_error": null},
          "sources": [{"source": "kinesis:clicks", "stream": "arn:aws:kinesis:...:stream/clicks",
-                      "shards": [{"shard_id": "shardId-000000000001", "lag_ms": 0}]}]}
+                      "shards": [{"shard_id": "shardId-000000000001", "lag_ms": 0}],
+                      "lease": "holding", "holder": "host-a:4242:9f2c1e07", "table": "clicks-leases"}]}
 
     ``sources``: each ``--source`` and its shards being read, ``lag_ms`` how far behind
     the shard's head the last page read was (Kinesis's MillisBehindLatest; DynamoDB, the
-    age of the last change read; null before the first page).
+    age of the last change read; null before the first page); with ``--lease-table``
+    whether this server holds the source's lease or waits for it, and who holds it
+    (``lease`` null without one).
     """
     now = time.time()
     coordinator = server.coordinator
@@ -317,9 +320,7 @@ def status_of(server: Any) -> dict[str, Any]:
         "shards": shards,
         "coordinator": None,
         "spark": None,
-        "sources": [{"source": r.spec.text, "stream": r.stream,
-                     "shards": [{"shard_id": shard_id, "lag_ms": lag} for shard_id, lag in sorted(r.lags().items())]}
-                    for r in server.sources],
+        "sources": [reader.status() for reader in getattr(server, "sources", ())],
     }
     if snapshot is not None:
         last = snapshot.last_commit

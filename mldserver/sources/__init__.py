@@ -14,6 +14,8 @@ job each:
 - ``feed``: the daemon's side of one shard's conversation (checkpoints checked as the
   KCL checks them, and saved);
 - ``positions``: a source's saved positions, ``<state-dir>/sources/<source>.json``;
+- ``lease``: with ``--lease-table``, one reader per source and a standby beside it (a
+  DynamoDB lease, which also keeps the source's positions);
 - ``cursor``: one shard read page after page (iterators, throttling, expiry, trimming);
 - ``reader``: a source's shards listed, read parents first, polled, fed;
 - ``stream``: the same reading for scripts, ``mldserver.open_stream`` (no server).
@@ -28,11 +30,14 @@ listening and stops them first at shutdown::
 
 from __future__ import annotations
 
+import asyncio
 import socket
 from pathlib import Path
 from typing import Awaitable, Callable
 
 from ..base.config import Settings
+from ..errors import ConfigError
+from .lease import SourceLease
 from .positions import SavedPositions
 from .reader import SourceReader
 from .spec import parse_sources
@@ -49,7 +54,27 @@ def readers(settings: Settings, *, attach: Callable[[socket.socket], Awaitable[N
 
 
 def reset_positions(settings: Settings) -> list[str]:
-    """``--reset-positions``: delete the saved positions of every ``--source``; the
-    sources that had some."""
+    """``--reset-positions``: delete the saved positions of every ``--source`` (with
+    ``--lease-table``, those in the lease table: refused while a live server reads the
+    source); the sources that had some."""
     specs, _ = parse_sources(settings.source, settings.source_from)
+    if settings.lease_table:
+        return asyncio.run(_reset_leased(settings, [spec.text for spec in specs]))
     return [spec.text for spec in specs if SavedPositions.reset(Path(settings.state_dir), spec.text)]
+
+
+async def _reset_leased(settings: Settings, sources: list[str]) -> list[str]:
+    assert settings.lease_table is not None
+    reset = []
+    for source in sources:
+        try:
+            async with SourceLease(settings.lease_table, source, region=settings.aws_region) as lease:
+                if await lease.reset_positions():
+                    reset.append(source)
+        except ConfigError:
+            raise
+        except Exception as exc:
+            raise ConfigError(f"--reset-positions: cannot open the lease table {settings.lease_table} "
+                              f"({type(exc).__name__}: {exc}): check the region, the credentials and the "
+                              f"endpoint (AWS_ENDPOINT_URL_DYNAMODB)") from None
+    return reset

@@ -25,6 +25,10 @@ answering ``processRecords`` or ``shutdownRequested``, never behind what is stor
 ``sequenceNumber: null`` means everything delivered, or ``SHARD_END`` while answering
 ``shardEnded``. A refusal is the Java exception's name in ``error``.
 
+A ``store`` that raises ``CheckpointRefused`` (the source's lease went to another
+server) answers the request with its error (``ShutdownException``), nothing stored;
+the reader then ends the shard with ``lease_lost()`` (``leaseLost``).
+
 If the server closes the connection before a status (its shutdown, or a line it could
 not take), the action raises ``FeedClosed``.
 """
@@ -43,6 +47,15 @@ LINE_LIMIT = 1 << 20  # the server's lines are short (statuses, checkpoints)
 
 class FeedClosed(Exception):
     """The server closed the shard's connection before answering an action."""
+
+
+class CheckpointRefused(Exception):
+    """Raised by a feed's ``store``: the checkpoint is answered with ``error`` (the
+    Java exception's name), nothing stored."""
+
+    def __init__(self, error: str) -> None:
+        super().__init__(error)
+        self.error = error
 
 
 def check_checkpoint(phase: str, sequence_number: Any, sub_sequence_number: Any, delivered: Position | None,
@@ -94,6 +107,10 @@ class Feed:
 
     async def shutdown_requested(self) -> None:
         await self._action({"action": "shutdownRequested"})
+
+    async def lease_lost(self) -> None:
+        """The source's lease went to another server: the handler lets go of the shard."""
+        await self._action({"action": "leaseLost"})
 
     async def shard_ended(self) -> bool:
         """Was SHARD_END stored (the one chance the daemon gives)?"""
@@ -153,8 +170,11 @@ class Feed:
         seq, sub = request.get("sequenceNumber"), request.get("subSequenceNumber")
         error, saved = check_checkpoint(self.phase, seq, sub, self.delivered, self.stored)
         if error is None and saved is not None and saved != self.stored:
-            await self.store(saved)
-            self.stored = saved
+            try:
+                await self.store(saved)
+                self.stored = saved
+            except CheckpointRefused as exc:
+                error = exc.error
         reply = {"action": "checkpoint", "sequenceNumber": seq, "subSequenceNumber": sub, "error": error}
         self.writer.write(json.dumps(reply, separators=(",", ":")).encode() + b"\n")
         await self.writer.drain()

@@ -13,6 +13,12 @@ shard's checkpoint is stored::
     await saved.store("shardId-...-6a3f0c2d", Position.parse("000000000000000000018", 0))
     saved.reset()                            # --reset-positions: the file goes
 
+With ``--lease-table`` the same document lives in the source's lease item instead
+(``lease``), where a standby on another machine finds it: ``write`` is the lease's
+``write_positions``, and ``decode`` reads what it holds::
+
+    saved = SavedPositions.decode("dynamodb:orders", await lease.acquire(stopping), write=lease.write_positions)
+
 A position is what the server checkpointed: with a sink, what the sink has committed;
 without one, what the handler checkpointed. A restart resumes after it. ``SHARD_END``
 marks a shard read to its end: its children may start. Stores from many shards at
@@ -26,7 +32,7 @@ from __future__ import annotations
 import asyncio
 import json
 from pathlib import Path
-from typing import Any, Literal, Union
+from typing import Any, Awaitable, Callable, Literal, Union
 
 from ..base.durable import atomic_write, safe_filename, until_written
 from ..base.logs import get_logger
@@ -44,9 +50,11 @@ def positions_path(state_dir: Path, source: str) -> Path:
 
 
 class SavedPositions:
-    def __init__(self, path: Path, source: str, shards: dict[str, Saved] | None = None,
-                 stream: str | None = None) -> None:
+    def __init__(self, path: Path | None, source: str, shards: dict[str, Saved] | None = None,
+                 stream: str | None = None, write: Callable[[bytes], Awaitable[None]] | None = None) -> None:
+        """``write``: where the document goes (the lease item's); else the file at ``path``."""
         self.path = path
+        self.write = write
         self.source = source
         self.stream = stream  # the stream the positions belong to (a table's stream may be replaced)
         self._shards: dict[str, Saved] = dict(shards or {})
@@ -66,11 +74,23 @@ class SavedPositions:
             raise ConfigError(f"--source {source}: cannot read its saved positions {path} ({exc}): repair or move "
                               f"the file, or pass --reset-positions to start again from --from") from None
         try:
-            shards = {str(k): v if v == SHARD_END else Position.from_json(v) for k, v in raw["shards"].items()}
-            return cls(path, source, shards, raw.get("stream"))
+            return cls(path, source, *_parse(raw))
         except (KeyError, TypeError, AttributeError, ValueError) as exc:
             raise ConfigError(f"--source {source}: its saved positions {path} are not as this server writes "
                               f"them ({exc}): repair or move the file, or pass --reset-positions") from None
+
+    @classmethod
+    def decode(cls, source: str, data: bytes | None, *,
+               write: Callable[[bytes], Awaitable[None]]) -> "SavedPositions":
+        """The positions a lease item holds (``data``: None, none yet), written back by
+        ``write``; a document this server cannot read is a ValueError."""
+        if data is None:
+            return cls(None, source, write=write)
+        try:
+            return cls(None, source, *_parse(json.loads(data)), write=write)
+        except (KeyError, TypeError, AttributeError) as exc:
+            raise ValueError(f"the positions of {source} in its lease item are not as this server writes them "
+                             f"({exc})") from None
 
     @staticmethod
     def reset(state_dir: Path, source: str) -> bool:
@@ -116,14 +136,26 @@ class SavedPositions:
             if self._written >= wanted:  # written with a later store while we waited
                 return
             version, data = self._version, self._encode()
+            if self.write is not None:
+                await self.write(data)  # (LeaseLost: the lease went to another server)
+                self._written = version
+                return
+            assert self.path is not None
             await until_written(lambda: self._put(data), self.path, log, what="source positions",
                                 source=self.source)
             self._written = version
 
     def _put(self, data: bytes) -> None:
+        assert self.path is not None
         self.path.parent.mkdir(parents=True, exist_ok=True)
         atomic_write(self.path, data)
 
     def _encode(self) -> bytes:
         shards: dict[str, Any] = {k: v if v == SHARD_END else v.to_json() for k, v in self._shards.items()}
         return json.dumps({"source": self.source, "stream": self.stream, "shards": shards}, indent=1).encode()
+
+
+def _parse(raw: Any) -> tuple[dict[str, Saved], str | None]:
+    """(shards, stream) of a positions document as written (``_encode``)."""
+    shards = {str(k): v if v == SHARD_END else Position.from_json(v) for k, v in raw["shards"].items()}
+    return shards, raw.get("stream")

@@ -42,6 +42,13 @@ A shard:
 - ends when the stream closes it and it is read to its end: ``shardEnded``, whose
   ``SHARD_END`` checkpoint is saved (``source_shard_ended``), and the stream is listed again.
 
+With ``--lease-table`` (``lease``) the reader reads only while this server holds the
+source's lease: it waits for it (``source_lease_waiting``), reads from the positions
+kept in the lease item, and when the lease is lost (``source_lease_lost``) stops
+reading at once (each shard gets ``leaseLost`` after the action under way; a checkpoint
+meanwhile is refused) and waits for it again. At a clean stop the shards finish, their
+positions are written, and the lease is released for the standby.
+
 Two reads of one shard are ``read_interval`` apart at least (Kinesis allows 5
 GetRecords a second per shard). ``millisBehindLatest``: Kinesis's own; for DynamoDB 0
 after a page that was not full, else the time since the last record's creation.
@@ -63,7 +70,8 @@ from .dynamodb import DynamoDBStreams
 from .kinesis import KinesisStreams
 from .cursor import UNREACHABLE, ShardCursor, sleep
 from .service import Service, ShardInfo, Throttled, Unreachable
-from .feed import LINE_LIMIT, Feed, FeedClosed
+from .feed import LINE_LIMIT, CheckpointRefused, Feed, FeedClosed
+from .lease import LeaseLost, SourceLease
 from .positions import SHARD_END, SavedPositions
 from .spec import SourceSpec, Start
 
@@ -94,13 +102,19 @@ class SourceReader:
         self.feeds: dict[str, Feed] = {}
         self.cursors: dict[str, ShardCursor] = {}  # the shards being read
         self.stream: str | None = None  # the stream's ARN, once found
-        self._stop = asyncio.Event()
+        self.lease: SourceLease | None = None  # --lease-table
+        self._stop = asyncio.Event()  # reading stops: the reader's stop, or the lease lost
+        self._closing = asyncio.Event()  # the reader's stop
+        self._lost = False  # this term ended with the lease lost: shards get leaseLost
         self._wake = asyncio.Event()
 
     # -- lifecycle ------------------------------------------------------------------
 
     def prepare(self) -> None:
-        """Read the saved positions; ``--from`` where some are saved is a ConfigError."""
+        """Read the saved positions; ``--from`` where some are saved is a ConfigError
+        (with a lease table, both at ``start``: the positions are in the table)."""
+        if self.settings.lease_table:
+            return
         self.saved = SavedPositions.open(Path(self.settings.state_dir), self.spec.text)
         if self.given_from and len(self.saved):
             raise ConfigError(
@@ -110,10 +124,9 @@ class SourceReader:
     async def start(self) -> None:
         """Find the stream, list its shards and start reading (a table without a stream
         is a ConfigError; a service not answering yet is retried by the discovery loop)."""
-        if self.saved is None:
-            self.prepare()
-        assert self.saved is not None
         s = self.settings
+        if self.saved is None and not s.lease_table:
+            self.prepare()
         service = KinesisStreams if self.spec.kind == "kinesis" else DynamoDBStreams
         self.streams = service(self.spec.name, region=s.aws_region, endpoint_url=s.aws_endpoint_url)
         await self.streams.__aenter__()
@@ -122,19 +135,30 @@ class SourceReader:
         except Unreachable as exc:
             raise ConfigError(f"--source {self.spec.text}: {exc}: check the region, the credentials and the "
                               f"endpoint ({self.streams.endpoint_hint})") from None
+        self.stream = arn
+        if s.lease_table:
+            await self._open_lease()
+            self.task = asyncio.create_task(self._lead(), name=f"source {self.spec.text}")
+            return
+        await self._begin()
+        self.task = asyncio.create_task(self._discover(), name=f"source {self.spec.text}")
+
+    async def _begin(self) -> None:
+        """The saved positions tied to the stream found; ``source_started``."""
+        assert self.saved is not None and self.stream is not None
+        arn = self.stream
         if self.saved.stream not in (None, arn) and len(self.saved):
             self.log.warning("source_stream_replaced", was=self.saved.stream, now=arn,
                              what_to_do="the table's stream was replaced (disabled and enabled again): the saved "
                                         "positions name the old stream's shards and are kept for them; the new "
                                         "stream's shards start from --from")
-        self.stream = arn
         await self.saved.set_stream(arn)
         self.log.info("source_started", stream=arn, start=self.start_at.kind, saved_shards=len(self.saved))
-        self.task = asyncio.create_task(self._discover(), name=f"source {self.spec.text}")
 
     async def stop(self) -> None:
         """Each shard finishes the action under way, gets ``shutdownRequested`` (it may
         checkpoint) and is closed; past ``shutdown_timeout`` the rest is cancelled."""
+        self._closing.set()
         self._stop.set()
         tasks = list(self.reading.values())
         if self.task is not None:
@@ -145,6 +169,9 @@ class SourceReader:
                 task.cancel()
             if pending:
                 await asyncio.wait(pending, timeout=STOP_WAIT_S)
+        if self.lease is not None:
+            await self.lease.release()  # the shards' last positions written: the standby takes it at once
+            await self.lease.__aexit__(None, None, None)
         if self.streams is not None:
             await self.streams.__aexit__(None, None, None)
         self.log.info("source_stopped", shards=len(self.reading))
@@ -157,6 +184,103 @@ class SourceReader:
             reader.lags() == {"shardId-000000000000": 0, "shardId-000000000001": 5200}
         """
         return {shard_id: cursor.lag_ms for shard_id, cursor in list(self.cursors.items())}
+
+    def status(self) -> dict[str, Any]:
+        """What /status shows of the source::
+
+            {"source": "dynamodb:orders", "stream": "arn:aws:dynamodb:...",
+             "shards": [{"shard_id": "shardId-...", "lag_ms": 0}],
+             "lease": "holding", "holder": "host-a:4242:9f2c1e07", "table": "orders-leases"}
+
+        (no ``--lease-table``: ``"lease": null``)."""
+        out: dict[str, Any] = {"source": self.spec.text, "stream": self.stream,
+                               "shards": [{"shard_id": shard_id, "lag_ms": lag}
+                                          for shard_id, lag in sorted(self.lags().items())],
+                               "lease": None}
+        if self.lease is not None:
+            out.update(self.lease.status())
+        return out
+
+    # -- the lease (--lease-table) ----------------------------------------------------
+
+    async def _open_lease(self) -> None:
+        """Open the lease table (created if absent); ``--from`` where positions are
+        kept there is a ConfigError, as with the state dir's."""
+        s = self.settings
+        assert s.lease_table is not None
+        lease = SourceLease(s.lease_table, self.spec.text, period_s=s.lease_period, region=s.aws_region,
+                            log=self.log)
+        try:
+            await lease.__aenter__()
+            item = await lease.read()
+        except ConfigError:
+            raise
+        except Exception as exc:
+            await lease.__aexit__(None, None, None)
+            raise ConfigError(f"--lease-table {s.lease_table}: cannot open it ({type(exc).__name__}: {exc}): check "
+                              f"the region, the credentials and the endpoint (AWS_ENDPOINT_URL_DYNAMODB)") from None
+        self.lease = lease
+        if self.given_from and item is not None and "positions" in item:
+            raise ConfigError(
+                f"--from {s.source_from}: {self.spec.text} has saved positions (in the lease table "
+                f"{s.lease_table}), where it resumes: pass --reset-positions to delete them and start from --from, "
+                f"or leave --from out")
+
+    async def _lead(self) -> None:
+        """Wait for the lease, read while it is held; once it is lost, wait again.
+        Reading ends with the reader's stop (the lease renewed until the shards have
+        finished: ``stop`` releases it)."""
+        lease = self.lease
+        assert lease is not None
+        while not self._closing.is_set():
+            try:
+                data = await lease.acquire(self._closing)
+            except LeaseLost:
+                return  # the reader stops
+            self.saved = SavedPositions.decode(self.spec.text, data, write=lease.write_positions)
+            self.reading, self.listed, self._lost = {}, {}, False
+            self._stop.clear()
+            if self._closing.is_set():
+                self._stop.set()
+            keeping = asyncio.create_task(lease.keep(), name=f"source {self.spec.text} lease")
+            try:
+                try:
+                    await self._begin()
+                except LeaseLost:
+                    await keeping  # lost at once: keep returns as it sees it
+                if keeping.done():
+                    discovering = None
+                else:
+                    discovering = asyncio.create_task(self._discover(), name=f"source {self.spec.text} shards")
+                    closing = asyncio.ensure_future(self._closing.wait())
+                    await asyncio.wait([keeping, discovering, closing], return_when=asyncio.FIRST_COMPLETED)
+                    closing.cancel()
+                    if discovering.done():
+                        discovering.result()  # a shard's task failed (a bug): the server logs task_crashed
+                if not keeping.done():  # the reader stops: its shards finish while the lease is renewed
+                    self._stop.set()
+                    await asyncio.wait([*self.reading.values(), *([discovering] if discovering else [])])
+                    return
+                self._lost = True
+                self._stop.set()
+                await self._let_go(discovering)
+                if discovering is not None and not discovering.cancelled() and discovering.exception():
+                    raise discovering.exception()  # type: ignore[misc]
+            finally:
+                keeping.cancel()
+                await asyncio.gather(keeping, return_exceptions=True)
+
+    async def _let_go(self, discovering: asyncio.Task[None] | None) -> None:
+        """The lease lost: each shard's read stops at once, its action under way is
+        answered, then ``leaseLost``; past ``shutdown_timeout`` what is left is cancelled."""
+        tasks = [*self.reading.values(), *([discovering] if discovering else [])]
+        if tasks:
+            _, pending = await asyncio.wait(tasks, timeout=self.settings.shutdown_timeout)
+            for task in pending:
+                task.cancel()
+            if pending:
+                await asyncio.wait(pending, timeout=STOP_WAIT_S)
+        self.reading, self.feeds, self.cursors = {}, {}, {}
 
     # -- discovery ------------------------------------------------------------------
 
@@ -218,9 +342,14 @@ class SourceReader:
             ours.close()
             raise
         reader, writer = await asyncio.open_unix_connection(sock=ours, limit=LINE_LIMIT)
+        positions = self.saved  # this term's (a lease lost and taken again: new ones)
+        assert positions is not None
 
         async def store(position: Any) -> None:
-            await self.saved.store(shard_id, position)  # type: ignore[union-attr]
+            try:
+                await positions.store(shard_id, position)
+            except LeaseLost:
+                raise CheckpointRefused("ShutdownException") from None  # as the KCL answers a lost lease
 
         feed = Feed(reader, writer, f"{self.spec.name}/{shard_id}" if self.qualify else shard_id,
                     store=store, stored=saved)
@@ -238,7 +367,11 @@ class SourceReader:
                 await feed.initialize(kind)
             children = await self._pump(shard, feed, first, log)
             ended = children is not None
-            if not ended:
+            if not ended and self._lost:
+                await feed.lease_lost()  # another server reads it now: the handler lets go
+                log.info("source_shard_lease_lost", position=feed.stored if feed.stored == SHARD_END
+                         else getattr(feed.stored, "text", None))
+            elif not ended:
                 await feed.shutdown_requested()  # the source stops: the handler may checkpoint
         except FeedClosed as exc:
             if not self._stop.is_set():
@@ -251,11 +384,11 @@ class SourceReader:
             self.cursors.pop(shard_id, None)
         if not ended:
             return
-        if self.saved.ended(shard_id):
+        if feed.stored == SHARD_END:
             log.info("source_shard_ended", position=feed.delivered.text if feed.delivered else None,
                      children=list(children or ()))
-        else:
-            log.error("source_shard_end_not_stored", stored=str(self.saved.get(shard_id)),
+        elif not self._lost:  # (lost: the SHARD_END checkpoint was refused; the new owner ends it)
+            log.error("source_shard_end_not_stored", stored=str(feed.stored),
                       what_to_do="the handler's shard_ended did not checkpoint SHARD_END (checkpoint() with no "
                                  "sequence number): the shard's children are not read until a restart reads it "
                                  "to its end again and SHARD_END is stored")

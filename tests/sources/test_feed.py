@@ -11,10 +11,10 @@ import pytest
 
 from mldserver.api.testing import make_records
 from mldserver.base.positions import Position
-from mldserver.sources.feed import LINE_LIMIT, Feed, FeedClosed, check_checkpoint
+from mldserver.sources.feed import LINE_LIMIT, CheckpointRefused, Feed, FeedClosed, check_checkpoint
 from mldserver.sources.positions import SHARD_END
 
-from ..handlers import CheckpointLast, Noop
+from ..handlers import CheckpointLast, CheckpointLastNoting, Noop
 from ..harness import running
 
 P = Position.parse
@@ -73,6 +73,26 @@ async def test_a_restarted_feed_starts_from_the_stored_position(tmp_path):
         assert kept == [P("6", 0)]
         await feed.shutdown_requested()
         await feed.close()
+
+
+async def test_a_refused_store_answers_the_checkpoint_with_its_error_and_lease_lost_reaches_the_handler(tmp_path):
+    CheckpointLastNoting.noted.clear()
+    async with running(tmp_path, CheckpointLastNoting, workers=0) as (server, _, _):
+        ours, theirs = socket.socketpair()
+        await server.attach(theirs)
+        reader, writer = await asyncio.open_unix_connection(sock=ours, limit=LINE_LIMIT)
+
+        async def refused(position):
+            raise CheckpointRefused("ShutdownException")  # the source's lease went to another server
+
+        feed = Feed(reader, writer, "shardId-1", store=refused, stored=P("2", 0))
+        await feed.initialize("2", 0)
+        await feed.process_records(make_records(3, 2), 0)
+        assert CheckpointLastNoting.noted == ["ShutdownException"] and feed.stored == P("2", 0)
+        await feed.lease_lost()
+        assert CheckpointLastNoting.noted == ["ShutdownException", "lease_lost"]
+        await feed.close()
+        await asyncio.wait_for(_until(lambda: not server.drivers), 5)
 
 
 async def test_an_action_the_server_closes_on_raises_feed_closed(tmp_path):
