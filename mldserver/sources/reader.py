@@ -160,15 +160,7 @@ class SourceReader:
         checkpoint) and is closed; past ``shutdown_timeout`` the rest is cancelled."""
         self._closing.set()
         self._stop.set()
-        tasks = list(self.reading.values())
-        if self.task is not None:
-            tasks.append(self.task)
-        if tasks:
-            _, pending = await asyncio.wait(tasks, timeout=self.settings.shutdown_timeout)
-            for task in pending:
-                task.cancel()
-            if pending:
-                await asyncio.wait(pending, timeout=STOP_WAIT_S)
+        await self._finish([*self.reading.values(), *([self.task] if self.task is not None else [])])
         if self.lease is not None:
             await self.lease.release()  # the shards' last positions written: the standby takes it at once
             await self.lease.__aexit__(None, None, None)
@@ -273,14 +265,19 @@ class SourceReader:
     async def _let_go(self, discovering: asyncio.Task[None] | None) -> None:
         """The lease lost: each shard's read stops at once, its action under way is
         answered, then ``leaseLost``; past ``shutdown_timeout`` what is left is cancelled."""
-        tasks = [*self.reading.values(), *([discovering] if discovering else [])]
-        if tasks:
-            _, pending = await asyncio.wait(tasks, timeout=self.settings.shutdown_timeout)
-            for task in pending:
-                task.cancel()
-            if pending:
-                await asyncio.wait(pending, timeout=STOP_WAIT_S)
+        await self._finish([*self.reading.values(), *([discovering] if discovering else [])])
         self.reading, self.feeds, self.cursors = {}, {}, {}
+
+    async def _finish(self, tasks: list[asyncio.Task[Any]]) -> None:
+        """Wait up to ``shutdown_timeout`` for ``tasks``; cancel what is left, and give
+        it ``STOP_WAIT_S`` to end."""
+        if not tasks:
+            return
+        _, pending = await asyncio.wait(tasks, timeout=self.settings.shutdown_timeout)
+        for task in pending:
+            task.cancel()
+        if pending:
+            await asyncio.wait(pending, timeout=STOP_WAIT_S)
 
     # -- discovery ------------------------------------------------------------------
 
