@@ -1,5 +1,6 @@
 """Shared fixtures: each test's event loops, ``serve`` (servers in subprocesses, the real
-CLI, stopped when the test ends: ``harness.ServerProcess``), and DynamoDB Local."""
+CLI, stopped when the test ends: ``harness.ServerProcess``), DynamoDB Local and
+kinesis-local."""
 
 from __future__ import annotations
 
@@ -56,7 +57,7 @@ def serve(tmp_path):
         server.stop()
 
 
-# -- DynamoDB Local, for the tests that need it (one per test module) ---------------------
+# -- DynamoDB Local and kinesis-local, for the tests that need them (one per test module) ---
 
 @pytest.fixture(scope="module")
 def dynamodb(tmp_path_factory):
@@ -64,6 +65,18 @@ def dynamodb(tmp_path_factory):
     from .integration.components import DynamoDBLocal
 
     local = DynamoDBLocal(tmp_path_factory.mktemp("dynamodb-local"))
+    try:
+        yield local
+    finally:
+        local.terminate()
+
+
+@pytest.fixture(scope="module")
+def kinesis(tmp_path_factory):
+    """A kinesis-local of this test module's own (``integration/components.py``)."""
+    from .integration.components import KinesisLocal
+
+    local = KinesisLocal(tmp_path_factory.mktemp("kinesis-local"))
     try:
         yield local
     finally:

@@ -35,16 +35,6 @@ HANDLER = "tests.pool_handlers:RecordBatches"
 HALF = 2**127  # the middle of the hash key range
 
 
-@pytest.fixture(scope="module")
-def kinesis(tmp_path_factory):
-    """A kinesis-local of this test module's own (``components.KinesisLocal``)."""
-    local = KinesisLocal(tmp_path_factory.mktemp("kinesis-local"))
-    try:
-        yield local
-    finally:
-        local.terminate()
-
-
 @pytest.fixture
 def env(kinesis, tmp_path):
     """The AWS configuration (kinesis-local's plain HTTP: aiobotocore speaks no HTTP/2) and

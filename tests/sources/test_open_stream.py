@@ -149,15 +149,6 @@ async def test_move_to_a_time_skips_the_changes_made_before_it(aws, table):
 # -- kinesis-local -------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def kinesis(tmp_path_factory):
-    local = KinesisLocal(tmp_path_factory.mktemp("kinesis-local"))
-    try:
-        yield local
-    finally:
-        local.terminate()
-
-
 @pytest.fixture
 def clicks(kinesis, monkeypatch):
     for key, value in {"AWS_ENDPOINT_URL_KINESIS": kinesis.endpoint, "AWS_ACCESS_KEY_ID": AWS["aws_access_key_id"],
