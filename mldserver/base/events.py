@@ -244,6 +244,9 @@ EVENTS: dict[str, Event] = {
                                    "`saved_shards`."),
         "source_stream_replaced": ("warning", "The table's stream was replaced: the saved positions name the "
                                               "old stream's shards."),
+        "source_stream_recreated": ("warning", "The Kinesis stream was deleted and created again under its name "
+                                               "(its creation time changed): the saved positions were the old "
+                                               "stream's and are dropped."),
         "source_list_failed": ("warning", "Listing a source's shards failed: retried at the next "
                                           "discovery."),
         "source_lease_waiting": ("info", "Another server holds the source's lease (`--lease-table`): this one "

@@ -51,6 +51,7 @@ class DynamoDBStreams(OpenClient):
     client_service = "dynamodbstreams"
     raw = True  # binary attributes as the base64 the adapter format carries, times as epoch seconds
     endpoint_hint = "AWS_ENDPOINT_URL_DYNAMODB for DynamoDB Local"
+    created = None  # (a stream's ARN ends in its creation time: a new stream is a new ARN)
 
     def __init__(self, name: str, *, region: str | None = None, endpoint_url: str | None = None) -> None:
         """``name``: a table (its latest stream) or a stream ARN."""

@@ -4,6 +4,7 @@ them, or the ``aws_endpoint_url`` setting)::
 
     async with KinesisStreams("orders") as streams:            # a name, or arn:aws:kinesis:...:stream/orders
         arn = await streams.stream_arn()                        # DescribeStreamSummary's StreamARN
+        streams.created                                         # its StreamCreationTimestamp, epoch ms
         shards = await streams.shards()                         # ListShards, page after page (NextToken)
         # [ShardInfo("shardId-000000000000", (), True),
         #  ShardInfo("shardId-000000000001", ("shardId-000000000000",), False), ...]   (a merge: two parents)
@@ -25,6 +26,10 @@ A saved position resumes ``AT_SEQUENCE_NUMBER``, as the KCL does: the record at 
 read again and the reader skips every user record up to the saved (sequence number,
 sub-sequence number), so a position inside an aggregate resumes at its next user record.
 Errors are ``service``'s; ``ExpiredIteratorException`` comes after 5 minutes.
+
+A stream deleted and created again under its name keeps its ARN and its shard ids
+(``shardId-000000000000``...) but none of the old stream's records: only its creation
+time tells the two apart (``created``, saved beside the positions: ``reader``).
 """
 
 from __future__ import annotations
@@ -66,10 +71,12 @@ class KinesisStreams(OpenClient):
         self.name = stream_name(name)
         self.region = region or (match.group(1) if match else None)
         self.endpoint_url = endpoint_url
-        self._arn = name if match else None
+        self._arn: str | None = None
+        self.created: int | None = None  # the stream's creation time, epoch ms (``stream_arn`` reads it)
 
     async def stream_arn(self) -> str:
-        """The stream's ARN; a stream that does not exist is a ConfigError."""
+        """The stream's ARN, and its creation time in ``created``; a stream that does
+        not exist is a ConfigError."""
         if self._arn is not None:
             return self._arn
         try:
@@ -80,6 +87,7 @@ class KinesisStreams(OpenClient):
                                   f"): check the name, the region and the endpoint") from None
             raise Unreachable(f"DescribeStreamSummary {self.name}: {describe(exc)}") from None
         self._arn = summary["StreamARN"]
+        self.created = _epoch_ms(summary["StreamCreationTimestamp"])
         return self._arn
 
     async def shards(self) -> list[ShardInfo]:

@@ -8,10 +8,16 @@ shard's checkpoint is stored::
      "shards": {"shardId-00000001769731200000-6a3f0c2d": ["000000000000000000017", 0],
                 "shardId-00000001769716800000-0b8e4a71": "SHARD_END"}}
 
+A Kinesis stream's document also has ``"created"``, the stream's creation time (epoch
+ms): a stream deleted and created again keeps its ARN and its shard ids, and only that
+time says the positions are the old stream's (``reader`` then drops them: ``restart``).
+
     saved = SavedPositions.open(Path("state"), "dynamodb:orders")   # read now (ConfigError if corrupt)
     saved.get("shardId-...-6a3f0c2d")        # Position("000000000000000000017", 0), SHARD_END or None
     await saved.store("shardId-...-6a3f0c2d", Position.parse("000000000000000000018", 0))
     saved.reset()                            # --reset-positions: the file goes
+    await saved.set_stream(arn, created)     # the stream they belong to (written if new)
+    await saved.restart(arn, created)        # the stream was created again: every position goes
 
 With ``--lease-table`` the same document lives in the source's lease item instead
 (``lease``), where a standby on another machine finds it: ``write`` is the lease's
@@ -51,12 +57,14 @@ def positions_path(state_dir: Path, source: str) -> Path:
 
 class SavedPositions:
     def __init__(self, path: Path | None, source: str, shards: dict[str, Saved] | None = None,
-                 stream: str | None = None, write: Callable[[bytes], Awaitable[None]] | None = None) -> None:
+                 stream: str | None = None, created: int | None = None,
+                 write: Callable[[bytes], Awaitable[None]] | None = None) -> None:
         """``write``: where the document goes (the lease item's); else the file at ``path``."""
         self.path = path
         self.write = write
         self.source = source
         self.stream = stream  # the stream the positions belong to (a table's stream may be replaced)
+        self.created = created  # its creation time, epoch ms, where the ARN does not say it (Kinesis)
         self._shards: dict[str, Saved] = dict(shards or {})
         self._version = 0  # of _shards
         self._written = 0  # the version on disk
@@ -124,10 +132,16 @@ class SavedPositions:
         if any(self._shards.pop(s, None) is not None for s in list(shard_ids)):
             await self._write()
 
-    async def set_stream(self, stream: str) -> None:
-        if stream != self.stream:
-            self.stream = stream
+    async def set_stream(self, stream: str, created: int | None = None) -> None:
+        if (stream, created) != (self.stream, self.created):
+            self.stream, self.created = stream, created
             await self._write()
+
+    async def restart(self, stream: str, created: int | None) -> None:
+        """The stream was created again under its ARN: no saved position is its."""
+        self._shards.clear()
+        self.stream, self.created = stream, created
+        await self._write()
 
     async def _write(self) -> None:
         self._version += 1
@@ -152,10 +166,16 @@ class SavedPositions:
 
     def _encode(self) -> bytes:
         shards: dict[str, Any] = {k: v if v == SHARD_END else v.to_json() for k, v in self._shards.items()}
-        return json.dumps({"source": self.source, "stream": self.stream, "shards": shards}, indent=1).encode()
+        doc: dict[str, Any] = {"source": self.source, "stream": self.stream, "shards": shards}
+        if self.created is not None:
+            doc["created"] = self.created
+        return json.dumps(doc, indent=1).encode()
 
 
-def _parse(raw: Any) -> tuple[dict[str, Saved], str | None]:
-    """(shards, stream) of a positions document as written (``_encode``)."""
+def _parse(raw: Any) -> tuple[dict[str, Saved], str | None, int | None]:
+    """(shards, stream, created) of a positions document as written (``_encode``)."""
     shards = {str(k): v if v == SHARD_END else Position.from_json(v) for k, v in raw["shards"].items()}
-    return shards, raw.get("stream")
+    created = raw.get("created")
+    if created is not None and type(created) is not int:
+        raise ValueError(f"created {created!r} is not epoch milliseconds")
+    return shards, raw.get("stream"), created

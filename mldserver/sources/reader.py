@@ -146,13 +146,21 @@ class SourceReader:
     async def _begin(self) -> None:
         """The saved positions tied to the stream found; ``source_started``."""
         assert self.saved is not None and self.stream is not None
-        arn = self.stream
-        if self.saved.stream not in (None, arn) and len(self.saved):
-            self.log.warning("source_stream_replaced", was=self.saved.stream, now=arn,
+        arn, created, saved = self.stream, self.streams.created, self.saved
+        if saved.stream not in (None, arn) and len(saved):
+            self.log.warning("source_stream_replaced", was=saved.stream, now=arn,
                              what_to_do="the table's stream was replaced (disabled and enabled again): the saved "
                                         "positions name the old stream's shards and are kept for them; the new "
                                         "stream's shards start from --from")
-        await self.saved.set_stream(arn)
+        elif saved.stream == arn and None not in (saved.created, created) and saved.created != created and len(saved):
+            self.log.warning("source_stream_recreated", stream=arn, was_created=saved.created, created=created,
+                             shards=len(saved),
+                             what_to_do="the stream was deleted and created again under its name: its shards have "
+                                        "the old shards' ids but none of their records, so the old positions are "
+                                        "dropped and every shard starts from --from (records the server handled "
+                                        "from the old stream are not read again)")
+            await saved.restart(arn, created)
+        await saved.set_stream(arn, created)
         self.log.info("source_started", stream=arn, start=self.start_at.kind, saved_shards=len(self.saved))
 
     async def stop(self) -> None:

@@ -115,6 +115,9 @@ class Service(Protocol):
     at_timestamp: bool  # an AT_TIMESTAMP iterator (else a time reads from the trim horizon and skips)
     millis_behind: bool  # a page says how far it is behind the shard's head (Kinesis's MillisBehindLatest)
     endpoint_hint: str  # where to point it at a local emulator, for a message
+    # When the stream was created (epoch ms, read by ``stream_arn``) where its ARN does not
+    # say: a Kinesis stream created again under its name has the old one's ARN; else None.
+    created: int | None
 
     async def __aenter__(self) -> "Service": ...
 

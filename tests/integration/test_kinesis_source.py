@@ -303,3 +303,27 @@ async def test_each_source_shards_lag_is_on_status_and_a_metric(kinesis, tmp_pat
             assert registry.get_sample_value("mldserver_source_millis_behind",
                                              {"source": f"kinesis:{name}", "shard_id": shard_id}) == 0
         assert f"kinesis:{name}  shardId-000000000001       0" in render(status_of(server))
+
+
+def test_a_stream_deleted_and_created_again_is_read_from_its_start(kinesis, env, config, tmp_path, serve):
+    """A stream created again under its name keeps its ARN and its shard ids, but none of
+    the old stream's records: the saved positions are the old stream's (its creation
+    time says so) and are dropped, and the new stream is read from its start."""
+    name = stream(kinesis, 1)
+    old = put(kinesis, name, 5, "old")
+    first = serve(HANDLER, "--source", f"kinesis:{name}", "--config", config, env=env)
+    wait_for(lambda: list(saved(tmp_path, name).values()) == [[old[-1][1], 0]], 120, "the old stream's last position")
+    assert first.stop() == 0
+
+    kinesis.client.delete_stream(StreamName=name)
+    wait_for(lambda: name not in kinesis.client.list_streams()["StreamNames"], 60, "the stream deleted")
+    kinesis.create_stream(name, 1)
+    new = put(kinesis, name, 5, "new")
+    second = serve(HANDLER, "--source", f"kinesis:{name}", "--config", config, env=env)
+    got = wait_for(lambda: len(s := seen(tmp_path)) >= 10 and s, 120, "the new stream's records handled")
+    [recreated] = events(second, "source_stream_recreated")
+    assert recreated["shards"] == 1
+    assert [e["start"] for e in events(second, "source_shard_started")] == ["TRIM_HORIZON"]
+    wait_for(lambda: list(saved(tmp_path, name).values()) == [[new[-1][1], 0]], 60, "the new stream's last position")
+    assert second.stop() == 0
+    assert seen(tmp_path) == got == old + new  # the new stream's records each once, none skipped

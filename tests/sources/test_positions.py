@@ -30,6 +30,17 @@ async def test_positions_stored_are_read_back_by_the_next_server(tmp_path):
     assert again.ended("shardId-0") and not again.ended("shardId-1") and again.stream == "arn:stream"
 
 
+async def test_a_kinesis_streams_creation_time_is_kept_and_a_restart_drops_every_position(tmp_path):
+    saved = SavedPositions.open(tmp_path, "kinesis:clicks")
+    await saved.set_stream("arn:clicks", 1769731200000)
+    await saved.store("shardId-000000000000", Position.parse("4959", 0))
+    again = SavedPositions.open(tmp_path, "kinesis:clicks")
+    assert (again.stream, again.created, len(again)) == ("arn:clicks", 1769731200000, 1)
+    await again.restart("arn:clicks", 1769734800000)  # the same name and ARN, created again
+    third = SavedPositions.open(tmp_path, "kinesis:clicks")
+    assert (third.stream, third.created, len(third)) == ("arn:clicks", 1769734800000, 0)
+
+
 async def test_stores_from_many_shards_at_once_all_reach_the_file(tmp_path):
     saved = SavedPositions.open(tmp_path, "dynamodb:orders")
     await asyncio.gather(*(saved.store(f"shardId-{i}", Position.parse(str(100 + i), 0)) for i in range(20)))
@@ -53,7 +64,8 @@ async def test_reset_deletes_the_file_and_says_whether_there_was_one(tmp_path):
     assert len(SavedPositions.open(tmp_path, "dynamodb:orders")) == 0
 
 
-@pytest.mark.parametrize("text", ["{not json", '{"shards": {"a": ["x", 0]}}', '{"shards": []}', "[]"])
+@pytest.mark.parametrize("text", ["{not json", '{"shards": {"a": ["x", 0]}}', '{"shards": []}', "[]",
+                                  '{"shards": {}, "created": "yesterday"}'])
 def test_a_corrupt_file_is_a_config_error_naming_it(tmp_path, text):
     path = positions_path(tmp_path, "dynamodb:orders")
     path.parent.mkdir(parents=True)
