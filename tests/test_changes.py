@@ -15,7 +15,7 @@ from mldserver.api.changes import parse_change
 from mldserver.base.config import Settings
 from mldserver.api.context import Context
 from mldserver.api.failures import FailureGuard
-from mldserver.api.records import Batch, Record, ShardInfo
+from mldserver.api.records import Batch, EmittedRows, Record, ShardInfo
 from mldserver.api.testing import dynamodb_record
 
 SHARD = ShardInfo("shardId-00000001795347969710-dbd68f62", "TRIM_HORIZON", 0)
@@ -39,7 +39,7 @@ def kinesis(seq, data: bytes, pk="pk"):
 
 
 def batch_of(raws, rows=True):
-    return Batch([Record(r) for r in raws], 0, SHARD, [] if rows else None)
+    return Batch([Record(r) for r in raws], 0, SHARD, EmittedRows() if rows else None)
 
 
 def context(**settings):

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, strategies as st
 
 from mldserver.base.positions import Position
-from mldserver.api.records import Batch, Emitted, Record, ShardInfo, decode_data
+from mldserver.api.records import Batch, Emitted, EmittedRows, Record, ShardInfo, decode_data
 
 RAW = {"data": "bWVvdw==", "partitionKey": "cat", "sequenceNumber": "4959", "subSequenceNumber": 2,
        "approximateArrivalTimestamp": 1476889707000, "action": "record"}
@@ -67,16 +67,16 @@ def test_emitted_rows_are_kept_only_when_something_collects_them():
     ignored = Batch([record], 0, shard)
     ignored.emit(record, {"k": 1})
     assert ignored.rows is None and len(ignored) == 1
-    collected = Batch([record], 0, shard, rows=[])
+    collected = Batch([record], 0, shard, rows=EmittedRows())
     collected.emit(record, {"k": 1})
     collected.emit(record, {"k": 2}, event_time_ms=1763719200000)
-    assert collected.rows == [Emitted(record, {"k": 1}, None), Emitted(record, {"k": 2}, 1763719200000)]
+    assert list(collected.rows) == [Emitted(record, {"k": 1}, None), Emitted(record, {"k": 2}, 1763719200000)]
     assert collected.rows[1].event_time_ms == 1763719200000 and type(collected.rows[0]) is Emitted
 
 
 def _batch(n=4, rows=True):
     records = [Record({"sequenceNumber": str(100 + i), "subSequenceNumber": 0, "data": "eA=="}) for i in range(n)]
-    return Batch(records, 0, ShardInfo("shardId-0", None, None), [] if rows else None)
+    return Batch(records, 0, ShardInfo("shardId-0", None, None), EmittedRows() if rows else None)
 
 
 def test_fail_keeps_each_failed_record_by_index_with_its_error_and_drops_its_rows():

@@ -76,7 +76,7 @@ def test_a_server_without_a_sink_and_the_handler_processes_never_load_numpy():
     # Every batch goes through encode_rows, rows or none; numpy is some 12 MiB a process.
     script = ("import mldserver.server.server, mldserver.pool.child\n"
               "from mldserver.shard.batches import encode_rows\n"
-              "rows, bad = encode_rows(())\n"
+              "rows, bad = encode_rows(None)\n"
               "assert len(rows) == 0 and bad == []\n")
     assert loaded_after(script, "numpy", "pyarrow") == []
 

@@ -80,7 +80,7 @@ from ..base.backoff import CallPolicy
 from .dynamodb_json import decode_item
 from .handler import Handler
 from ..base.logs import get_logger
-from .records import Emitted, valid_event_time
+from .records import valid_event_time
 
 if TYPE_CHECKING:
     from .checkpointer import Checkpointer
@@ -291,7 +291,7 @@ class ChangeHandler(Handler):
         meta = self._meta
         if event_time_ms is None and meta[1] is not None:  # type: ignore[index]  (a DynamoDB change)
             event_time_ms = meta.creation_time_ms  # type: ignore[union-attr]
-        rows.append(_new(Emitted, (meta[0], row, event_time_ms)))  # type: ignore[index]
+        rows.add(meta[0], row, event_time_ms)  # type: ignore[index]
 
     async def process_records(self, batch: Batch, checkpointer: Checkpointer) -> None:
         await self.dispatch(batch)
@@ -336,7 +336,7 @@ class ChangeHandler(Handler):
                         else:
                             delete_failed += 1
                         if rows is not None:
-                            del rows[mark:]  # no row of a failed attempt
+                            rows.truncate(mark)  # no row of a failed attempt
                         attempt += 1
                         if attempt > retries:
                             self._give_up(batch, record, exc, callback=callback, attempts=attempt)

@@ -24,16 +24,13 @@ skips such characters, so every line decodes as it always did, only faster.
 from __future__ import annotations
 
 import binascii
-import io
 from dataclasses import dataclass
-from itertools import repeat
-from operator import itemgetter
-from typing import Any, NamedTuple, Sequence
+from typing import Any, Sequence
 
-import orjson
 import pybase64
 
 from ..base.positions import Position
+from .emitted import Emitted, EmittedRows  # noqa: F401  (Emitted: what batch.rows gives back)
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,18 +137,6 @@ MAX_EVENT_TIME_MS = 253_402_300_800_000  # 10000-01-01T00:00:00Z
 EVENT_TIME = f"epoch milliseconds (an int in [0, {MAX_EVENT_TIME_MS}): 1970 to 9999)"
 
 
-def json_lines(rows: Sequence[Any]) -> tuple[list[int], bytes] | None:
-    """The rows as JSON lines in one buffer, and each line's size (newline included);
-    None if a row is not JSON (the caller finds which, row by row). Each row is written
-    as soon as orjson makes it: its results kept by the thousand slow malloc fourfold."""
-    lines = io.BytesIO()
-    try:
-        sizes = list(map(lines.write, map(orjson.dumps, rows, repeat(None), repeat(orjson.OPT_APPEND_NEWLINE))))
-    except TypeError:
-        return None
-    return sizes, lines.getvalue()
-
-
 def valid_event_time(t: Any) -> bool:
     """Is ``t`` an event time: an int (not a bool) of epoch ms in [0, MAX_EVENT_TIME_MS)?"""
     return type(t) is int and 0 <= t < MAX_EVENT_TIME_MS
@@ -170,25 +155,13 @@ def times_valid(times: list[Any]) -> bool:
 _TIME_TYPES = frozenset({int, type(None)})
 
 
-class Emitted(NamedTuple):
-    """One ``batch.emit``: the record a row is attributed to, the row, its event time."""
-
-    record: Record
-    row: dict[str, Any]
-    event_time_ms: int | None
-
-
-def row_times(emitted: Sequence[tuple[Record, Any, Any]]) -> list[Any]:
-    """Each emitted row's event time: ``emit``'s, else its record's
+def row_times(records: Sequence[Record], given: list[Any]) -> list[Any]:
+    """Each emitted row's event time: ``emit``'s (``given``), else its record's
     ``approximate_arrival_timestamp`` (None when neither is given). Checked by the
     caller (``times_valid``); ``row_time`` says which one is wrong, and why."""
-    given = list(map(_given, emitted))
     if None not in given:
         return given
-    return [e[0].approximate_arrival_timestamp if t is None else t for e, t in zip(emitted, given)]
-
-
-_given = itemgetter(2)
+    return [r.approximate_arrival_timestamp if t is None else t for r, t in zip(records, given)]
 
 
 def row_time(record: Record, given: Any) -> tuple[Any, str | None]:
@@ -207,9 +180,6 @@ def row_time(record: Record, given: Any) -> tuple[Any, str | None]:
     return t, f"event time {t!r:.80} from {source} is not {EVENT_TIME}"
 
 
-_new = tuple.__new__
-
-
 class Batch:
     """One ``processRecords``: the records, how far behind the shard is, and the shard.
 
@@ -220,12 +190,13 @@ class Batch:
             batch.emit(record, {"customer": record.partition_key, "amount": 3})
             batch.emit(record, row, event_time_ms=1763719200000)  # event time from the data
 
-    A row is a dict that orjson can encode. Without ``event_time_ms`` its event time is
-    the record's ``approximate_arrival_timestamp``. An event time is epoch milliseconds,
-    an ``int`` in [0, ``MAX_EVENT_TIME_MS``) (1970 to 9999); a row that cannot be encoded,
-    or whose event time is anything else, is a bad row: checked once, when the batch's
-    rows are handed over, and dead-lettered with its record (the batch goes on). A
-    server with no sink ignores rows.
+    A row is a dict that orjson can encode, encoded at its ``emit``: changing the dict
+    afterwards does not change the row (``api.emitted``). Without ``event_time_ms`` its
+    event time is the record's ``approximate_arrival_timestamp``. An event time is epoch
+    milliseconds, an ``int`` in [0, ``MAX_EVENT_TIME_MS``) (1970 to 9999); a row that
+    cannot be encoded, or whose event time is anything else, is a bad row: dead-lettered
+    with its record once the batch's rows are handed over (the batch goes on). A server
+    with no sink ignores rows.
 
     ``fail`` gives up on one record (retry it first if that can help), and the batch
     goes on::
@@ -250,7 +221,7 @@ class Batch:
         records: Sequence[Record],
         millis_behind_latest: int | None,
         shard: ShardInfo,
-        rows: list[Emitted] | None = None,
+        rows: EmittedRows | None = None,
     ) -> None:
         self.records = records
         self.millis_behind_latest = millis_behind_latest
@@ -269,7 +240,7 @@ class Batch:
 
     def emit(self, record: Record, row: dict[str, Any], event_time_ms: int | None = None) -> None:
         if self.rows is not None:
-            self.rows.append(_new(Emitted, (record, row, event_time_ms)))  # C speed: once a row
+            self.rows.add(record, row, event_time_ms)  # written at once (``emitted``)
         else:
             self.discarded()
 
@@ -313,11 +284,11 @@ class Batch:
         failed = self.failed
         if not failed:
             return []
-        if self.rows:
+        if self.rows is not None:
             records = self.records
             gone = {id(records[i]) for i in failed}
             gone.update(key for key, i in (self._index or {}).items() if i in failed)
-            self.rows[:] = [e for e in self.rows if id(e[0]) not in gone]
+            self.rows.drop(gone)
         return [(i, error, attempts) for i, (error, attempts) in sorted(failed.items())]
 
     def __len__(self) -> int:

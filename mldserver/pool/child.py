@@ -66,7 +66,7 @@ from ..api.loading import load_handler
 from ..base.logs import configure, get_logger
 from ..base.malloc import one_heap, reuse_large_buffers
 from ..base.pieces import PieceReader
-from ..api.records import Batch, ShardInfo
+from ..api.records import Batch, EmittedRows, ShardInfo
 from ..api.checks import check_handler, emits
 from ..api import bindings as bindings_api
 from ..api.bindings import Bindings
@@ -284,7 +284,7 @@ class Child:
                 raise RuntimeError(f"no handler for shard {info.shard_id} in this process")
             cp = ProxyCheckpointer(Proxy(self, call_id))
             if action == "process_records":
-                collected = [] if frame.get("collect") else None
+                collected = EmittedRows() if frame.get("collect") else None
                 if frame.get("line") and getattr(handler, "parses_line", False):
                     # (an amazon_kclpy processor: its records read from the line when its thread gets to it)
                     batch = Batch([], frame.get("millis_behind_latest"), info, collected)

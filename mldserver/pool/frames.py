@@ -67,13 +67,14 @@ from __future__ import annotations
 import struct
 from array import array
 from itertools import accumulate
-from operator import is_, itemgetter
+from operator import is_
 from typing import Any, Iterable, Literal, NamedTuple, NotRequired, Sequence, TypedDict
 
 import orjson
 
 from ..protocol.lazy import LazyRecords
-from ..api.records import Record, json_lines, row_time, row_times, times_valid
+from ..api.emitted import EmittedRows
+from ..api.records import Record, row_time, row_times, times_valid
 from ..api.rows import NO_TIME
 from ..base.pipes import HEADER, encode, read_frame, read_frame_async
 
@@ -183,53 +184,50 @@ def records_from(body: bytes | memoryview, line: bool = False) -> list[Record]:
 _U32, _I64, _U64 = "I", "q", "Q"
 
 
-def encode_rows(emitted: Iterable[tuple[Record, Any, int | float | None]],
+def encode_rows(emitted: EmittedRows | Iterable[tuple[Any, Any, Any]],
                 records: Sequence[Any]) -> tuple[int, bytes, list[tuple[int, str]]]:
-    """One body for a batch's rows, emitted for the batch's ``records``. Returns the row
-    count, the body and the rows that could not be encoded."""
-    emitted = list(emitted)
-    given = row_times(emitted)  # the record's arrival time stands in, read here where the record is made
+    """One body for a batch's rows (already JSON lines: ``api.emitted``; or
+    ``(record, row, event_time_ms)`` tuples), emitted for the batch's ``records``.
+    Returns the row count, the body and the rows that could not be rows: not JSON, or
+    an event time that is not one."""
+    if not isinstance(emitted, EmittedRows):
+        emitted = EmittedRows.of(emitted)
+    bad = [(_index_of(record, records), error) for record, error in emitted.bad]
+    given = row_times(emitted.records, emitted.times)  # the record's arrival time stands in, read here
     if times_valid(given):
-        encoded = json_lines(list(map(_row, emitted)))
-        if encoded is not None:  # else some row is not JSON: found one by one below
-            sizes, lines = encoded
-            idx = record_indexes(emitted, records)
-            times = array(_I64, [NO_TIME if t is None else t for t in given] if None in given else given)
-            ends = array(_U64, accumulate(sizes))
-            return len(idx), idx.tobytes() + times.tobytes() + ends.tobytes() + lines, []
+        idx = record_indexes(emitted.records, records)
+        times = array(_I64, [NO_TIME if t is None else t for t in given] if None in given else given)
+        ends = array(_U64, accumulate(emitted.sizes))
+        return len(idx), idx.tobytes() + times.tobytes() + ends.tobytes() + emitted.lines(), bad
     index = {id(r): i for i, r in enumerate(records)}
     idx, times, ends = array(_U32), array(_I64), array(_U64)
     body = bytearray()
-    bad: list[tuple[int, str]] = []
-    for record, row, t in emitted:
+    lines, start = emitted.lines(), 0
+    for record, t, size in zip(emitted.records, emitted.times, emitted.sizes):
+        line, start = lines[start : start + size], start + size
         i = index[id(record)]
         t, error = row_time(record, t)
         if error is not None:
             bad.append((i, error))
             continue
-        try:
-            data = orjson.dumps(row, None, orjson.OPT_APPEND_NEWLINE)
-        except TypeError as exc:
-            bad.append((i, f"row not JSON-encodable: {exc}"))
-            continue
         idx.append(i)
         times.append(NO_TIME if t is None else t)
-        body += data
+        body += line
         ends.append(len(body))
     return len(idx), idx.tobytes() + times.tobytes() + ends.tobytes() + body, bad
 
 
-_record, _row = itemgetter(0), itemgetter(1)
+def _index_of(record: Any, records: Sequence[Any]) -> int:
+    return next(i for i, r in enumerate(records) if r is record)
 
 
-def record_indexes(emitted: Sequence[tuple[Record, Any, Any]], records: Sequence[Any]) -> array:
-    """Each row's record, as its index in the batch: ``0, 1, 2, ...`` at once when the
-    rows are the records one for one, in order (a passthrough's; checked in C), else
-    found by identity::
+def record_indexes(of: Sequence[Any], records: Sequence[Any]) -> array:
+    """Each row's record (``of``), as its index in the batch: ``0, 1, 2, ...`` at once
+    when the rows are the records one for one, in order (a passthrough's; checked in
+    C), else found by identity::
 
-        record_indexes([(b, row, None), (b, row2, None)], [a, b])   # array('I', [1, 1])
+        record_indexes([b, b], [a, b])   # array('I', [1, 1])
     """
-    of = list(map(_record, emitted))
     if len(of) == len(records) and all(map(is_, of, records)):
         return array(_U32, range(len(of)))
     index = {id(r): i for i, r in enumerate(records)}

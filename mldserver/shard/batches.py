@@ -34,14 +34,13 @@ from the line) stay so: ``decode_records`` checks the last record's position (wi
 from __future__ import annotations
 
 from itertools import repeat
-from operator import itemgetter
 from typing import TYPE_CHECKING, Any, Iterable, NamedTuple, Sequence
 
-import orjson
 
 from ..base.positions import Position
 from ..protocol.lazy import LazyRecords
-from ..api.records import MAX_EVENT_TIME_MS, Emitted, Record, json_lines, row_time, row_times, times_valid
+from ..api.emitted import EmittedRows
+from ..api.records import MAX_EVENT_TIME_MS, Record, row_time, row_times, times_valid
 from ..api.rows import NO_TIME, Item, RowBatch
 from .kpl import deaggregate, is_aggregate
 
@@ -52,22 +51,12 @@ BAD_ROW = "bad row"
 if TYPE_CHECKING:
     import numpy as np
 
-_record, _row = itemgetter(Emitted._fields.index("record")), itemgetter(Emitted._fields.index("row"))
-
-
 class BadRecords(NamedTuple):
     """Records to dead-letter, as the daemon sent them, and why."""
 
     raws: list[Any]
     reason: str
     error: str
-
-
-def encode(row: Any) -> bytes:
-    # A right-sized copy: orjson's own result sits in an over-allocated, shrunk malloc
-    # block; kept by the thousand until their window commits, those fragment the heap
-    # (5x slower, several times the memory).
-    return bytes(memoryview(orjson.dumps(row)))
 
 
 NO_POSITION = "a record is not an object with a sequenceNumber of digits"
@@ -193,39 +182,43 @@ class EncodedRows(NamedTuple):
     bad: list[BadRecords]
 
 
-def encode_rows(emitted: Iterable[Emitted] | EncodedRows) -> tuple[RowBatch, list[BadRecords]]:
-    """The coordinator's columns for what a batch emitted, in order, and the rows that
-    cannot be rows there (their records, to dead-letter): a row orjson cannot encode, a
-    record with no position, or an event time (``emit``'s, else the record's arrival
-    time) that is neither None nor epoch milliseconds (``records.valid_event_time``)."""
+def encode_rows(emitted: EmittedRows | EncodedRows | Iterable[tuple[Any, Any, Any]] | None
+                ) -> tuple[RowBatch, list[BadRecords]]:
+    """The coordinator's columns for what a batch emitted (JSON lines already:
+    ``api.emitted``; or ``(record, row, event_time_ms)`` tuples), in order, and the
+    rows that cannot be rows there (their records, to dead-letter): a row orjson could
+    not encode, a record with no position, or an event time (``emit``'s, else the
+    record's arrival time) that is neither None nor epoch milliseconds
+    (``records.valid_event_time``)."""
     if isinstance(emitted, EncodedRows):
         return emitted.rows, emitted.bad
-    emitted = list(emitted)
-    if not emitted:  # also every batch of a server without a sink
+    if emitted is None:  # every batch of a server without a sink
         return RowBatch.empty(), []
-    times = event_times(row_times(emitted))
+    if not isinstance(emitted, EmittedRows):
+        emitted = EmittedRows.of(emitted)
+    bad = [BadRecords([record.to_json()], BAD_ROW, error) for record, error in emitted.bad]
+    if not len(emitted):
+        return RowBatch.empty(), bad
+    times = event_times(row_times(emitted.records, emitted.times))
     if times is not None:
-        encoded = json_lines(list(map(_row, emitted)))
-        if encoded is not None:  # else some row is not JSON: found one by one below
-            import numpy as np
+        import numpy as np
 
-            sizes, lines = encoded
-            offsets = np.zeros(len(sizes) + 1, dtype=np.int64)
-            np.cumsum(sizes, out=offsets[1:])
-            rows = rows_from_columns(list(map(_record, emitted)), None, times, offsets, lines)
-            if rows is not None:
-                return rows, []
-    items, bad = [], []
-    for record, row, t in emitted:
+        offsets = np.zeros(len(emitted) + 1, dtype=np.int64)
+        np.cumsum(emitted.sizes, out=offsets[1:])
+        rows = rows_from_columns(emitted.records, None, times, offsets, emitted.lines())
+        if rows is not None:
+            return rows, bad
+    items = []
+    lines, start = emitted.lines(), 0
+    for record, t, size in zip(emitted.records, emitted.times, emitted.sizes):
+        line, start = lines[start : start + size - 1], start + size  # (a right-sized copy, no newline)
         t, error = row_time(record, t)
         if error is not None:
             bad.append(BadRecords([record.to_json()], BAD_ROW, error))
             continue
         try:
-            items.append(Item(t, record.position, encode(row)))
-        except TypeError as exc:
-            bad.append(BadRecords([record.to_json()], BAD_ROW, f"row not JSON-encodable: {exc}"))
-        except ValueError as exc:
+            items.append(Item(t, record.position, line))
+        except ValueError as exc:  # a record with no position
             bad.append(BadRecords([record.to_json()], BAD_ROW, str(exc)))
     return RowBatch.of(items), bad
 

@@ -12,7 +12,7 @@ can later run the handler in another process::
     await calls.call("initialize", shard_info, checkpointer)
     outcome = await calls.call("process_records", batch, checkpointer, collect_rows=True)
     outcome.ok, outcome.result, outcome.error, outcome.rows
-    #   True, "ok", None, [Emitted(record, {"k": 1}, None), ...]
+    #   True, "ok", None, EmittedRows: {"k": 1} from record, ...   (api.emitted)
     #   (outcome.failed: [(41, "ValueError: bad", 3)], the records batch.fail gave up on)
     #   False, "failed", "ValueError: bad order", None       (after every attempt failed)
     #   True, "checkpoint_failed", "ThrottlingException", None   (a CheckpointError escaped)
@@ -56,11 +56,11 @@ from typing import Any, Callable, NamedTuple
 
 from ..base.backoff import Backoff
 from ..api.checkpointer import Checkpointer
-from ..errors import CheckpointError, ConfigError
+from ..errors import CheckpointError
 from ..api.failures import FailureGuard
 from ..api.checks import not_async
 from ..base.logs import EventLogger
-from ..api.records import Emitted
+from ..api.records import EmittedRows
 from ..timers import pending as timer_ops
 from ..timers.pending import Pending
 
@@ -74,7 +74,7 @@ FAILED = "failed"
 class Outcome(NamedTuple):
     result: str  # OK, CHECKPOINT_FAILED or FAILED
     error: str | None = None
-    rows: list[Emitted] | None = None  # what process_records emitted, when collected
+    rows: EmittedRows | None = None  # what process_records emitted, when collected
     # process_records: the records it gave up on (batch.fail), (index in the batch,
     # error, attempts), for the driver to dead-letter; the call itself is done
     failed: list[tuple[int, str, int]] | None = None
@@ -226,7 +226,7 @@ class HandlerCalls(Calls):
             if self._aborted is not None:
                 return Outcome(FAILED, f"not called: {self._aborted}")
             if collect_rows:
-                arg.rows = []  # a retried call starts over: no row twice
+                arg.rows = EmittedRows()  # a retried call starts over: no row twice
             if action == "process_records":
                 arg.failed = arg.stats = None  # nor a failed record
             try:

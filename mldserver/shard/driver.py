@@ -253,7 +253,7 @@ class ShardDriver:
             await self._dead_letter_all([BadRecords(event.records, "handler failed", outcome.error or "")])
         elif outcome.failed:  # before any checkpoint can pass them
             await self.dead_letters.failed_records(self.conn.shard_id, records, outcome.failed, self.log)
-        items, bad = encode_rows(outcome.rows or ())
+        items, bad = encode_rows(outcome.rows)
         await self._dead_letter_all(bad)
         assert self.shard is not None
         if await self.downstream.batch(items, last, event.millis_behind_latest, self.wire.release):

@@ -42,13 +42,12 @@ def test_rows_cross_as_one_columnar_body_and_come_back_as_they_were_encoded():
 
 def test_each_row_names_its_record_by_its_place_in_the_batch():
     a, b, c = map(Record, make_records(10, 3))
-    one_for_one = [(a, {}, None), (b, {}, None), (c, {}, None)]
-    assert frames.record_indexes(one_for_one, [a, b, c]).tolist() == [0, 1, 2]
-    assert frames.record_indexes(one_for_one[::-1], [a, b, c]).tolist() == [2, 1, 0]
-    assert frames.record_indexes([(b, {}, None), (b, {}, None), (a, {}, None)], [a, b, c]).tolist() == [1, 1, 0]
+    assert frames.record_indexes([a, b, c], [a, b, c]).tolist() == [0, 1, 2]  # one for one
+    assert frames.record_indexes([c, b, a], [a, b, c]).tolist() == [2, 1, 0]
+    assert frames.record_indexes([b, b, a], [a, b, c]).tolist() == [1, 1, 0]
     equal_not_same = Record(dict(a.raw))  # the same record's content is not the record
     with pytest.raises(KeyError):
-        frames.record_indexes([(equal_not_same, {}, None)], [a])
+        frames.record_indexes([equal_not_same], [a])
 
 
 def test_records_cross_as_the_daemons_objects():
