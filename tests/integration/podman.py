@@ -1,0 +1,122 @@
+"""Podman for the container tests, as these machines run it (``scripts/setup --test``
+installs it from Debian): runc, the vfs storage driver under ``.deps/podman`` (images
+kept from one run to the next), cgroupfs, host networking (the emulators are on the
+host's loopback), and rlimits the sandbox lets runc set on every container (podman's
+defaults raise them, which it refuses: "error setting rlimit type 7")::
+
+    podman = Podman(deps_dir() / "podman")
+    image = podman.build("serve")            # deploy/Containerfile --target serve
+    podman("run", "--rm", image, "--version")
+
+No container registry is reachable here, so the Containerfile's ``BASE`` (a Debian
+bookworm image with python3 and its venv module; ``python:3.11-slim-bookworm`` where
+registries are) is made from Debian's packages: ``debootstrap --variant=minbase``,
+imported once as ``localhost/mldserver-base:bookworm``. A build reaches PyPI and
+Debian through the host's network; where the host trusts a CA of its own (a proxy's),
+the build's steps are given it (``SSL_CERT_FILE``: mounted, and named in a pip.conf).
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+from ..harness import ROOT
+
+BASE = "localhost/mldserver-base:bookworm"
+MIRROR = "http://deb.debian.org/debian"
+UID = 10001  # the image's user (deploy/Containerfile)
+# The image user's processes and threads (the JVM's among them): plenty, and under what
+# the sandbox lets runc set (its own 96,365 is refused above 32,768).
+NPROC = 4096
+
+
+class Podman:
+    def __init__(self, root: Path) -> None:
+        if shutil.which("podman") is None:
+            raise AssertionError("podman is not installed: run scripts/setup --test (Debian's podman and runc)")
+        # podman's database keeps the paths it was first given: the same two every run
+        self.root = root = root.resolve()
+        root.mkdir(parents=True, exist_ok=True)
+        self.argv = ["podman", "--root", str(root / "storage"), "--runroot", str(root / "run"),
+                     "--storage-driver", "vfs", "--runtime", "runc", "--cgroup-manager", "cgroupfs",
+                     "--events-backend", "file"]
+        soft, hard = map(_limit, resource.getrlimit(resource.RLIMIT_NOFILE))
+        self.limits = [f"--ulimit=nofile={soft}:{hard}", f"--ulimit=nproc={NPROC}:{NPROC}"]
+
+    def __call__(self, *args: str, timeout: float = 120, check: bool = True) -> subprocess.CompletedProcess:
+        done = subprocess.run([*self.argv, *args], capture_output=True, text=True, timeout=timeout)
+        if check and done.returncode != 0:
+            raise AssertionError(f"podman {' '.join(args[:3])} ... exited {done.returncode}: {done.stderr[-3000:]}")
+        return done
+
+    def run(self, *args: str, **kwargs) -> subprocess.CompletedProcess:
+        """``podman run`` with host networking and this process's rlimits."""
+        return self("run", "--network", "host", *self.limits, *args, **kwargs)
+
+    def exists(self, image: str) -> bool:
+        return self("image", "exists", image, check=False).returncode == 0
+
+    def base(self) -> str:
+        """``BASE``, made from Debian's packages the first time (some 40 s), kept."""
+        if not self.exists(BASE):
+            tar = self.root / "base.tar"
+            if not tar.exists():
+                _debootstrap(self.root / "rootfs", tar)
+            self("import", str(tar), BASE, timeout=600)
+        return BASE
+
+    def build(self, target: str, tag: str | None = None) -> str:
+        """The image of ``deploy/Containerfile``'s ``target`` from this checkout, built
+        on ``BASE``, docker format (HEALTHCHECK kept); its tag."""
+        tag = tag or f"localhost/mldserver-{target}:test"
+        trust: list[str] = []
+        ca = os.environ.get("SSL_CERT_FILE")
+        if ca and Path(ca).is_file():
+            pip_conf = self.root / "pip.conf"
+            pip_conf.write_text("[global]\ncert = /etc/ssl/certs/ca-certificates.crt\n")
+            trust = ["-v", f"{ca}:/etc/ssl/certs/ca-certificates.crt:ro", "-v", f"{pip_conf}:/etc/pip.conf:ro"]
+        self("build", "--format", "docker", "--network", "host", *self.limits, *trust,
+             "--build-arg", f"BASE={self.base()}", "-f", str(ROOT / "deploy" / "Containerfile"),
+             "--target", target, "-t", tag, str(ROOT), timeout=1800)
+        return tag
+
+    def size(self, image: str) -> int:
+        return int(self("image", "inspect", "--format", "{{.Size}}", image).stdout)
+
+    def inspect(self, container: str, template: str) -> str:
+        return self("inspect", "--format", template, container).stdout.strip()
+
+    def stop(self, container: str, timeout: int) -> int:
+        """``podman stop``: SIGTERM to PID 1, SIGKILL after ``timeout`` s; the exit code."""
+        self("stop", "-t", str(timeout), container, timeout=timeout + 60)
+        return int(self.inspect(container, "{{.State.ExitCode}}"))
+
+    def wait_running(self, container: str, timeout: float = 60) -> None:
+        deadline = time.monotonic() + timeout
+        while self.inspect(container, "{{.State.Status}}") != "running":
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{container} is not running: {self('logs', container).stderr[-3000:]}")
+            time.sleep(0.2)
+
+
+def _limit(value: int) -> str:
+    return "-1" if value == resource.RLIM_INFINITY else str(value)
+
+
+def _debootstrap(rootfs: Path, tar: Path) -> None:
+    if shutil.which("debootstrap") is None:
+        raise AssertionError("debootstrap is not installed: run scripts/setup --test")
+    shutil.rmtree(rootfs, ignore_errors=True)
+    subprocess.run(["debootstrap", "--variant=minbase", "--include=python3,python3-venv,ca-certificates",
+                    "bookworm", str(rootfs), MIRROR], check=True, capture_output=True, timeout=1200)
+    for junk in (rootfs / "var" / "cache" / "apt" / "archives").glob("*.deb"):
+        junk.unlink()
+    partial = tar.with_suffix(".partial")
+    subprocess.run(["tar", "-C", str(rootfs), "-cf", str(partial), "."], check=True, timeout=600)
+    partial.rename(tar)
+    shutil.rmtree(rootfs)
