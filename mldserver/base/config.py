@@ -255,9 +255,9 @@ class Settings:
     max_batches_in_flight: int = setting(8, low=0, high=1_000_000)
     # shutdown: how long in-flight actions get to finish after SIGTERM
     shutdown_timeout: float = setting(30.0, low=0.0, high=HOUR, unit="seconds")
-    # pipeline (the coordinator, then the sink: README, "One ordered stream"). With no sink, rows are not collected.
+    # pipeline (the coordinator, then the sink: docs/coordinator-and-sinks.md). With no sink, rows are not collected.
     window: float = setting(60.0, low=0.1, high=DAY, unit="seconds")  # tumbling event-time windows
-    sink: str | None = setting(None, str)  # file:DIR (JSON lines) or parquet:DIR (Spark)
+    sink: str | None = setting(None, str)  # file:DIR (JSON lines), parquet:DIR (Spark) or iceberg:DIR (a table)
     # watermarks: a caught-up shard stands at the wall clock minus this margin
     watermark_margin: float = setting(5.0, low=0.0, high=DAY, unit="seconds")
     # a shard silent this long stops holding the watermark back

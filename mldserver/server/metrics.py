@@ -23,7 +23,8 @@ the handler runs in the server's loop or in a handler process. What a handler co
 statistics) comes back with each call (a handler process sends it in its ``done``
 frame) and is recorded there too, with the attempts that ran past
 ``execution_timeout`` (``timeout_count``). Names (and the Couchbase Eventing
-statistics they correspond to) are listed in README.md, "Metrics".
+statistics they correspond to) are in docs/reference/metrics.md, generated from here, and
+docs/operations.md, "Metrics".
 """
 
 from __future__ import annotations
