@@ -64,11 +64,7 @@ def dynamodb(tmp_path_factory):
     """A DynamoDB Local of this test module's own (``integration/components.py``)."""
     from .integration.components import DynamoDBLocal
 
-    local = DynamoDBLocal(tmp_path_factory.mktemp("dynamodb-local"))
-    try:
-        yield local
-    finally:
-        local.terminate()
+    yield from _running(DynamoDBLocal, tmp_path_factory.mktemp("dynamodb-local"))
 
 
 @pytest.fixture(scope="module")
@@ -76,7 +72,11 @@ def kinesis(tmp_path_factory):
     """A kinesis-local of this test module's own (``integration/components.py``)."""
     from .integration.components import KinesisLocal
 
-    local = KinesisLocal(tmp_path_factory.mktemp("kinesis-local"))
+    yield from _running(KinesisLocal, tmp_path_factory.mktemp("kinesis-local"))
+
+
+def _running(component, tmp):
+    local = component(tmp)
     try:
         yield local
     finally:
