@@ -108,12 +108,23 @@ def _limit(value: int) -> str:
     return "-1" if value == resource.RLIM_INFINITY else str(value)
 
 
-def _debootstrap(rootfs: Path, tar: Path) -> None:
+def _debootstrap(rootfs: Path, tar: Path, attempts: int = 3) -> None:
+    """The base's root file system from Debian's packages, as a tar. debootstrap does
+    not retry a download that fails (a CI run once lost one): each attempt starts
+    afresh, and the last one's output says why."""
     if shutil.which("debootstrap") is None:
         raise AssertionError("debootstrap is not installed: run scripts/setup --test")
-    shutil.rmtree(rootfs, ignore_errors=True)
-    subprocess.run(["debootstrap", "--variant=minbase", "--include=python3,python3-venv,ca-certificates",
-                    "bookworm", str(rootfs), MIRROR], check=True, capture_output=True, timeout=1200)
+    for attempt in range(1, attempts + 1):
+        shutil.rmtree(rootfs, ignore_errors=True)
+        done = subprocess.run(["debootstrap", "--variant=minbase", "--include=python3,python3-venv,ca-certificates",
+                               "bookworm", str(rootfs), MIRROR], capture_output=True, text=True, timeout=1200)
+        if done.returncode == 0:
+            break
+        log = rootfs / "debootstrap" / "debootstrap.log"
+        detail = (done.stdout + done.stderr)[-2000:] + (log.read_text(errors="replace")[-2000:] if log.exists() else "")
+        if attempt == attempts:
+            raise AssertionError(f"debootstrap failed {attempts} times, the last with {done.returncode}: {detail}")
+        print(f"debootstrap attempt {attempt} failed ({done.returncode}), trying again: {detail[-500:]}")
     for junk in (rootfs / "var" / "cache" / "apt" / "archives").glob("*.deb"):
         junk.unlink()
     partial = tar.with_suffix(".partial")
