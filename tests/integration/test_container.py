@@ -52,16 +52,15 @@ def podman():
     return Podman(deps_dir() / "podman")
 
 
-@pytest.fixture
-def volumes(tmp_path):
+def volumes(root: Path) -> Path:
     """/handlers (the Seen handler), /config, /state (the image's user owns it)."""
-    (tmp_path / "handlers").mkdir()
-    (tmp_path / "handlers" / "seen.py").write_text(HANDLER)
-    (tmp_path / "config").mkdir()
-    state = tmp_path / "state"
+    (root / "handlers").mkdir(parents=True)
+    (root / "handlers" / "seen.py").write_text(HANDLER)
+    (root / "config").mkdir()
+    state = root / "state"
     state.mkdir()
     os.chown(state, UID, UID)
-    return tmp_path
+    return root
 
 
 def seen(volumes: Path) -> list[list[str]]:
@@ -97,8 +96,16 @@ def report(volumes: Path, podman: Podman, image: str) -> int:
     return size
 
 
-def test_the_image_runs_the_daemon_on_a_stream_and_stops_cleanly_on_podman_stop(podman, kinesis, dynamodb,
-                                                                                 volumes):
+def test_both_images_consume_a_stream_and_stop_cleanly_on_podman_stop(podman, kinesis, dynamodb, tmp_path):
+    """One test, the two variants one after the other: they share podman's store (its
+    base, its layers), which two xdist workers must not fill at once (pytest 9's node
+    ids left xdist's loadgroup without effect: the two ran side by side and one's
+    debootstrap removed the other's)."""
+    the_run_image(podman, kinesis, dynamodb, volumes(tmp_path / "run"))
+    the_serve_image(podman, kinesis, volumes(tmp_path / "serve"))
+
+
+def the_run_image(podman: Podman, kinesis: KinesisLocal, dynamodb, volumes: Path) -> None:
     image = podman.build("run")
     report(volumes, podman, image)
     assert "healthz" in podman("image", "inspect", "--format", "{{json .Config.Healthcheck}}", image).stdout
@@ -138,7 +145,8 @@ def test_the_image_runs_the_daemon_on_a_stream_and_stops_cleanly_on_podman_stop(
         podman("rm", "-f", name, check=False)
 
 
-def test_the_serve_image_reads_a_stream_itself_without_a_jre(podman, kinesis, volumes):
+def the_serve_image(podman: Podman, kinesis: KinesisLocal, volumes: Path) -> None:
+    """The JRE-free variant reads the stream itself (--source kinesis:)."""
     image = podman.build("serve")
     report(volumes, podman, image)
     assert podman.run("--rm", "--entrypoint", "sh", image, "-c", "command -v java || echo none").stdout.strip() \
