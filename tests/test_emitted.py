@@ -24,6 +24,7 @@ def test_each_row_is_written_at_its_emit_as_one_json_line_beside_its_record_and_
     assert rows.lines() == b'{"k":1}\n{"k":2}\n' and rows.sizes == [8, 8]
     assert rows.records == [a, b] and rows.times == [None, 5] and len(rows) == 2
     assert list(rows) == [Emitted(a, {"k": 1}, None), Emitted(b, {"k": 2}, 5)] and rows[-1].row == {"k": 2}
+    assert list(rows.each()) == [(b'{"k":1}\n', a, None), (b'{"k":2}\n', b, 5)]
 
 
 def test_a_row_that_is_not_json_is_set_aside_with_its_record_and_why():

@@ -20,6 +20,7 @@ read where the rows are encoded) and checked there too::
     rows[1] == Emitted(record, {"k": 2}, 1763719200000)   # read back (tests)
     mark = len(rows); ...; rows.truncate(mark)   # a failed attempt's rows taken back
     rows.drop({id(record)})                      # the rows of records given up (batch.fail)
+    for line, record, t in rows.each(): ...      # b'{"k":1}\\n', record, None; ...
 """
 
 from __future__ import annotations
@@ -89,12 +90,7 @@ class EmittedRows:
         """The rows of these records (``id``) taken out, the others kept in order."""
         if not any(id(r) in gone for r in self.records):
             return
-        lines, start = self.lines(), 0
-        kept = []
-        for size, record, t in zip(self.sizes, self.records, self.times):
-            if id(record) not in gone:
-                kept.append((lines[start : start + size], record, t))
-            start += size
+        kept = [(line, record, t) for line, record, t in self.each() if id(record) not in gone]
         self._buffer = io.BytesIO()
         self._write = self._buffer.write
         self.sizes, self.records, self.times = [], [], []
@@ -102,6 +98,14 @@ class EmittedRows:
             self.sizes.append(self._write(line))
             self.records.append(record)
             self.times.append(t)
+
+    def each(self) -> Iterator[tuple[bytes, Record, Any]]:
+        """Each row as it is kept: its JSON line (its newline included), its record,
+        its event time as given."""
+        lines, start = self.lines(), 0
+        for size, record, t in zip(self.sizes, self.records, self.times):
+            yield lines[start : start + size], record, t
+            start += size
 
     def __getitem__(self, i: int) -> Emitted:
         n = len(self.sizes)

@@ -192,20 +192,17 @@ def encode_rows(emitted: EmittedRows | Iterable[tuple[Any, Any, Any]],
     an event time that is not one."""
     if not isinstance(emitted, EmittedRows):
         emitted = EmittedRows.of(emitted)
-    bad = [(_index_of(record, records), error) for record, error in emitted.bad]
+    bad_at = record_indexes([record for record, _ in emitted.bad], records)
+    bad = [(i, error) for i, (_, error) in zip(bad_at, emitted.bad)]
     given = row_times(emitted.records, emitted.times)  # the record's arrival time stands in, read here
     if times_valid(given):
         idx = record_indexes(emitted.records, records)
         times = array(_I64, [NO_TIME if t is None else t for t in given] if None in given else given)
         ends = array(_U64, accumulate(emitted.sizes))
         return len(idx), idx.tobytes() + times.tobytes() + ends.tobytes() + emitted.lines(), bad
-    index = {id(r): i for i, r in enumerate(records)}
     idx, times, ends = array(_U32), array(_I64), array(_U64)
     body = bytearray()
-    lines, start = emitted.lines(), 0
-    for record, t, size in zip(emitted.records, emitted.times, emitted.sizes):
-        line, start = lines[start : start + size], start + size
-        i = index[id(record)]
+    for (line, record, t), i in zip(emitted.each(), record_indexes(emitted.records, records)):
         t, error = row_time(record, t)
         if error is not None:
             bad.append((i, error))
@@ -215,10 +212,6 @@ def encode_rows(emitted: EmittedRows | Iterable[tuple[Any, Any, Any]],
         body += line
         ends.append(len(body))
     return len(idx), idx.tobytes() + times.tobytes() + ends.tobytes() + body, bad
-
-
-def _index_of(record: Any, records: Sequence[Any]) -> int:
-    return next(i for i, r in enumerate(records) if r is record)
 
 
 def record_indexes(of: Sequence[Any], records: Sequence[Any]) -> array:

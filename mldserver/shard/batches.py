@@ -209,9 +209,8 @@ def encode_rows(emitted: EmittedRows | EncodedRows | Iterable[tuple[Any, Any, An
         if rows is not None:
             return rows, bad
     items = []
-    lines, start = emitted.lines(), 0
-    for record, t, size in zip(emitted.records, emitted.times, emitted.sizes):
-        line, start = lines[start : start + size - 1], start + size  # (a right-sized copy, no newline)
+    for line, record, t in emitted.each():
+        line = line[:-1]  # (no newline)
         t, error = row_time(record, t)
         if error is not None:
             bad.append(BadRecords([record.to_json()], BAD_ROW, error))
