@@ -34,6 +34,7 @@ def pytest_asyncio_loop_factories(config, item):
     return {"uvloop": uvloop.new_event_loop}
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the groups
 def pytest_collection_modifyitems(config, items):
     """The real daemons one after the other, on one xdist worker (``--dist loadgroup``,
     as scripts/test runs): each is a daemon, kinesis-local, DynamoDB Local and a server,
