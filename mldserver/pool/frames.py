@@ -220,7 +220,10 @@ def record_indexes(of: Sequence[Any], records: Sequence[Any]) -> array:
     C), else found by identity::
 
         record_indexes([b, b], [a, b])   # array('I', [1, 1])
+        record_indexes([], [a, b])       # array('I'): no index of the batch is built
     """
+    if not of:  # (a batch without bad rows: the usual one)
+        return array(_U32)
     if len(of) == len(records) and all(map(is_, of, records)):
         return array(_U32, range(len(of)))
     index = {id(r): i for i, r in enumerate(records)}
