@@ -13,9 +13,11 @@ value of another type) is rejected with a clear error, never coerced silently::
 
     rows_to_table(JsonLines.of([b'{"customer":"c1","amount":3}']), schema)  -> (table, rejected=[])
 
-The rows come as a window has them (``base.handoff.JsonLines``): one buffer of
-JSON lines, which pyarrow's JSON reader (C++, the GIL released) parses as it is, not
-copied. Call it off the event loop.
+The rows come as a window has them (``base.handoff.JsonLines``): runs of JSON lines
+where they lie (``JsonLines.chunks``), which pyarrow's JSON reader (C++, the GIL
+released) parses a block at a time into the table's chunks, so the window's rows are
+never gathered into one buffer first (with a schema; the first window, whose schema is
+inferred, is read whole). Call it off the event loop.
 """
 
 from __future__ import annotations
@@ -30,6 +32,9 @@ from ..base.handoff import JsonLines
 from ..errors import ConfigError
 
 BLOCK_SIZE = 1 << 24
+# Runs of lines shorter than this are gathered into one block before they are parsed:
+# a parse has a fixed cost, and a window of many shards' small batches has many runs.
+MIN_BLOCK = 1 << 20
 
 
 def declared(fields: dict[str, str] | None) -> pa.Schema | None:
@@ -66,6 +71,8 @@ def rows_to_table(rows: JsonLines, schema: pa.Schema | None) -> tuple[pa.Table, 
     returned as (index, error). Without a schema, it is inferred from the rows (from
     the first row alone if they disagree)."""
     try:
+        if schema is not None:
+            return _parse_runs(rows, schema), []
         return _parse(rows.buffer(), schema), []
     except pa.ArrowInvalid:
         if schema is None:  # the rows disagree among themselves: the first one decides
@@ -80,6 +87,27 @@ def rows_to_table(rows: JsonLines, schema: pa.Schema | None) -> tuple[pa.Table, 
         except pa.ArrowInvalid as exc:
             rejected.append((i, _explain(rows[i], schema, exc)))
     return (_parse(b"".join(kept), schema) if kept else schema.empty_table()), rejected
+
+
+def _parse_runs(rows: JsonLines, schema: pa.Schema) -> pa.Table:
+    """The rows with ``schema``, parsed a run at a time where they lie (small runs
+    gathered first): a table of one chunk per block."""
+    tables: list[pa.Table] = []
+    small = bytearray()
+    for run in rows.chunks():  # each valid until the next is asked for: parsed, or copied, before
+        if len(run) >= MIN_BLOCK:
+            if small:
+                tables.append(_parse(small, schema))
+                small = bytearray()
+            tables.append(_parse(run, schema))
+        else:
+            small += run
+            if len(small) >= MIN_BLOCK:
+                tables.append(_parse(small, schema))
+                small = bytearray()
+    if small:
+        tables.append(_parse(small, schema))
+    return pa.concat_tables(tables) if tables else schema.empty_table()
 
 
 def _explain(row: bytes, schema: pa.Schema, exc: Exception) -> str:

@@ -40,3 +40,31 @@ def test_a_fixed_schema_survives_a_restart(tmp_path):
 def test_rows_that_disagree_while_inferring_are_judged_by_the_first_row():
     table, rejected = schema.rows_to_table(JsonLines.of([b'{"k":1}', b'{"k":"one"}', b'{"k":2}']), None)
     assert table.column("k").to_pylist() == [1, 2] and [i for i, _ in rejected] == [1]
+
+
+def test_a_window_with_a_schema_is_parsed_run_by_run_where_its_rows_lie(monkeypatch):
+    """Runs as a sealed window gives them (``JsonLines.chunks``): each valid only until
+    the next is asked for, small ones gathered, large ones parsed where they are. The
+    table holds every row in order, and nothing of a run once the next is given."""
+    monkeypatch.setattr(schema, "MIN_BLOCK", 64)
+    rows = [b'{"k":%d,"v":"%s"}' % (i, b"x" * (i % 7)) for i in range(200)]
+    lines = JsonLines.of(rows)
+    whole = lines.buffer()
+    runs = [(0, 1), (1, 3), (3, 40), (40, 41), (41, 200)]  # small, small, large, small, large
+    scratch = bytearray(len(whole))
+    parsed = []
+
+    def chunks(start, stop):
+        for a, b in runs:
+            run = whole[lines._offsets[a]:lines._offsets[b]]
+            scratch[: len(run)] = run  # one buffer reused, as merge's gathered blocks are
+            yield memoryview(scratch)[: len(run)]
+            scratch[: len(run)] = b"\0" * len(run)
+            parsed.append(b)
+
+    fixed = schema.declared({"k": "int64", "v": "string"})
+    table, rejected = schema.rows_to_table(JsonLines(len(rows), lambda: (whole, lines._offsets), chunks), fixed)
+    assert rejected == [] and parsed == [b for _, b in runs]
+    assert table.column("k").to_pylist() == list(range(200))
+    assert table.column("v").to_pylist() == ["x" * (i % 7) for i in range(200)]
+    assert table.column("k").num_chunks > 1  # parsed a block at a time, not gathered whole
