@@ -85,10 +85,14 @@ async def running(tmp_path: Path, handler: str | Callable[..., Any], *, sink: An
                            "handler_backoff": 0.01, "checkpoint_backoff": 0.01, **overrides})
     server = Server(settings, factory, clock=clock, sink=sink)
     await server.start()
+    daemon = FakeDaemon(relay_command(server.address[1]))
     try:
-        yield Running(server, sink, FakeDaemon(relay_command(server.address[1])))
+        yield Running(server, sink, daemon)
     finally:
-        await server.shutdown()
+        try:
+            await server.shutdown()
+        finally:
+            await daemon.close()  # its relays, exiting as the server closed them, waited for
 
 
 # -- a server in a subprocess -----------------------------------------------------------------

@@ -22,6 +22,7 @@ Example, testing a handler through a running server::
     await shard.shard_ended()                                 # checkpoints SHARD_END
     assert daemon.checkpoints["shardId-000000000000"] == SHARD_END
     await shard.close()                                       # close stdin, child exits
+    await daemon.close()                                      # every child it spawned: ended
 
 DynamoDB stream records as the KCL's DynamoDB Streams adapter delivers them, from the
 Streams API's own (boto3's ``get_records``; DynamoDB Local's stream too)::
@@ -168,6 +169,18 @@ class Child:
             await self.proc.wait()
         await self._stderr_task
 
+    async def end(self, timeout: float = 5.0) -> None:
+        """Its stdin closed and its exit waited for, killed past ``timeout``: nothing of
+        it (its process, its pipes) outlives the loop that started it."""
+        if self.proc.returncode is None:
+            try:
+                await self.close_stdin()
+                await self.wait_exit(timeout)
+                return
+            except (asyncio.TimeoutError, OSError):
+                pass
+        await self.kill()
+
 
 class SocketChild(Child):
     """A direct TCP connection to the server in place of a relay (benchmarks)."""
@@ -197,6 +210,13 @@ class SocketChild(Child):
 
     async def kill(self) -> None:
         self.writer.close()
+
+    async def end(self, timeout: float = 5.0) -> None:
+        self.writer.close()
+        try:
+            await asyncio.wait_for(self.writer.wait_closed(), timeout)
+        except (asyncio.TimeoutError, OSError):
+            pass
 
 
 def parse_child_line(line: bytes) -> dict[str, Any] | None:
@@ -354,19 +374,28 @@ class FakeDaemon:
         self.timeout = timeout
         self.checkpoints: dict[str, Any] = {}
         self.stuck: set[str] = set()
+        self.shards: list[Shard] = []  # every shard it spawned a child for, in order
         self._errors = errors
 
     def inject_error(self, shard: Shard, seq: str | None, sub: int | None) -> str | None:
         return self._errors(shard, seq, sub) if self._errors else None
 
     async def spawn(self, shard_id: str) -> Shard:
-        return Shard(self, shard_id, await Child.spawn(self.command, self.env))
+        shard = Shard(self, shard_id, await Child.spawn(self.command, self.env))
+        self.shards.append(shard)
+        return shard
 
     async def shard(self, shard_id: str, sequence_number: str | None = "TRIM_HORIZON") -> Shard:
         """Spawn a child and initialize it (from the stored checkpoint, if any)."""
         shard = await self.spawn(shard_id)
         await shard.initialize(sequence_number)
         return shard
+
+    async def close(self, timeout: float = 5.0) -> None:
+        """The daemon exits: every child it spawned has its stdin closed and is waited
+        for, killed past ``timeout`` (a child still exiting when a test's loop closes
+        leaves its process and pipes open under it)."""
+        await asyncio.gather(*(shard.child.end(timeout) for shard in self.shards))
 
 
 def errors_in_order(names: Iterable[str | None]) -> Callable[[Shard, str | None, int | None], str | None]:
