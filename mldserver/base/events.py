@@ -184,8 +184,9 @@ EVENTS: dict[str, Event] = {
         "event_time_clamped": ("info", "Event times that went backwards within a shard were clamped."),
         "lease_lost_rows_dropped": ("info", "A shard's lease was lost: its uncommitted rows left the "
                                             "coordinator; the new owner reads them again."),
-        "backpressure": ("info", "The rows buffered passed three quarters of a cap: shards running ahead "
-                                 "of the watermark get their status late."),
+        "backpressure": ("info", "Shards get their status late: a closed window waits behind the one "
+                                 "committing (`reason` `sink_behind`: every shard), or the rows buffered "
+                                 "passed three quarters of a cap (`buffered_cap`: shards running ahead)."),
         "rows_spilled": ("info", "Rows past `max_buffered_bytes` wait in unlinked files under "
                                  "`<state-dir>/spill/` (once)."),
         "spill_failed": ("error", "Rows could not be spilled to `<state-dir>/spill/`: they stay in memory."),

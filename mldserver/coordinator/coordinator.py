@@ -39,7 +39,19 @@ its rows stay buffered and back-pressure holds. Anything else is a bug: it ends 
 committer, and the server, which watches ``coordinator.tasks``, logs ``task_crashed``
 and shuts down.
 
-Back-pressure: past the high-water mark, three quarters of ``max_buffered_rows`` or of
+Back-pressure comes two ways. The sink sets the pace: a window that closes while
+another commits is sealed at once (the sink told to make it ready behind that one,
+``prepare``), and while it waits every shard waits before its status, the watermark's
+too, for the commit in front needs none of them; when that commit ends they go on
+(``backpressure`` with ``reason="sink_behind"``). So a window commits at most two
+commits after it closes, and a sink slower than the shards leaves the records in the
+stream, not in memory::
+
+    # window w1 commits; a batch of A closes w2
+    coordinator.add_batch("A", rows, last, 0)   # w2 sealed, prepared behind w1
+    await coordinator.admit("A")                 # waits until w1 is committed
+
+Memory: past the high-water mark, three quarters of ``max_buffered_rows`` or of
 ``max_buffered_bytes`` (the memory the buffered rows hold: ``ledger``), ``admit`` makes
 every shard but the one holding the watermark back wait before its status (so the
 daemon waits), and never a parent whose child is waiting on it. The holder is one
@@ -76,6 +88,7 @@ from __future__ import annotations
 import asyncio
 import math
 import time
+from collections import deque
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
@@ -115,6 +128,16 @@ class ShardEntry:
     spooled: bool = False  # its uncommitted rows are in the spool
     gone: bool = False  # no connection serves it here: forgotten once done (see step)
     lost: bool = False  # its lease was lost during a pass: dropped once that pass's windows commit
+
+
+@dataclass(frozen=True, slots=True)
+class Sealed:
+    """A closed window, sealed, waiting for its commit."""
+
+    window: Window
+    counts: dict[str, int]  # each shard's rows in it
+    watermark: float  # the global watermark that closed it
+    closed_at: float  # perf_counter(): its close-to-commit latency starts here
 
 
 @dataclass(frozen=True, slots=True)
@@ -187,6 +210,7 @@ class Coordinator:
         self._stepping = asyncio.Lock()  # passes never overlap: windows commit in order
         self._tasks: list[asyncio.Task[None]] = []
         self._inflight: asyncio.Task[None] | None = None  # the sink commit under way
+        self._sealed: deque[Sealed] = deque()  # closed windows waiting for the commit in front of them
         self.sink_backoff = Backoff(first=0.5, cap=30.0)  # between attempts at a failing commit
         self.windows_committed = 0
         self.rows_committed = 0
@@ -225,6 +249,8 @@ class Coordinator:
         tasks, self._tasks = self._tasks, []
         if tasks:
             await asyncio.wait(tasks)
+        async with self._progress:
+            self._progress.notify_all()  # no pass commits now: shards waiting behind the sink go on
         if self._inflight is not None and not self._inflight.done():
             await asyncio.wait([self._inflight], timeout=self.settings.shutdown_timeout)
         self.spill.close()
@@ -314,6 +340,13 @@ class Coordinator:
             self.log.info("duplicates_dropped", shard_id=shard_id, rows=self.ordering.duplicates - dropped)
         if self.ordering.clamped != clamped:
             self.log.info("event_time_clamped", shard_id=shard_id, rows=self.ordering.clamped - clamped)
+        if self._stepping.locked():
+            # A window this batch closed while one commits: sealed now, so the sink makes
+            # it ready behind that one, and the shards wait for their status (``admit``).
+            waiting = bool(self._sealed)
+            self._seal(now)
+            if not waiting:
+                self._prepare_next()
         self._changed.set()
 
     async def _read_committed(self, shard_id: str) -> None:
@@ -447,22 +480,37 @@ class Coordinator:
         return keep
 
     async def admit(self, shard_id: str) -> None:
-        """Wait while memory is over the cap and this shard runs ahead."""
+        """Wait while a closed window waits behind the one committing (every shard), or
+        while memory is over the cap and this shard runs ahead. A shard waiting here is
+        not idle: it holds the watermark as it did."""
         waited = False
-        while self._over_cap() and self._may_delay(shard_id):
-            if not waited:
-                waited = True
-                self.log.info(
-                    "backpressure",
-                    shard_id=shard_id,
-                    buffered_rows=self.ledger.rows,
-                    buffered_bytes=self.ledger.bytes,
-                    watermark=_ms(self.watermarks.value(shard_id)),
-                    global_watermark=_ms(self.watermarks.minimum(self.clock())),
-                    holder=self.watermarks.holder(self.clock()),
-                )
-            async with self._progress:
-                await self._progress.wait()
+        try:
+            while self._sink_behind() or (self._over_cap() and self._may_delay(shard_id)):
+                if not waited:
+                    waited = True
+                    self.watermarks.hold(shard_id)
+                    self.log.info(
+                        "backpressure",
+                        shard_id=shard_id,
+                        reason="sink_behind" if self._sink_behind() else "buffered_cap",
+                        buffered_rows=self.ledger.rows,
+                        buffered_bytes=self.ledger.bytes,
+                        windows_waiting=len(self._sealed),
+                        watermark=_ms(self.watermarks.value(shard_id)),
+                        global_watermark=_ms(self.watermarks.minimum(self.clock())),
+                        holder=self.watermarks.holder(self.clock()),
+                    )
+                async with self._progress:
+                    await self._progress.wait()
+        finally:
+            if waited:
+                self.watermarks.release(shard_id, self.clock())
+
+    def _sink_behind(self) -> bool:
+        """A closed window waits for its commit behind the one committing: the sink is
+        what holds everything up. Every shard waits, the watermark's too, for the window
+        in front commits without them; rows read now would only wait in memory."""
+        return bool(self._sealed) and self._stepping.locked()
 
     def _over_cap(self) -> bool:
         """Past the high-water mark of either cap: back-pressure starts below the cap."""
@@ -502,24 +550,39 @@ class Coordinator:
             now = self.clock()
             for shard_id in self.ordering.release(now):
                 self.log.info("child_released", shard_id=shard_id, parents=list(self.lineage.parents_of(shard_id)))
-            watermark = self.watermarks.minimum(now)
-            closed_at = time.perf_counter()
-            # seal: on the loop, a sort of each shard's event times (runs already sorted,
-            # numpy), some 10 ns a row; the rows' JSON is put in that order by the sink.
-            windows = [seal(closed) for closed in self.ordering.close(watermark)]
-            for i, (window, counts) in enumerate(windows):
-                if i + 1 < len(windows) and isinstance(self.sink, PreparingSink):
-                    self.sink.prepare(windows[i + 1][0])  # made ready while this one commits
-                await self._commit(window, counts, watermark, closed_at)
+            self._seal(now)
+            committed = 0
+            while self._sealed:  # windows a batch closes while one commits join here (add_batch)
+                closed = self._sealed.popleft()
+                self._prepare_next()
+                await self._commit(closed.window, closed.counts, closed.watermark, closed.closed_at)
+                committed += 1
                 async with self._progress:
-                    self._progress.notify_all()  # its rows' memory is let go
+                    self._progress.notify_all()  # its rows' memory is let go; the shards waiting behind it go on
             for shard_id in [s for s, entry in self.shards.items() if entry.lost]:
                 self.shards[shard_id].lost = False
                 self._drop(shard_id)
             self._forget_done(self.clock())
         async with self._progress:
             self._progress.notify_all()
-        return len(windows)
+        return committed
+
+    def _seal(self, now: float) -> None:
+        """Every window the global watermark at ``now`` has passed, cut out and sealed
+        behind those waiting already. Sealing is on the loop: a sort of each shard's
+        event times (runs already sorted, numpy), some 10 ns a row; the rows' JSON is
+        put in that order by the sink."""
+        watermark = self.watermarks.minimum(now)
+        closed_at = time.perf_counter()
+        for closed in self.ordering.close(watermark):
+            window, counts = seal(closed)
+            self._sealed.append(Sealed(window, counts, watermark, closed_at))
+
+    def _prepare_next(self) -> None:
+        """The sink is told the window that commits next, to make it ready while the
+        one in front commits."""
+        if self._sealed and isinstance(self.sink, PreparingSink):
+            self.sink.prepare(self._sealed[0].window)
 
     async def _commit(self, window: Window, counts: dict[str, int], watermark: float, closed_at: float) -> None:
         started = time.perf_counter()

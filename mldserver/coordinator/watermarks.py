@@ -9,7 +9,9 @@ A shard's watermark (epoch ms) is::
     -inf                     before its first row: a new shard holds everything back
 
 A shard stops holding the others back when it has been silent (no batch) for longer
-than ``idle_timeout``: its later rows, if older than a closed window, are late. An
+than ``idle_timeout``: its later rows, if older than a closed window, are late. A
+shard the coordinator itself keeps waiting (back-pressure: ``hold`` then ``release``)
+is not silent: it never idles while held, and its idle time starts again at release. An
 ended shard holds at its last time until each of its children has reported a
 watermark (or, with no child ever seen here, until the idle timeout)::
 
@@ -39,6 +41,7 @@ class ShardMark:
     value: float = NEG_INF
     last_active: float = 0.0
     ended: bool = False
+    held: int = 0  # back-pressure waits under way: a held shard is not idle
 
 
 class Watermarks:
@@ -77,6 +80,19 @@ class Watermarks:
     def forget(self, shard_id: str) -> None:
         self.shards.pop(shard_id, None)
 
+    def hold(self, shard_id: str) -> None:
+        """The coordinator keeps the shard waiting for its status: not idle meanwhile."""
+        mark = self.shards.get(shard_id)
+        if mark is not None:
+            mark.held += 1
+
+    def release(self, shard_id: str, now: float) -> None:
+        """The wait ``hold`` began is over: the shard's idle time starts at ``now``."""
+        mark = self.shards.get(shard_id)
+        if mark is not None:
+            mark.held = max(0, mark.held - 1)
+            mark.last_active = max(mark.last_active, now)
+
     def tracks(self, shard_id: str) -> bool:
         """Is the shard known here (opened, reported or ended, not forgotten)?"""
         return shard_id in self.shards
@@ -92,7 +108,7 @@ class Watermarks:
 
     def holds(self, shard_id: str, now: float) -> bool:
         mark = self.shards[shard_id]
-        if now - mark.last_active > self.idle_timeout_ms:
+        if not mark.held and now - mark.last_active > self.idle_timeout_ms:
             return False
         if mark.ended:
             children = list(self.children_of(shard_id))

@@ -18,15 +18,17 @@ Readers (``spark.read.parquet(DIR)``, pyarrow datasets) skip names starting with
 ``_``. Rows that do not fit the schema are dead-lettered with the error
 (``<state-dir>/dead-letters/rows.jsonl``) and the rest of the window goes on.
 
-When several windows closed at once, the coordinator says which comes next
-(``prepare``, ``base/handoff.py``): its Arrow file is written, in a thread, while the
-Spark process commits the window in front of it (the file is an input, not output:
-nothing is published before its own commit, and commits stay one at a time, in
-order)::
+The coordinator says which window comes next (``prepare``, ``base/handoff.py``), when
+several closed at once or one closes while another commits: its Arrow file is written,
+in a thread, while the Spark process commits the window in front of it (the file is an
+input, not output: nothing is published before its own commit, and commits stay one at
+a time, in order). One file is written at a time: a window told while the one in front
+is still being written begins once that one is with Spark::
 
     sink.prepare(w2)        # noted
     await sink.commit(w1)   # w1's file written; w2's begins; Spark commits w1
     await sink.commit(w2)   # w2's file is ready (or is awaited): Spark commits w2
+    sink.prepare(w4)        # told while w3 is with Spark: w4's file begins at once
 """
 
 from __future__ import annotations
@@ -61,6 +63,7 @@ class SparkSink:
         self.schema = declared(settings.schema)  # a ConfigError before the server binds
         self.rows_out = 0
         self._next: Window | None = None  # prepare's window: its file is begun once the one in front is handed over
+        self._with_spark = False  # a window's file is written and Spark commits it: the next file may begin
         self._inputs: dict[str, asyncio.Future[list[tuple[bytes, str]]]] = {}  # window id -> its file being written
 
     async def start(self) -> Committed:
@@ -73,9 +76,12 @@ class SparkSink:
         return await asyncio.to_thread(prepare)
 
     def prepare(self, window: Window) -> None:
-        """``window`` is committed after the one committing next: its file is written
-        while Spark commits that one."""
-        self._next = window
+        """``window`` is committed after the one committing next (or now): its file is
+        written while Spark commits that one."""
+        if self._with_spark:
+            self._begin(window)
+        else:
+            self._next = window
 
     async def commit(self, window: Window) -> None:
         started = time.perf_counter()
@@ -88,13 +94,8 @@ class SparkSink:
             if rejected:
                 await self.dead_letters.rejected_rows(window.id, rejected, "row does not fit the schema", log)
         upcoming, self._next = self._next, None
-        if upcoming is not None and upcoming.id not in self._inputs and upcoming is not window:
-            # Begun now, not at prepare: two files written at once only slow this one down.
-            ahead = asyncio.ensure_future(asyncio.to_thread(self._write_input, upcoming, self._input_path(upcoming)))
-            # Its commit awaits it (and raises what it raised); if none comes (the server
-            # stops first), a failure is not reported as never retrieved.
-            ahead.add_done_callback(lambda f: f.cancelled() or f.exception())
-            self._inputs[upcoming.id] = ahead
+        if upcoming is not None and upcoming is not window:
+            self._begin(upcoming)  # now, not at prepare: two files written at once only slow this one down
         request: CommitRequest = {
             "op": "commit",
             "path": str(path),
@@ -108,7 +109,11 @@ class SparkSink:
             },
         }
         handed_over = time.perf_counter()
-        reply = await self.spark.request(request)
+        self._with_spark = True
+        try:
+            reply = await self.spark.request(request)
+        finally:
+            self._with_spark = False
         # input_ms: its file written, or waited for (near 0 when prepared ahead); spark_ms: the job and commit there
         log.debug("window_handed_over", window=window.id, input_ms=round((handed_over - started) * 1000, 1),
                   spark_ms=reply.get("spark_ms"))
@@ -116,6 +121,16 @@ class SparkSink:
         self.rows_out += reply.get("rows_out") or 0
         if reply.get("already"):
             log.info("window_already_committed", window=window.id)
+
+    def _begin(self, window: Window) -> None:
+        """Write ``window``'s file ahead of its commit, in a thread (once)."""
+        if window.id in self._inputs:
+            return
+        ahead = asyncio.ensure_future(asyncio.to_thread(self._write_input, window, self._input_path(window)))
+        # Its commit awaits it (and raises what it raised); if none comes (the server
+        # stops first), a failure is not reported as never retrieved.
+        ahead.add_done_callback(lambda f: f.cancelled() or f.exception())
+        self._inputs[window.id] = ahead
 
     def _input_path(self, window: Window) -> Path:
         return self.inputs / f"{window.id}.parquet"

@@ -294,6 +294,54 @@ async def test_windows_closed_at_once_commit_in_order_each_prepared_while_the_on
         await c.stop()
 
 
+class Gated(Preparing):
+    """``Preparing``, whose first commit waits until the test opens the gate."""
+
+    def __init__(self, directory):
+        super().__init__(directory)
+        self.gate = asyncio.Event()
+
+    async def commit(self, window):
+        self.calls.append(("commit", window.id))
+        if len(self.calls) == 1:
+            await self.gate.wait()
+        await FileSink.commit(self, window)
+
+
+async def test_a_window_closed_while_one_commits_is_prepared_behind_it_and_every_shard_waits_for_that_commit(
+    settings, tmp_path, caplog
+):
+    caplog.set_level(logging.INFO, logger="mldserver")
+    clock = FakeClock(1_000)
+    sink = Gated(tmp_path / "out")
+    c = await started(settings, tmp_path, clock, sink)
+    try:
+        for s in ("A", "B"):
+            await c.open_shard(s, "TRIM_HORIZON")
+            c.add_batch(s, items(1, [1_000, 61_000]), position(2), 100)
+        await settle()  # the committer's pass: 0-60000 closed, its commit waits at the gate
+        assert sink.calls == [("commit", "0-60000")]
+        c.add_batch("A", items(3, [121_000]), position(3), 100)
+        await asyncio.wait_for(c.admit("A"), 1)  # nothing waits behind the commit yet
+        c.add_batch("B", items(3, [121_000]), position(3), 100)  # 60000-120000 closes
+        assert sink.calls[-1] == ("prepare", "60000-120000")  # made ready while 0-60000 commits
+        held = {s: asyncio.create_task(c.admit(s)) for s in ("A", "B")}
+        clock.advance(settings.idle_timeout * 1000 + 1)  # held shards are not idle
+        await settle()
+        assert not any(t.done() for t in held.values())  # the watermark's shard (A) too
+        assert c.watermarks.holder(clock()) == "A"
+        sink.gate.set()
+        await asyncio.wait_for(asyncio.gather(*held.values()), 2)
+        await asyncio.wait_for(c.step(), 2)  # after the committer's pass, which committed both
+        assert sink.calls == [("commit", "0-60000"), ("prepare", "60000-120000"), ("commit", "60000-120000")]
+        assert output(tmp_path / "out") == {"0-60000.jsonl": [1, 1], "60000-120000.jsonl": [2, 2]}
+        waits = [r.fields for r in caplog.records if r.getMessage() == "backpressure"]
+        assert sorted(w["shard_id"] for w in waits) == ["A", "B"]
+        assert {w["reason"] for w in waits} == {"sink_behind"} and {w["windows_waiting"] for w in waits} == {1}
+    finally:
+        await c.stop()
+
+
 # -- shards gone from here are forgotten ---------------------------------------------------
 
 def known(c, shard_id):

@@ -100,3 +100,18 @@ def test_a_shard_is_live_while_known_here_not_ended_and_not_idle():
     assert wm.tracks("A") and not wm.live("A", 1) and wm.holds("A", 1)  # ended: holds, adds no rows
     wm.forget("A")
     assert not wm.tracks("A")
+
+
+def test_a_shard_held_by_back_pressure_never_idles_and_its_idle_time_starts_at_release():
+    wm = marks()
+    for s, t in (("A", 10_000), ("B", 80_000)):
+        wm.open(s, 0)
+        wm.batch(s, last_time=t, caught_up=False, now=0)
+    wm.hold("A")
+    assert wm.minimum(600_000) == 10_000 and wm.holder(600_000) == "A"  # silent, but kept waiting
+    wm.release("A", 600_000)
+    wm.batch("B", last_time=90_000, caught_up=False, now=650_000)
+    assert wm.minimum(660_000) == 10_000  # idle time counts from the release
+    assert wm.minimum(660_001) == 90_000
+    wm.hold("gone")  # a shard not known here (forgotten while it waited): nothing to hold
+    wm.release("gone", 0)

@@ -261,3 +261,43 @@ async def test_windows_prepared_ahead_commit_once_in_window_order_across_spark_p
     assert [e["rows_out"] for e in entries] == [len(w) for w in windows]
     assert len([m for m in marks.iterdir() if m.name.startswith(windows[0].id)]) == 2  # killed, then again
     assert not any(sink.inputs.iterdir())  # every input file removed once its window committed
+
+
+async def test_a_window_prepared_while_the_one_in_front_is_in_spark_has_its_file_written_at_once(tmp_path, monkeypatch):
+    """A window that closes while another commits (the coordinator seals it then and
+    calls ``prepare``) has its Spark input written while that one is in Spark, not
+    after: the file is there before the window in front is committed."""
+    from mldserver.base.commitlog import CommitLog
+    from mldserver.base.config import Settings
+    from mldserver.base.deadletters import DeadLetters
+    from mldserver.base.handoff import JsonLines, Window
+    from mldserver.base.positions import Position
+    from mldserver.sinks.parquet import SparkSink
+    from mldserver.spark.process import SparkProcess
+
+    marks, out = tmp_path / "marks", tmp_path / "out"
+    monkeypatch.setenv("MLDSERVER_TEST_MARKS", str(marks))
+    monkeypatch.setenv("MLDSERVER_TEST_SLEEP", "3")
+    settings = Settings(handler="x:y", state_dir=str(tmp_path / "state"), pipeline="tests.spark.pipelines:slow")
+    spark = SparkProcess(settings, sink_dir=out)
+    sink = SparkSink(settings, spark, out, DeadLetters(tmp_path / "dead-letters"))
+
+    def window(n: int) -> Window:
+        rows = [b'{"shard_id":"s0","sequence_number":"%d","n":%d}' % (n * 100 + i, n) for i in range(10)]
+        return Window(n * 1000, (n + 1) * 1000, JsonLines.of(rows), 0, {"s0": Position(n * 100 + 9, 0, str(n * 100 + 9))})
+
+    first, second = window(1), window(2)
+    await spark.start()
+    try:
+        await sink.start()
+        committing = asyncio.ensure_future(sink.commit(first))
+        await eventually(lambda: any(marks.glob(f"{first.id}-*")), timeout=60, what="window 1 in Spark")
+        sink.prepare(second)
+        await eventually(lambda: (sink.inputs / f"{second.id}.parquet").exists(), timeout=10,
+                         what="window 2's file, begun while window 1 is in Spark")
+        assert not CommitLog(out).path(first.id).exists() and not committing.done()
+        await asyncio.wait_for(committing, 60)
+        await asyncio.wait_for(sink.commit(second), 60)
+    finally:
+        await spark.stop()
+    assert committed_rows(out) == Counter({("s0", str(n * 100 + i)): 1 for n in (1, 2) for i in range(10)})
