@@ -1,11 +1,15 @@
-"""Builds the one native part: the relay the daemon starts once per shard
-(``mldserver/ops/relay.c`` -> ``mldserver/ops/mldserver-relay``, an executable, not a
-Python module), so a wheel or an editable install carries it. Everything else about the
-package is in pyproject.toml.
+"""Builds the two native parts, so a wheel or an editable install carries them:
 
-Without a C compiler the install still succeeds, with a warning: ``mldserver connect``
-then runs the relay in Python (``relay.py``), the same program at about 3.5 MiB more
-memory per shard.
+- the relay the daemon starts once per shard (``mldserver/ops/relay.c`` ->
+  ``mldserver/ops/mldserver-relay``, an executable, not a Python module);
+- the scan of a processRecords line for its records' sequence numbers
+  (``mldserver/protocol/_scan.c`` -> ``mldserver.protocol._scan``, an extension module).
+
+Everything else about the package is in pyproject.toml. Without a C compiler the
+install still succeeds, with a warning: ``mldserver connect`` then runs the relay in
+Python (``relay.py``), the same program at about 3.5 MiB more memory per shard, and the
+server reads sequence numbers with pysimdjson (``protocol/lazy.py``), the same
+positions at some 0.3 us more a record with a sink.
 """
 
 from __future__ import annotations
@@ -28,7 +32,11 @@ class BuildRelay(build_ext):
 
     def build_extension(self, ext: Extension) -> None:
         if ext.name != RELAY:
-            return super().build_extension(ext)
+            try:
+                return super().build_extension(ext)
+            except Exception as exc:  # no compiler, no Python headers: pysimdjson serves
+                self.warn(f"{ext.name} was not built ({exc}); the server reads positions with pysimdjson")
+                return None
         target = self.get_ext_fullpath(ext.name)
         os.makedirs(os.path.dirname(target), exist_ok=True)
         try:
@@ -41,6 +49,10 @@ class BuildRelay(build_ext):
 
 
 setup(
-    ext_modules=[Extension(RELAY, sources=["mldserver/ops/relay.c"], optional=True)],
+    ext_modules=[
+        Extension(RELAY, sources=["mldserver/ops/relay.c"], optional=True),
+        Extension("mldserver.protocol._scan", sources=["mldserver/protocol/_scan.c"], optional=True,
+                  extra_compile_args=["-O2"]),
+    ],
     cmdclass={"build_ext": BuildRelay},
 )

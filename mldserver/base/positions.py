@@ -20,9 +20,10 @@ counts as 0, as the KCL does.
 
 from __future__ import annotations
 
+import operator
 import sys
 from array import array
-from itertools import accumulate, repeat
+from itertools import accumulate, islice, repeat
 from typing import Any, Iterator, NamedTuple, Sequence, overload
 
 _DIGITS = "0123456789"
@@ -129,6 +130,26 @@ class Positions(Sequence[Position]):
         if len(widths) == 1:
             return cls(joined, widths.pop())
         return cls(joined, 0, array("q", accumulate(map(len, texts), initial=0)))
+
+    @classmethod
+    def scanned(cls, joined: str, n: int, ends: bytes | None) -> Positions | None:
+        """The native scan's answer (``protocol.lazy.LazyRecords.sequence_numbers``:
+        ``n`` numbers of ASCII digits joined, and their ends where their widths differ),
+        or None where ``int`` would refuse one (longer than
+        ``sys.get_int_max_str_digits``: ``Position.batch`` says which)::
+
+            Positions.scanned("100101", 2, None)[1] == Position(101, 0, "101")
+        """
+        if ends is None:
+            width = len(joined) // n if n else 0
+            positions, longest = cls(joined, width), width
+        else:
+            offsets = array("q")
+            offsets.frombytes(ends)
+            positions = cls(joined, 0, offsets)
+            longest = max(map(operator.sub, islice(offsets, 1, None), offsets))
+        limit = sys.get_int_max_str_digits()
+        return None if limit and longest > limit else positions
 
     def __len__(self) -> int:
         if self.ends is None:

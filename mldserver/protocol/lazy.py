@@ -13,6 +13,7 @@ of it: JSON and UTF-8) and gives Python objects only for what is asked::
     records.millis_behind_latest == 5
     len(records) == 1; records.last() == {"data": "bWVvdw==", "sequenceNumber": "7", ...}
     records.column("sequenceNumber") == ["7"]  # one field of every record (None where absent)
+    records.sequence_numbers() == ("7", 1, None)  # every sequence number, one native pass
     records.obj(0).get("data") == "bWVvdw=="   # one record, still lazy (a Mapping-like view)
     records[0]                                  # a dict: the first such use parses the line
                                                 # whole with orjson, as the eager path does
@@ -38,6 +39,11 @@ from typing import Any, Iterator, Sequence
 
 import orjson
 import simdjson
+
+try:  # the native scan of a line's sequence numbers (setup.py builds it)
+    from ._scan import sequence_numbers as _sequence_numbers
+except ImportError:  # pragma: no cover  (installed without a C compiler: columns serve)
+    _sequence_numbers = None
 
 
 class LazyRecords(Sequence[Any]):
@@ -119,6 +125,18 @@ class LazyRecords(Sequence[Any]):
     def column(self, key: str) -> list[Any]:
         """``key`` of every record (None where absent, or where a record is not an object)."""
         return self.columns(key)[0]
+
+    def sequence_numbers(self) -> tuple[str, int, bytes | None] | None:
+        """Every record's ``sequenceNumber`` in one native pass over the line
+        (``_scan.c``, no Python object per record): the numbers joined, how many, and
+        where each ends when their widths differ (n + 1 native int64s); None when the
+        batch is not the usual one (a record that is not an object with one
+        ``sequenceNumber`` of ASCII digits and a ``subSequenceNumber`` absent, null or 0;
+        a key written with an escape) or the package was built without a C compiler:
+        read ``columns`` then, which says what is there."""
+        if _sequence_numbers is None:  # pragma: no cover  (setup.py builds it where there is a compiler)
+            return None
+        return _sequence_numbers(self.line)
 
     def columns(self, *keys: str) -> list[list[Any]]:
         """Several keys' columns, the records read once (some 0.2 us a value)."""

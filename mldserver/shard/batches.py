@@ -37,7 +37,7 @@ from itertools import repeat
 from typing import TYPE_CHECKING, Any, Iterable, NamedTuple, Sequence
 
 
-from ..base.positions import Position
+from ..base.positions import Position, Positions
 from ..protocol.lazy import LazyRecords
 from ..api.emitted import EmittedRows
 from ..api.records import MAX_EVENT_TIME_MS, Record, row_time, row_times, times_valid
@@ -111,8 +111,11 @@ def _lazy(raws: LazyRecords, positions: bool) -> LineRecords | None:
             return None
         if not positions:
             return LineRecords(raws, None, position)
-        # A record that is not an object has None in every column: no position, as below.
-        parsed = Position.batch(*raws.columns("sequenceNumber", "subSequenceNumber"))
+        scanned = raws.sequence_numbers()  # the usual batch, in one native pass
+        parsed = Positions.scanned(*scanned) if scanned is not None else None
+        if parsed is None:
+            # A record that is not an object has None in every column: no position, as below.
+            parsed = Position.batch(*raws.columns("sequenceNumber", "subSequenceNumber"))
         if None in parsed:
             return None
         return LineRecords(raws, parsed, position)

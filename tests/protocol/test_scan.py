@@ -1,0 +1,161 @@
+"""The native scan of a processRecords line for its sequence numbers (``_scan.c``,
+``LazyRecords.sequence_numbers``) gives the positions pysimdjson's columns give
+(``Position.batch``), or None and leaves the line to them: never other positions."""
+
+from __future__ import annotations
+
+import json
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from mldserver.base.positions import Position, Positions
+from mldserver.protocol.lazy import LazyRecords
+from mldserver.shard.batches import LineRecords, decode_records
+
+from .test_lazy import line_of, record
+
+
+def scanned(line: bytes) -> list[Position] | None:
+    lazy = LazyRecords.parse(line)
+    assert lazy is not None
+    found = lazy.sequence_numbers()
+    if found is None:
+        return None
+    positions = Positions.scanned(*found)
+    return None if positions is None else list(positions)
+
+
+def columns(line: bytes) -> list[Position | None]:
+    lazy = LazyRecords.parse(line, keep=True)
+    return list(Position.batch(*lazy.columns("sequenceNumber", "subSequenceNumber")))
+
+
+def test_the_native_scan_is_built_and_reads_the_usual_batch():
+    raws = [record(i) for i in range(3)] + [record(3, sequenceNumber="49590338271490256608559692538361571095921575989136588898",
+                                                   subSequenceNumber=None)]
+    lazy = LazyRecords.parse(line_of(raws))
+    joined, n, ends = lazy.sequence_numbers()  # None here would mean setup.py did not build _scan
+    assert (joined[:9], n) == ("100101102", 4) and ends is not None
+    assert scanned(line_of(raws)) == columns(line_of(raws))
+    assert scanned(line_of([record(i) for i in range(3)])) == [Position.parse(str(100 + i)) for i in range(3)]
+    assert LazyRecords.parse(line_of([record(0)])).sequence_numbers() == ("100", 1, None)
+    assert scanned(b'{"action":"processRecords","records":[],"millisBehindLatest":0}') == []
+
+
+def test_a_batch_out_of_the_usual_is_left_to_the_columns():
+    usual = record(0)
+    for raws in (
+        [usual, record(1, subSequenceNumber=2)],  # a KPL sub-record
+        [usual, record(1, subSequenceNumber=False)],
+        [usual, record(1, subSequenceNumber="0")],
+        [usual, record(1, sequenceNumber="12x")],
+        [usual, record(1, sequenceNumber="")],
+        [usual, record(1, sequenceNumber=101)],
+        [usual, record(1, sequenceNumber=None)],
+        [usual, {"data": "bWVvdw=="}],  # no sequence number
+        [usual, {}],
+        [usual, 5],  # not an object
+        [usual, ["101"]],
+    ):
+        assert scanned(line_of(raws)) is None, raws
+    lines = (
+        # a key written with an escape: simdjson reads it as the key it names
+        b'{"action":"processRecords","records":[{"sequence\\u004eumber":"2","sequenceNumber":"1"}],'
+        b'"millisBehindLatest":0}',
+        # a key twice in a record: simdjson's get takes the first, orjson the last
+        b'{"action":"processRecords","records":[{"sequenceNumber":"1","sequenceNumber":"2"}],"millisBehindLatest":0}',
+        b'{"action":"processRecords","records":[{"sequenceNumber":"1","subSequenceNumber":0,'
+        b'"subSequenceNumber":3}],"millisBehindLatest":0}',
+    )
+    for line in lines:
+        assert scanned(line) is None, line
+    assert LazyRecords.parse(line_of([usual], extra=1)).sequence_numbers() is not None
+    assert Positions.scanned("1" * 5000, 1, None) is None  # past int's digits: Position.batch says so
+
+
+def test_values_that_look_like_keys_and_nested_values_are_skipped():
+    tricky = record(0, partitionKey='"sequenceNumber":"666"', data='x\\"sequenceNumber\\":\\"7\\"\\\\',
+                    extra={"sequenceNumber": "5", "records": [{"sequenceNumber": "9"}]})
+    line = (b'{"action":"processRecords","meta":{"records":[{"sequenceNumber":"9"}]},"records":'
+            + json.dumps([tricky, record(1)]).encode() + b',"millisBehindLatest":0}')
+    assert scanned(line) == columns(line) == [Position.parse("100"), Position.parse("101")]
+    spaced = b'{ "action" : "processRecords" , "records" : [ { "sequenceNumber" : "7" , "subSequenceNumber" : null } ,' \
+             b'\n{"subSequenceNumber": 0 ,"sequenceNumber":"08"} ] , "millisBehindLatest" : 0 }'
+    assert scanned(spaced) == columns(spaced) == [Position.parse("7"), Position.parse("08")]
+
+
+def test_a_cut_or_broken_line_is_never_read_past_its_end():
+    from mldserver.protocol._scan import sequence_numbers
+
+    line = line_of([record(i, partitionKey='p\\"k') for i in range(3)])
+    for i in range(len(line)):
+        found = sequence_numbers(line[:i])
+        assert found is None or found[1] <= 3
+    for junk in (b"", b"{", b'{"records"', b'{"records":[{"sequenceNumber":"1', b'"', b"\\", b"[" * 100):
+        assert sequence_numbers(junk) is None
+    assert sequence_numbers(memoryview(line)) == sequence_numbers(bytearray(line)) == sequence_numbers(line)
+
+
+_digits = st.from_regex(r"\A[0-9]{1,60}\Z")
+_odd_seq = st.one_of(st.none(), st.integers(0, 2**62), st.text(max_size=4))
+_odd_sub = st.one_of(st.integers(1, 5), st.booleans(), st.just(0.0), st.just("0"))
+_nested = st.recursive(st.none() | st.text(max_size=3), lambda inner: st.lists(inner, max_size=3)
+                       | st.dictionaries(st.sampled_from(["sequenceNumber", "records", "a"]), inner, max_size=2))
+
+
+def _member(key: str, value: object, escape: bool) -> str:
+    name = key.replace("N", "\\u004e", 1) if escape else key
+    return f'"{name}":{json.dumps(value, ensure_ascii=False)}'
+
+
+@st.composite
+def lines(draw) -> bytes:
+    """Lines of usual records (in any key order, with other fields, text that looks
+    like keys), each now and then made unusual: a record not an object, a sequence
+    number or sub-sequence number of another kind, a key twice, a key escaped."""
+    def odd() -> bool:
+        return draw(st.integers(0, 39)) == 17  # (not 0: hypothesis draws its bounds often)
+
+    records = []
+    for _ in range(draw(st.integers(0, 8))):
+        if odd():
+            records.append(json.dumps(draw(st.one_of(st.integers(), st.none(), st.text(max_size=3)))))
+            continue
+        members = [("sequenceNumber", draw(_odd_seq) if odd() else draw(_digits))]
+        sub = draw(st.sampled_from(["absent", 0, None]))
+        if sub != "absent":
+            members.append(("subSequenceNumber", draw(_odd_sub) if odd() else sub))
+        if draw(st.booleans()):
+            members.append(("data", draw(st.text(max_size=12))))
+        if draw(st.booleans()):
+            members.append(("partitionKey", draw(st.sampled_from(['"sequenceNumber":"1"', "\\", '\\"', "k"]))))
+        if draw(st.integers(0, 4)) == 0:
+            members.append(("nested", draw(_nested)))
+        members = draw(st.permutations(members))
+        if odd():
+            members.append(draw(st.sampled_from(members)))  # a key twice
+        escape = draw(st.integers(0, 59)) == 17
+        records.append("{" + ",".join(_member(k, v, escape and k == "sequenceNumber") for k, v in members) + "}")
+    ws = draw(st.sampled_from(["", " ", "\n "]))
+    return (f'{{"action":"processRecords",{ws}"records":{ws}[{ws}' + f",{ws}".join(records)
+            + f'{ws}],"millisBehindLatest":0}}').encode()
+
+
+@settings(max_examples=400, deadline=None)
+@given(lines())
+def test_the_scan_and_the_columns_agree_on_any_line(line):
+    if LazyRecords.parse(line) is None:  # (a key twice in a record is still a line lazy.py reads)
+        return
+    found = scanned(line)
+    if found is not None:
+        assert found == columns(line)
+
+
+def test_decode_records_takes_the_scanned_positions_for_a_sink():
+    raws = [record(i) for i in range(5)]
+    lazy = LazyRecords.parse(line_of(raws), keep=True)
+    records, bad = decode_records(lazy, deaggregate_kpl=False, positions=True)
+    assert bad == [] and isinstance(records, LineRecords)
+    eager, _ = decode_records(raws, deaggregate_kpl=False, positions=True)
+    assert isinstance(records.positions, Positions) and list(records.positions) == [r.position for r in eager]
