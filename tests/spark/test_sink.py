@@ -48,6 +48,7 @@ def config_file(tmp_path, checkpoint_interval: float | None = None) -> str:
     path = tmp_path / "mldserver.toml"
     config = CONFIG
     if checkpoint_interval is not None:
+        assert "checkpoint_interval = 0.0" in config
         config = config.replace("checkpoint_interval = 0.0", f"checkpoint_interval = {checkpoint_interval}")
     path.write_text(config)
     return str(path)
