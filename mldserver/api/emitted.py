@@ -15,7 +15,7 @@ read where the rows are encoded) and checked there too::
     rows.add(record, {"k": 2}, 1763719200000)
     rows.add(record, {"k": object()}, None)      # not JSON: set aside
     len(rows) == 2; rows.bad == [(record, "row not JSON-encodable: Type is not JSON serializable: object")]
-    rows.sizes == [8, 8]; rows.lines() == b'{"k":1}\\n{"k":2}\\n'
+    rows.sizes == [8, 8]; rows.lines() == b'{"k":1}\\n{"k":2}\\n'   # rows.view(): the same, in place
     rows.records == [record, record]; rows.times == [None, 1763719200000]
     rows[1] == Emitted(record, {"k": 2}, 1763719200000)   # read back (tests)
     mark = len(rows); ...; rows.truncate(mark)   # a failed attempt's rows taken back
@@ -78,6 +78,11 @@ class EmittedRows:
     def lines(self) -> bytes:
         """The rows' JSON lines, back to back."""
         return self._buffer.getvalue()
+
+    def view(self) -> memoryview:
+        """The rows' JSON lines where they were written, not copied (to send them):
+        no row may be added or taken back while it is held."""
+        return self._buffer.getbuffer()
 
     def truncate(self, n: int) -> None:
         """Only the first ``n`` rows stay (a failed attempt's rows taken back)."""

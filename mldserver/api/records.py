@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import binascii
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import pybase64
 
@@ -238,11 +238,15 @@ class Batch:
         self.stats: dict[str, int] | None = None
         self._index: dict[int, int] | None = None  # id(record) -> its index, made by the first fail
 
-    def emit(self, record: Record, row: dict[str, Any], event_time_ms: int | None = None) -> None:
-        if self.rows is not None:
-            self.rows.add(record, row, event_time_ms)  # written at once (``emitted``)
-        else:
-            self.discarded()
+    @property
+    def emit(self) -> Callable[..., None]:
+        """``emit(record, row, event_time_ms=None)``: the collector's own ``add`` (written
+        at once: ``emitted``), no call in between; with nothing to keep rows, a count."""
+        rows = self.rows
+        return self._discard if rows is None else rows.add
+
+    def _discard(self, record: Record, row: dict[str, Any], event_time_ms: int | None = None) -> None:
+        self.discarded()
 
     def discarded(self) -> None:
         """A row emitted with nothing to keep it (no sink): counted in ``stats``

@@ -47,6 +47,12 @@ if TYPE_CHECKING:
     import numpy as np
 
 NO_TIME = -1  # an event time not given: the shard's previous row's (valid times are >= 0)
+# In a handler process's rows (``pool.frames``): no event time given, so the record's
+# arrival time, which the server fills in from its own reading of the line (never read
+# in the handler process). Arrival times the server read and that are not a plain
+# integer: ``ODD_TIME``, read again the usual way, which says what is wrong.
+ARRIVAL_TIME = -2
+ODD_TIME = -3
 
 
 class Item(NamedTuple):

@@ -216,10 +216,14 @@ class Child:
         self.what: dict[int, dict[str, str]] = {}  # call id -> shard id and action, for the watchdog
         self.beat = time.monotonic()
 
-    def send(self, message: dict[str, Any], body: bytes = b"") -> None:
-        self.writer.write(encode_head(message, len(body)))
-        if body:
-            self.writer.write(body)
+    def send(self, message: dict[str, Any], body: bytes | list[Any] = b"") -> None:
+        """A frame; its body given whole or as its parts (buffers written one after
+        another: a batch's rows are not joined into one)."""
+        parts = body if isinstance(body, list) else [body]
+        size = sum(memoryview(part).nbytes for part in parts)
+        self.writer.write(encode_head(message, size))
+        if size:
+            self.writer.writelines(parts)
 
     async def request(self, message: dict[str, Any]) -> dict[str, Any]:
         self.reqs += 1
@@ -312,7 +316,7 @@ class Child:
         ops = timers.close()
         if timers.failed is not None and result != "failed":
             result, error = "failed", f"{type(timers.failed).__name__}: {timers.failed}"
-        n, rows, bad = 0, b"", []
+        n, rows, bad = 0, [], []
         failed = batch.settle_failures() if batch is not None and result != "failed" else None
         if batch is not None and batch.rows and result != "failed":
             n, rows, bad = encode_rows(batch.rows, batch.records)

@@ -46,16 +46,18 @@ reads it. The rows a batch emitted
 come back as one columnar body per batch, never a frame per row (``encode_rows`` /
 ``decode_rows``), which the server reads in place, into the coordinator's columns::
 
-    n x u32 record index | n x i64 event time (-1: none) | n x u64 end offset | row JSON lines...
+    n x u32 record index | n x i64 event time (-2: none given) | n x u64 end offset | row JSON lines...
 
 Each row's JSON ends in a newline: the rows are JSON lines, as a sink takes them. A
-row emitted without an event time carries its record's ``approximateArrivalTimestamp``
-(read here, where the record is made; -1 if the record has none), so the server reads
-no record field but the positions.
+row emitted without an event time carries ``ARRIVAL_TIME`` (-2): its record's
+``approximateArrivalTimestamp``, which the server read with the positions in one
+native pass over the line (``protocol/_scan.c``) and fills in, checked there
+(``shard.batches.encoded_rows``), so the handler process reads no field the handler
+did not.
 
-A row that orjson cannot encode, or whose event time (``event_time_ms``, else the
-arrival time) is not epoch milliseconds (``records.valid_event_time``), is not in the
-body: ``bad`` holds ``[index, error]``.
+A row that orjson cannot encode, or whose event time (``event_time_ms``) is not epoch
+milliseconds (``records.valid_event_time``), is not in the body: ``bad`` holds
+``[index, error]``.
 The records the handler gave up on (``batch.fail``; ``failures.py``) are in ``failed``
 as ``[index, error, attempts]``, their rows left out of the body; ``stats`` holds what
 the handler counted in the call (``ChangeHandler``: ``on_update_success``, ...). Both
@@ -74,8 +76,8 @@ import orjson
 
 from ..protocol.lazy import LazyRecords
 from ..api.emitted import EmittedRows
-from ..api.records import Record, row_time, row_times, times_valid
-from ..api.rows import NO_TIME
+from ..api.records import Record, row_time, times_valid
+from ..api.rows import ARRIVAL_TIME, NO_TIME  # noqa: F401  (NO_TIME: the server's, for tests)
 from ..base.pipes import HEADER, encode, read_frame, read_frame_async
 
 __all__ = [
@@ -185,33 +187,45 @@ _U32, _I64, _U64 = "I", "q", "Q"
 
 
 def encode_rows(emitted: EmittedRows | Iterable[tuple[Any, Any, Any]],
-                records: Sequence[Any]) -> tuple[int, bytes, list[tuple[int, str]]]:
+                records: Sequence[Any]) -> tuple[int, list[Any], list[tuple[int, str]]]:
     """One body for a batch's rows (already JSON lines: ``api.emitted``; or
     ``(record, row, event_time_ms)`` tuples), emitted for the batch's ``records``.
-    Returns the row count, the body and the rows that could not be rows: not JSON, or
-    an event time that is not one."""
+    Returns the row count, the body as its parts (the columns, then the JSON lines
+    where ``emit`` wrote them: written one after another, never joined, for a batch's
+    rows are megabytes) and the rows that could not be rows: not JSON, or an event
+    time that is not one::
+
+        n, parts, bad = encode_rows(batch.rows, batch.records)
+        decode_rows(n, b"".join(parts))     # what the server reads"""
     if not isinstance(emitted, EmittedRows):
         emitted = EmittedRows.of(emitted)
     bad_at = record_indexes([record for record, _ in emitted.bad], records)
     bad = [(i, error) for i, (_, error) in zip(bad_at, emitted.bad)]
-    given = row_times(emitted.records, emitted.times)  # the record's arrival time stands in, read here
-    if times_valid(given):
+    given = emitted.times  # None: the record's arrival time, which the server fills in
+    n = len(given)
+    if given.count(None) == n:  # (the usual batch: no event time given)
+        times = array(_I64, [ARRIVAL_TIME]) * n
+    elif times_valid(given):
+        times = array(_I64, [ARRIVAL_TIME if t is None else t for t in given] if None in given else given)
+    else:
+        times = None
+    if times is not None:
         idx = record_indexes(emitted.records, records)
-        times = array(_I64, [NO_TIME if t is None else t for t in given] if None in given else given)
         ends = array(_U64, accumulate(emitted.sizes))
-        return len(idx), idx.tobytes() + times.tobytes() + ends.tobytes() + emitted.lines(), bad
+        return len(idx), [idx, times, ends, emitted.view()], bad
     idx, times, ends = array(_U32), array(_I64), array(_U64)
     body = bytearray()
     for (line, record, t), i in zip(emitted.each(), record_indexes(emitted.records, records)):
-        t, error = row_time(record, t)
-        if error is not None:
-            bad.append((i, error))
-            continue
+        if t is not None:
+            t, error = row_time(record, t)
+            if error is not None:
+                bad.append((i, error))
+                continue
         idx.append(i)
-        times.append(NO_TIME if t is None else t)
+        times.append(ARRIVAL_TIME if t is None else t)
         body += line
         ends.append(len(body))
-    return len(idx), idx.tobytes() + times.tobytes() + ends.tobytes() + body, bad
+    return len(idx), [idx, times, ends, body], bad
 
 
 def record_indexes(of: Sequence[Any], records: Sequence[Any]) -> array:
@@ -234,7 +248,7 @@ class RowColumns(NamedTuple):
     """``encode_rows``'s body read in place: typed views of it, nothing copied."""
 
     records: memoryview  # u32: each row's record, its index in the batch
-    times: memoryview  # i64: each row's event time, NO_TIME when none was given
+    times: memoryview  # i64: each row's event time, ARRIVAL_TIME when none was given
     ends: memoryview  # u64: where each row's JSON line ends in ``lines``
     lines: memoryview  # the rows' JSON lines, back to back
 

@@ -8,9 +8,16 @@
        >>> sequence_numbers(b'{"action":"processRecords","records":[{"data":"bWVvdw==",'
        ...                  b'"sequenceNumber":"17","subSequenceNumber":0},'
        ...                  b'{"sequenceNumber":"18"}],"millisBehindLatest":0}')
-       ('1718', 2, None)                  # the numbers joined, how many, one width (2)
-       >>> sequence_numbers(b'{"records":[{"sequenceNumber":"9"},{"sequenceNumber":"10"}]}')
-       ('910', 2, b'...')                 # widths differ: n + 1 int64 ends, from 0
+       ('1718', 2, None, b'...')          # the numbers joined, how many, one width (2),
+                                          # each arrival time (n int64: -1, -1 here)
+       >>> sequence_numbers(b'{"records":[{"sequenceNumber":"9","approximateArrivalTimestamp":5},'
+       ...                  b'{"sequenceNumber":"10"}]}')
+       ('910', 2, b'...', b'...')         # widths differ: n + 1 int64 ends, from 0; 5, -1
+
+   In the same pass, each record's approximateArrivalTimestamp: the event time of the
+   rows a handler process emitted without one is filled in by the server from these
+   (pool/calls.py), so the handler process never reads it (-1: absent or null; -3: not a
+   plain integer of at most 18 digits, read the usual way, which says what is wrong).
 
    The usual batch only, as Position.batch takes it: every record an object with one
    "sequenceNumber", a string of ASCII digits, and "subSequenceNumber" absent, null or
@@ -121,9 +128,29 @@ typedef struct {
     Py_ssize_t size, capacity;
     int64_t *ends;
     Py_ssize_t n, ends_capacity;
+    int64_t *arrivals; /* each record's approximateArrivalTimestamp (ends_capacity of them) */
 } Out;
 
-static int append(Out *o, const char *s, Py_ssize_t n) {
+/* What a record's approximateArrivalTimestamp reads as: its value when it is a plain
+   integer of at most 18 digits (a row's event time, checked against the range by the
+   caller), NO_TIME when it is absent or null, ODD_TIME for anything else (a float, a
+   string, a negative number: the caller reads that record its usual way, which says
+   what is wrong). */
+#define NO_TIME (-1)
+#define ODD_TIME (-3)
+
+static int64_t arrival(const char *v, Py_ssize_t n) {
+    if (is(v, n, "null")) return NO_TIME;
+    if (n == 0 || n > 18 || (n > 1 && v[0] == '0')) return ODD_TIME;
+    int64_t t = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (v[i] < '0' || v[i] > '9') return ODD_TIME;
+        t = t * 10 + (v[i] - '0');
+    }
+    return t;
+}
+
+static int append(Out *o, const char *s, Py_ssize_t n, int64_t at) {
     if (o->size + n > o->capacity) {
         Py_ssize_t capacity = (o->capacity + n) * 2;
         char *digits = PyMem_Realloc(o->digits, (size_t)capacity);
@@ -136,20 +163,26 @@ static int append(Out *o, const char *s, Py_ssize_t n) {
         int64_t *ends = PyMem_Realloc(o->ends, (size_t)capacity * sizeof *ends);
         if (ends == NULL) return -1;
         o->ends = ends;
+        int64_t *arrivals = PyMem_Realloc(o->arrivals, (size_t)capacity * sizeof *arrivals);
+        if (arrivals == NULL) return -1;
+        o->arrivals = arrivals;
         o->ends_capacity = capacity;
     }
     memcpy(o->digits + o->size, s, (size_t)n);
     o->size += n;
     o->ends[0] = 0;
+    o->arrivals[o->n] = at;
     o->ends[++o->n] = o->size;
     return 0;
 }
 
-/* One record object at c->p: its sequence number appended. -1: not the usual record. */
+/* One record object at c->p: its sequence number and arrival time appended. -1: not
+   the usual record. */
 static int record(Cursor *c, Out *o) {
     const char *s, *seq = NULL;
     Py_ssize_t n, seq_n = 0;
-    int seen_sub = 0;
+    int seen_sub = 0, seen_at = 0;
+    int64_t at = NO_TIME;
     ws(c);
     if (c->p >= c->end || *c->p != '{') return -1;
     c->p++;
@@ -169,6 +202,12 @@ static int record(Cursor *c, Out *o) {
             if (seen_sub || skip(c)) return -1;
             seen_sub = 1;
             if (!is(v, c->p - v, "0") && !is(v, c->p - v, "null")) return -1;
+        } else if (is(s, n, "approximateArrivalTimestamp")) {
+            ws(c);
+            const char *v = c->p;
+            if (seen_at || skip(c)) return -1;
+            seen_at = 1;
+            at = arrival(v, c->p - v);
         } else if (skip(c)) {
             return -1;
         }
@@ -177,7 +216,7 @@ static int record(Cursor *c, Out *o) {
         if (end) break;
     }
     if (seq == NULL) return -1;
-    return append(o, seq, seq_n);
+    return append(o, seq, seq_n, at);
 }
 
 /* The "records" array's sequence numbers, or -1. */
@@ -209,7 +248,7 @@ static int scan(Cursor *c, Out *o) {
 static PyObject *sequence_numbers(PyObject *self, PyObject *arg) {
     Py_buffer line;
     if (PyObject_GetBuffer(arg, &line, PyBUF_SIMPLE)) return NULL;
-    Out o = {NULL, 0, 0, NULL, 0, 0};
+    Out o = {NULL, 0, 0, NULL, 0, 0, NULL};
     Cursor c = {line.buf, (const char *)line.buf + line.len};
     int failed;
     Py_BEGIN_ALLOW_THREADS
@@ -237,17 +276,26 @@ static PyObject *sequence_numbers(PyObject *self, PyObject *arg) {
             goto done;
         }
     }
-    result = Py_BuildValue("(NnN)", joined, o.n, ends);
+    PyObject *arrivals = PyBytes_FromStringAndSize((const char *)o.arrivals, (Py_ssize_t)(o.n * sizeof *o.arrivals));
+    if (arrivals == NULL) {
+        Py_DECREF(joined);
+        Py_DECREF(ends);
+        goto done;
+    }
+    result = Py_BuildValue("(NnNN)", joined, o.n, ends, arrivals);
 done:
     PyMem_Free(o.digits);
     PyMem_Free(o.ends);
+    PyMem_Free(o.arrivals);
     return result;
 }
 
 static PyMethodDef methods[] = {
     {"sequence_numbers", sequence_numbers, METH_O,
-     "sequence_numbers(line) -> (joined, n, ends or None) | None: every record's sequenceNumber "
-     "in a processRecords line, joined (ends: n + 1 native int64 offsets when their widths differ)"},
+     "sequence_numbers(line) -> (joined, n, ends or None, arrivals) | None: every record's "
+     "sequenceNumber in a processRecords line, joined (ends: n + 1 native int64 offsets when their "
+     "widths differ), and its approximateArrivalTimestamp (n native int64: -1 absent or null, "
+     "-3 not a plain integer)"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -13,7 +13,8 @@ of it: JSON and UTF-8) and gives Python objects only for what is asked::
     records.millis_behind_latest == 5
     len(records) == 1; records.last() == {"data": "bWVvdw==", "sequenceNumber": "7", ...}
     records.column("sequenceNumber") == ["7"]  # one field of every record (None where absent)
-    records.sequence_numbers() == ("7", 1, None)  # every sequence number, one native pass
+    records.sequence_numbers() == ("7", 1, None, b"...")  # every sequence number, one native
+                                                # pass (and each arrival time: n int64, -1: none)
     records.obj(0).get("data") == "bWVvdw=="   # one record, still lazy (a Mapping-like view)
     records[0]                                  # a dict: the first such use parses the line
                                                 # whole with orjson, as the eager path does
@@ -126,10 +127,12 @@ class LazyRecords(Sequence[Any]):
         """``key`` of every record (None where absent, or where a record is not an object)."""
         return self.columns(key)[0]
 
-    def sequence_numbers(self) -> tuple[str, int, bytes | None] | None:
+    def sequence_numbers(self) -> tuple[str, int, bytes | None, bytes] | None:
         """Every record's ``sequenceNumber`` in one native pass over the line
-        (``_scan.c``, no Python object per record): the numbers joined, how many, and
-        where each ends when their widths differ (n + 1 native int64s); None when the
+        (``_scan.c``, no Python object per record): the numbers joined, how many,
+        where each ends when their widths differ (n + 1 native int64s), and each
+        record's ``approximateArrivalTimestamp`` (n native int64s: ``NO_TIME`` where
+        absent or null, ``ODD_TIME`` where not a plain integer); None when the
         batch is not the usual one (a record that is not an object with one
         ``sequenceNumber`` of ASCII digits and a ``subSequenceNumber`` absent, null or 0;
         a key written with an escape) or the package was built without a C compiler:

@@ -41,7 +41,7 @@ from ..base.positions import Position, Positions
 from ..protocol.lazy import LazyRecords
 from ..api.emitted import EmittedRows
 from ..api.records import MAX_EVENT_TIME_MS, Record, row_time, row_times, times_valid
-from ..api.rows import NO_TIME, Item, RowBatch
+from ..api.rows import ARRIVAL_TIME, NO_TIME, ODD_TIME, Item, RowBatch
 from .kpl import deaggregate, is_aggregate
 
 MALFORMED = "malformed records"
@@ -112,13 +112,16 @@ def _lazy(raws: LazyRecords, positions: bool) -> LineRecords | None:
         if not positions:
             return LineRecords(raws, None, position)
         scanned = raws.sequence_numbers()  # the usual batch, in one native pass
-        parsed = Positions.scanned(*scanned) if scanned is not None else None
+        parsed = Positions.scanned(*scanned[:3]) if scanned is not None else None
+        arrivals = None
         if parsed is None:
             # A record that is not an object has None in every column: no position, as below.
             parsed = Position.batch(*raws.columns("sequenceNumber", "subSequenceNumber"))
+        else:
+            arrivals = scanned[3]  # (assert type(scanned[3]) is bytes)
         if None in parsed:
             return None
-        return LineRecords(raws, parsed, position)
+        return LineRecords(raws, parsed, position, arrivals)
     finally:
         raws.release()
 
@@ -128,11 +131,13 @@ class LineRecords(Sequence[Record]):
     from the line): a :class:`~mldserver.records.Record` is made only for the records
     the server asks for (the last one, the records rows came from, a checkpoint's)."""
 
-    __slots__ = ("raws", "positions", "_last")
+    __slots__ = ("raws", "positions", "arrivals", "_last")
 
-    def __init__(self, raws: LazyRecords, positions: Sequence[Position] | None, last: Position) -> None:
+    def __init__(self, raws: LazyRecords, positions: Sequence[Position] | None, last: Position,
+                 arrivals: bytes | None = None) -> None:
         self.raws = raws
         self.positions = positions  # every record's, checked in bulk (a sink is downstream)
+        self.arrivals = arrivals  # every record's arrival time, read with the positions (n int64), or None
         self._last = last
 
     def __len__(self) -> int:
@@ -229,9 +234,11 @@ def encoded_rows(records: Sequence[Record], index: Any, times: Any, ends: Any, l
                  ) -> tuple[RowBatch, list[BadRecords]]:
     """The coordinator's columns for the rows a handler process encoded (``pool.frames``:
     each row's record index, event time, and end in ``lines``, its JSON lines), read in
-    place. The handler process gave each row its time (``emit``'s, else its record's
-    arrival time, checked there); ``NO_TIME`` means the record has none. Rows whose
-    record has no position are returned as bad rows, as ``encode_rows`` does."""
+    place. The handler process gave each row ``emit``'s time, checked there, or
+    ``ARRIVAL_TIME``: its record's arrival time, filled in here from the batch's
+    reading (``arrival_times``; ``NO_TIME`` where the record has none). Rows whose
+    record has no position, or whose arrival time is not an event time, are returned
+    as bad rows, as ``encode_rows`` does."""
     import numpy as np
 
     n = len(times)
@@ -239,17 +246,46 @@ def encoded_rows(records: Sequence[Record], index: Any, times: Any, ends: Any, l
     offsets[1:] = np.frombuffer(ends, dtype=np.uint64, count=n)
     index = np.frombuffer(index, dtype=np.uint32, count=n)
     times = np.frombuffer(times, dtype=np.int64, count=n)
-    rows = rows_from_columns(records, index, times, offsets, lines)
+    arrival = times == ARRIVAL_TIME
+    fine = True
+    if arrival.any():
+        filled = arrival_times(records)[index[arrival]]
+        times = times.copy()  # (the frame's is read-only)
+        times[arrival] = filled
+        fine = not ((filled < NO_TIME) | (filled >= MAX_EVENT_TIME_MS)).any()
+    rows = rows_from_columns(records, index, times, offsets, lines) if fine else None
     if rows is not None:
         return rows, []
     items, bad = [], []
-    for i, t, start, end in zip(index.tolist(), times.tolist(), offsets.tolist(), offsets[1:].tolist()):
+    for i, t, at, start, end in zip(index.tolist(), times.tolist(), arrival.tolist(), offsets.tolist(),
+                                    offsets[1:].tolist()):
         r = records[i]
+        if at and not (t == NO_TIME or 0 <= t < MAX_EVENT_TIME_MS):
+            t, error = row_time(r, None)  # read again, to say what is wrong
+            if error is not None:
+                bad.append(BadRecords([r.to_json()], BAD_ROW, error))
+                continue
         try:
             items.append(Item(None if t == NO_TIME else t, r.position, bytes(lines[start : end - 1])))
         except ValueError as exc:
             bad.append(BadRecords([r.to_json()], BAD_ROW, str(exc)))
     return RowBatch.of(items), bad
+
+
+def arrival_times(records: Sequence[Record]) -> np.ndarray:
+    """Every record's ``approximateArrivalTimestamp`` as int64: ``NO_TIME`` where it has
+    none, ``ODD_TIME`` where it is not an int below 10**18 (as the scan reads it; one
+    out of range is kept: the caller checks the range). Read with the positions, in the
+    same native pass, for a line read lazily (``LineRecords.arrivals``); else record by
+    record."""
+    import numpy as np
+
+    if type(records) is LineRecords and records.arrivals is not None:
+        return np.frombuffer(records.arrivals, dtype=np.int64)
+    values = (records.raws.column("approximateArrivalTimestamp") if type(records) is LineRecords
+              else [r.approximate_arrival_timestamp for r in records])
+    return np.array([NO_TIME if t is None else t if type(t) is int and 0 <= t < 10**18 else ODD_TIME
+                     for t in values], dtype=np.int64)
 
 
 def rows_from_columns(records: Sequence[Record], index: np.ndarray | None, times: np.ndarray,

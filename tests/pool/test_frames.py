@@ -25,19 +25,18 @@ def test_rows_cross_as_one_columnar_body_and_come_back_as_they_were_encoded():
     records = list(map(Record, make_records(10, 3)))
     emitted = [(records[0], {"k": 1}, None), (records[2], {"é": [1, 2]}, 1763719200000),
                (records[1], {"bad": {1, 2}}, None), (records[2], {}, 5), (records[0], {}, 5.5)]
-    n, body, bad = frames.encode_rows(emitted, records)
+    n, parts, bad = frames.encode_rows(emitted, records)
     assert n == 3 and bad == [(1, "row not JSON-encodable: Type is not JSON serializable: set"),
                               (0, f"event time 5.5 from batch.emit(event_time_ms=...) is not {EVENT_TIME}")]
-    columns = frames.decode_rows(n, body)
+    columns = frames.decode_rows(n, b"".join(parts))  # the parts are written one after another
     assert columns.records.tolist() == [0, 2, 2]
-    # no event time given: the record's arrival time stands in (none: NO_TIME)
-    assert columns.times.tolist() == [records[0].approximate_arrival_timestamp, 1763719200000, 5]
-    no_arrival = Record({"sequenceNumber": "7"})
-    n, body, _ = frames.encode_rows([(no_arrival, {}, None)], [no_arrival])
-    assert frames.decode_rows(n, body).times.tolist() == [frames.NO_TIME]
+    # no event time given: the record's arrival time, which the server fills in (not read here)
+    assert columns.times.tolist() == [frames.ARRIVAL_TIME, 1763719200000, 5]
+    n, parts, _ = frames.encode_rows([(records[1], {}, None), (records[0], {}, None)], records)
+    assert frames.decode_rows(n, b"".join(parts)).times.tolist() == [frames.ARRIVAL_TIME] * 2
     assert [orjson.loads(d) for d in columns.rows()] == [{"k": 1}, {"é": [1, 2]}, {}]
     assert bytes(columns.lines).count(b"\n") == 3  # JSON lines, as a sink takes them
-    assert frames.decode_rows(*frames.encode_rows([], [])[:2]).rows() == []
+    assert frames.decode_rows(0, b"".join(frames.encode_rows([], [])[1])).rows() == []
 
 
 def test_each_row_names_its_record_by_its_place_in_the_batch():
@@ -96,7 +95,7 @@ async def test_the_child_alone_runs_calls_proxies_checkpoints_and_answers_done(t
         assert (done["id"], done["result"], done["error"], done["rows"]) == (2, "checkpoint_failed",
                                                                             "ThrottlingException", 2)
         columns = frames.decode_rows(done["rows"], body)
-        assert columns.records.tolist() == [0, 1] and columns.times.tolist() == [r["approximateArrivalTimestamp"] for r in records]
+        assert columns.records.tolist() == [0, 1] and columns.times.tolist() == [frames.ARRIVAL_TIME] * 2  # the server's to fill in
         assert [orjson.loads(d)["seq"] for d in columns.rows()] == ["10", "11"]
         proc.stdin.write(frames.encode({"op": "call", "id": 3, "shard": 8, "action": "lease_lost", "info": info}))
         done, _ = await frames.read_frame_async(proc.stdout)
@@ -151,7 +150,7 @@ reply, _ = frames.read_frame(inp)
 assert reply == {"op": "reply", "req": 1, "error": None, "echo": call["action"]}, reply
 n, rows, bad = frames.encode_rows([(0, {"n": len(body)}, 7)], [0])
 out.write(frames.encode({"op": "done", "id": call["id"], "result": "ok", "error": None, "traceback": None,
-                         "rows": n, "bad": bad}, rows)); out.flush()
+                         "rows": n, "bad": bad}, b"".join(rows))); out.flush()
 call, _ = frames.read_frame(inp)
 os._exit(7)
 """

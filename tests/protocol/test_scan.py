@@ -1,14 +1,18 @@
 """The native scan of a processRecords line for its sequence numbers (``_scan.c``,
 ``LazyRecords.sequence_numbers``) gives the positions pysimdjson's columns give
-(``Position.batch``), or None and leaves the line to them: never other positions."""
+(``Position.batch``), or None and leaves the line to them: never other positions. The
+arrival times it reads in the same pass are the columns' too, or say "read it again"
+(``ODD_TIME``): never another time."""
 
 from __future__ import annotations
 
 import json
+from array import array
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from mldserver.api.rows import NO_TIME, ODD_TIME
 from mldserver.base.positions import Position, Positions
 from mldserver.protocol.lazy import LazyRecords
 from mldserver.shard.batches import LineRecords, decode_records
@@ -22,7 +26,7 @@ def scanned(line: bytes) -> list[Position] | None:
     found = lazy.sequence_numbers()
     if found is None:
         return None
-    positions = Positions.scanned(*found)
+    positions = Positions.scanned(*found[:3])
     return None if positions is None else list(positions)
 
 
@@ -35,11 +39,12 @@ def test_the_native_scan_is_built_and_reads_the_usual_batch():
     raws = [record(i) for i in range(3)] + [record(3, sequenceNumber="49590338271490256608559692538361571095921575989136588898",
                                                    subSequenceNumber=None)]
     lazy = LazyRecords.parse(line_of(raws))
-    joined, n, ends = lazy.sequence_numbers()  # None here would mean setup.py did not build _scan
+    joined, n, ends, arrivals = lazy.sequence_numbers()  # None here would mean setup.py did not build _scan
     assert (joined[:9], n) == ("100101102", 4) and ends is not None
+    assert array("q", arrivals).tolist() == [r["approximateArrivalTimestamp"] for r in raws]
     assert scanned(line_of(raws)) == columns(line_of(raws))
     assert scanned(line_of([record(i) for i in range(3)])) == [Position.parse(str(100 + i)) for i in range(3)]
-    assert LazyRecords.parse(line_of([record(0)])).sequence_numbers() == ("100", 1, None)
+    assert LazyRecords.parse(line_of([record(0)])).sequence_numbers()[:3] == ("100", 1, None)
     assert scanned(b'{"action":"processRecords","records":[],"millisBehindLatest":0}') == []
 
 
@@ -100,6 +105,8 @@ def test_a_cut_or_broken_line_is_never_read_past_its_end():
 _digits = st.from_regex(r"\A[0-9]{1,60}\Z")
 _odd_seq = st.one_of(st.none(), st.integers(0, 2**62), st.text(max_size=4))
 _odd_sub = st.one_of(st.integers(1, 5), st.booleans(), st.just(0.0), st.just("0"))
+_arrival = st.one_of(st.integers(0, 2**53), st.integers(-5, 5), st.integers(10**17, 10**20), st.none(),
+                     st.floats(allow_nan=False, allow_infinity=False), st.booleans(), st.text(max_size=3))
 _nested = st.recursive(st.none() | st.text(max_size=3), lambda inner: st.lists(inner, max_size=3)
                        | st.dictionaries(st.sampled_from(["sequenceNumber", "records", "a"]), inner, max_size=2))
 
@@ -132,6 +139,8 @@ def lines(draw) -> bytes:
             members.append(("partitionKey", draw(st.sampled_from(['"sequenceNumber":"1"', "\\", '\\"', "k"]))))
         if draw(st.integers(0, 4)) == 0:
             members.append(("nested", draw(_nested)))
+        if draw(st.integers(0, 3)) != 0:
+            members.append(("approximateArrivalTimestamp", draw(_arrival)))
         members = draw(st.permutations(members))
         if odd():
             members.append(draw(st.sampled_from(members)))  # a key twice
@@ -150,6 +159,14 @@ def test_the_scan_and_the_columns_agree_on_any_line(line):
     found = scanned(line)
     if found is not None:
         assert found == columns(line)
+        arrivals = array("q", LazyRecords.parse(line).sequence_numbers()[3])
+        for at, given in zip(arrivals, LazyRecords.parse(line, keep=True).column("approximateArrivalTimestamp")):
+            if at == NO_TIME:
+                assert given is None
+            elif at == ODD_TIME:  # read again the usual way: anything but a plain integer, or a huge one
+                assert given is not None and not (type(given) is int and 0 <= given < 10**17)
+            else:
+                assert type(given) is int and given == at
 
 
 def test_decode_records_takes_the_scanned_positions_for_a_sink():

@@ -143,14 +143,18 @@ def test_rows_a_handler_process_encoded_are_read_in_place_with_their_records_pos
                Record({"sequenceNumber": "9"})]
     emitted = [(records[0], {"k": 1}, None), (records[2], {"k": 2}, None), (records[1], {"k": 3}, 5),
                (records[1], {"k": 4}, None), (records[0], {"k": 5}, 6)]
-    n, body, bad = frames.encode_rows(emitted, records)
-    rows, unfit = encoded_rows(records, *frames.decode_rows(n, body))
+    n, parts, bad = frames.encode_rows(emitted, records)
+    assert bad == [] and frames.decode_rows(n, b"".join(parts)).times.tolist() == [-2, -2, 5, -2, 6]
+    rows, unfit = encoded_rows(records, *frames.decode_rows(n, b"".join(parts)))
     assert [(i.time, i.position.seq, i.data) for i in rows] == [
         (1000, 7, b'{"k":1}'), (None, 9, b'{"k":2}'), (5, 8, b'{"k":3}'), (6, 7, b'{"k":5}')]
-    # the child fills in an arrival time where no event time was given, and refuses a bad one
-    assert unfit == [] and [i for i, _ in bad] == [1] and "from the record's approximateArrivalTimestamp" in bad[0][1]
-    n, body, _ = frames.encode_rows(emitted[:1], records[:1])
-    rows, unfit = encoded_rows(records[:1], *frames.decode_rows(n, body))
+    # the child leaves the arrival time to the server where no event time was given: the
+    # server fills it in, and refuses a bad one, saying why
+    assert [(r.raws[0]["sequenceNumber"], r.reason) for r in unfit] == [("8", BAD_ROW)]
+    assert "event time 'soon' from the record's approximateArrivalTimestamp" in unfit[0].error
+    n, parts, _ = frames.encode_rows(emitted[:1], records[:1])
+    assert parts[-1].obj is not None  # the lines where emit wrote them: sent, not joined
+    rows, unfit = encoded_rows(records[:1], *frames.decode_rows(n, b"".join(parts)))
     assert unfit == [] and bytes(rows.body) == b'{"k":1}\n'  # the child's JSON line, not copied
 
 
@@ -166,13 +170,13 @@ def test_rows_of_a_lazily_read_line_take_the_positions_checked_in_bulk_and_the_c
     assert bad == [] and type(records).__name__ == "LineRecords" and type(records.positions) is Positions
     child = frames.records_from(line, True)  # the handler process's records, from the same line
     emitted = [(child[0], {"k": 0}, 5), (child[1], {"k": 1}, None), (child[3], {"k": 3}, None)]
-    n, body, _ = frames.encode_rows(emitted, child)
+    n, parts, _ = frames.encode_rows(emitted, child)
     made = []
     monkeypatch.setattr(Record, "__init__", lambda *a: made.append(a))  # a Record each would show here
-    rows, unfit = encoded_rows(records, *frames.decode_rows(n, body))
+    rows, unfit = encoded_rows(records, *frames.decode_rows(n, b"".join(parts)))
     assert made == [] and unfit == [] and rows.positions is records.positions
     assert rows.times.tolist() == [5, 1234, frames.NO_TIME]  # given; the arrival time; none at all
-    assert records.raws._array is None  # the line was not parsed again to look for arrival times
+    assert records.raws._array is None  # the arrival times came with the positions: the line not parsed again
     assert [rows.position(i).seq for i in range(3)] == [int(raws[i]["sequenceNumber"]) for i in (0, 1, 3)]
 
 
