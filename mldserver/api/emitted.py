@@ -8,7 +8,8 @@ end, 12.1 ms written as they come, against 7.4 ms emitting nothing).
 A row is what it was at its ``emit``: a dict changed afterwards does not change it.
 A row orjson cannot encode is set aside with its record and why, for the caller to
 dead-letter; event times are kept as given (None: the record's arrival time stands in,
-read where the rows are encoded) and checked there too::
+read where the rows are encoded, or in a handler process by the server, with the
+positions) and checked there too::
 
     rows = EmittedRows()
     rows.add(record, {"k": 1}, None)

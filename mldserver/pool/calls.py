@@ -357,8 +357,9 @@ class ProcessCalls(Calls):
 
     def _rows(self, batch: Batch, message: dict[str, Any], body: bytes) -> EncodedRows:
         """The coordinator's columns straight from the columnar body, read in place:
-        each row stays the child's JSON line and keeps the event time the child gave it
-        (the handler's, else its record's arrival time); its record gives its position."""
+        each row stays the child's JSON line and keeps the event time the handler gave
+        it, else takes its record's arrival time (read with the positions, filled in
+        here: ``encoded_rows``); its record gives its position."""
         records = batch.records
         bad = [BadRecords([records[i].to_json()], BAD_ROW, error) for i, error in message["bad"]]
         rows, unfit = encoded_rows(records, *decode_rows(message["rows"], body))

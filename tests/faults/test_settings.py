@@ -236,6 +236,38 @@ async def test_an_event_time_past_64_bits_still_logs_its_window(serve, tmp_path)
     assert [(d["sequence_number"], d["reason"]) for d in dead_lettered(server.state_dir)] == [("2", "bad row")]
 
 
+async def test_rows_without_an_event_time_take_their_records_arrival_times_filled_in_by_the_server(serve, tmp_path):
+    out = tmp_path / "out"
+    # Handler processes (the default): the passthrough emits no event time, so each row's
+    # is its record's arrival time, which the server reads from the line with the
+    # positions. An arrival time that is no event time makes its row a bad row,
+    # dead-lettered with its record and why; the batch goes on.
+    server = serve("mldserver.examples.passthrough:Passthrough", "--sink", f"file:{out}", "--window", "60")
+    peer = await Peer.open(server.port)
+    await peer.action(initialize(SHARD))
+    hour = (int(time.time() * 1000) // 3_600_000 - 2) * 3_600_000  # two hours ago, on a window's start
+    records = make_records(1, 4, approximate_arrival_timestamp=hour + 1_000)
+    records[1]["approximateArrivalTimestamp"] = "soon"
+    records[2]["approximateArrivalTimestamp"] = 1.5
+    records[3]["approximateArrivalTimestamp"] = hour + 2_000
+    await peer.action(process_records(records, millis_behind_latest=10**9))
+    # an hour on: the watermark passes the first window, which closes
+    await peer.action(process_records(make_records(5, 1, approximate_arrival_timestamp=hour + 3_600_000),
+                                      millis_behind_latest=10**9))
+    with explained(server):
+        await wait_event(server, "window_committed", 30)
+    [committed] = [e for e in server.events() if e["event"] == "window_committed"]
+    assert committed["window"] == f"{hour}-{hour + 60_000}" and committed["rows"] == 2
+    rows = [json.loads(line) for path in out.rglob("*.jsonl") for line in path.read_text().splitlines()]
+    assert [(r["sequence_number"], r["approximate_arrival_timestamp"]) for r in rows] == [
+        ("1", hour + 1_000), ("4", hour + 2_000)]
+    letters = dead_lettered(server.state_dir)
+    assert [(d["sequence_number"], d["reason"]) for d in letters] == [("2", "bad row"), ("3", "bad row")]
+    assert "event time 'soon' from the record's approximateArrivalTimestamp" in letters[0]["error"]
+    assert "event time 1.5 from the record's approximateArrivalTimestamp" in letters[1]["error"]
+    assert all(d["data"] for d in letters)
+
+
 async def test_sighup_never_kills_the_server_without_a_clean_shutdown(serve):
     server = serve("tests.handlers:Noop")
     server.proc.send_signal(signal.SIGHUP)
