@@ -18,7 +18,10 @@ Any field but ``sequenceNumber`` may be null.
 
 ``data`` is decoded with SIMD (pybase64), strictly; what that refuses (a character
 outside the alphabet, a line break) is read as ``binascii.a2b_base64`` reads it, which
-skips such characters, so every line decodes as it always did, only faster.
+skips such characters, so every line decodes as it always did, only faster. In a
+handler process the records of a batch are read from the daemon's line, and the first
+``data`` read decodes every record's of the batch at once, in C from the line's bytes
+(``pool.frames.LineRecord``), with the same result.
 """
 
 from __future__ import annotations

@@ -75,7 +75,7 @@ from ..timers import pending as timer_ops
 from ..timers import remote as timers_remote
 from ..timers.api import TimerError
 from .arena import ArenaView
-from .frames import BEAT, BEAT_AT, RUN, STATE_SIZE, STOP, STOP_AT, WATCH_INTERVAL, CallFrame, StartFrame, encode, encode_head, encode_rows, read_frame_async, records_from
+from .frames import BEAT, BEAT_AT, RUN, STATE_SIZE, STOP, STOP_AT, WATCH_INTERVAL, CallFrame, StartFrame, encode, encode_head, encode_rows, read_frame_async, records_from, release
 
 log = get_logger("mldserver.handler")
 
@@ -313,6 +313,8 @@ class Child:
                 self.running.set(0)  # (SIGUSR2 may land before Tracked clears it)
             if action == "initialize":
                 self.handlers.pop(shard, None)
+        if batch is not None:
+            release(batch.records)  # the body (the arena's region) is the server's again at done
         ops = timers.close()
         if timers.failed is not None and result != "failed":
             result, error = "failed", f"{type(timers.failed).__name__}: {timers.failed}"

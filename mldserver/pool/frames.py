@@ -68,7 +68,7 @@ from __future__ import annotations
 
 import struct
 from array import array
-from itertools import accumulate
+from itertools import accumulate, repeat
 from operator import is_
 from typing import Any, Iterable, Literal, NamedTuple, NotRequired, Sequence, TypedDict
 
@@ -79,6 +79,11 @@ from ..api.emitted import EmittedRows
 from ..api.records import Record, row_time, times_valid
 from ..api.rows import ARRIVAL_TIME, NO_TIME  # noqa: F401  (NO_TIME: the server's, for tests)
 from ..base.pipes import HEADER, encode, read_frame, read_frame_async
+
+try:  # every record's data decoded from the line in one native pass (setup.py builds it)
+    from ..protocol._scan import datas as _datas
+except ImportError:  # pragma: no cover  (installed without a C compiler: Record.data serves)
+    _datas = None
 
 __all__ = [
     "CallFrame",
@@ -94,6 +99,7 @@ __all__ = [
     "read_frame_async",
     "record_indexes",
     "records_from",
+    "release",
 ]
 
 # The state file a child shares with the server (shared memory, little-endian i64s): the
@@ -167,20 +173,82 @@ def encode_records(records: Sequence[Record]) -> bytes:
 def records_from(body: bytes | memoryview, line: bool = False) -> list[Record]:
     """The batch's records from a ``call`` body: the daemon's whole processRecords
     line (``line``), or the array ``encode_records`` made; in the arena (a memoryview)
-    or read from the pipe. The records keep nothing of ``body``: both parsers copy out
-    what they keep."""
+    or read from the pipe. The records keep nothing of ``body`` once ``release``d (at
+    the call's end): both parsers copy out what they keep, and a line's ``LineRecord``s
+    read it only until then."""
     if not body:
         return []
     if not line:
         return list(map(Record, orjson.loads(body)))
     lazy = LazyRecords.parse(body, keep=True)  # each record read when the handler reads it
     if lazy is not None:
-        return list(map(Record, lazy.objects()))
+        if _datas is None:  # pragma: no cover  (setup.py builds _scan where there is a compiler)
+            return list(map(Record, lazy.objects()))
+        shared = LineData(body)
+        records = shared.records = list(map(LineRecord, lazy.objects(), repeat(shared)))
+        return records
     try:
         message = orjson.loads(body)
     except orjson.JSONDecodeError:  # not UTF-8: decoded tolerantly, as the protocol core does
         message = orjson.loads(bytes(body).decode("utf-8", "replace"))
     return list(map(Record, message.get("records") or ()))
+
+
+class LineData:
+    """The line a batch's ``LineRecord``s were read from, while its call runs: the first
+    ``data`` a handler reads decodes every record's at once, from the line's bytes in
+    one native pass (``_scan.datas``: base64 in C, no str per record), so a handler that
+    reads every record's data pays some 0.1 us a record for it, and one that reads none
+    pays nothing."""
+
+    __slots__ = ("body", "records")
+
+    def __init__(self, body: bytes | memoryview) -> None:
+        self.body: bytes | memoryview | None = body
+        self.records: list[LineRecord] | None = None
+
+    def decode(self) -> None:
+        body, records = self.body, self.records
+        self.body = self.records = None  # once (and no cycle is left behind)
+        if body is None or records is None:
+            return
+        found = _datas(body)
+        if found is None or len(found) != len(records):  # pragma: no cover  (simdjson read this line)
+            return
+        for record, data in zip(records, found):
+            if data is not None:  # None: not plain base64, read the usual way (Record.data)
+                record._data = data
+
+    def close(self) -> None:
+        """The call is over: its body (the arena's region) may be reused; a record
+        still read after it decodes its data the usual way."""
+        self.body = self.records = None
+
+
+class LineRecord(Record):
+    """A record of a batch's line in a handler process (``records_from``)."""
+
+    __slots__ = ("_line",)
+
+    def __init__(self, raw: Any, line: LineData) -> None:
+        self._raw = raw
+        self._data = None
+        self._position = None
+        self._line = line
+
+    @property
+    def data(self) -> bytes:
+        if self._data is None:
+            self._line.decode()  # every record's of the line, at once
+            if self._data is None:
+                return Record.data.fget(self)  # type: ignore[attr-defined]  (the usual way: pybase64, binascii)
+        return self._data
+
+
+def release(records: Sequence[Record]) -> None:
+    """The call ``records_from`` made these for is over (its body goes back)."""
+    if records and type(records[0]) is LineRecord:
+        records[0]._line.close()  # type: ignore[attr-defined]
 
 
 _U32, _I64, _U64 = "I", "q", "Q"

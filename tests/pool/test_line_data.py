@@ -1,0 +1,100 @@
+"""A handler process's records of a batch's line (``frames.records_from``: ``LineRecord``,
+``LineData``): the first ``data`` read decodes every record's at once, from the line's
+bytes in one native pass (``_scan.datas``), and gives exactly what ``Record.data``
+gives (its strict SIMD reading, else binascii's lenient one), raising where it raises.
+After the call (``release``) the line may be reused: a record read then decodes the
+usual way, from what pysimdjson copied."""
+
+from __future__ import annotations
+
+import base64
+import json
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from mldserver.api import records as records_module
+from mldserver.api.records import Record
+from mldserver.api.testing import make_records
+from mldserver.pool import frames
+from mldserver.protocol.lazy import LazyRecords
+
+
+def line_of(raws: list) -> bytes:
+    return json.dumps({"action": "processRecords", "records": raws, "millisBehindLatest": 0},
+                      ensure_ascii=False).encode()
+
+
+def outcome(record: Record) -> object:
+    try:
+        return record.data
+    except Exception as exc:  # what the handler would see, for the usual reading too
+        return type(exc)
+
+
+def test_the_first_data_read_decodes_every_records_at_once_and_none_the_usual_way(monkeypatch):
+    raws = make_records(1, 50, 100)
+    records = frames.records_from(line_of(raws), line=True)
+    assert all(type(r) is frames.LineRecord and r._data is None for r in records)
+
+    def usual(b64):  # the usual reading, pybase64 per record: not wanted for plain base64
+        raise AssertionError("decoded record by record")
+
+    monkeypatch.setattr(records_module, "decode_data", usual)
+    assert records[7].data == base64.b64decode(raws[7]["data"])
+    assert [r._data for r in records] == [base64.b64decode(r["data"]) for r in raws]  # all, at once
+
+
+def test_a_record_read_after_its_call_decodes_from_its_own_copy_not_the_reused_line():
+    raws = make_records(1, 5, 40)
+    body = bytearray(line_of(raws))
+    records = frames.records_from(memoryview(body), line=True)
+    frames.release(records)  # the call is over: the arena's region goes back
+    body[:] = b"x" * len(body)  # and is written over by the next batch
+    assert [r.data for r in records] == [base64.b64decode(r["data"]) for r in raws]
+
+
+_b64 = st.binary(max_size=40).map(lambda b: base64.b64encode(b).decode())
+_junk = st.one_of(
+    st.text(alphabet="ABCab01+/=-_ \n\\\"é", max_size=12),  # outside the alphabet, misplaced padding
+    _b64.map(lambda s: s[:-1]),  # cut short
+    _b64.map(lambda s: s.replace("/", "\\/")),  # written with an escape (json.dumps keeps it)
+    st.sampled_from(["QR==", "QUJ=", "QUI=", "=", "==", "A===", "Zg", "Zg=", "Zg==", "Zm9v", ""]),
+)
+_data = st.one_of(_b64, _b64, _junk, st.none(), st.integers(), st.booleans(), st.just("absent"))
+
+
+@st.composite
+def batches(draw) -> bytes:
+    raws = []
+    for i in range(draw(st.integers(0, 8))):
+        if draw(st.integers(0, 30)) == 7:
+            raws.append(draw(st.sampled_from(["a string", 5, None, ["data"]])))  # not an object
+            continue
+        members = [f'"sequenceNumber":"{i + 1}"']
+        data = draw(_data)
+        if data != "absent":
+            members.append('"data":' + (json.dumps(data).replace("\\\\/", "\\/") if isinstance(data, str)
+                                         else json.dumps(data)))
+        if draw(st.integers(0, 9)) == 3:
+            members.append('"data":"Zm9v"')  # a key twice: the first counts (pysimdjson's get)
+        if draw(st.integers(0, 9)) == 4:
+            members.append('"nested":{"data":"Zm9v"}')
+        if draw(st.integers(0, 19)) == 5:
+            members.append('"d\\u0061ta":"Zm9v"')  # a key written with an escape
+        members = draw(st.permutations(members))
+        raws.append("{" + ",".join(members) + "}")
+    return ('{"action":"processRecords","records":[' + ",".join(
+        r if isinstance(r, str) and r.startswith("{") else json.dumps(r) for r in raws)
+        + '],"millisBehindLatest":0}').encode()
+
+
+@settings(max_examples=400, deadline=None)
+@given(batches())
+def test_the_native_decoding_gives_what_the_usual_one_gives(line):
+    lazy = LazyRecords.parse(line, keep=True)
+    if lazy is None:
+        return
+    usual = [outcome(Record(raw)) for raw in lazy.objects()]  # Record.data on the same lazy objects
+    records = frames.records_from(line, line=True)
+    assert [outcome(r) for r in reversed(records)] == usual[::-1]  # the first read (the last record) decodes all
