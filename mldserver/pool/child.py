@@ -321,7 +321,8 @@ class Child:
         n, rows, bad = 0, [], []
         failed = batch.settle_failures() if batch is not None and result != "failed" else None
         if batch is not None and batch.rows and result != "failed":
-            n, rows, bad = encode_rows(batch.rows, batch.records)
+            # (records the server re-encoded, not its line: their arrival times are read here)
+            n, rows, bad = encode_rows(batch.rows, batch.records, read_arrivals=not frame.get("line"))
         done = {"op": "done", "id": call_id, "result": result, "error": error, "traceback": tb, "rows": n, "bad": bad}
         if ops and result != "failed":
             done["timers"] = timers_remote.encode(ops)  # committed by the server before the status

@@ -53,7 +53,9 @@ row emitted without an event time carries ``ARRIVAL_TIME`` (-2): its record's
 ``approximateArrivalTimestamp``, which the server read with the positions in one
 native pass over the line (``protocol/_scan.c``) and fills in, checked there
 (``shard.batches.encoded_rows``), so the handler process reads no field the handler
-did not.
+did not. Records the server re-encoded (``encode_records``: KPL's user records) were
+read from no line: for those the handler process reads the arrival times itself
+(``encode_rows(..., read_arrivals=True)``; -1 where a record has none).
 
 A row that orjson cannot encode, or whose event time (``event_time_ms``) is not epoch
 milliseconds (``records.valid_event_time``), is not in the body: ``bad`` holds
@@ -76,8 +78,8 @@ import orjson
 
 from ..protocol.lazy import LazyRecords
 from ..api.emitted import EmittedRows
-from ..api.records import Record, row_time, times_valid
-from ..api.rows import ARRIVAL_TIME, NO_TIME  # noqa: F401  (NO_TIME: the server's, for tests)
+from ..api.records import Record, row_time, row_times, times_valid
+from ..api.rows import ARRIVAL_TIME, NO_TIME
 from ..base.pipes import HEADER, encode, read_frame, read_frame_async
 
 try:  # every record's data decoded from the line in one native pass (setup.py builds it)
@@ -255,7 +257,7 @@ _U32, _I64, _U64 = "I", "q", "Q"
 
 
 def encode_rows(emitted: EmittedRows | Iterable[tuple[Any, Any, Any]],
-                records: Sequence[Any]) -> tuple[int, list[Any], list[tuple[int, str]]]:
+                records: Sequence[Any], read_arrivals: bool = False) -> tuple[int, list[Any], list[tuple[int, str]]]:
     """One body for a batch's rows (already JSON lines: ``api.emitted``; or
     ``(record, row, event_time_ms)`` tuples), emitted for the batch's ``records``.
     Returns the row count, the body as its parts (the columns, then the JSON lines
@@ -264,17 +266,23 @@ def encode_rows(emitted: EmittedRows | Iterable[tuple[Any, Any, Any]],
     time that is not one::
 
         n, parts, bad = encode_rows(batch.rows, batch.records)
-        decode_rows(n, b"".join(parts))     # what the server reads"""
+        decode_rows(n, b"".join(parts))     # what the server reads
+
+    A row without an event time is ``ARRIVAL_TIME``: the server fills in its record's
+    arrival time, read with the positions from the daemon's line. With
+    ``read_arrivals`` (records the server re-encoded, KPL's user records: it read no
+    line for them) the arrival times are read here instead, and checked here."""
     if not isinstance(emitted, EmittedRows):
         emitted = EmittedRows.of(emitted)
     bad_at = record_indexes([record for record, _ in emitted.bad], records)
     bad = [(i, error) for i, (_, error) in zip(bad_at, emitted.bad)]
-    given = emitted.times  # None: the record's arrival time, which the server fills in
+    given = row_times(emitted.records, emitted.times) if read_arrivals else emitted.times
+    none = NO_TIME if read_arrivals else ARRIVAL_TIME  # what a time of None is sent as
     n = len(given)
     if given.count(None) == n:  # (the usual batch: no event time given)
-        times = array(_I64, [ARRIVAL_TIME]) * n
+        times = array(_I64, [none]) * n
     elif times_valid(given):
-        times = array(_I64, [ARRIVAL_TIME if t is None else t for t in given] if None in given else given)
+        times = array(_I64, [none if t is None else t for t in given] if None in given else given)
     else:
         times = None
     if times is not None:
@@ -284,13 +292,13 @@ def encode_rows(emitted: EmittedRows | Iterable[tuple[Any, Any, Any]],
     idx, times, ends = array(_U32), array(_I64), array(_U64)
     body = bytearray()
     for (line, record, t), i in zip(emitted.each(), record_indexes(emitted.records, records)):
-        if t is not None:
-            t, error = row_time(record, t)
+        if t is not None or read_arrivals:
+            t, error = row_time(record, t)  # (None: the record's arrival time, read now)
             if error is not None:
                 bad.append((i, error))
                 continue
         idx.append(i)
-        times.append(ARRIVAL_TIME if t is None else t)
+        times.append(none if t is None else t)
         body += line
         ends.append(len(body))
     return len(idx), [idx, times, ends, body], bad

@@ -34,6 +34,15 @@ def test_rows_cross_as_one_columnar_body_and_come_back_as_they_were_encoded():
     assert columns.times.tolist() == [frames.ARRIVAL_TIME, 1763719200000, 5]
     n, parts, _ = frames.encode_rows([(records[1], {}, None), (records[0], {}, None)], records)
     assert frames.decode_rows(n, b"".join(parts)).times.tolist() == [frames.ARRIVAL_TIME] * 2
+    # records the server re-encoded (no line of the daemon's): their arrival times read here
+    odd = Record({"sequenceNumber": "8", "approximateArrivalTimestamp": "soon"})
+    none = Record({"sequenceNumber": "9"})
+    for rows in ([(records[0], {}, None), (odd, {}, None), (none, {}, None)],
+                 [(records[0], {}, None), (odd, {}, None), (none, {}, None), (records[1], {}, 5)]):
+        n, parts, bad = frames.encode_rows(rows, [records[0], odd, none, records[1]], read_arrivals=True)
+        assert frames.decode_rows(n, b"".join(parts)).times.tolist()[:2] == [
+            records[0].approximate_arrival_timestamp, frames.NO_TIME]
+        assert [i for i, _ in bad] == [1] and "'soon' from the record's approximateArrivalTimestamp" in bad[0][1]
     assert [orjson.loads(d) for d in columns.rows()] == [{"k": 1}, {"é": [1, 2]}, {}]
     assert bytes(columns.lines).count(b"\n") == 3  # JSON lines, as a sink takes them
     assert frames.decode_rows(0, b"".join(frames.encode_rows([], [])[1])).rows() == []
@@ -95,7 +104,8 @@ async def test_the_child_alone_runs_calls_proxies_checkpoints_and_answers_done(t
         assert (done["id"], done["result"], done["error"], done["rows"]) == (2, "checkpoint_failed",
                                                                             "ThrottlingException", 2)
         columns = frames.decode_rows(done["rows"], body)
-        assert columns.records.tolist() == [0, 1] and columns.times.tolist() == [frames.ARRIVAL_TIME] * 2  # the server's to fill in
+        # (an array of records, not the daemon's line: their arrival times are read by the child)
+        assert columns.records.tolist() == [0, 1] and columns.times.tolist() == [r["approximateArrivalTimestamp"] for r in records]
         assert [orjson.loads(d)["seq"] for d in columns.rows()] == ["10", "11"]
         proc.stdin.write(frames.encode({"op": "call", "id": 3, "shard": 8, "action": "lease_lost", "info": info}))
         done, _ = await frames.read_frame_async(proc.stdout)
