@@ -5,6 +5,7 @@ aside with why; a failed attempt's rows taken back; a given-up record's rows dro
 from __future__ import annotations
 
 import orjson
+import pytest
 
 from mldserver.api.emitted import Emitted, EmittedRows
 from mldserver.api.records import Record
@@ -45,3 +46,12 @@ def test_truncate_takes_a_failed_attempts_rows_back_and_drop_a_given_up_records(
     assert rows.lines() == b'{"n":0}\n{"n":2}\n' and rows.records == [a, c] and rows.times == [None, 7]
     rows.add(b, {"n": 4}, None)  # it goes on after a drop
     assert rows.sizes == [8, 8, 8] and rows[2] == Emitted(b, {"n": 4}, None)
+
+
+def test_a_row_emitted_after_the_call_raises_saying_so():
+    rows = EmittedRows()
+    rows.add(None, {"k": 1}, None)
+    rows.close()
+    with pytest.raises(RuntimeError, match="batch.emit called after process_records returned"):
+        rows.add(None, {"k": 2}, None)
+    assert rows.lines() == b'{"k":1}\n'

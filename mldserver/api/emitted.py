@@ -20,6 +20,7 @@ positions) and checked there too::
     rows.records == [record, record]; rows.times == [None, 1763719200000]
     rows[1] == Emitted(record, {"k": 2}, 1763719200000)   # read back (tests)
     mark = len(rows); ...; rows.truncate(mark)   # a failed attempt's rows taken back
+    rows.close()                                 # the call is over: a later add raises
     rows.drop({id(record)})                      # the rows of records given up (batch.fail)
     for line, record, t in rows.each(): ...      # b'{"k":1}\\n', record, None; ...
 """
@@ -34,6 +35,11 @@ import orjson
 Record = Any  # (``records.Record``, which imports this module: named, not imported)
 
 _dumps, _OPT = orjson.dumps, orjson.OPT_APPEND_NEWLINE
+
+
+def _emitted_after_the_call(line: bytes) -> int:
+    raise RuntimeError("batch.emit called after process_records returned: the row is not kept; "
+                       "emit inside the call (await the tasks that emit before returning)")
 
 
 class Emitted(NamedTuple):
@@ -79,6 +85,11 @@ class EmittedRows:
     def lines(self) -> bytes:
         """The rows' JSON lines, back to back."""
         return self._buffer.getvalue()
+
+    def close(self) -> None:
+        """The call is over: a row emitted now (a task the handler left running, with
+        ``batch.emit`` kept from the call) raises, saying so, instead of going nowhere."""
+        self._write = _emitted_after_the_call
 
     def view(self) -> memoryview:
         """The rows' JSON lines where they were written, not copied (to send them):
