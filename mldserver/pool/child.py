@@ -325,6 +325,7 @@ class Child:
             n, rows, bad = encode_rows(batch.rows, batch.records, read_arrivals=not frame.get("line"))
         if batch is not None and batch.rows is not None:
             batch.rows.close()  # a row emitted after the call (a task left running) raises
+            batch.rows = None  # and the batch no longer collects, as in the server's loop (shard.calls)
         done = {"op": "done", "id": call_id, "result": result, "error": error, "traceback": tb, "rows": n, "bad": bad}
         if ops and result != "failed":
             done["timers"] = timers_remote.encode(ops)  # committed by the server before the status
