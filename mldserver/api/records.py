@@ -251,6 +251,14 @@ class Batch:
     def _discard(self, record: Record, row: dict[str, Any], event_time_ms: int | None = None) -> None:
         self.discarded()
 
+    def stop_collecting(self) -> None:
+        """The call is over: the batch keeps no more rows. A later ``batch.emit`` is
+        counted as discarded; one kept from the call (a task the handler left running)
+        raises, saying so (``EmittedRows.close``)."""
+        if self.rows is not None:
+            self.rows.close()
+            self.rows = None
+
     def discarded(self) -> None:
         """A row emitted with nothing to keep it (no sink): counted in ``stats``
         (``rows_discarded``: the server warns once per shard and counts it)."""

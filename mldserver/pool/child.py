@@ -323,9 +323,8 @@ class Child:
         if batch is not None and batch.rows and result != "failed":
             # (records the server re-encoded, not its line: their arrival times are read here)
             n, rows, bad = encode_rows(batch.rows, batch.records, read_arrivals=not frame.get("line"))
-        if batch is not None and batch.rows is not None:
-            batch.rows.close()  # a row emitted after the call (a task left running) raises
-            batch.rows = None  # and the batch no longer collects, as in the server's loop (shard.calls)
+        if batch is not None:
+            batch.stop_collecting()  # as in the server's loop (shard.calls)
         done = {"op": "done", "id": call_id, "result": result, "error": error, "traceback": tb, "rows": n, "bad": bad}
         if ops and result != "failed":
             done["timers"] = timers_remote.encode(ops)  # committed by the server before the status

@@ -232,8 +232,9 @@ static int record(Cursor *c, Out *o) {
     return append(o, seq, seq_n, at);
 }
 
-/* The "records" array's sequence numbers, or -1. */
-static int scan(Cursor *c, Out *o) {
+/* The cursor at the first element of the line's "records" array: 1 there, 0 when the
+   array is empty, -1 on a line this does not read. */
+static int records_array(Cursor *c) {
     const char *s;
     Py_ssize_t n;
     ws(c);
@@ -241,20 +242,25 @@ static int scan(Cursor *c, Out *o) {
     c->p++;
     for (;;) {
         if (key(c, &s, &n)) return -1;
-        if (is(s, n, "records")) {
-            ws(c);
-            if (c->p >= c->end || *c->p != '[') return -1;
-            c->p++;
-            ws(c);
-            if (c->p < c->end && *c->p == ']') return 0;
-            for (;;) {
-                if (record(c, o)) return -1;
-                int end = next(c, ']');
-                if (end < 0) return -1;
-                if (end) return 0;
-            }
-        }
+        if (is(s, n, "records")) break;
         if (skip(c) || next(c, '}')) return -1; /* the object's end before "records": none */
+    }
+    ws(c);
+    if (c->p >= c->end || *c->p != '[') return -1;
+    c->p++;
+    ws(c);
+    return c->p < c->end && *c->p == ']' ? 0 : 1;
+}
+
+/* The "records" array's sequence numbers, or -1. */
+static int scan(Cursor *c, Out *o) {
+    int at = records_array(c);
+    if (at <= 0) return at;
+    for (;;) {
+        if (record(c, o)) return -1;
+        int end = next(c, ']');
+        if (end < 0) return -1;
+        if (end) return 0;
     }
 }
 
@@ -421,22 +427,10 @@ static PyObject *datas(PyObject *self, PyObject *arg) {
     if (PyObject_GetBuffer(arg, &line, PyBUF_SIMPLE)) return NULL;
     Cursor c = {line.buf, (const char *)line.buf + line.len};
     PyObject *out = PyList_New(0);
-    const char *s;
-    Py_ssize_t n;
     if (out == NULL) goto fail;
-    ws(&c);
-    if (c.p >= c.end || *c.p != '{') goto none;
-    c.p++;
-    for (;;) {
-        if (key(&c, &s, &n)) goto none;
-        if (is(s, n, "records")) break;
-        if (skip(&c) || next(&c, '}')) goto none;
-    }
-    ws(&c);
-    if (c.p >= c.end || *c.p != '[') goto none;
-    c.p++;
-    ws(&c);
-    if (c.p < c.end && *c.p == ']') goto done;
+    int at = records_array(&c);
+    if (at < 0) goto none;
+    if (at == 0) goto done;
     for (;;) {
         PyObject *data = record_data(&c);
         if (data == NULL) {

@@ -113,12 +113,10 @@ def _lazy(raws: LazyRecords, positions: bool) -> LineRecords | None:
             return LineRecords(raws, None, position)
         scanned = raws.sequence_numbers()  # the usual batch, in one native pass
         parsed = Positions.scanned(*scanned[:3]) if scanned is not None else None
-        arrivals = None
+        arrivals = scanned[3] if scanned is not None else None
         if parsed is None:
             # A record that is not an object has None in every column: no position, as below.
             parsed = Position.batch(*raws.columns("sequenceNumber", "subSequenceNumber"))
-        else:
-            arrivals = scanned[3]  # (assert type(scanned[3]) is bytes)
         if None in parsed:
             return None
         return LineRecords(raws, parsed, position, arrivals)
@@ -252,7 +250,7 @@ def encoded_rows(records: Sequence[Record], index: Any, times: Any, ends: Any, l
         filled = arrival_times(records)[index[arrival]]
         times = times.copy()  # (the frame's is read-only)
         times[arrival] = filled
-        fine = not ((filled < NO_TIME) | (filled >= MAX_EVENT_TIME_MS)).any()
+        fine = not ((filled == ODD_TIME) | (filled >= MAX_EVENT_TIME_MS)).any()
     rows = rows_from_columns(records, index, times, offsets, lines) if fine else None
     if rows is not None:
         return rows, []

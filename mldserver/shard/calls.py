@@ -238,8 +238,7 @@ class HandlerCalls(Calls):
                     return outcome._replace(rows=arg.rows if collect_rows else None, failed=failed or None)
             finally:
                 if collect_rows:
-                    arg.rows.close()  # a row emitted after the call (a task left running) raises
-                    arg.rows = None  # the rows are in the outcome (or dropped): the batch no longer collects
+                    arg.stop_collecting()  # the rows are in the outcome (or dropped)
             retry = not final and attempt + 1 < attempts
             self.log.error(
                 "handler_failed",

@@ -19,10 +19,7 @@ from mldserver.api.testing import make_records
 from mldserver.pool import frames
 from mldserver.protocol.lazy import LazyRecords
 
-
-def line_of(raws: list) -> bytes:
-    return json.dumps({"action": "processRecords", "records": raws, "millisBehindLatest": 0},
-                      ensure_ascii=False).encode()
+from ..protocol.test_lazy import line_of
 
 
 def outcome(record: Record) -> object:
