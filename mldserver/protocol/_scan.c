@@ -27,8 +27,8 @@
    wrong. The line is one simdjson has already accepted (valid JSON and UTF-8); the scan
    still never reads past its end whatever it is given.
 
-   Why native: the line is mostly the records' base64 data, which the scan skips with
-   memchr; in Python the same column cost 0.3 us a record (pysimdjson's get per record
+   Why native: the line is mostly the records' base64 data, which the scan skips sixteen
+   bytes a step (SSE2, quote_or_backslash); in Python the same column cost 0.3 us a record (pysimdjson's get per record
    and the join), a third of the server's time with a sink.
 
    In a handler process, datas(line) decodes every record's base64 data from the line's
@@ -48,6 +48,9 @@
 #include <Python.h>
 #include <stdint.h>
 #include <string.h>
+#ifdef __SSE2__
+#include <emmintrin.h>
+#endif
 
 typedef struct {
     const char *p, *end;
@@ -57,25 +60,57 @@ static void ws(Cursor *c) {
     while (c->p < c->end && (*c->p == ' ' || *c->p == '\t' || *c->p == '\n' || *c->p == '\r')) c->p++;
 }
 
+/* The first quote or backslash in [q, end), or end. Sixteen bytes a step where SSE2
+   is there (every x86-64): a line is mostly strings, and reading them a byte at a time
+   (or a memchr call per string: two for a key) cost more than all the rest of the scan,
+   2.1 ms for 10,000 records of 100 B against 0.9 ms. */
+static inline const char *quote_or_backslash(const char *q, const char *end) {
+#ifdef __SSE2__
+    const __m128i quote = _mm_set1_epi8('"'), backslash = _mm_set1_epi8('\\');
+    for (; end - q >= 16; q += 16) {
+        __m128i v = _mm_loadu_si128((const __m128i *)q);
+        int mask = _mm_movemask_epi8(_mm_or_si128(_mm_cmpeq_epi8(v, quote), _mm_cmpeq_epi8(v, backslash)));
+        if (mask) return q + __builtin_ctz((unsigned)mask);
+    }
+#endif
+    while (q < end && *q != '"' && *q != '\\') q++;
+    return q;
+}
+
 /* A string at c->p (its opening quote): its raw bytes in [*s, *s + *n), and, if
    `escaped` is given, whether it holds a backslash (a key's: values are skipped or
    checked for digits); c->p past its closing quote. -1 if it does not end. */
 static int string(Cursor *c, const char **s, Py_ssize_t *n, int *escaped) {
     const char *start = c->p + 1, *q = start;
+    int backslash = 0;
     for (;;) {
-        const char *e = q < c->end ? memchr(q, '"', (size_t)(c->end - q)) : NULL;
-        if (e == NULL) return -1;
-        const char *b = e;
-        while (b > start && b[-1] == '\\') b--;
-        if ((e - b) % 2 == 0) { /* an even run of backslashes: the quote ends the string */
-            *s = start;
-            *n = e - start;
-            if (escaped != NULL) *escaped = memchr(start, '\\', (size_t)(e - start)) != NULL;
-            c->p = e + 1;
-            return 0;
-        }
-        q = e + 1;
+        q = quote_or_backslash(q, c->end);
+        if (q >= c->end) return -1;
+        if (*q == '"') break;
+        backslash = 1;
+        q += 2; /* the backslash and the character it escapes (a quote too) */
     }
+    *s = start;
+    *n = q - start;
+    if (escaped != NULL) *escaped = backslash;
+    c->p = q + 1;
+    return 0;
+}
+
+/* Are the n bytes at s all ASCII digits? */
+static int digits(const char *s, Py_ssize_t n) {
+    Py_ssize_t i = 0;
+#ifdef __SSE2__
+    const __m128i below = _mm_set1_epi8('0' - 1), above = _mm_set1_epi8('9' + 1);
+    for (; n - i >= 16; i += 16) {  /* (a byte past 127 compares as negative: not a digit) */
+        __m128i v = _mm_loadu_si128((const __m128i *)(s + i));
+        if (_mm_movemask_epi8(_mm_and_si128(_mm_cmpgt_epi8(v, below), _mm_cmplt_epi8(v, above))) != 0xffff)
+            return 0;
+    }
+#endif
+    for (; i < n; i++)
+        if (s[i] < '0' || s[i] > '9') return 0;
+    return 1;
 }
 
 static int delimiter(char ch) {
@@ -119,9 +154,10 @@ static int key(Cursor *c, const char **s, Py_ssize_t *n) {
     return 0;
 }
 
-static int is(const char *s, Py_ssize_t n, const char *word) {
-    return (size_t)n == strlen(word) && memcmp(s, word, (size_t)n) == 0;
+static int is_(const char *s, Py_ssize_t n, const char *word, size_t size) {
+    return (size_t)n == size && memcmp(s, word, size) == 0;
 }
+#define is(s, n, word) is_((s), (n), (word), sizeof(word) - 1) /* word: a literal */
 
 /* After a member: 1 at the object's (or array's) close, 0 at a comma, -1 otherwise. */
 static int next(Cursor *c, char close) {
@@ -206,9 +242,7 @@ static int record(Cursor *c, Out *o) {
         if (is(s, n, "sequenceNumber")) {
             ws(c);
             if (seq != NULL || c->p >= c->end || *c->p != '"' || string(c, &seq, &seq_n, NULL)) return -1;
-            if (seq_n == 0) return -1;
-            for (Py_ssize_t i = 0; i < seq_n; i++)
-                if (seq[i] < '0' || seq[i] > '9') return -1;
+            if (seq_n == 0 || !digits(seq, seq_n)) return -1;
         } else if (is(s, n, "subSequenceNumber")) {
             ws(c);
             const char *v = c->p;
