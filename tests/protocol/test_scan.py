@@ -176,3 +176,31 @@ def test_decode_records_takes_the_scanned_positions_for_a_sink():
     assert bad == [] and isinstance(records, LineRecords)
     eager, _ = decode_records(raws, deaggregate_kpl=False, positions=True)
     assert isinstance(records.positions, Positions) and list(records.positions) == [r.position for r in eager]
+
+
+# Strings long enough for the scan's sixteen-byte steps (SSE2), quotes and backslashes
+# anywhere in them: at a step's last byte, an escape pair split across two steps.
+_long_text = st.text(alphabet=st.sampled_from(['"', "\\", "a", "é", "\n", "/", "0"]), min_size=0, max_size=80)
+
+
+@st.composite
+def long_string_lines(draw) -> bytes:
+    records = []
+    for i in range(draw(st.integers(1, 5))):
+        members = {"data": draw(_long_text), "partitionKey": draw(_long_text),
+                   "sequenceNumber": draw(st.from_regex(r"\A[0-9]{1,60}\Z")), "approximateArrivalTimestamp": i}
+        if draw(st.booleans()):
+            members["pad"] = "x" * draw(st.integers(0, 40))  # shifts where the next strings start
+        records.append(json.dumps(dict(draw(st.permutations(list(members.items())))), ensure_ascii=False))
+    return ('{"action":"processRecords","records":[' + ",".join(records) + '],"millisBehindLatest":0}').encode()
+
+
+@settings(max_examples=300, deadline=None)
+@given(long_string_lines(), st.integers(0, 10_000))
+def test_long_strings_with_escapes_anywhere_scan_as_the_columns_read_them_and_a_cut_batch_is_refused(line, cut):
+    assert scanned(line) == columns(line)
+    from mldserver.protocol._scan import datas, sequence_numbers
+
+    short = line[: cut % len(line)]  # the scan never reads past a line's end, wherever it is cut
+    if len(short) <= line.rindex(b"]"):  # cut inside the records: not read (past them, the rest is not looked at)
+        assert sequence_numbers(short) is None and datas(short) is None
