@@ -178,9 +178,16 @@ def test_decode_records_takes_the_scanned_positions_for_a_sink():
     assert isinstance(records.positions, Positions) and list(records.positions) == [r.position for r in eager]
 
 
-# Strings long enough for the scan's sixteen-byte steps (SSE2), quotes and backslashes
-# anywhere in them: at a step's last byte, an escape pair split across two steps.
-_long_text = st.text(alphabet=st.sampled_from(['"', "\\", "a", "é", "\n", "/", "0"]), min_size=0, max_size=80)
+# Strings long enough for the scan's sixteen-byte steps (SSE2) and for its long-string
+# path (memchr past 64 bytes), quotes and backslashes anywhere in them: at a step's last
+# byte, an escape pair split across two steps, an escaped quote after a long plain run.
+_plain = st.builds(lambda n, rest: "a/é0"[n % 4] * n + rest, st.integers(0, 150),
+                   st.text(alphabet=st.sampled_from(["a", "é", "/", "0"]), max_size=8))
+_long_text = st.one_of(
+    st.text(alphabet=st.sampled_from(['"', "\\", "a", "é", "\n", "/", "0"]), max_size=80),
+    st.lists(st.tuples(_plain, st.sampled_from(['"', "\\", "\n", "\\\"", ""])), max_size=4).map(
+        lambda runs: "".join(run + special for run, special in runs)),
+)
 
 
 @st.composite
