@@ -228,8 +228,8 @@ class ProcessCalls(Calls):
                     frame: dict[str, Any], action: str) -> tuple[dict[str, Any], bytes]:
         """The call ran past ``execution_timeout``: its stack taken, then it is stopped
         alone (cancelled, or interrupted where it blocks the loop); its process is killed
-        only if it has not ended ``STOP_GRACE`` seconds later. _TimedOut, or the call's
-        answer if it ended well after all."""
+        only if it has not ended ``STOP_GRACE`` seconds later, its stack taken again first
+        (where it would not stop). _TimedOut, or the call's answer if it ended well after all."""
         assert self.shard is not None
         blocking = proc.running() == frame["id"]
         stack = await proc.stack() if blocking else ""  # (an awaiting call's is in its traceback)
@@ -241,7 +241,9 @@ class ProcessCalls(Calls):
                 return message, body  # it ended before the stop reached it
             raise _TimedOut(INTERRUPTED if blocking else CANCELLED, message.get("traceback") or stack)
         if proc.alive:
-            stack = await proc.kill_for(frame["id"], (self.shard.shard_id, action), stack=not stack) or stack
+            # Its stack again, where it would not stop: the one taken at its time-out may
+            # show it short of where it blocks (a starved process reaches it late).
+            stack = await proc.kill_for(frame["id"], (self.shard.shard_id, action)) or stack
         raise _TimedOut(KILLED, stack)
 
     async def _settled(self) -> None:

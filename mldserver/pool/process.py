@@ -370,7 +370,7 @@ class HandlerProcess:
 
     async def kill_for(self, call_id: int, what: tuple[str, str], stack: bool = True) -> str:
         """A call of ``what`` (shard id, action) ran past its time: every thread's stack
-        (unless taken already), then the process killed, its death blamed on ``call_id``."""
+        (unless ``stack`` is false), then the process killed, its death blamed on ``call_id``."""
         self.killed_for, self.killed_what = call_id, what
         text = await self.stack() if stack else ""
         self.kill()
