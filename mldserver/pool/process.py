@@ -368,11 +368,11 @@ class HandlerProcess:
         except (ProcessDied, ProcessLookupError):
             pass  # its death is noticed by the reader
 
-    async def kill_for(self, call_id: int, what: tuple[str, str], stack: bool = True) -> str:
-        """A call of ``what`` (shard id, action) ran past its time: every thread's stack
-        (unless ``stack`` is false), then the process killed, its death blamed on ``call_id``."""
+    async def kill_for(self, call_id: int, what: tuple[str, str]) -> str:
+        """A call of ``what`` (shard id, action) ran past its time: every thread's stack,
+        then the process killed, its death blamed on ``call_id``."""
         self.killed_for, self.killed_what = call_id, what
-        text = await self.stack() if stack else ""
+        text = await self.stack()
         self.kill()
         return text
 
