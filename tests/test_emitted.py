@@ -7,8 +7,29 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from mldserver.api.emitted import Emitted, EmittedRows
+from mldserver.api import emitted
+from mldserver.api.emitted import Emitted, EmittedRows, PyCollector
 from mldserver.api.records import Record
+
+
+class PyEmittedRows(PyCollector):
+    """The same rows over the collector in Python (a package built without a C compiler)."""
+
+    __slots__ = ()
+
+
+for _name in ("of", "sizes", "drop", "each", "__getitem__", "__iter__"):
+    setattr(PyEmittedRows, _name, EmittedRows.__dict__[_name])
+
+
+@pytest.fixture(params=["native", "python"], autouse=True)
+def implementation(request, monkeypatch):
+    """Every test against both collectors: the native one (``_emitted.c``) and Python's."""
+    if request.param == "native":
+        assert EmittedRows.__mro__[1] is not PyCollector, "the native collector was not built (setup.py)"
+    else:
+        monkeypatch.setattr(emitted, "EmittedRows", PyEmittedRows)
+        monkeypatch.setitem(globals(), "EmittedRows", PyEmittedRows)
 
 
 def records(n):
@@ -55,3 +76,40 @@ def test_a_row_emitted_after_the_call_raises_saying_so():
     with pytest.raises(RuntimeError, match="batch.emit called after process_records returned"):
         rows.add(None, {"k": 2}, None)
     assert rows.lines() == b'{"k":1}\n'
+
+
+def test_emit_takes_its_arguments_by_name_and_says_what_is_missing():
+    a, = records(1)
+    rows = EmittedRows()
+    rows.add(record=a, row={"k": 1}, event_time_ms=5)
+    rows.add(a, {"k": 2}, event_time_ms=None)
+    assert rows.records == [a, a] and rows.times == [5, None] and rows.timed == 1
+    with pytest.raises(TypeError, match="row"):
+        rows.add(a)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'time'"):
+        rows.add(a, {"k": 3}, time=5)
+    assert len(rows) == 2
+
+
+def test_while_the_rows_are_being_sent_none_is_added_or_taken_back():
+    a, b = records(2)
+    rows = EmittedRows.of([(a, {"k": 1}, None), (b, {"k": 2}, 9)])
+    view = rows.view()
+    assert bytes(view) == b'{"k":1}\n{"k":2}\n' and memoryview(rows.ends()).cast("Q").tolist() == [8, 16]
+    with pytest.raises(BufferError):
+        rows.add(a, {"k": 3})
+    with pytest.raises(BufferError):
+        rows.truncate(0)
+    view.release()
+    rows.add(a, {"k": 3})
+    assert len(rows) == 3 and rows.sizes == [8, 8, 8]
+
+
+def test_a_truncate_counts_the_timed_rows_again():
+    a, = records(1)
+    rows = EmittedRows.of([(a, {"k": 1}, 5), (a, {"k": 2}, None), (a, {"k": 3}, 7)])
+    assert rows.timed == 2
+    rows.truncate(2)
+    assert rows.timed == 1 and rows.times == [5, None]
+    rows.truncate(0)
+    assert rows.timed == 0 and len(rows) == 0 and rows.lines() == b""

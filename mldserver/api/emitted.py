@@ -28,6 +28,7 @@ positions) and checked there too::
 from __future__ import annotations
 
 import io
+from array import array
 from typing import Any, Iterator, NamedTuple
 
 import orjson
@@ -37,9 +38,12 @@ Record = Any  # (``records.Record``, which imports this module: named, not impor
 _dumps, _OPT = orjson.dumps, orjson.OPT_APPEND_NEWLINE
 
 
+AFTER_THE_CALL = ("batch.emit called after process_records returned: the row is not kept; "
+                  "emit inside the call (await the tasks that emit before returning)")
+
+
 def _emitted_after_the_call(line: bytes) -> int:
-    raise RuntimeError("batch.emit called after process_records returned: the row is not kept; "
-                       "emit inside the call (await the tasks that emit before returning)")
+    raise RuntimeError(AFTER_THE_CALL)
 
 
 class Emitted(NamedTuple):
@@ -50,16 +54,80 @@ class Emitted(NamedTuple):
     event_time_ms: int | None
 
 
-class EmittedRows:
-    __slots__ = ("_buffer", "_write", "sizes", "records", "times", "bad")
+class PyCollector:
+    """The native ``Collector``'s steps in Python (installed without a C compiler)."""
+
+    __slots__ = ("_buffer", "_write", "_ends", "records", "times", "bad", "timed", "_closed")
 
     def __init__(self) -> None:
         self._buffer = io.BytesIO()
         self._write = self._buffer.write
-        self.sizes: list[int] = []  # each row's JSON line, its newline included
+        self._ends: list[int] = []  # where each row's JSON line ends, its newline included
         self.records: list[Record] = []  # each row's record
         self.times: list[Any] = []  # each row's event time as given (None: none given)
         self.bad: list[tuple[Record, str]] = []  # rows orjson could not encode: their record, why
+        self.timed = 0  # rows given an event time
+        self._closed = False
+
+    def add(self, record: Record, row: Any, event_time_ms: Any = None) -> None:
+        try:
+            line = _dumps(row, None, _OPT)
+        except TypeError as exc:  # (orjson.JSONEncodeError)
+            self.bad.append((record, f"row not JSON-encodable: {exc}"))
+            return
+        self._write(line)
+        self._ends.append(self._buffer.tell())
+        self.records.append(record)
+        self.times.append(event_time_ms)
+        if event_time_ms is not None:
+            self.timed += 1
+
+    def append_line(self, record: Record, line: bytes, event_time_ms: Any) -> None:
+        self._buffer.write(line)  # (closed or not: ``drop`` keeps what was emitted)
+        self._ends.append(self._buffer.tell())
+        self.records.append(record)
+        self.times.append(event_time_ms)
+        if event_time_ms is not None:
+            self.timed += 1
+
+    def truncate(self, n: int) -> None:
+        if n < len(self._ends):
+            end = self._ends[n - 1] if n > 0 else 0
+            self._buffer.truncate(end)  # (BufferError while a view is held: nothing changed)
+            self._buffer.seek(end)
+            del self._ends[n:], self.records[n:], self.times[n:]
+            self.timed = len(self.times) - self.times.count(None)
+
+    def close(self) -> None:
+        self._closed = True
+        self._write = _emitted_after_the_call
+
+    def lines(self) -> bytes:
+        return self._buffer.getvalue()
+
+    def view(self) -> memoryview:
+        return self._buffer.getbuffer()
+
+    def ends(self) -> bytes:
+        return array(_U64, self._ends).tobytes()
+
+    def __len__(self) -> int:
+        return len(self._ends)
+
+
+try:  # the native collector (setup.py builds it)
+    from ._emitted import Collector
+except ImportError:  # pragma: no cover  (installed without a C compiler)
+    Collector = PyCollector  # type: ignore[misc,assignment]
+
+_U64 = "Q"
+
+
+class EmittedRows(Collector):  # type: ignore[misc,valid-type]
+    """What a batch's handler emitted: ``add`` is ``batch.emit`` (the collector's own);
+    the rest reads the rows back, or takes some out."""
+
+    __slots__ = ()
 
     @classmethod
     def of(cls, emitted: Any) -> EmittedRows:
@@ -69,74 +137,38 @@ class EmittedRows:
             rows.add(record, row, t)
         return rows
 
-    def add(self, record: Record, row: Any, event_time_ms: Any = None) -> None:
-        try:
-            line = _dumps(row, None, _OPT)
-        except TypeError as exc:  # (orjson.JSONEncodeError)
-            self.bad.append((record, f"row not JSON-encodable: {exc}"))
-            return
-        self.sizes.append(self._write(line))
-        self.records.append(record)
-        self.times.append(event_time_ms)
-
-    def __len__(self) -> int:
-        return len(self.sizes)
-
-    def lines(self) -> bytes:
-        """The rows' JSON lines, back to back."""
-        return self._buffer.getvalue()
-
-    def close(self) -> None:
-        """The call is over: a row emitted now (a task the handler left running, with
-        ``batch.emit`` kept from the call) raises, saying so, instead of going nowhere."""
-        self._write = _emitted_after_the_call
-
-    def view(self) -> memoryview:
-        """The rows' JSON lines where they were written, not copied (to send them):
-        no row may be added or taken back while it is held."""
-        return self._buffer.getbuffer()
-
-    def truncate(self, n: int) -> None:
-        """Only the first ``n`` rows stay (a failed attempt's rows taken back)."""
-        if n < len(self.sizes):
-            self._buffer.seek(sum(self.sizes[:n]))
-            self._buffer.truncate()
-            del self.sizes[n:], self.records[n:], self.times[n:]
+    @property
+    def sizes(self) -> list[int]:
+        """Each row's JSON line's size, its newline included."""
+        ends = memoryview(self.ends()).cast(_U64).tolist()
+        return [end - start for start, end in zip([0, *ends], ends)]
 
     def drop(self, gone: set[int]) -> None:
         """The rows of these records (``id``) taken out, the others kept in order."""
         if not any(id(r) in gone for r in self.records):
             return
         kept = [(line, record, t) for line, record, t in self.each() if id(record) not in gone]
-        self._buffer = io.BytesIO()
-        self._write = self._buffer.write
-        self.sizes, self.records, self.times = [], [], []
+        self.truncate(0)
         for line, record, t in kept:
-            self.sizes.append(self._write(line))
-            self.records.append(record)
-            self.times.append(t)
+            self.append_line(record, line, t)
 
     def each(self) -> Iterator[tuple[bytes, Record, Any]]:
         """Each row as it is kept: its JSON line (its newline included), its record,
         its event time as given."""
         lines, start = self.lines(), 0
-        for size, record, t in zip(self.sizes, self.records, self.times):
-            yield lines[start : start + size], record, t
-            start += size
+        for end, record, t in zip(memoryview(self.ends()).cast(_U64).tolist(), self.records, self.times):
+            yield lines[start:end], record, t
+            start = end
 
     def __getitem__(self, i: int) -> Emitted:
-        n = len(self.sizes)
+        n = len(self)
         if i < 0:
             i += n
         if not 0 <= i < n:
             raise IndexError("row index out of range")
-        start = sum(self.sizes[:i])
-        line = self._buffer.getbuffer()[start : start + self.sizes[i]]
-        try:
-            row = orjson.loads(line)
-        finally:
-            line.release()
-        return Emitted(self.records[i], row, self.times[i])
+        ends = memoryview(self.ends()).cast(_U64)
+        line = self.lines()[ends[i - 1] if i else 0 : ends[i]]
+        return Emitted(self.records[i], orjson.loads(line), self.times[i])
 
     def __iter__(self) -> Iterator[Emitted]:
-        return map(self.__getitem__, range(len(self.sizes)))
+        return map(self.__getitem__, range(len(self)))

@@ -70,7 +70,7 @@ from __future__ import annotations
 
 import struct
 from array import array
-from itertools import accumulate, repeat
+from itertools import repeat
 from operator import is_
 from typing import Any, Iterable, Literal, NamedTuple, NotRequired, Sequence, TypedDict
 
@@ -279,7 +279,7 @@ def encode_rows(emitted: EmittedRows | Iterable[tuple[Any, Any, Any]],
     given = row_times(emitted.records, emitted.times) if read_arrivals else emitted.times
     none = NO_TIME if read_arrivals else ARRIVAL_TIME  # what a time of None is sent as
     n = len(given)
-    if given.count(None) == n:  # (the usual batch: no event time given)
+    if not read_arrivals and not emitted.timed:  # (the usual batch: no event time given)
         times = array(_I64, [none]) * n
     elif times_valid(given):
         times = array(_I64, [none if t is None else t for t in given] if None in given else given)
@@ -287,8 +287,7 @@ def encode_rows(emitted: EmittedRows | Iterable[tuple[Any, Any, Any]],
         times = None
     if times is not None:
         idx = record_indexes(emitted.records, records)
-        ends = array(_U64, accumulate(emitted.sizes))
-        return len(idx), [idx, times, ends, emitted.view()], bad
+        return len(idx), [idx, times, emitted.ends(), emitted.view()], bad
     idx, times, ends = array(_U32), array(_I64), array(_U64)
     body = bytearray()
     for (line, record, t), i in zip(emitted.each(), record_indexes(emitted.records, records)):

@@ -210,7 +210,7 @@ def encode_rows(emitted: EmittedRows | EncodedRows | Iterable[tuple[Any, Any, An
         import numpy as np
 
         offsets = np.zeros(len(emitted) + 1, dtype=np.int64)
-        np.cumsum(emitted.sizes, out=offsets[1:])
+        offsets[1:] = np.frombuffer(emitted.ends(), dtype=np.uint64)
         rows = rows_from_columns(emitted.records, None, times, offsets, emitted.lines())
         if rows is not None:
             return rows, bad
