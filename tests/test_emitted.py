@@ -18,8 +18,9 @@ class PyEmittedRows(PyCollector):
     __slots__ = ()
 
 
-for _name in ("of", "sizes", "drop", "each", "__getitem__", "__iter__"):
-    setattr(PyEmittedRows, _name, EmittedRows.__dict__[_name])
+for _name, _value in vars(EmittedRows).items():  # everything EmittedRows adds to its collector
+    if _name not in ("__module__", "__doc__", "__qualname__", "__slots__"):
+        setattr(PyEmittedRows, _name, _value)
 
 
 @pytest.fixture(params=["native", "python"], autouse=True)

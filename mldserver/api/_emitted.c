@@ -63,13 +63,11 @@ static int grow(void **p, Py_ssize_t *cap, Py_ssize_t need, size_t item) {
     return 0;
 }
 
-static int open_(Collector *self) {
-    if (self->closed) {
-        PyErr_SetString(PyExc_RuntimeError, AFTER_THE_CALL);
-        return -1;
-    }
+/* -1 with BufferError while a view of the lines is held (they may move or be cut). */
+static int unheld(Collector *self) {
     if (self->exports) {
-        PyErr_SetString(PyExc_BufferError, "the rows are being sent (a view of them is held): none may be added");
+        PyErr_SetString(PyExc_BufferError, "the rows are being sent (a view of them is held): none may be added "
+                                            "or taken back");
         return -1;
     }
     return 0;
@@ -134,7 +132,11 @@ static PyObject *add(Collector *self, PyObject *const *args, Py_ssize_t nargs, P
     static const char *const names[] = {"record", "row", "event_time_ms"};
     PyObject *a[3];
     if (unpack(args, nargs, kwnames, names, 2, 3, a, "emit") < 0) return NULL;
-    if (open_(self) < 0) return NULL;
+    if (self->closed) {
+        PyErr_SetString(PyExc_RuntimeError, AFTER_THE_CALL);
+        return NULL;
+    }
+    if (unheld(self) < 0) return NULL;
     PyObject *t = a[2] ? a[2] : Py_None;
     PyObject *call[3] = {a[1], Py_None, option};
     PyObject *line = PyObject_Vectorcall(dumps, call, 3, NULL);
@@ -167,10 +169,7 @@ static PyObject *append_line(Collector *self, PyObject *const *args, Py_ssize_t 
         PyErr_SetString(PyExc_TypeError, "append_line(record, line, event_time_ms)");
         return NULL;
     }
-    if (self->exports) {
-        PyErr_SetString(PyExc_BufferError, "the rows are being sent (a view of them is held): none may be added");
-        return NULL;
-    }
+    if (unheld(self) < 0) return NULL;
     Py_buffer view;
     if (PyObject_GetBuffer(args[1], &view, PyBUF_SIMPLE) < 0) return NULL;
     int failed = append(self, args[0], view.buf, view.len, args[2]);
@@ -184,10 +183,7 @@ static PyObject *truncate_(Collector *self, PyObject *arg) {
     if (n == -1 && PyErr_Occurred()) return NULL;
     if (n < 0) n = 0;
     if (n >= self->n) Py_RETURN_NONE;
-    if (self->exports) {
-        PyErr_SetString(PyExc_BufferError, "the rows are being sent (a view of them is held): none may be taken back");
-        return NULL;
-    }
+    if (unheld(self) < 0) return NULL;
     if (PyList_SetSlice(self->records, n, PY_SSIZE_T_MAX, NULL) < 0 ||
         PyList_SetSlice(self->times, n, PY_SSIZE_T_MAX, NULL) < 0)
         return NULL;
@@ -240,10 +236,7 @@ static int init(Collector *self, PyObject *args, PyObject *kwargs) {
         PyErr_SetString(PyExc_TypeError, "Collector() takes no arguments");
         return -1;
     }
-    if (self->exports) {
-        PyErr_SetString(PyExc_BufferError, "a view of the rows is held");
-        return -1;
-    }
+    if (unheld(self) < 0) return -1;
     Py_XSETREF(self->records, PyList_New(0));
     Py_XSETREF(self->times, PyList_New(0));
     Py_XSETREF(self->bad, PyList_New(0));

@@ -38,12 +38,9 @@ Record = Any  # (``records.Record``, which imports this module: named, not impor
 _dumps, _OPT = orjson.dumps, orjson.OPT_APPEND_NEWLINE
 
 
-AFTER_THE_CALL = ("batch.emit called after process_records returned: the row is not kept; "
-                  "emit inside the call (await the tasks that emit before returning)")
-
-
 def _emitted_after_the_call(line: bytes) -> int:
-    raise RuntimeError(AFTER_THE_CALL)
+    raise RuntimeError("batch.emit called after process_records returned: the row is not kept; "
+                       "emit inside the call (await the tasks that emit before returning)")
 
 
 class Emitted(NamedTuple):
@@ -57,7 +54,7 @@ class Emitted(NamedTuple):
 class PyCollector:
     """The native ``Collector``'s steps in Python (installed without a C compiler)."""
 
-    __slots__ = ("_buffer", "_write", "_ends", "records", "times", "bad", "timed", "_closed")
+    __slots__ = ("_buffer", "_write", "_ends", "records", "times", "bad", "timed")
 
     def __init__(self) -> None:
         self._buffer = io.BytesIO()
@@ -67,7 +64,6 @@ class PyCollector:
         self.times: list[Any] = []  # each row's event time as given (None: none given)
         self.bad: list[tuple[Record, str]] = []  # rows orjson could not encode: their record, why
         self.timed = 0  # rows given an event time
-        self._closed = False
 
     def add(self, record: Record, row: Any, event_time_ms: Any = None) -> None:
         try:
@@ -75,15 +71,15 @@ class PyCollector:
         except TypeError as exc:  # (orjson.JSONEncodeError)
             self.bad.append((record, f"row not JSON-encodable: {exc}"))
             return
-        self._write(line)
-        self._ends.append(self._buffer.tell())
-        self.records.append(record)
-        self.times.append(event_time_ms)
-        if event_time_ms is not None:
-            self.timed += 1
+        self._write(line)  # (raises once closed)
+        self._keep(record, event_time_ms)
 
     def append_line(self, record: Record, line: bytes, event_time_ms: Any) -> None:
         self._buffer.write(line)  # (closed or not: ``drop`` keeps what was emitted)
+        self._keep(record, event_time_ms)
+
+    def _keep(self, record: Record, event_time_ms: Any) -> None:
+        """The line just written: where it ends, its record and time."""
         self._ends.append(self._buffer.tell())
         self.records.append(record)
         self.times.append(event_time_ms)
@@ -99,7 +95,6 @@ class PyCollector:
             self.timed = len(self.times) - self.times.count(None)
 
     def close(self) -> None:
-        self._closed = True
         self._write = _emitted_after_the_call
 
     def lines(self) -> bytes:
@@ -140,8 +135,12 @@ class EmittedRows(Collector):  # type: ignore[misc,valid-type]
     @property
     def sizes(self) -> list[int]:
         """Each row's JSON line's size, its newline included."""
-        ends = memoryview(self.ends()).cast(_U64).tolist()
+        ends = self._offsets()
         return [end - start for start, end in zip([0, *ends], ends)]
+
+    def _offsets(self) -> list[int]:
+        """Where each row's line ends in ``lines()``."""
+        return memoryview(self.ends()).cast(_U64).tolist()
 
     def drop(self, gone: set[int]) -> None:
         """The rows of these records (``id``) taken out, the others kept in order."""
@@ -156,7 +155,7 @@ class EmittedRows(Collector):  # type: ignore[misc,valid-type]
         """Each row as it is kept: its JSON line (its newline included), its record,
         its event time as given."""
         lines, start = self.lines(), 0
-        for end, record, t in zip(memoryview(self.ends()).cast(_U64).tolist(), self.records, self.times):
+        for end, record, t in zip(self._offsets(), self.records, self.times):
             yield lines[start:end], record, t
             start = end
 
@@ -166,9 +165,10 @@ class EmittedRows(Collector):  # type: ignore[misc,valid-type]
             i += n
         if not 0 <= i < n:
             raise IndexError("row index out of range")
-        ends = memoryview(self.ends()).cast(_U64)
-        line = self.lines()[ends[i - 1] if i else 0 : ends[i]]
-        return Emitted(self.records[i], orjson.loads(line), self.times[i])
+        ends = self._offsets()
+        with self.view() as lines:  # (read in place: the view is let go at once)
+            row = orjson.loads(lines[ends[i - 1] if i else 0 : ends[i]])
+        return Emitted(self.records[i], row, self.times[i])
 
     def __iter__(self) -> Iterator[Emitted]:
-        return map(self.__getitem__, range(len(self)))
+        return (Emitted(record, orjson.loads(line), t) for line, record, t in self.each())
