@@ -44,6 +44,19 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.xdist_group("realdaemon"))
 
 
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A failing test's report ends with the last lines of each server it started (their
+    logs are in its temporary folder, gone with the machine CI ran on)."""
+    if call.when == "setup":
+        ServerProcess.started.clear()
+    outcome = yield
+    report = outcome.get_result()
+    if report.failed:
+        for server in ServerProcess.started:
+            report.sections.append((f"server {' '.join(server.args[:2])} ({call.when})", server.tail()))
+
+
 @pytest.fixture
 def serve(tmp_path):
     servers: list[ServerProcess] = []

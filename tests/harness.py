@@ -137,8 +137,11 @@ class ServerProcess:
     the test looks at (``code``, ``stderr``). Either way the admin endpoint is on a free
     port unless ``extra`` names one (never the default port, which another test may hold)."""
 
+    started: list[ServerProcess] = []  # this test's servers, for its failure report (conftest.py)
+
     def __init__(self, handler: str | None, tmp_path: Path, *extra: str, env: dict[str, str] | None = None,
                  cwd: Path | None = None, timeout: float = 180.0) -> None:
+        ServerProcess.started.append(self)
         args = list(extra)
         if handler is not None:
             name = stem = f"server-{handler.replace(':', '_')}"
@@ -195,6 +198,17 @@ class ServerProcess:
     @property
     def stderr(self) -> str:
         return self.stderr_path.read_text(errors="replace")
+
+    def tail(self, lines: int = 60) -> str:
+        """The last ``lines`` of its log (and of its stderr, if the log is elsewhere): what a
+        failing test's report shows of it."""
+        code = self.proc.poll()
+        out = [f"--- mldserver serve {'running' if code is None else f'exited {code}'}"]
+        for path in dict.fromkeys((self.log_path, self.stderr_path)):
+            text = path.read_text(errors="replace").splitlines() if path.exists() else []
+            out.append(f"--- {path} (last {min(lines, len(text))} of {len(text)} lines)")
+            out.extend(text[-lines:])
+        return "\n".join(out)
 
     @property
     def admin_url(self) -> str | None:

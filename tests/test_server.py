@@ -56,6 +56,17 @@ def test_missing_handler_says_what_to_pass():
     assert result.returncode == 2 and "--handler MODULE:ATTR" in result.stderr
 
 
+def test_a_server_killed_by_a_fatal_signal_leaves_every_threads_stack_on_stderr(serve):
+    """A crash in native code (a sink's, a library's) is a fatal signal: its stderr says
+    where each thread was, which is all a crash report has to go on."""
+    server = serve("tests.handlers:Noop")
+    server.proc.send_signal(signal.SIGSEGV)
+    assert server.proc.wait(20) == -signal.SIGSEGV
+    said = server.stderr
+    assert "Fatal Python error: Segmentation fault" in said
+    assert "Current thread 0x" in said and "\nThread 0x" in said  # the loop's, and the trimmer's (base/malloc.py)
+
+
 async def test_logs_are_json_lines_and_sigterm_shuts_down_in_order(serve):
     server = serve("tests.handlers:CheckpointLast")
     daemon = FakeDaemon(f"{MLDSERVER} connect 127.0.0.1:{server.port}")

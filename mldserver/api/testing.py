@@ -137,12 +137,26 @@ class Child:
             if line.strip():
                 return line
 
+    async def ended(self, wait: float = 2.0) -> str:
+        """How the child ended, for an error: its exit status (waited ``wait`` seconds)
+        and the end of what it wrote to stderr."""
+        try:
+            code: int | str = await asyncio.wait_for(self.proc.wait(), wait)
+        except TimeoutError:
+            code = "still running"
+        try:
+            await asyncio.wait_for(asyncio.shield(self._stderr_task), 0.5)
+        except Exception:  # a time-out: what it wrote so far
+            pass
+        said = bytes(self.stderr[-600:]).decode("utf-8", "replace").strip()
+        return f"exit status {code}; its stderr: {said or 'empty'}"
+
     async def read_message(self, timeout: float = 10.0) -> dict[str, Any]:
         """The next message the daemon would accept, skipping (and recording) junk."""
         while True:
             line = await self.read_line(timeout)
             if line is None:
-                raise DaemonExit("the child's output ended before a status")
+                raise DaemonExit(f"the child's output ended before a status ({await self.ended()})")
             message = parse_child_line(line)
             if message is None:
                 self.skipped.append(line)
