@@ -75,6 +75,16 @@ class Digest(mldserver.Handler):
                                 "sha256": hashlib.sha256(record.data).hexdigest(), "pid": os.getpid()})
 
 
+class DigestAndData(mldserver.Handler):
+    """Digest's row with the record's data too (base64): a batch of 1 KiB records emits
+    rows large enough to come back in the rows arena (``pool/arena.py``)."""
+
+    async def process_records(self, batch, checkpointer):
+        for record in batch.records:
+            batch.emit(record, {"seq": record.sequence_number, "shard": batch.shard.shard_id,
+                                "sha256": hashlib.sha256(record.data).hexdigest(), "data": record.raw_data})
+
+
 class EmitCheckpoint(Emit):
     """Emits and checkpoints the batch's last record (no sink: the daemon stores it)."""
 

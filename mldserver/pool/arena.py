@@ -22,6 +22,20 @@ Bounded: the arena has a fixed size; a line that does not fit goes through the p
 as before, so a full arena never stalls a shard. Its pages are touched as lines land
 (up to the largest number of bytes in flight at once), shared by both processes, and
 gone with them: the memory has no name in any file system.
+
+The rows a batch emitted come back the same way, in a second arena the process
+allocates in (``rows_arena``: the same class, on the process's side), the server
+mapping it read-only (``ArenaView``). A batch's rows body, megabytes, was written into
+the pipe, read out in pieces and joined: now the process copies its parts into a
+region, and the server copies the region out once when the ``done`` frame naming it
+arrives, then hands the region back (a ``free`` frame). One owner at a time again:
+the process's from ``put`` until that ``free`` arrives::
+
+    rows = Arena(fd, size)                     # the process, over the fd the server passed
+    region = rows.put(index, times, ends, lines)   # the body's parts, one after another; or None
+    done["rows_arena"] = region                # the done frame names it instead of carrying a body
+    body = bytes(view.region(*region))         # the server, at that done frame: one copy out
+    rows.free(region)                          # the process, at the server's {"op": "free"}
 """
 
 from __future__ import annotations
@@ -29,10 +43,14 @@ from __future__ import annotations
 import bisect
 import mmap
 import os
+from typing import Any
 
 # The arena of each handler process: at 32 shards over two processes, 16 lines of 1,000
 # 1 KiB records (1.4 MB each) are in flight in each; larger batches beyond it take the pipe.
 ARENA_BYTES = 64 << 20
+# The rows arena of each handler process: the rows of the batches whose done frames the
+# server has not read yet (a region is handed back as soon as it has).
+ROWS_ARENA_BYTES = 64 << 20
 # Smaller bodies take the pipe: a write of a few KiB costs less than a region's bookkeeping.
 ARENA_MIN = 32 << 10
 _ALIGN = 64
@@ -53,36 +71,34 @@ class Arena:
 
     @classmethod
     def create(cls, size: int = ARENA_BYTES) -> Arena:
-        """Anonymous shared memory of ``size`` bytes (memfd; an unlinked temporary file
-        where there is none). Its fd is inheritable: pass it to the process (``pass_fds``)."""
-        if hasattr(os, "memfd_create"):
-            fd = os.memfd_create("mldserver-arena", 0)
-        else:  # pragma: no cover  (macOS)
-            import tempfile  # (only here: a handler process, which imports this module, needs none of it)
-
-            fd, path = tempfile.mkstemp(prefix="mldserver-arena-")
-            os.unlink(path)
+        """Anonymous shared memory of ``size`` bytes (``shared_memory``), pass its fd to
+        the process (``pass_fds``)."""
+        fd = shared_memory(size)
         try:
-            os.ftruncate(fd, size)
-            os.set_inheritable(fd, True)
             return cls(fd, size)
         except BaseException:
             os.close(fd)
             raise
 
-    def put(self, data: bytes) -> Region | None:
-        """``data`` copied into a free region, or None if no free region is large enough."""
-        need = -(-len(data) // _ALIGN) * _ALIGN
+    def put(self, *parts: Any) -> Region | None:
+        """``parts`` (bytes-like) copied one after another into a free region: its
+        (offset, size), or None if no free region is large enough."""
+        views = [memoryview(part).cast("B") for part in parts]
+        length = sum(map(len, views))
+        need = -(-length // _ALIGN) * _ALIGN
         for i, (offset, size) in enumerate(self._free):
             if size >= need:
                 if size == need:
                     del self._free[i]
                 else:
                     self._free[i] = (offset + need, size - need)
-                self.map[offset : offset + len(data)] = data
+                at = offset
+                for view in views:
+                    self.map[at : at + len(view)] = view
+                    at += len(view)
                 self.used += need
                 self.puts += 1
-                return offset, len(data)
+                return offset, length
         self.misses += 1
         return None
 
@@ -107,8 +123,28 @@ class Arena:
         os.close(self.fd)
 
 
+def shared_memory(size: int) -> int:
+    """The fd of anonymous shared memory of ``size`` bytes (memfd; an unlinked temporary
+    file where there is none), inheritable: a handler process gets it with ``pass_fds``."""
+    if hasattr(os, "memfd_create"):
+        fd = os.memfd_create("mldserver-arena", 0)
+    else:  # pragma: no cover  (macOS)
+        import tempfile  # (only here: a handler process, which imports this module, needs none of it)
+
+        fd, path = tempfile.mkstemp(prefix="mldserver-arena-")
+        os.unlink(path)
+    try:
+        os.ftruncate(fd, size)
+        os.set_inheritable(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
 class ArenaView:
-    """The process's side: the server's arena, mapped read-only."""
+    """The reading side, mapped read-only: the process's view of the server's arena,
+    the server's of the process's rows arena."""
 
     def __init__(self, fd: int, size: int) -> None:
         self.map = mmap.mmap(fd, size, prot=mmap.PROT_READ)
@@ -117,3 +153,7 @@ class ArenaView:
 
     def region(self, offset: int, size: int) -> memoryview:
         return self._view[offset : offset + size]
+
+    def close(self) -> None:
+        self._view.release()
+        self.map.close()

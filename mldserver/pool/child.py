@@ -74,7 +74,7 @@ from ..timers import api as timers_api
 from ..timers import pending as timer_ops
 from ..timers import remote as timers_remote
 from ..timers.api import TimerError
-from .arena import ArenaView
+from .arena import ARENA_MIN, Arena, ArenaView
 from .frames import BEAT, BEAT_AT, RUN, STATE_SIZE, STOP, STOP_AT, WATCH_INTERVAL, CallFrame, StartFrame, encode, encode_head, encode_rows, read_frame_async, records_from, release
 
 log = get_logger("mldserver.handler")
@@ -198,6 +198,8 @@ class Child:
         self.running = Running(self.state + ".run")
         arena = start.get("arena")
         self.arena = ArenaView(*arena) if arena else None  # where a call's line may be
+        rows_arena = start.get("rows_arena")
+        self.rows_arena = Arena(*rows_arena) if rows_arena else None  # where a batch's rows may go back
         self.factory = load_handler(start["handler"])  # (an amazon_kclpy processor class: wrapped)
         self.context = Context(self.settings)
         self.context.bindings = Bindings(self.settings)  # its own client, opened on first use
@@ -215,6 +217,16 @@ class Child:
         self.calls: dict[asyncio.Task[Any], int] = {}
         self.what: dict[int, dict[str, str]] = {}  # call id -> shard id and action, for the watchdog
         self.beat = time.monotonic()
+
+    def send_done(self, done: dict[str, Any], rows: list[Any]) -> None:
+        """A call's ``done`` frame; its rows body, when large, in the rows arena (the
+        frame names the region), else after the frame in the pipe (the arena is full,
+        or the body small)."""
+        if self.rows_arena is not None and sum(memoryview(part).nbytes for part in rows) >= ARENA_MIN:
+            region = self.rows_arena.put(*rows)
+            if region is not None:  # the server's until its free frame
+                done, rows = {**done, "rows_arena": region}, []
+        self.send(done, rows)
 
     def send(self, message: dict[str, Any], body: bytes | list[Any] = b"") -> None:
         """A frame; its body given whole or as its parts (buffers written one after
@@ -263,6 +275,9 @@ class Child:
                     task.cancel()
         elif op == "drop":
             self.handlers.pop(message["shard"], None)
+        elif op == "free":  # the server has read a done frame's rows from the rows arena
+            if self.rows_arena is not None:
+                self.rows_arena.free(tuple(message["region"]))  # type: ignore[arg-type]
         elif op == "stop":
             return False
         return True
@@ -334,7 +349,7 @@ class Child:
             done["failed"] = failed  # [index, error, attempts]: the server dead-letters them
         if batch is not None and batch.stats:
             done["stats"] = batch.stats  # a failed attempt's too: every callback counts
-        self.send(done, rows)
+        self.send_done(done, rows)
 
     async def fire(self, frame: dict[str, Any]) -> None:
         """Due timers' callbacks, each tracked under its own id (the server blames the

@@ -6,13 +6,14 @@ What crosses, and how often (one shard's action is one ``call`` and one ``done``
 
     server -> child
       {"op":"start","handler":"pkg.mod:Attr","settings":{...},"sys_path":[...],"state":"/x/h-1",
-       "arena":[5,67108864]}                                  (the arena's fd and size)
+       "arena":[5,67108864],"rows_arena":[6,67108864]}       (the arenas' fds and sizes)
       {"op":"call","id":7,"shard":3,"action":"process_records","line":true,
        "info":["shardId-0","TRIM_HORIZON",0],"millis_behind_latest":0,"collect":true} | the line
       {"op":"call",...,"arena":[0,1462000]}    (the line in the arena at (offset, size): arena.py)
       {"op":"reply","req":2,"error":null}                      (a checkpoint's answer)
       {"op":"reply","req":3,"rows":[{...}],"done":false}       (context.sql rows)
       {"op":"drop","shard":3}                                  (the shard left this process)
+      {"op":"free","region":[0,3100000]}       (a done frame's rows read: the region is the child's again)
       {"op":"fire","id":90,"timers":[[91,"mod:callback","ref",{context}], ...]}   (due timers)
       {"op":"stop"}
     child -> server
@@ -23,6 +24,7 @@ What crosses, and how often (one shard's action is one ``call`` and one ``done``
       {"op":"sql_fetch","id":7,"req":3,"cursor":1,"query":"SELECT ..","params":{},"n":64}
       {"op":"sql_close","id":7,"req":4,"cursor":1}
       {"op":"done","id":7,"result":"ok","error":null,"rows":2,"bad":[]} | rows, columnar
+      {"op":"done",...,"rows":10000,"rows_arena":[0,3100000]}   (the rows in the rows arena: arena.py)
       {"op":"done",...,"failed":[[41,"ValueError: bad order",3]],"stats":{"on_update_success":999}}
       {"op":"done",...,"timers":[["mod:callback","ref",1763719260000,{context}], ...]}  (the call's timers)
       {"op":"timer_write","id":7,"req":5,"timers":[["mod:callback","ref",1763719260000,{context}], ...]}
@@ -125,6 +127,7 @@ class StartFrame(TypedDict):
     sys_path: list[str]
     state: str  # the process's state file prefix (which call runs, stack dumps)
     arena: list[int] | None  # [fd, size]: the shared memory a call's line may land in (arena.py)
+    rows_arena: NotRequired[list[int] | None]  # [fd, size]: where the child may put a batch's rows
 
 
 class CallFrame(TypedDict, total=False):
@@ -156,6 +159,7 @@ class DoneFrame(TypedDict):
     failed: NotRequired[list[tuple[int, str, int]]]  # batch.fail: [index, error, attempts]
     stats: NotRequired[dict[str, int]]  # what the handler counted (on_update_success, ...)
     timers: NotRequired[list[list[Any]]]  # the call's timers not yet written (timers.remote.encode)
+    rows_arena: NotRequired[tuple[int, int]]  # the rows body is in the rows arena at (offset, size)
 
 
 def encode_head(message: dict[str, Any], body_size: int) -> bytes:

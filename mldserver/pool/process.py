@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any, Awaitable, Callable
 
 from ..base.config import Settings, state_path
-from .arena import ARENA_MIN, Arena, Region
+from .arena import ARENA_MIN, ROWS_ARENA_BYTES, Arena, ArenaView, Region, shared_memory
 from ..errors import MldserverError
 from ..base.logs import EventLogger
 from ..base.pieces import PieceReader
@@ -95,6 +95,9 @@ class HandlerProcess:
         self._map: mmap.mmap | None = None
         self.arena: Arena | None = None  # where a call's line lands for it (arena.py)
         self._regions: dict[int, Region] = {}  # call id -> its line's region, until its done frame
+        self.rows: ArenaView | None = None  # where it puts a batch's rows for us (arena.py), read-only
+        self._rows_at: list[int] | None = None  # [fd, size] of that memory, as the process knows it
+        self.rows_read = 0  # rows bodies read from it rather than from the pipe
         self._stdout_pipe: asyncio.ReadTransport | None = None
         self.last_running = 0  # the call id running when it died (0: none was)
         self.killed_for = 0  # the call id whose time-out killed it
@@ -127,18 +130,22 @@ class HandlerProcess:
         # a batch's rows, megabytes, copied once): asyncio's subprocess reader copies thrice.
         read_fd, write_fd = os.pipe()
         self.arena = Arena.create()
+        rows_fd = shared_memory(ROWS_ARENA_BYTES)
         try:
             self.proc = proc = await asyncio.create_subprocess_exec(
                 sys.executable, "-m", "mldserver.pool.child",
                 stdin=asyncio.subprocess.PIPE, stdout=write_fd, stderr=None, start_new_session=True,
-                pass_fds=(self.arena.fd,),
+                pass_fds=(self.arena.fd, rows_fd),
             )  # fmt: skip
         except BaseException:
             os.close(read_fd)
+            os.close(rows_fd)
             self._close_arena()
             raise
         finally:
             os.close(write_fd)
+        self._rows_at = [rows_fd, ROWS_ARENA_BYTES]  # (the fd's number is the same in the process)
+        self.rows = ArenaView(rows_fd, ROWS_ARENA_BYTES)  # (closes our fd: the mapping stays)
         if self.killed:  # stopped while it was being created
             self._sigkill()
         try:
@@ -179,6 +186,7 @@ class HandlerProcess:
             "sys_path": [os.path.abspath(p or ".") for p in sys.path],
             "state": self.state,
             "arena": [self.arena.fd, self.arena.size] if self.arena is not None else None,
+            "rows_arena": self._rows_at,
         }
         proc.stdin.write(encode(start))
         try:
@@ -235,7 +243,10 @@ class HandlerProcess:
                     self.arena.free(region)  # the process has read it: it is the server's again
                 entry = self._calls.pop(message["id"], None)
                 self.in_flight.pop(message["id"], None)
-                if entry is not None and not entry[0].done():
+                wanted = entry is not None and not entry[0].done()
+                if "rows_arena" in message:
+                    body = self._rows_body(message.pop("rows_arena"), wanted)
+                if wanted:
                     entry[0].set_result((message, body))
             else:  # a request of a call: answered by the call's owner (or a service), concurrently
                 entry = self._calls.get(message.get("id"))
@@ -243,6 +254,19 @@ class HandlerProcess:
                 task = asyncio.create_task(self._answer(message, answer))
                 self._serving.add(task)
                 task.add_done_callback(self._serving.discard)
+
+    def _rows_body(self, region: list[int], wanted: bool) -> bytes:
+        """A done frame's rows, in the process's rows arena: copied out (if its call
+        still waits for them), and the region handed back to the process."""
+        body = b""
+        if wanted and self.rows is not None:
+            body = bytes(self.rows.region(*region))
+            self.rows_read += 1
+        try:
+            self._write({"op": "free", "region": region})
+        except ProcessDied:
+            pass  # its arena went with it
+        return body
 
     async def _answer(self, message: dict[str, Any], requests: Requests | None) -> None:
         if requests is None:
@@ -428,6 +452,9 @@ class HandlerProcess:
         if self.arena is not None:
             self.arena.close()
             self.arena = None
+        if self.rows is not None:
+            self.rows.close()
+            self.rows = None
 
     def _cleanup(self) -> None:
         self._close_pipes()

@@ -1,13 +1,15 @@
-"""The arena (``pool/arena.py``): regions never overlap and come back whole; a batch's
-line lands in its handler process's arena and is read there byte for byte; handler
-processes SIGKILLed at random while the server writes lines into their arenas cost no
-record and no connection (each batch redone whole elsewhere, or dead-lettered with its
-data), and a dead process's arena is let go."""
+"""The arenas (``pool/arena.py``): regions never overlap and come back whole; a batch's
+line lands in its handler process's arena and is read there byte for byte, and its
+rows come back in the process's rows arena, each region handed back once read;
+handler processes SIGKILLed at random while the server writes lines into their arenas
+and they write rows into theirs cost no record and no connection (each batch redone
+whole elsewhere, or dead-lettered with its data), and a dead process's arenas are let go."""
 
 from __future__ import annotations
 
 import asyncio
 import base64
+from array import array
 import hashlib
 import logging
 import os
@@ -22,6 +24,16 @@ from ..harness import eventually, running
 from .serving import T0, dead_letters, pooled
 
 SIZE = 1024
+
+
+def test_a_region_takes_several_parts_one_after_another():
+    arena = Arena.create(1024)
+    try:
+        region = arena.put(array("I", [1, 2]), b"xyz", memoryview(b"--tail--")[2:6])
+        assert region == (0, 15) and arena.used == 64
+        assert bytes(arena.map[0:15]) == array("I", [1, 2]).tobytes() + b"xyz" + b"tail"
+    finally:
+        arena.close()
 
 
 def test_regions_are_first_fit_and_come_back_whole():
@@ -104,15 +116,21 @@ def digests(sink) -> dict[tuple[str, str], str]:
     return {(r["shard"], r["seq"]): r["sha256"] for r in sink.rows}
 
 
+async def every_row_committed(daemon, sink, shards: int, batches: int, records: int) -> list:
+    """``drive``, then wait for every record's row in the sink, with its data's digest."""
+    opened = await drive(daemon, shards, batches, records)
+    want = wanted(shards, batches, records)
+    await eventually(lambda: len(digests(sink).keys() & want.keys()) == len(want), timeout=30,
+                     what="every record's row in the sink")
+    assert {k: v for k, v in digests(sink).items() if k in want} == want
+    return opened
+
+
 async def test_a_batch_line_crosses_in_the_arena_and_arrives_byte_for_byte(tmp_path):
     shards, batches, records = 4, 5, 60
     assert records * SIZE > ARENA_MIN
     async with running(tmp_path, **pooled("Digest", workers=2)) as (server, sink, daemon):
-        opened = await drive(daemon, shards, batches, records)
-        want = wanted(shards, batches, records)
-        await eventually(lambda: len(digests(sink).keys() & want.keys()) == len(want), timeout=30,
-                         what="every record's row in the sink")
-        assert {k: v for k, v in digests(sink).items() if k in want} == want
+        opened = await every_row_committed(daemon, sink, shards, batches, records)
         processes = server.pool.serving()
         assert sum(p.arena.puts for p in processes) == shards * batches  # every large line, none by the pipe
         assert all(p.arena.used == 0 and not p._regions for p in processes)  # each given back by its done
@@ -121,9 +139,27 @@ async def test_a_batch_line_crosses_in_the_arena_and_arrives_byte_for_byte(tmp_p
             assert await shard.close() == 0
 
 
+async def test_a_batchs_rows_come_back_in_the_rows_arena_and_each_region_is_handed_back(tmp_path, monkeypatch):
+    """32 batches' rows (about 90 KB each, 2.8 MB in all) through rows arenas of 512 KiB:
+    every batch's rows come back in the arena, which only fits if each region is free
+    again once the server has read it; the rows arrive byte for byte."""
+    monkeypatch.setattr("mldserver.pool.process.ROWS_ARENA_BYTES", 512 << 10)
+    shards, batches, records = 4, 8, 60
+    async with running(tmp_path, **pooled("DigestAndData", workers=2)) as (server, sink, daemon):
+        opened = await every_row_committed(daemon, sink, shards, batches, records)
+        datas = {(r["shard"], r["seq"]): r["data"] for r in sink.rows}
+        assert all(base64.b64decode(datas[key]) == payload(int(key[1])) for key in wanted(shards, batches, records))
+        processes = server.pool.serving()
+        assert sum(p.rows_read for p in processes) == shards * batches  # none took the pipe
+        for shard in opened:
+            await shard.lease_lost()
+            assert await shard.close() == 0
+
+
 @pytest.mark.parametrize("seed", [11, 23, 47])
+@pytest.mark.parametrize("handler", ["Digest", "DigestAndData"])  # rows by the pipe; in the rows arena
 async def test_handler_processes_killed_at_random_while_lines_land_in_their_arenas_lose_nothing(
-        seed, tmp_path, caplog):
+        seed, handler, tmp_path, caplog):
     """SIGKILLs from outside, at seeded random moments, of whichever handler process the
     seed picks, while 4 shards send 1 KiB batches through the arenas: every record's row
     reaches the sink with its exact bytes, or its batch is dead-lettered with its data;
@@ -132,7 +168,7 @@ async def test_handler_processes_killed_at_random_while_lines_land_in_their_aren
     caplog.set_level(logging.INFO, logger="mldserver")
     shards, batches, records = 4, 12, 60
     rng = random.Random(seed)
-    async with running(tmp_path, **pooled("Digest", workers=2)) as (server, sink, daemon):
+    async with running(tmp_path, **pooled(handler, workers=2)) as (server, sink, daemon):
         killed = []
 
         async def killer():
@@ -158,7 +194,9 @@ async def test_handler_processes_killed_at_random_while_lines_land_in_their_aren
         assert got == want  # the exact bytes, whichever way each record went
         assert killed, "the campaign killed nothing"
         await eventually(lambda: all(p.died.is_set() for p in killed), timeout=20, what="the killed processes reaped")
-        assert all(p.arena is None for p in killed)  # let go with its process
+        assert all(p.arena is None and p.rows is None for p in killed)  # let go with its process
+        if handler == "DigestAndData":
+            assert sum(p.rows_read for p in {*killed, *server.pool.serving()}) > 0, "no rows in a rows arena"
         for p in server.pool.serving():
             assert p.arena is not None and p.arena.used == 0 and not p._regions
         for shard in opened:
