@@ -123,15 +123,16 @@ class Arena:
         os.close(self.fd)
 
 
-def shared_memory(size: int) -> int:
+def shared_memory(size: int, name: str = "mldserver-arena") -> int:
     """The fd of anonymous shared memory of ``size`` bytes (memfd; an unlinked temporary
-    file where there is none), inheritable: a handler process gets it with ``pass_fds``."""
+    file where there is none), inheritable: a handler process gets it with ``pass_fds``.
+    ``name`` is what ``/proc/PID/maps`` shows of it."""
     if hasattr(os, "memfd_create"):
-        fd = os.memfd_create("mldserver-arena", 0)
+        fd = os.memfd_create(name, 0)
     else:  # pragma: no cover  (macOS)
         import tempfile  # (only here: a handler process, which imports this module, needs none of it)
 
-        fd, path = tempfile.mkstemp(prefix="mldserver-arena-")
+        fd, path = tempfile.mkstemp(prefix=f"{name}-")
         os.unlink(path)
     try:
         os.ftruncate(fd, size)

@@ -130,7 +130,7 @@ class HandlerProcess:
         # a batch's rows, megabytes, copied once): asyncio's subprocess reader copies thrice.
         read_fd, write_fd = os.pipe()
         self.arena = Arena.create()
-        rows_fd = shared_memory(ROWS_ARENA_BYTES)
+        rows_fd = shared_memory(ROWS_ARENA_BYTES, "mldserver-rows")
         try:
             self.proc = proc = await asyncio.create_subprocess_exec(
                 sys.executable, "-m", "mldserver.pool.child",
