@@ -153,8 +153,15 @@ class ArenaView:
         self._view = memoryview(self.map)
 
     def region(self, offset: int, size: int) -> memoryview:
+        """The bytes at (offset, size); ValueError if that is not inside the arena."""
+        if not (0 <= offset and 0 <= size and offset + size <= len(self._view)):
+            raise ValueError(f"region ({offset}, {size}) is not inside the arena of {len(self._view)} bytes")
         return self._view[offset : offset + size]
 
     def close(self) -> None:
-        self._view.release()
-        self.map.close()
+        """Unmapped, unless a region's view is still alive: then when that goes."""
+        try:
+            self._view.release()
+            self.map.close()
+        except BufferError:
+            pass

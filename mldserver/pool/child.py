@@ -200,6 +200,8 @@ class Child:
         self.arena = ArenaView(*arena) if arena else None  # where a call's line may be
         rows_arena = start.get("rows_arena")
         self.rows_arena = Arena(*rows_arena) if rows_arena else None  # where a batch's rows may go back
+        if rows_arena:
+            os.set_inheritable(rows_arena[0], False)  # not for the processes handler code starts
         self.factory = load_handler(start["handler"])  # (an amazon_kclpy processor class: wrapped)
         self.context = Context(self.settings)
         self.context.bindings = Bindings(self.settings)  # its own client, opened on first use

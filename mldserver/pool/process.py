@@ -129,9 +129,11 @@ class HandlerProcess:
         # Its frames are read from a pipe of ours, in the pieces it delivers (PieceReader:
         # a batch's rows, megabytes, copied once): asyncio's subprocess reader copies thrice.
         read_fd, write_fd = os.pipe()
-        self.arena = Arena.create()
-        rows_fd = shared_memory(ROWS_ARENA_BYTES, "mldserver-rows")
+        rows_fd = -1
         try:
+            self.arena = Arena.create()
+            rows_fd = shared_memory(ROWS_ARENA_BYTES, "mldserver-rows")
+            self.rows = ArenaView(os.dup(rows_fd), ROWS_ARENA_BYTES)
             self.proc = proc = await asyncio.create_subprocess_exec(
                 sys.executable, "-m", "mldserver.pool.child",
                 stdin=asyncio.subprocess.PIPE, stdout=write_fd, stderr=None, start_new_session=True,
@@ -139,13 +141,13 @@ class HandlerProcess:
             )  # fmt: skip
         except BaseException:
             os.close(read_fd)
-            os.close(rows_fd)
             self._close_arena()
             raise
         finally:
             os.close(write_fd)
+            if rows_fd >= 0:
+                os.close(rows_fd)  # the process has its own; ours is mapped
         self._rows_at = [rows_fd, ROWS_ARENA_BYTES]  # (the fd's number is the same in the process)
-        self.rows = ArenaView(rows_fd, ROWS_ARENA_BYTES)  # (closes our fd: the mapping stays)
         if self.killed:  # stopped while it was being created
             self._sigkill()
         try:
@@ -259,8 +261,10 @@ class HandlerProcess:
         """A done frame's rows, in the process's rows arena: copied out (if its call
         still waits for them), and the region handed back to the process."""
         body = b""
-        if wanted and self.rows is not None:
-            body = bytes(self.rows.region(*region))
+        if wanted:
+            if self.rows is None:  # (never: the arena is closed only once its frames are read)
+                raise RuntimeError("a done frame names the rows arena, which is closed")
+            body = bytes(self.rows.region(*region))  # ValueError if not inside it: the process is unreadable
             self.rows_read += 1
         try:
             self._write({"op": "free", "region": region})

@@ -18,7 +18,7 @@ import signal
 
 import pytest
 
-from mldserver.pool.arena import ARENA_MIN, Arena
+from mldserver.pool.arena import ARENA_MIN, Arena, ArenaView
 
 from ..harness import eventually, running
 from .serving import T0, dead_letters, pooled
@@ -32,6 +32,22 @@ def test_a_region_takes_several_parts_one_after_another():
         region = arena.put(array("I", [1, 2]), b"xyz", memoryview(b"--tail--")[2:6])
         assert region == (0, 15) and arena.used == 64
         assert bytes(arena.map[0:15]) == array("I", [1, 2]).tobytes() + b"xyz" + b"tail"
+    finally:
+        arena.close()
+
+
+def test_a_view_reads_only_inside_its_arena_and_closes_with_a_region_alive():
+    arena = Arena.create(1024)
+    try:
+        region = arena.put(b"rows\n" * 10)
+        view = ArenaView(os.dup(arena.fd), arena.size)
+        assert bytes(view.region(*region)) == b"rows\n" * 10
+        for bad in ((1000, 100), (-1, 10), (0, -1)):
+            with pytest.raises(ValueError, match="not inside the arena of 1024 bytes"):
+                view.region(*bad)
+        alive = view.region(0, 5)
+        view.close()  # a region still read: no BufferError, unmapped once it goes
+        assert bytes(alive) == b"rows\n"
     finally:
         arena.close()
 
