@@ -85,6 +85,17 @@ class DigestAndData(mldserver.Handler):
                                 "sha256": hashlib.sha256(record.data).hexdigest(), "data": record.raw_data})
 
 
+class DigestAndDataThenDie(DigestAndData):
+    """DigestAndData, whose process SIGKILLs itself as soon as the call that saw the
+    record with sequence number 5000 has returned: right after its done frame (naming
+    the rows arena) is written, before the server has read it."""
+
+    async def process_records(self, batch, checkpointer):
+        await super().process_records(batch, checkpointer)
+        if any(record.sequence_number == "5000" for record in batch.records):
+            asyncio.get_running_loop().call_soon(os.kill, os.getpid(), 9)
+
+
 class EmitCheckpoint(Emit):
     """Emits and checkpoints the batch's last record (no sink: the daemon stores it)."""
 

@@ -172,6 +172,24 @@ async def test_a_batchs_rows_come_back_in_the_rows_arena_and_each_region_is_hand
             assert await shard.close() == 0
 
 
+async def test_a_process_killed_right_after_its_done_frame_names_its_rows_loses_and_repeats_none(tmp_path):
+    """The process that handled batch 5000's records dies the moment its call has
+    returned: its done frame and the rows it names in the rows arena are read after (or
+    the batch is redone if the frame never left). Every row arrives exactly once, nothing
+    is dead-lettered, every connection stays open."""
+    shards, batches, records = 2, 6, 60
+    async with running(tmp_path, **pooled("DigestAndDataThenDie", workers=2)) as (server, sink, daemon):
+        first = server.pool.serving()
+        opened = await every_row_committed(daemon, sink, shards, batches, records)
+        keys = [(r["shard"], r["seq"]) for r in sink.rows]
+        assert len(keys) == len(set(keys))  # none twice
+        assert not any(dead_letters(tmp_path, s.shard_id) for s in opened)
+        await eventually(lambda: any(p.died.is_set() for p in first), timeout=20, what="the process that died reaped")
+        for shard in opened:
+            await shard.lease_lost()
+            assert await shard.close() == 0
+
+
 @pytest.mark.parametrize("seed", [11, 23, 47])
 @pytest.mark.parametrize("handler", ["Digest", "DigestAndData"])  # rows by the pipe; in the rows arena
 async def test_handler_processes_killed_at_random_while_lines_land_in_their_arenas_lose_nothing(
