@@ -104,6 +104,74 @@ async def test_exits_when_the_server_closes_even_with_stdin_open(connect):
     server.close()
 
 
+async def test_a_server_that_resets_the_connection_is_named_on_stderr(connect):
+    """A copy that ends by an error, not an end of input, says so in one stderr line
+    (the daemon logs its child's stderr): here the server resets the connection."""
+    import socket
+    import struct
+
+    async def handle(reader, writer):
+        await reader.readline()
+        sock = writer.get_extra_info("socket")
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # close sends RST
+        writer.transport.abort()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    child = await connect(f"127.0.0.1:{port}")
+    await child.write(b"hello\n")
+    assert await child.read_line() is None
+    assert await child.wait_exit(5) == 0
+    await asyncio.wait_for(child._stderr_task, 5)
+    assert "mldserver connect: the server-to-daemon copy failed: Connection reset by peer" in child.stderr.decode()
+    server.close()
+
+
+def test_a_splice_that_fails_moves_nothing_and_the_rest_goes_by_plain_copies(monkeypatch):
+    """relay.py's copy: splice refused mid-stream (ENOMEM, as under memory pressure)
+    after a first chunk; every byte still arrives, in order."""
+    import errno
+    import socket
+    import threading
+
+    calls = []
+    real = os.splice
+
+    def splice(src, dst, count):
+        calls.append(count)
+        if len(calls) == 2:
+            raise OSError(errno.ENOMEM, "Cannot allocate memory")
+        return real(src, dst, min(count, 1000))
+
+    data = os.urandom(300_000)
+    got = bytearray()
+    r, w = os.pipe()
+    left, right = socket.socketpair()
+
+    def write():
+        os.write(w, data)
+        os.close(w)
+
+    def read():
+        while chunk := right.recv(1 << 16):
+            got.extend(chunk)
+
+    threads = [threading.Thread(target=write), threading.Thread(target=read)]
+    monkeypatch.setattr(os, "splice", splice)
+    try:
+        for thread in threads:
+            thread.start()
+        relay_module._pump(r, left.fileno(), splice=True)
+        left.shutdown(socket.SHUT_WR)
+        for thread in threads:
+            thread.join(10)
+    finally:
+        os.close(r)
+        left.close()
+        right.close()
+    assert len(calls) == 2 and bytes(got) == data
+
+
 async def test_sigint_is_ignored(connect):
     server, port, _ = await echo_server()
     child = await connect(f"127.0.0.1:{port}")

@@ -169,30 +169,39 @@ static int connect_retrying(const struct target *t, double timeout, char *why, s
     }
 }
 
-/* Copy src to dst until EOF or an error (plain reads and writes). */
-static void copy_plain(int src, int dst, char *buf) {
+/* Copy src to dst until EOF (0) or an error (its errno; EPIPE for a write of 0),
+   with plain reads and writes. */
+static int copy_plain(int src, int dst, char *buf) {
     for (;;) {
         ssize_t n = read(src, buf, READ_CHUNK);
         if (n < 0 && errno == EINTR) continue;
-        if (n <= 0) return;
+        if (n == 0) return 0;
+        if (n < 0) return errno;
         for (ssize_t done = 0; done < n;) {
             ssize_t w = write(dst, buf + done, n - done);
             if (w < 0 && errno == EINTR) continue;
-            if (w <= 0) return;
+            if (w <= 0) return w < 0 ? errno : EPIPE;
             done += w;
         }
     }
 }
 
-/* Daemon -> server: splice(2) from the daemon's pipe (where the kernel refuses: plain
-   copies), then half-close so the server sees EOF and sends its last bytes. */
+/* The one stderr line of a copy that ended by an error (the daemon logs it). */
+static void ended(const char *copy, int err) {
+    if (err) fprintf(stderr, "mldserver connect: the %s copy failed: %s\n", copy, strerror(err));
+}
+
+/* Daemon -> server: splice(2) from the daemon's pipe; a splice that fails moved
+   nothing, and the rest goes by plain copies, which wait where splice may fail (memory
+   under pressure, a kernel that refuses it). Then half-close so the server sees EOF
+   and sends its last bytes. */
 static void *upstream(void *unused) {
     (void)unused;
     for (;;) {
         ssize_t n = splice(0, NULL, sockfd, NULL, CHUNK, SPLICE_F_MOVE);
         if (n > 0) continue;
         if (n < 0 && errno == EINTR) continue;
-        if (n < 0 && (errno == EINVAL || errno == ENOSYS || errno == EBADF)) copy_plain(0, sockfd, upstream_buf);
+        if (n < 0) ended("daemon-to-server", copy_plain(0, sockfd, upstream_buf));
         break;
     }
     shutdown(sockfd, SHUT_WR);
@@ -267,6 +276,6 @@ int main(int argc, char **argv) {
         fprintf(stderr, "mldserver connect: cannot start the daemon-to-server copy: %s\n", strerror(rc));
         return 2;
     }
-    copy_plain(sockfd, 1, downstream_buf);  /* server -> daemon, until the server closes */
+    ended("server-to-daemon", copy_plain(sockfd, 1, downstream_buf));  /* until the server closes */
     _exit(0);                               /* without waiting for the daemon-to-server copy */
 }

@@ -9,6 +9,10 @@ for a buffer to fill).
 - stdin EOF (the daemon closed us): half-close the socket, keep copying the server's
   last bytes to stdout, exit when the server closes.
 - server EOF: exit at once.
+- a copy that ends by an error, not an end of input (the server reset the connection,
+  a write failed): one line on stderr saying which copy and why, so the daemon's log
+  says why its child ended. A ``splice`` that fails (``ENOMEM`` under memory pressure,
+  or a kernel that refuses it) is not one: the copy goes on with plain reads and writes.
 - server unreachable within ``--connect-timeout`` (default 5 s, env
   ``MLDSERVER_CONNECT_TIMEOUT``): one line on stderr (the daemon logs child stderr),
   exit status 2.
@@ -31,7 +35,6 @@ Python wrappers): about 3.5 MiB private memory instead of 7::
 import _signal
 import _socket
 import _thread
-import errno
 import fcntl
 import os
 import sys
@@ -86,16 +89,18 @@ def connect(target, timeout):
 
 def _pump(src, dst, splice):
     """Copy src to dst until EOF, with splice(2) (zero-copy; src must be a pipe) or
-    plain reads and writes. Server-to-daemon bytes always take the plain path: a pipe
-    filled by splicing from a TCP socket can make the reader's non-blocking read block."""
+    plain reads and writes; OSError if a plain read or write fails. A splice that fails
+    moved nothing: the rest goes by plain reads and writes, which wait where splice may
+    fail (memory, a kernel that refuses it). Server-to-daemon bytes always take the
+    plain path: a pipe filled by splicing from a TCP socket can make the reader's
+    non-blocking read block."""
     if splice and hasattr(os, "splice"):
         try:
             while os.splice(src, dst, CHUNK):
                 pass
             return
-        except OSError as exc:
-            if exc.errno not in (errno.EINVAL, errno.ENOSYS, errno.EBADF):
-                raise
+        except OSError:
+            pass
     buf = bytearray(READ_CHUNK)
     view = memoryview(buf)
     while n := os.readv(src, [buf]):
@@ -163,8 +168,8 @@ def main(argv):
     def upstream():
         try:
             _pump(stdin, sockfd, splice=True)
-        except OSError:
-            pass
+        except OSError as exc:
+            _ended("daemon-to-server", exc)
         try:
             sock.shutdown(_socket.SHUT_WR)
         except OSError:
@@ -173,9 +178,18 @@ def main(argv):
     _thread.start_new_thread(upstream, ())
     try:
         _pump(sockfd, stdout, splice=False)
-    except OSError:
-        pass
+    except OSError as exc:
+        _ended("server-to-daemon", exc)
     return 0
+
+
+def _ended(copy, exc):
+    """The one stderr line of a copy that ended by an error (the daemon logs it)."""
+    try:
+        sys.stderr.write(f"mldserver connect: the {copy} copy failed: {exc.strerror or exc}\n")
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        pass
 
 
 NATIVE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "mldserver-relay")
