@@ -127,7 +127,8 @@ class HandlerProcess:
         self._map = mmap.mmap(fd, STATE_SIZE)
         os.close(fd)
         # Its frames are read from a pipe of ours, in the pieces it delivers (PieceReader:
-        # a batch's rows, megabytes, copied once): asyncio's subprocess reader copies thrice.
+        # rows too large for the rows arena, megabytes, copied once): asyncio's subprocess
+        # reader copies thrice. A batch's rows usually come in the rows arena (arena.py).
         read_fd, write_fd = os.pipe()
         rows_fd = -1
         try:
