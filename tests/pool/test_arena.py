@@ -26,49 +26,45 @@ from .serving import T0, dead_letters, pooled
 SIZE = 1024
 
 
-def test_a_region_takes_several_parts_one_after_another():
+@pytest.fixture
+def arena():
+    """An arena of 1 KiB, closed after the test."""
     arena = Arena.create(1024)
-    try:
-        region = arena.put(array("I", [1, 2]), b"xyz", memoryview(b"--tail--")[2:6])
-        assert region == (0, 15) and arena.used == 64
-        assert bytes(arena.map[0:15]) == array("I", [1, 2]).tobytes() + b"xyz" + b"tail"
-    finally:
-        arena.close()
+    yield arena
+    arena.close()
 
 
-def test_a_view_reads_only_inside_its_arena_and_closes_with_a_region_alive():
-    arena = Arena.create(1024)
-    try:
-        region = arena.put(b"rows\n" * 10)
-        view = ArenaView(os.dup(arena.fd), arena.size)
-        assert bytes(view.region(*region)) == b"rows\n" * 10
-        for bad in ((1000, 100), (-1, 10), (0, -1)):
-            with pytest.raises(ValueError, match="not inside the arena of 1024 bytes"):
-                view.region(*bad)
-        alive = view.region(0, 5)
-        view.close()  # a region still read: no BufferError, unmapped once it goes
-        assert bytes(alive) == b"rows\n"
-    finally:
-        arena.close()
+def test_a_region_takes_several_parts_one_after_another(arena):
+    region = arena.put(array("I", [1, 2]), b"xyz", memoryview(b"--tail--")[2:6])
+    assert region == (0, 15) and arena.used == 64
+    assert bytes(arena.map[0:15]) == array("I", [1, 2]).tobytes() + b"xyz" + b"tail"
 
 
-def test_regions_are_first_fit_and_come_back_whole():
-    arena = Arena.create(1024)
-    try:
-        a = arena.put(b"a" * 100)
-        b = arena.put(b"b" * 64)
-        c = arena.put(b"c" * 500)
-        assert (a, b, c) == ((0, 100), (128, 64), (192, 500))  # 64-byte aligned
-        assert arena.put(b"x" * 400) is None and arena.misses == 1  # 320 bytes left at the end
-        arena.free(b)
-        assert arena.put(b"d" * 60) == (128, 60)  # the hole, first
-        assert bytes(arena.map[0:100]) == b"a" * 100 and bytes(arena.map[192:692]) == b"c" * 500
-        for region in (a, (128, 60), c):
-            arena.free(region)
-        assert arena.used == 0 and arena._free == [(0, 1024)]  # coalesced into one again
-        assert arena.put(b"y" * 2048) is None  # larger than the arena: the pipe takes it
-    finally:
-        arena.close()
+def test_a_view_reads_only_inside_its_arena_and_closes_with_a_region_alive(arena):
+    region = arena.put(b"rows\n" * 10)
+    view = ArenaView(os.dup(arena.fd), arena.size)
+    assert bytes(view.region(*region)) == b"rows\n" * 10
+    for bad in ((1000, 100), (-1, 10), (0, -1)):
+        with pytest.raises(ValueError, match="not inside the arena of 1024 bytes"):
+            view.region(*bad)
+    alive = view.region(0, 5)
+    view.close()  # a region still read: no BufferError, unmapped once it goes
+    assert bytes(alive) == b"rows\n"
+
+
+def test_regions_are_first_fit_and_come_back_whole(arena):
+    a = arena.put(b"a" * 100)
+    b = arena.put(b"b" * 64)
+    c = arena.put(b"c" * 500)
+    assert (a, b, c) == ((0, 100), (128, 64), (192, 500))  # 64-byte aligned
+    assert arena.put(b"x" * 400) is None and arena.misses == 1  # 320 bytes left at the end
+    arena.free(b)
+    assert arena.put(b"d" * 60) == (128, 60)  # the hole, first
+    assert bytes(arena.map[0:100]) == b"a" * 100 and bytes(arena.map[192:692]) == b"c" * 500
+    for region in (a, (128, 60), c):
+        arena.free(region)
+    assert arena.used == 0 and arena._free == [(0, 1024)]  # coalesced into one again
+    assert arena.put(b"y" * 2048) is None  # larger than the arena: the pipe takes it
 
 
 @pytest.mark.parametrize("seed", range(5))
