@@ -268,6 +268,11 @@ def _importable_cwd() -> None:
 
 
 def _serve(args, logs) -> None:
+    import faulthandler
+
+    # A fatal signal (a crash in native code: the sink's, a library's, while they load
+    # or while serving) writes every thread's stack to stderr before the process dies.
+    faulthandler.enable(all_threads=True)
     from .server import server
 
     from .base.config import DEFAULT_ADMIN
@@ -308,20 +313,15 @@ def tune(*, sink: bool) -> None:
     """Configure the process for serving (only the CLI does), once the handler and
     the sink are loaded.
 
-    A fatal signal (a crash in native code: the sink's, a library's) writes every
-    thread's stack to stderr before the process dies, so the crash says where it was.
-
     Fewer, larger young-generation collections: a 10,000-record batch decodes into
     some 60,000 objects; with CPython's default gen0 threshold (700) that is ~90
     collections per batch, each walking the young objects: about a third of the
     decode time. Long-lived start-up objects are frozen out of collection altogether.
     """
-    import faulthandler
     import gc
 
     from .base.malloc import reuse_large_buffers
 
-    faulthandler.enable(all_threads=True)  # a fatal signal (a crash in native code) leaves every stack on stderr
     gc.collect()
     gc.freeze()
     gc.set_threshold(50_000, 20, 100)
