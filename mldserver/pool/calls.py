@@ -52,7 +52,7 @@ from ..errors import CheckpointError, ConfigError
 from ..base.logs import EventLogger
 from ..api.records import Batch, ShardInfo
 from ..shard.batches import BAD_ROW, BadRecords, EncodedRows, encoded_rows
-from ..shard.calls import FAILED, Calls, Outcome
+from ..shard.calls import FAILED, SKIPPED, Calls, Outcome
 from ..timers import remote as timers_remote
 from ..timers.api import TimerError
 from .frames import decode_rows, encode_records
@@ -131,7 +131,8 @@ class ProcessCalls(Calls):
             self.proc = None
 
     async def call(
-        self, action: str, arg: Any, checkpointer: Callable[[], Checkpointer], *, collect_rows: bool = False
+        self, action: str, arg: Any, checkpointer: Callable[[], Checkpointer], *, collect_rows: bool = False,
+        check: Callable[[], bool] | None = None,
     ) -> Outcome:
         if action == "initialize":
             self.shard = arg
@@ -139,15 +140,25 @@ class ProcessCalls(Calls):
             return Outcome(FAILED, "no shard: initialize came first and failed")
         self.running = action
         try:
-            return await self._call(action, arg, checkpointer, collect_rows)
+            return await self._call(action, arg, checkpointer, collect_rows, check)
         finally:
             self.running = None
 
     async def _call(self, action: str, arg: Any, checkpointer: Callable[[], Checkpointer],
-                    collect_rows: bool) -> Outcome:
+                    collect_rows: bool, check: Callable[[], bool] | None) -> Outcome:
         attempts = self.retries + 1
         attempt = redone = 0
         error = ""
+        checked: list[bool] = []  # check's answer, once it ran (the call is held until then)
+
+        def run_check() -> bool:
+            assert check is not None
+            try:
+                checked.append(check())
+            except Exception:  # a bug of ours: not called here; the driver reads the batch again, and says
+                checked.append(False)
+            return checked[0]
+
         try:
             while attempt < attempts:
                 if self._aborted is not None:
@@ -160,7 +171,10 @@ class ProcessCalls(Calls):
                         await self._initialize_here(proc)
                     cp = checkpointer()
                     frame, body = self._frame(action, arg, collect_rows)
-                    message, rows = await self._wait(proc, frame, body, cp, action)
+                    held = check is not None and not checked
+                    if held:
+                        frame["held"] = True
+                    message, rows = await self._wait(proc, frame, body, cp, action, run_check if held else None)
                 except _TimedOut as exc:
                     error = f"timed out after {self.timeout} s (execution_timeout): {exc.how}"
                     self.count({"timeout_count": 1})
@@ -184,6 +198,8 @@ class ProcessCalls(Calls):
                     self.log.error("action_failed_internally", callback=action, error=error, exc_info=True)
                     self._leave()
                 else:
+                    if message["result"] == SKIPPED:
+                        return Outcome(SKIPPED)
                     self.count(message.get("stats"))
                     if message["result"] != FAILED:
                         if action == "initialize":
@@ -253,13 +269,13 @@ class ProcessCalls(Calls):
             await asyncio.gather(*list(self._answering), return_exceptions=True)
 
     async def _wait(self, proc: HandlerProcess, frame: dict[str, Any], body: bytes, cp: Checkpointer | None,
-                    action: str) -> tuple[dict[str, Any], bytes]:
+                    action: str, check: Callable[[], bool] | None = None) -> tuple[dict[str, Any], bytes]:
         """The call's ``done``, or _TimedOut after ``execution_timeout`` of its own:
         time during which another shard's call held the process's loop (blocking it)
         does not count; that call's own time-out stops it. Nor does the time its process
         takes to die once it is no longer alive (ProcessDied then)."""
         assert self.shard is not None
-        call = asyncio.ensure_future(proc.call(frame, body, self._requests(cp), (self.shard.shard_id, action)))
+        call = asyncio.ensure_future(proc.call(frame, body, self._requests(cp), (self.shard.shard_id, action), check))
         self._current = call
         try:
             while True:

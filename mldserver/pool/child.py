@@ -75,7 +75,7 @@ from ..timers import pending as timer_ops
 from ..timers import remote as timers_remote
 from ..timers.api import TimerError
 from .arena import ARENA_MIN, Arena, ArenaView
-from .frames import BEAT, BEAT_AT, RUN, STATE_SIZE, STOP, STOP_AT, WATCH_INTERVAL, CallFrame, StartFrame, encode, encode_head, encode_rows, read_frame_async, records_from, release
+from .frames import BEAT, BEAT_AT, RUN, SKIPPED, STATE_SIZE, STOP, STOP_AT, WATCH_INTERVAL, CallFrame, StartFrame, encode, encode_head, encode_rows, read_frame_async, records_from, release
 
 log = get_logger("mldserver.handler")
 
@@ -127,6 +127,10 @@ class Tracked:
                 send, exc = (yield step), None
             except BaseException as e:  # noqa: BLE001  (cancellation goes into the coroutine)
                 send, exc = None, e
+
+
+class _Skipped(Exception):
+    """A held call the server's ``go`` frame says not to make."""
 
 
 class Proxy:
@@ -218,6 +222,7 @@ class Child:
         self.tasks: set[asyncio.Task[None]] = set()
         self.calls: dict[asyncio.Task[Any], int] = {}
         self.what: dict[int, dict[str, str]] = {}  # call id -> shard id and action, for the watchdog
+        self.gates: dict[int, asyncio.Future[bool]] = {}  # held calls: does the server's ``go`` say call?
         self.beat = time.monotonic()
 
     def send_done(self, done: dict[str, Any], rows: list[Any]) -> None:
@@ -256,6 +261,8 @@ class Child:
         if op == "call":
             if "arena" in message and self.arena is not None:
                 body = self.arena.region(*message["arena"])  # read before this call's done frame only
+            if message.get("held"):  # its go frame follows
+                self.gates[message["id"]] = asyncio.get_running_loop().create_future()
             task = asyncio.get_running_loop().create_task(self.call(message, body))
             self.calls[task] = message["id"]
             self.what[message["id"]] = {"shard_id": message["info"][0], "action": message["action"]}
@@ -267,6 +274,10 @@ class Child:
             self.what[message["id"]] = {"timers": len(message["timers"])}  # type: ignore[dict-item]
             self.tasks.add(task)
             task.add_done_callback(self._finished)
+        elif op == "go":  # a held call: the server has read the batch's positions
+            gate = self.gates.get(message["id"])
+            if gate is not None and not gate.done():
+                gate.set_result(bool(message["call"]))
         elif op == "reply":
             future = self.pending.pop(message["req"], None)
             if future is not None and not future.done():
@@ -286,7 +297,9 @@ class Child:
 
     def _finished(self, task: asyncio.Task[None]) -> None:
         self.tasks.discard(task)
-        self.what.pop(self.calls.pop(task, 0), None)
+        call_id = self.calls.pop(task, 0)
+        self.what.pop(call_id, None)
+        self.gates.pop(call_id, None)
 
     async def call(self, frame: CallFrame, body: bytes) -> None:
         call_id, action, shard = frame["id"], frame["action"], frame["shard"]
@@ -313,6 +326,8 @@ class Child:
                 else:
                     batch = Batch(records_from(body, bool(frame.get("line"))), frame.get("millis_behind_latest"),
                                   info, collected)
+                if call_id in self.gates and not await self.gates[call_id]:
+                    raise _Skipped()  # a record without a position: the server decodes the batch again
                 coro = handler.process_records(batch, FailureGuard(cp, batch))
             elif action == "initialize":
                 coro = handler.initialize(info)
@@ -321,6 +336,8 @@ class Child:
             else:
                 coro = getattr(handler, action)(cp)
             await Tracked(coro, call_id, self.running)
+        except _Skipped:
+            result = SKIPPED
         except CheckpointError as exc:
             result, error = "checkpoint_failed", exc.error
         except (Exception, asyncio.CancelledError, ExecutionTimeout) as exc:
@@ -337,7 +354,7 @@ class Child:
             result, error = "failed", f"{type(timers.failed).__name__}: {timers.failed}"
         n, rows, bad = 0, [], []
         failed = batch.settle_failures() if batch is not None and result != "failed" else None
-        if batch is not None and batch.rows and result != "failed":
+        if batch is not None and batch.rows and result not in ("failed", SKIPPED):
             # (records the server re-encoded, not its line: their arrival times are read here)
             n, rows, bad = encode_rows(batch.rows, batch.records, read_arrivals=not frame.get("line"))
         if batch is not None:

@@ -10,6 +10,9 @@ What crosses, and how often (one shard's action is one ``call`` and one ``done``
       {"op":"call","id":7,"shard":3,"action":"process_records","line":true,
        "info":["shardId-0","TRIM_HORIZON",0],"millis_behind_latest":0,"collect":true} | the line
       {"op":"call",...,"arena":[0,1462000]}    (the line in the arena at (offset, size): arena.py)
+      {"op":"call",...,"held":true}            (parse the line, then wait for its go frame)
+      {"op":"go","id":7,"call":true}           (a held call's batch is sound: call the handler;
+                                                false: answer done "skipped" without calling it)
       {"op":"reply","req":2,"error":null}                      (a checkpoint's answer)
       {"op":"reply","req":3,"rows":[{...}],"done":false}       (context.sql rows)
       {"op":"drop","shard":3}                                  (the shard left this process)
@@ -25,11 +28,20 @@ What crosses, and how often (one shard's action is one ``call`` and one ``done``
       {"op":"sql_close","id":7,"req":4,"cursor":1}
       {"op":"done","id":7,"result":"ok","error":null,"rows":2,"bad":[]} | rows, columnar
       {"op":"done",...,"rows":10000,"rows_arena":[0,3100000]}   (the rows in the rows arena: arena.py)
+      {"op":"done","id":7,"result":"skipped",...}                (a held call its go frame refused)
       {"op":"done",...,"failed":[[41,"ValueError: bad order",3]],"stats":{"on_update_success":999}}
       {"op":"done",...,"timers":[["mod:callback","ref",1763719260000,{context}], ...]}  (the call's timers)
       {"op":"timer_write","id":7,"req":5,"timers":[["mod:callback","ref",1763719260000,{context}], ...]}
       {"op":"timer_refused","id":7,"req":6,"error":"timer 'ref': context is 1730 bytes ..."}
       {"op":"done","id":90,"result":"ok","fired":[null,["ValueError: ..","Traceback .."]]}  (a fire's)
+
+A held call lets the server read the batch's positions (every record's sequence
+number, which a sink needs before the handler may see the batch: ``shard.batches``)
+while the handler process parses the same line: the server writes the call, scans the
+line, then writes ``go``; the process parses, then waits for it. On 2 cores, a batch
+of 10,000 records reaches its handler some 1.2 ms sooner (the scan no longer comes
+first). A ``go`` that says no (a record without a position) is answered ``skipped``:
+the server dead-letters those records and calls again with the others.
 
 The timers a call creates cross with its checkpoint requests and its ``done`` frame
 (``timers``: a create four items, a cancel two, in order), committed by the server
@@ -83,6 +95,7 @@ from ..api.emitted import EmittedRows
 from ..api.records import Record, row_time, row_times, times_valid
 from ..api.rows import ARRIVAL_TIME, NO_TIME
 from ..base.pipes import HEADER, encode, read_frame, read_frame_async
+from ..shard.calls import SKIPPED  # a held call's done when its go frame says no (above)
 
 try:  # every record's data decoded from the line in one native pass (setup.py builds it)
     from ..protocol._scan import datas as _datas
@@ -93,6 +106,7 @@ __all__ = [
     "CallFrame",
     "DoneFrame",
     "FireFrame",
+    "SKIPPED",
     "StartFrame",
     "decode_rows",
     "encode",
@@ -140,6 +154,7 @@ class CallFrame(TypedDict, total=False):
     collect: bool  # process_records: does the server want the rows?
     line: bool  # process_records: the body is the daemon's line (else a records array)
     arena: tuple[int, int]  # the body is in the arena at (offset, size), not after the frame
+    held: bool  # process_records: the handler is called only once a go frame says so
 
 
 class FireFrame(TypedDict):
@@ -151,7 +166,7 @@ class FireFrame(TypedDict):
 class DoneFrame(TypedDict):
     op: Literal["done"]
     id: int
-    result: str  # "ok", "checkpoint_failed", "failed"
+    result: str  # "ok", "checkpoint_failed", "failed", SKIPPED
     error: str | None
     traceback: str | None
     rows: int

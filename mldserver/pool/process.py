@@ -307,7 +307,10 @@ class HandlerProcess:
         return ProcessDied(f"its stdin failed: {type(exc).__name__}: {exc}", blamed=False)
 
     async def call(self, frame: dict[str, Any], body: bytes, requests: Requests,
-                   what: tuple[str, str]) -> tuple[dict[str, Any], bytes]:
+                   what: tuple[str, str], check: Callable[[], bool] | None = None) -> tuple[dict[str, Any], bytes]:
+        """The call's ``done`` frame and body. ``check`` (a held call, ``frame["held"]``)
+        runs once the frame is written, while the process parses the batch; its answer
+        goes as the call's ``go`` frame."""
         future: asyncio.Future[tuple[dict[str, Any], bytes]] = asyncio.get_running_loop().create_future()
         self._calls[frame["id"]] = (future, requests)
         self.in_flight[frame["id"]] = what
@@ -319,6 +322,8 @@ class HandlerProcess:
                     self._regions[frame["id"]] = region
                     frame, body = {**frame, "arena": region}, b""
             self._write(frame, body)
+            if check is not None:
+                self._write({"op": "go", "id": frame["id"], "call": check()})
             try:
                 await self.proc.stdin.drain()  # type: ignore[union-attr]
             except Exception as exc:  # the pipe closed under the write

@@ -28,7 +28,14 @@ for it.
 Records the protocol core left unread (``LazyRecords``: handler processes read them
 from the line) stay so: ``decode_records`` checks the last record's position (with
 ``positions``: every record's, in bulk) and returns a ``LineRecords``, whose
-``Record``s are made one at a time when asked for.
+``Record``s are made one at a time when asked for. With ``later`` the bulk reading
+waits for the caller (``read_positions``), who runs it while a handler process parses
+the same line, and calls the handler only if it found every position::
+
+    records, bad = decode_records(lazy, deaggregate_kpl=False, positions=True, later=True)
+    records.positions is None        # not read yet
+    records.read_positions()         # True; False: a record has none: decode again,
+                                     #   without ``later``, to have it returned as malformed
 """
 
 from __future__ import annotations
@@ -63,13 +70,15 @@ NO_POSITION = "a record is not an object with a sequenceNumber of digits"
 
 
 def decode_records(
-    raws: list[Any], *, deaggregate_kpl: bool, positions: bool = False
+    raws: list[Any], *, deaggregate_kpl: bool, positions: bool = False, later: bool = False
 ) -> tuple[list[Record], list[BadRecords]]:
-    """The handler's records, and what could not be made into records."""
+    """The handler's records, and what could not be made into records. ``later``:
+    the positions of a line read lazily are left to ``LineRecords.read_positions``,
+    which the caller runs while a handler process parses the line."""
     if not raws:
         return [], []
     if type(raws) is LazyRecords:
-        lazy = None if deaggregate_kpl else _lazy(raws, positions)
+        lazy = None if deaggregate_kpl else _lazy(raws, positions and not later)
         if lazy is not None:
             return lazy, []
         raws.release()
@@ -109,17 +118,10 @@ def _lazy(raws: LazyRecords, positions: bool) -> LineRecords | None:
                     if type(last) is dict else None)
         if position is None:
             return None
-        if not positions:
-            return LineRecords(raws, None, position)
-        scanned = raws.sequence_numbers()  # the usual batch, in one native pass
-        parsed = Positions.scanned(*scanned[:3]) if scanned is not None else None
-        arrivals = scanned[3] if scanned is not None else None
-        if parsed is None:
-            # A record that is not an object has None in every column: no position, as below.
-            parsed = Position.batch(*raws.columns("sequenceNumber", "subSequenceNumber"))
-        if None in parsed:
+        records = LineRecords(raws, None, position)
+        if positions and not records.read_positions():
             return None
-        return LineRecords(raws, parsed, position, arrivals)
+        return records
     finally:
         raws.release()
 
@@ -140,6 +142,22 @@ class LineRecords(Sequence[Record]):
 
     def __len__(self) -> int:
         return len(self.raws)
+
+    def read_positions(self) -> bool:
+        """Every record's position and arrival time, read in one native pass over the
+        line (some 0.8 ms for 10,000 records of 100 B); False if a record has none (the
+        batch is read again, whole, to say which: ``decode_records``)."""
+        raws = self.raws
+        scanned = raws.sequence_numbers()  # the usual batch
+        parsed = Positions.scanned(*scanned[:3]) if scanned is not None else None
+        if parsed is None:
+            # A record that is not an object has None in every column: no position.
+            parsed = Position.batch(*raws.columns("sequenceNumber", "subSequenceNumber"))
+            raws.release()
+        if None in parsed:
+            return False
+        self.positions, self.arrivals = parsed, scanned[3] if scanned is not None else None
+        return True
 
     def __getitem__(self, i: Any) -> Any:
         if isinstance(i, slice):

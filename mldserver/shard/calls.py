@@ -17,6 +17,15 @@ can later run the handler in another process::
     #   False, "failed", "ValueError: bad order", None       (after every attempt failed)
     #   True, "checkpoint_failed", "ThrottlingException", None   (a CheckpointError escaped)
 
+``check`` (``process_records``, a sink downstream) is a test of the batch the handler
+must not be called without: ``Outcome(SKIPPED)`` when it says no. A handler process
+(``pool.ProcessCalls``) runs it while it parses the batch, the handler called once it
+says yes; here it runs first::
+
+    outcome = await calls.call("process_records", batch, checkpointer, collect_rows=True,
+                               check=batch.records.read_positions)   # False: a record without one
+    outcome.result == SKIPPED                                        # the handler was not called
+
 A call that raises or runs past ``timeout`` is retried ``retries`` times; a retried
 ``process_records`` starts with no rows (no row twice). A ``CheckpointError`` that
 escapes the handler ends the action at once, without a retry (the checkpointer has
@@ -69,10 +78,11 @@ GRACE_CAP = 1.0  # at most this long for a cancelled handler call to end
 OK = "ok"
 CHECKPOINT_FAILED = "checkpoint_failed"
 FAILED = "failed"
+SKIPPED = "skipped"  # not called: ``check`` found the batch unsound (``call``)
 
 
 class Outcome(NamedTuple):
-    result: str  # OK, CHECKPOINT_FAILED or FAILED
+    result: str  # OK, CHECKPOINT_FAILED, FAILED or SKIPPED
     error: str | None = None
     rows: EmittedRows | None = None  # what process_records emitted, when collected
     # process_records: the records it gave up on (batch.fail), (index in the batch,
@@ -216,10 +226,13 @@ class HandlerCalls(Calls):
         """The connection is over (nothing to release in this loop)."""
 
     async def call(
-        self, action: str, arg: Any, checkpointer: Callable[[], Checkpointer], *, collect_rows: bool = False
+        self, action: str, arg: Any, checkpointer: Callable[[], Checkpointer], *, collect_rows: bool = False,
+        check: Callable[[], bool] | None = None,
     ) -> Outcome:
         if self.handler is None:
             return Outcome(FAILED, "no handler (its creation failed)")
+        if check is not None and not check():
+            return Outcome(SKIPPED)
         attempts = self.retries + 1
         error = ""
         for attempt in range(attempts):

@@ -44,9 +44,9 @@ from ..protocol import (
     RemoteProtocolError, ShardEnded, Shutdown, ShutdownRequested, Status,
 )
 from ..api.checkpointer import Checkpointer
-from ..api.records import Batch, ShardInfo
-from .batches import INVALID_AGGREGATE, BadRecords, decode_records, encode_rows
-from .calls import Calls, Outcome
+from ..api.records import Batch, Record, ShardInfo
+from .batches import INVALID_AGGREGATE, BadRecords, LineRecords, decode_records, encode_rows
+from .calls import SKIPPED, Calls, Outcome
 from .checkpoints import Checkpoints
 from .downstream import Downstream, NoSink
 from .slots import Lost, Slots, Stopped, Wire
@@ -234,21 +234,18 @@ class ShardDriver:
         started = time.perf_counter()
         mode = self.settings.deaggregate
         kpl = mode == "always" or (mode == "auto" and self.conn.dialect is Dialect.V1)
-        records, bad = decode_records(event.records, deaggregate_kpl=kpl, positions=self.downstream.collects_rows)
-        await self._dead_letter_all(bad)
-        if not records and bad:
+        collect = self.downstream.collects_rows
+        # With a sink every record needs its position before the handler sees it: a line's
+        # are read while its handler process parses it (``check``), not before the call.
+        records, bad = decode_records(event.records, deaggregate_kpl=kpl, positions=collect, later=collect)
+        check = records.read_positions if collect and type(records) is LineRecords else None
+        outcome = await self._handled(event, records, bad, kpl, check)
+        if outcome is not None and outcome.result == SKIPPED:  # a record without a position: read whole
+            records, bad = decode_records(event.records, deaggregate_kpl=kpl, positions=True)
+            outcome = await self._handled(event, records, bad, kpl, None)
+        if outcome is None:
             return
-        progress = self.checkpoints.progress
-        progress.batch(records)
         last = records[-1].position if records else None
-        batch = Batch(records, event.millis_behind_latest, self.shard)  # type: ignore[arg-type]
-        if not kpl and len(records) == len(event.records):
-            batch.line = event.line  # the records as they arrived, for a handler process
-        try:
-            outcome = await self._call("process_records", batch, self.checkpoints.for_action("process_records"),
-                                       collect_rows=self.downstream.collects_rows)
-        finally:
-            progress.batch_done()  # an idle shard holds no batch in memory
         if not outcome.ok:
             await self._dead_letter_all([BadRecords(event.records, "handler failed", outcome.error or "")])
         elif outcome.failed:  # before any checkpoint can pass them
@@ -264,11 +261,31 @@ class ShardDriver:
             self.log.debug("batch", records=len(records), millis_behind_latest=event.millis_behind_latest,
                            duration_ms=round((time.perf_counter() - started) * 1000, 3))
 
+    async def _handled(self, event: ProcessRecords, records: list[Record], bad: list[BadRecords], kpl: bool,
+                       check: Callable[[], bool] | None) -> Outcome | None:
+        """The malformed records dead-lettered, then the handler called with the others
+        (None: there were none)."""
+        await self._dead_letter_all(bad)
+        if not records and bad:
+            return None
+        progress = self.checkpoints.progress
+        progress.batch(records)
+        batch = Batch(records, event.millis_behind_latest, self.shard)  # type: ignore[arg-type]
+        if not kpl and len(records) == len(event.records):
+            batch.line = event.line  # the records as they arrived, for a handler process
+        try:
+            return await self._call("process_records", batch, self.checkpoints.for_action("process_records"),
+                                    collect_rows=self.downstream.collects_rows, check=check)
+        finally:
+            progress.batch_done()  # an idle shard holds no batch in memory
+
     async def _call(self, action: str, arg: Any, checkpointer: Callable[[], Checkpointer],
                     **kwargs: Any) -> Outcome:
         """The handler-call seam, metered on the server's side (retries included)."""
         started = time.perf_counter()
         outcome = await self.calls.call(action, arg, checkpointer, **kwargs)
+        if outcome.result == SKIPPED:
+            return outcome  # not called: nothing to meter
         discarded = self.metrics.call(action, outcome.result, outcome.error, time.perf_counter() - started,
                                       self.calls.take_stats())
         if discarded and not self.tally.rows_discarded:

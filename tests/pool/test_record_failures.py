@@ -1,7 +1,8 @@
 """One poisoned record in a batch of 1,000, in a handler process and in the server's
 loop: the record alone is retried, then dead-lettered with its data and the error;
 the 999 others are committed; the shard is checkpointed past it, never before its
-dead letter is written."""
+dead letter is written. A record without a position, with a sink, never reaches the
+handler at all."""
 
 from __future__ import annotations
 
@@ -92,3 +93,31 @@ async def test_a_records_retries_count_against_the_calls_execution_timeout(tmp_p
     assert "execution_timeout" in letters[0]["error"]
     assert server.metrics.registry.get_sample_value("mldserver_handler_timeouts_total",
                                                     {"callback": "process_records"}) == 2
+
+
+def calls_of(server, callback):
+    return server.metrics.registry.get_sample_value("mldserver_handler_calls_total",
+                                                    {"callback": callback, "outcome": "success"})
+
+
+@pytest.mark.parametrize("workers", [2, 0])
+async def test_with_a_sink_a_record_without_a_position_never_reaches_the_handler(workers, tmp_path):
+    """A handler process parses the batch while the server reads its positions (a held
+    call: ``pool/frames.py``), and is let call the handler only once every record has
+    one: the record without one is dead-lettered, never handled, and the handler is
+    called once, with the four others, whose rows are committed once each."""
+    sent = make_records(10_000, 5, approximate_arrival_timestamp=T0)
+    sent[2]["sequenceNumber"] = "10002x"
+    async with running(tmp_path, **pooled("Emit", workers=workers)) as (server, sink, daemon):
+        shard = await daemon.shard(SHARD)
+        await shard.process_records(sent, millis_behind_latest=1000)
+        [letter] = dead_letters(tmp_path, SHARD)  # written before the batch's status
+        assert calls_of(server, "process_records") == 1
+        await shard.process_records(later(), millis_behind_latest=1000)
+        await eventually(lambda: len(sink.rows) >= 4, timeout=30, what="the first window committed")
+        await shard.shutdown_requested()
+        await shard.lease_lost()
+        assert await shard.close() == 0
+    assert sorted(r["seq"] for r in sink.rows) == ["10000", "10001", "10003", "10004"]
+    assert (letter["reason"], letter["sequence_number"], letter["data"]) == \
+        ("malformed records", "10002x", sent[2]["data"])

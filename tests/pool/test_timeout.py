@@ -127,7 +127,7 @@ class Killed:
     def __init__(self) -> None:
         self.death: asyncio.Future = asyncio.get_running_loop().create_future()
 
-    async def call(self, frame, body, requests, what):
+    async def call(self, frame, body, requests, what, check=None):
         return await self.death  # ProcessDied, once its death is noticed
 
     def running(self) -> int:

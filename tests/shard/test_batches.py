@@ -201,6 +201,33 @@ def test_a_line_the_protocol_read_lazily_is_parsed_once_for_its_positions_and_th
     assert [p.seq for p in records.positions] == [100, 101, 102]
 
 
+@pytest.mark.parametrize("odd", [None, "7x", "not an object"])
+def test_a_lines_positions_can_be_read_later_and_a_record_without_one_is_then_found(odd):
+    """``later``: decoded without reading every position (a handler process parses the
+    line meanwhile); ``read_positions`` reads them then, or says one is missing, and
+    decoding again without ``later`` returns that record as malformed."""
+    from mldserver.protocol import messages
+
+    raws = make_records(100, 3)
+    if odd == "not an object":
+        raws[1] = odd
+    elif odd is not None:
+        raws[1]["sequenceNumber"] = odd
+    line = json.dumps({"action": "processRecords", "records": raws}).encode()
+    records, bad = decode_records(messages.decode(line, lazy=True).records, deaggregate_kpl=False, positions=True,
+                                  later=True)
+    assert bad == [] and len(records) == 3 and records.positions is None
+    assert records[-1].position == Position(102, 0, "102")  # the last one's, always read at once
+    if odd is None:
+        assert records.read_positions() is True
+        assert [p.seq for p in records.positions] == [100, 101, 102] and len(records.arrivals) == 3 * 8
+        return
+    assert records.read_positions() is False
+    records, bad = decode_records(messages.decode(line, lazy=True).records, deaggregate_kpl=False, positions=True)
+    assert [r.sequence_number for r in records] == ["100", "102"]
+    assert [(b.raws, b.reason) for b in bad] == [([raws[1]], MALFORMED)]
+
+
 def test_a_row_that_cannot_be_an_item_is_returned_with_its_record():
     good = Record({"sequenceNumber": "7"})
     unparsable = Record({"sequenceNumber": "seven", "data": "eA=="})
