@@ -13,6 +13,7 @@ copied once, where its pieces are joined (``LineBuffer``, ``spark.frames``)::
     await loop.create_server(lambda: asyncio.StreamReaderProtocol(reader, on_connect), ...)
     piece = await reader.read(1 << 18)        # b"" at the end
     reader.unread                             # bytes received, not yet read
+    reader.hold(True)                         # read no more from the socket for now
 
 ``read`` and ``readexactly`` are all it serves (what the server, the shard driver and the
 handler processes use); the line-oriented methods raise ``NotImplementedError``.
@@ -35,6 +36,7 @@ class PieceReader(asyncio.StreamReader):
         super().__init__(limit=limit, loop=loop)
         self._pieces: deque[bytes] = deque()
         self._held = 0
+        self._holding = False  # ``hold``: read nothing more for now
 
     @property
     def unread(self) -> int:
@@ -48,7 +50,22 @@ class PieceReader(asyncio.StreamReader):
         self._pieces.append(bytes(data))  # bytes already (uvloop, asyncio): not copied
         self._held += len(data)
         self._wakeup_waiter()
-        if self._transport is not None and not self._paused and self._held > 2 * self._limit:
+        if self._holding or self._held > 2 * self._limit:
+            self._pause()
+
+    def hold(self, holding: bool) -> None:
+        """``True``: nothing more is read from the socket for now (what arrives stays
+        in the kernel); ``False``: reading goes on as before. A shard waiting for an
+        in-flight slot holds so: of its batch, only what one read brought (up to 256
+        KiB with uvloop) is in memory, not twice ``limit``."""
+        self._holding = holding
+        if holding:
+            self._pause()
+        else:
+            self._maybe_resume_transport()
+
+    def _pause(self) -> None:
+        if self._transport is not None and not self._paused:
             try:
                 self._transport.pause_reading()
             except NotImplementedError:  # a transport that cannot pause: hold it all
@@ -57,7 +74,7 @@ class PieceReader(asyncio.StreamReader):
                 self._paused = True
 
     def _maybe_resume_transport(self) -> None:
-        if self._paused and self._held <= self._limit:
+        if self._paused and not self._holding and self._held <= self._limit:
             self._paused = False
             self._transport.resume_reading()
 

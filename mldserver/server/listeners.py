@@ -36,8 +36,9 @@ from ..base.logs import get_logger
 
 log = get_logger("mldserver.server")
 
-# StreamReader pauses reading at twice this: a shard waiting for a slot keeps the rest
-# of its batch in the kernel, not in our memory. Lines are reassembled by the core.
+# StreamReader pauses reading at twice this; a shard waiting for a slot pauses at once
+# (``PieceReader.hold``), keeping the rest of its batch in the kernel, not in our
+# memory. Lines are reassembled by the core.
 STREAM_LIMIT = 1 << 18
 
 

@@ -230,11 +230,15 @@ class Wire:
 
     async def _take_slot(self) -> None:
         assert self.slots is not None
-        if self._ready is not None and not self.aborted.is_set():
-            await self._until_aborted(self._ready())  # back-pressure: the batch stays in the kernel
-        if await self.slots.acquire(self, self.aborted):
-            self._holding = True
-            self._grew = time.monotonic()
+        self.reader.hold(True)  # while it waits, the rest of the batch stays in the kernel
+        try:
+            if self._ready is not None and not self.aborted.is_set():
+                await self._until_aborted(self._ready())  # back-pressure
+            if await self.slots.acquire(self, self.aborted):
+                self._holding = True
+                self._grew = time.monotonic()
+        finally:
+            self.reader.hold(False)
 
     async def _until_aborted(self, wait: Awaitable[None]) -> None:
         """``wait``, unless ``abort()`` comes first."""

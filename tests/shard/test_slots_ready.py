@@ -42,3 +42,52 @@ async def test_a_batch_is_not_read_past_its_first_piece_until_ready():
     gate.set()
     got = await asyncio.wait_for(event, 5)
     assert isinstance(got, ProcessRecords) and len(got.records) == 4000 and wire in slots.holders
+
+
+async def test_a_batch_waiting_for_a_slot_keeps_all_but_one_read_in_the_kernel():
+    """Every slot held: the next shard's batch waits, and the server reads no further
+    than the read that brought its first bytes (uvloop's, at most 256 KiB): the rest
+    of its 8 MB stays in the socket's buffers and with the sender, not in memory."""
+    from mldserver.base import pieces
+    from mldserver.server.listeners import STREAM_LIMIT
+
+    from ..harness import eventually
+
+    slots = Slots(1)
+    holder = object()
+    await slots.acquire(holder, asyncio.Event())  # type: ignore[arg-type]  (another shard's batch)
+    wires: list = []
+    events: list = []
+
+    async def connected(reader, writer):
+        conn = Connection()
+        conn.state = State.READY
+        wire = Wire(reader, writer, conn, slots, EventLogger("test"), running=lambda: None,
+                    on_bad_line=None)  # type: ignore[arg-type]
+        wires.append(wire)
+        try:
+            events.append(await wire.next_event())
+        finally:
+            writer.close()
+
+    server = await pieces.serve_tcp(connected, "127.0.0.1", 0, STREAM_LIMIT)
+    port = server.sockets[0].getsockname()[1]
+    _, writer = await asyncio.open_connection("127.0.0.1", port)
+    line = orjson.dumps({"action": "processRecords", "records": make_records(1, 20_000, 300),
+                         "millisBehindLatest": 0}) + b"\n"
+    assert len(line) > 8 << 20
+    writer.write(line)
+    try:
+        await eventually(lambda: wires and wires[0].reader._paused, what="the waiting batch's reading paused")
+        wire = wires[0]
+        for _ in range(20):  # what was in flight lands; nothing more is read
+            await asyncio.sleep(0.01)
+        assert 0 < wire.conn.buffered + wire.reader.unread <= READ_CHUNK and not slots._sem._value
+        slots.release(holder)  # type: ignore[arg-type]
+        await eventually(lambda: events, what="the whole batch read, once it took the slot")
+        assert len(events[0].records) == 20_000 and wire in slots.holders
+    finally:
+        writer.transport.abort()  # (closed at once, whatever it still had to send)
+        for wire in wires:
+            wire.writer.transport.abort()
+        server.close()
