@@ -155,7 +155,9 @@ class ProcessCalls(Calls):
             assert check is not None
             try:
                 checked.append(check())
-            except Exception:  # a bug of ours: not called here; the driver reads the batch again, and says
+            except Exception as exc:  # a bug of ours: not called; the driver reads the batch again
+                self.log.error("action_failed_internally", callback=action, step="check",
+                               error=f"{type(exc).__name__}: {exc}", exc_info=True)
                 checked.append(False)
             return checked[0]
 
@@ -163,6 +165,8 @@ class ProcessCalls(Calls):
             while attempt < attempts:
                 if self._aborted is not None:
                     return Outcome(FAILED, f"not called: {self._aborted}")
+                if checked and not checked[0]:
+                    return Outcome(SKIPPED)  # (the attempt that was told so ended otherwise: redone, it is not called)
                 traceback = None
                 proc = frame = None
                 try:

@@ -78,7 +78,7 @@ def decode_records(
     if not raws:
         return [], []
     if type(raws) is LazyRecords:
-        lazy = None if deaggregate_kpl else _lazy(raws, positions and not later)
+        lazy = None if deaggregate_kpl else _lazy(raws, positions, later)
         if lazy is not None:
             return lazy, []
         raws.release()
@@ -109,9 +109,11 @@ def decode_records(
     return records, bad
 
 
-def _lazy(raws: LazyRecords, positions: bool) -> LineRecords | None:
+def _lazy(raws: LazyRecords, positions: bool, later: bool) -> LineRecords | None:
     """The records of a line read lazily, or None if one of them is malformed. The
-    parsed line the protocol core kept is read here once, then let go."""
+    parsed line the protocol core kept is read here once, then let go (with ``later``,
+    once ``read_positions`` has read the positions)."""
+    keep = False
     try:
         last = raws.last()
         position = (Position.parse(last.get("sequenceNumber"), last.get("subSequenceNumber"))
@@ -119,11 +121,15 @@ def _lazy(raws: LazyRecords, positions: bool) -> LineRecords | None:
         if position is None:
             return None
         records = LineRecords(raws, None, position)
-        if positions and not records.read_positions():
-            return None
-        return records
+        if not positions:
+            return records
+        if later:
+            keep = True  # the parsed line, should the scan not serve: ``read_positions`` lets it go
+            return records
+        return records if records.read_positions() else None
     finally:
-        raws.release()
+        if not keep:
+            raws.release()
 
 
 class LineRecords(Sequence[Record]):
@@ -153,7 +159,7 @@ class LineRecords(Sequence[Record]):
         if parsed is None:
             # A record that is not an object has None in every column: no position.
             parsed = Position.batch(*raws.columns("sequenceNumber", "subSequenceNumber"))
-            raws.release()
+        raws.release()
         if None in parsed:
             return False
         self.positions, self.arrivals = parsed, scanned[3] if scanned is not None else None

@@ -224,14 +224,17 @@ class Wire:
         if self.conn.buffered == 0:
             return
         name = action_in(self.conn.peek(PEEK))
-        if name in SMALL_ACTIONS or (name is None and self.conn.buffered < PEEK):
+        if name is None and self.conn.buffered < PEEK:
+            return  # its name is still to come: a read more (one piece: the reader holds)
+        if name in SMALL_ACTIONS:
+            self.reader.hold(False)
             return
         await self._take_slot()
 
     async def _take_slot(self) -> None:
         assert self.slots is not None
-        self.reader.hold(True)  # while it waits, the rest of the batch stays in the kernel
         try:
+            self.reader.hold(True)  # while it waits, the rest of the batch stays in the kernel
             if self._ready is not None and not self.aborted.is_set():
                 await self._until_aborted(self._ready())  # back-pressure
             if await self.slots.acquire(self, self.aborted):
@@ -265,6 +268,10 @@ class Wire:
         idle = self.conn.state in BETWEEN_ACTIONS and self.conn.buffered == 0 and not self.conn.overflowing
         if idle and self.stopping and not self.reader.unread:
             raise Stopped
+        if idle and self.slots is not None:
+            # The next action's first bytes come alone (one read): if they name a batch,
+            # it waits for a slot before more of it is read (``_maybe_take_slot``).
+            self.reader.hold(True)
         self._idle = idle
         self._reading = asyncio.current_task()
         try:
