@@ -68,6 +68,31 @@ async def test_reading_pauses_past_twice_the_limit_held_and_resumes_once_read_do
     assert not transport.paused
 
 
+async def test_a_holding_reader_pauses_after_each_piece_and_a_read_lets_one_more_in():
+    class Transport(asyncio.ReadTransport):
+        paused = False
+
+        def pause_reading(self):
+            self.paused = True
+
+        def resume_reading(self):
+            self.paused = False
+
+    reader, transport = PieceReader(limit=1 << 10), Transport()
+    reader.set_transport(transport)
+    reader.hold(True)
+    assert transport.paused  # at once, nothing held yet
+    waiting = asyncio.ensure_future(reader.read(64))
+    await asyncio.sleep(0)
+    assert not transport.paused  # a read with nothing held lets the next piece in
+    reader.feed_data(b"first")
+    assert transport.paused and await waiting == b"first"  # ... and only that one
+    reader.feed_data(b"late")  # (what a transport had read already still lands)
+    assert await reader.read(64) == b"late" and transport.paused  # held: still paused
+    reader.hold(False)
+    assert not transport.paused  # nothing held: reading goes on
+
+
 async def test_a_server_whose_connections_read_in_pieces_serves_a_line_of_megabytes():
     got: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
 
