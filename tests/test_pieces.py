@@ -46,16 +46,19 @@ async def test_a_read_waits_for_data_and_an_error_is_raised_to_the_reader():
         await reader.read(8)
 
 
+class Transport(asyncio.ReadTransport):
+    """A transport that only says whether its reader paused it."""
+
+    paused = False
+
+    def pause_reading(self):
+        self.paused = True
+
+    def resume_reading(self):
+        self.paused = False
+
+
 async def test_reading_pauses_past_twice_the_limit_held_and_resumes_once_read_down():
-    class Transport(asyncio.ReadTransport):
-        paused = False
-
-        def pause_reading(self):
-            self.paused = True
-
-        def resume_reading(self):
-            self.paused = False
-
     reader, transport = PieceReader(limit=10), Transport()
     reader.set_transport(transport)
     reader.feed_data(b"x" * 15)
@@ -69,15 +72,6 @@ async def test_reading_pauses_past_twice_the_limit_held_and_resumes_once_read_do
 
 
 async def test_a_holding_reader_pauses_after_each_piece_and_a_read_lets_one_more_in():
-    class Transport(asyncio.ReadTransport):
-        paused = False
-
-        def pause_reading(self):
-            self.paused = True
-
-        def resume_reading(self):
-            self.paused = False
-
     reader, transport = PieceReader(limit=1 << 10), Transport()
     reader.set_transport(transport)
     reader.hold(True)
