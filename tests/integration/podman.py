@@ -1,8 +1,12 @@
 """Podman for the container tests, as these machines run it (``scripts/setup --test``
-installs it from Debian): runc, the vfs storage driver under ``.deps/podman`` (images
-kept from one run to the next), cgroupfs, host networking (the emulators are on the
+installs it from Debian): runc, cgroupfs, host networking (the emulators are on the
 host's loopback), and rlimits the sandbox lets runc set on every container (podman's
-defaults raise them, which it refuses: "error setting rlimit type 7")::
+defaults raise them, which it refuses: "error setting rlimit type 7"). The store is under
+``.deps/podman/<driver>`` (images kept from one run to the next), with the overlay
+storage driver where the kernel mounts overlays (a layer holds only what its step
+changed: some 2.5 GiB for both images) and vfs where it does not (every layer a full copy
+of the file system: some 6 GiB, which once filled a CI machine's disk mid-build; a build
+now says beforehand when the disk is too full for its driver)::
 
     podman = Podman(deps_dir() / "podman")
     image = podman.build("serve")            # deploy/Containerfile --target serve
@@ -33,17 +37,21 @@ UID = 10001  # the image's user (deploy/Containerfile)
 # The image user's processes and threads (the JVM's among them): plenty, and under what
 # the sandbox lets runc set (its own 96,365 is refused above 32,768).
 NPROC = 4096
+# What the two images' builds take in the store (measured: overlay 2.5 GiB, vfs 6.1 GiB), and some more.
+NEEDS = {"overlay": 4 * 2**30, "vfs": 8 * 2**30}
 
 
 class Podman:
     def __init__(self, root: Path) -> None:
         if shutil.which("podman") is None:
             raise AssertionError("podman is not installed: run scripts/setup --test (Debian's podman and runc)")
-        # podman's database keeps the paths it was first given: the same two every run
         self.root = root = root.resolve()
         root.mkdir(parents=True, exist_ok=True)
-        self.argv = ["podman", "--root", str(root / "storage"), "--runroot", str(root / "run"),
-                     "--storage-driver", "vfs", "--runtime", "runc", "--cgroup-manager", "cgroupfs",
+        self.driver = _driver(root)
+        # podman's database keeps the paths and the driver it was first given: the same every run
+        store = root / self.driver
+        self.argv = ["podman", "--root", str(store / "storage"), "--runroot", str(store / "run"),
+                     "--storage-driver", self.driver, "--runtime", "runc", "--cgroup-manager", "cgroupfs",
                      "--events-backend", "file"]
         soft, hard = map(_limit, resource.getrlimit(resource.RLIMIT_NOFILE))
         self.limits = [f"--ulimit=nofile={soft}:{hard}", f"--ulimit=nproc={NPROC}:{NPROC}"]
@@ -74,6 +82,8 @@ class Podman:
         """The image of ``deploy/Containerfile``'s ``target`` from this checkout, built
         on ``BASE``, docker format (HEALTHCHECK kept); its tag."""
         tag = tag or f"localhost/mldserver-{target}:test"
+        if not self.exists(tag):  # else most of its layers are kept
+            self.room()
         trust: list[str] = []
         ca = os.environ.get("SSL_CERT_FILE")
         if ca and Path(ca).is_file():
@@ -84,6 +94,17 @@ class Podman:
              "--build-arg", f"BASE={self.base()}", "-f", str(ROOT / "deploy" / "Containerfile"),
              "--target", target, "-t", tag, str(ROOT), timeout=1800)
         return tag
+
+    def room(self) -> None:
+        """Fail before a build when the store's disk has less free space than the two
+        images take with this driver, saying so (podman would fail mid-build with "no
+        space left on device", after minutes)."""
+        free = shutil.disk_usage(self.root).free
+        if free < NEEDS[self.driver]:
+            raise AssertionError(
+                f"{free / 2**30:.1f} GiB free on the disk of {self.root}: building the images with podman's "
+                f"{self.driver} storage driver takes some {NEEDS[self.driver] / 2**30:.0f} GiB; free some space "
+                f"(an old store under {self.root} can go: rm -r {self.root})")
 
     def size(self, image: str) -> int:
         return int(self("image", "inspect", "--format", "{{.Size}}", image).stdout)
@@ -102,6 +123,18 @@ class Podman:
             if time.monotonic() > deadline:
                 raise AssertionError(f"{container} is not running: {self('logs', container).stderr[-3000:]}")
             time.sleep(0.2)
+
+
+def _driver(root: Path) -> str:
+    """overlay where podman can use it here (it mounts a test overlay when it starts on a
+    new store, and refuses where the kernel or the file system under ``root`` cannot),
+    else vfs."""
+    probe = root / "overlay"
+    done = subprocess.run(["podman", "--root", str(probe / "storage"), "--runroot", str(probe / "run"),
+                           "--storage-driver", "overlay", "--runtime", "runc", "--cgroup-manager", "cgroupfs",
+                           "--events-backend", "file", "info", "--format", "{{.Store.GraphDriverName}}"],
+                          capture_output=True, text=True, timeout=120)
+    return "overlay" if done.returncode == 0 and done.stdout.strip() == "overlay" else "vfs"
 
 
 def _limit(value: int) -> str:
