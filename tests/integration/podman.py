@@ -48,12 +48,9 @@ class Podman:
             raise AssertionError("podman is not installed: run scripts/setup --test (Debian's podman and runc)")
         self.root = root = root.resolve()
         root.mkdir(parents=True, exist_ok=True)
-        self.driver = _driver(root)
-        # podman's database keeps the paths and the driver it was first given: the same every run
-        store = root / self.driver
-        self.argv = ["podman", "--root", str(store / "storage"), "--runroot", str(store / "run"),
-                     "--storage-driver", self.driver, "--runtime", "runc", "--cgroup-manager", "cgroupfs",
-                     "--events-backend", "file"]
+        self.driver = "overlay" if _overlay(root) else "vfs"
+        self.argv = _argv(root, self.driver)
+        self._roomy = False  # room() passed: the images' builds fit
         soft, hard = map(_limit, resource.getrlimit(resource.RLIMIT_NOFILE))
         self.limits = [f"--ulimit=nofile={soft}:{hard}", f"--ulimit=nproc={NPROC}:{NPROC}"]
 
@@ -83,7 +80,7 @@ class Podman:
         """The image of ``deploy/Containerfile``'s ``target`` from this checkout, built
         on ``BASE``, docker format (HEALTHCHECK kept); its tag."""
         tag = tag or f"localhost/mldserver-{target}:test"
-        if not self.exists(tag):  # else most of its layers are kept
+        if not self._roomy and not self.exists(tag):  # (a built image's layers are kept)
             self.room()
         trust: list[str] = []
         ca = os.environ.get("SSL_CERT_FILE")
@@ -97,15 +94,16 @@ class Podman:
         return tag
 
     def room(self) -> None:
-        """Fail before a build when the store's disk has less free space than the two
-        images take with this driver, saying so (podman would fail mid-build with "no
-        space left on device", after minutes)."""
+        """Fail before the first build when the store's disk has less free space than
+        the two images take with this driver, saying so (podman would fail mid-build
+        with "no space left on device", after minutes)."""
         free = shutil.disk_usage(self.root).free
         if free < NEEDS[self.driver]:
             raise AssertionError(
                 f"{free / 2**30:.1f} GiB free on the disk of {self.root}: building the images with podman's "
                 f"{self.driver} storage driver takes some {NEEDS[self.driver] / 2**30:.0f} GiB; free some space "
                 f"(an old store under {self.root} can go: rm -r {self.root})")
+        self._roomy = True
 
     def size(self, image: str) -> int:
         return int(self("image", "inspect", "--format", "{{.Size}}", image).stdout)
@@ -126,16 +124,21 @@ class Podman:
             time.sleep(0.2)
 
 
-def _driver(root: Path) -> str:
-    """overlay where podman can use it here (it mounts a test overlay when it starts on a
-    new store, and refuses where the kernel or the file system under ``root`` cannot),
-    else vfs."""
-    probe = root / "overlay"
-    done = subprocess.run(["podman", "--root", str(probe / "storage"), "--runroot", str(probe / "run"),
-                           "--storage-driver", "overlay", "--runtime", "runc", "--cgroup-manager", "cgroupfs",
-                           "--events-backend", "file", "info", "--format", "{{.Store.GraphDriverName}}"],
+def _argv(root: Path, driver: str) -> list[str]:
+    """podman with its store under ``root / driver`` (podman's database keeps the paths
+    and the driver it was first given: the same every run)."""
+    store = root / driver
+    return ["podman", "--root", str(store / "storage"), "--runroot", str(store / "run"), "--storage-driver", driver,
+            "--runtime", "runc", "--cgroup-manager", "cgroupfs", "--events-backend", "file"]
+
+
+def _overlay(root: Path) -> bool:
+    """Can podman use the overlay driver here? It mounts a test overlay when it starts
+    on a new store, and refuses where the kernel or the file system under ``root``
+    cannot."""
+    done = subprocess.run([*_argv(root, "overlay"), "info", "--format", "{{.Store.GraphDriverName}}"],
                           capture_output=True, text=True, timeout=120)
-    return "overlay" if done.returncode == 0 and done.stdout.strip() == "overlay" else "vfs"
+    return done.returncode == 0 and done.stdout.strip() == "overlay"
 
 
 def _limit(value: int) -> str:
