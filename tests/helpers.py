@@ -34,15 +34,21 @@ class FakeClock:
         self.now += ms
 
 
-@contextlib.contextmanager
-def small_tmpfs(path: Path, size: str) -> Iterator[Path]:
+def small_tmpfs(path: Path, size: str) -> contextlib.AbstractContextManager[Path]:
     """A real tmpfs of ``size`` at ``path``: a disk that really fills up. Needs root
     (or CAP_SYS_ADMIN); where the mount is refused the test fails and says why."""
+    return mounted(path, "tmpfs", f"size={size}")
+
+
+@contextlib.contextmanager
+def mounted(path: Path, kind: str, options: str = "defaults") -> Iterator[Path]:
+    """A real file system of ``kind`` mounted at ``path`` (``ramfs``: one that refuses
+    O_DIRECT). Needs root (or CAP_SYS_ADMIN); where the mount is refused the test
+    fails and says why."""
     path.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], capture_output=True,
-                          text=True)
+    done = subprocess.run(["mount", "-t", kind, "-o", options, kind, str(path)], capture_output=True, text=True)
     if done.returncode != 0:
-        pytest.fail(f"cannot mount a small tmpfs here ({done.stderr.strip()}): these tests need root")
+        pytest.fail(f"cannot mount a {kind} here ({done.stderr.strip()}): these tests need root")
     try:
         yield path
     finally:

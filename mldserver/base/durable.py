@@ -5,7 +5,8 @@
   over ``path``, and the folder is fsynced so the rename itself survives a power cut::
 
       atomic_write(Path("out/_commits/1763719200000-1763719260000.json"), b'{"rows": 812}')
-      atomic_write(Path("out/0-60000.jsonl"), window.rows.chunks())   # buffers, one after another
+      atomic_write(Path("out/0-60000.jsonl"), window.rows.chunks(), direct=True)
+      # buffers one after another; ``direct``: past the page cache (``direct.py``)
 
 - ``append_fsync(path, data)``: append and fsync (dead letters), whole lines or nothing:
   a write that fails or falls short is cut back to the size before it, and a file found
@@ -52,6 +53,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Protocol, TypeVar
 
 from .backoff import Backoff
+from .direct import write_synced
 
 T = TypeVar("T")
 
@@ -105,18 +107,23 @@ def _fsync(path: Path | str) -> None:
         os.close(fd)
 
 
-def atomic_write(path: Path, data: bytes | Iterable[Any]) -> Path:
+def atomic_write(path: Path, data: bytes | Iterable[Any], *, direct: bool = False) -> Path:
     """Write ``path`` whole: a temporary name, fsync, rename, fsync the folder. ``data``
     is bytes, or buffers written one after another (a window's rows, a run at a time).
-    On an error the temporary file is removed: a failed write leaves nothing behind."""
+    ``direct``: past the page cache where the file system allows (``direct``: a large
+    file nobody reads soon). On an error the temporary file is removed: a failed write
+    leaves nothing behind."""
     tmp = path.with_name(f"_{path.name}.tmp")
     chunks = (data,) if isinstance(data, (bytes, bytearray, memoryview)) else data
     try:
-        with open(tmp, "wb") as f:
-            for chunk in chunks:
-                f.write(chunk)
-            f.flush()
-            os.fsync(f.fileno())
+        if direct:
+            write_synced(tmp, chunks)
+        else:
+            with open(tmp, "wb") as f:
+                for chunk in chunks:
+                    f.write(chunk)
+                f.flush()
+                os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         try:
