@@ -1,18 +1,21 @@
-"""Builds the two native parts, so a wheel or an editable install carries them:
+"""Builds the native parts, so a wheel or an editable install carries them:
 
 - the relay the daemon starts once per shard (``mldserver/ops/relay.c`` ->
   ``mldserver/ops/mldserver-relay``, an executable, not a Python module);
 - the scan of a processRecords line for its records' sequence numbers
   (``mldserver/protocol/_scan.c`` -> ``mldserver.protocol._scan``, an extension module);
 - the collector of the rows a handler emits (``mldserver/api/_emitted.c`` ->
-  ``mldserver.api._emitted``: ``batch.emit`` itself).
+  ``mldserver.api._emitted``: ``batch.emit`` itself);
+- the gather of a window's rows into merged order (``mldserver/coordinator/_gather.c``
+  -> ``mldserver.coordinator._gather``).
 
 Everything else about the package is in pyproject.toml. Without a C compiler the
 install still succeeds, with a warning: ``mldserver connect`` then runs the relay in
 Python (``relay.py``), the same program at about 3.5 MiB more memory per shard, and the
 server reads sequence numbers with pysimdjson (``protocol/lazy.py``), the same
 positions at some 0.3 us more a record with a sink, and ``batch.emit`` is Python's
-(``api/emitted.py``), some 0.2 us more a row.
+(``api/emitted.py``), some 0.2 us more a row, and rows of shards that interleave are
+gathered by pyarrow (``coordinator/merge.py``), some 0.1 us more a row.
 """
 
 from __future__ import annotations
@@ -53,6 +56,8 @@ setup(
         Extension("mldserver.protocol._scan", sources=["mldserver/protocol/_scan.c"], optional=True,
                   extra_compile_args=["-O2"]),
         Extension("mldserver.api._emitted", sources=["mldserver/api/_emitted.c"], optional=True,
+                  extra_compile_args=["-O2"]),
+        Extension("mldserver.coordinator._gather", sources=["mldserver/coordinator/_gather.c"], optional=True,
                   extra_compile_args=["-O2"]),
     ],
     cmdclass={"build_ext": BuildRelay},

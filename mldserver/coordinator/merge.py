@@ -7,10 +7,10 @@ of runs each sorted already (numpy, some 10 ns a row), or, for a window where so
 handler emitted rows out of record order, a sort by the whole key. The rows' JSON is
 copied into that order where a sink first reads it (``handoff.JsonLines``, in the
 sink's thread, off the loop): one batch as it is, batches already in order one after
-another (``rows.concat_lines``), or rows of interleaved shards gathered by pyarrow's
-``take``, a block of rows at a time; or, for a sink that only writes them out
-(``JsonLines.chunks``: the file sink), never copied whole: each run of lines where it
-is, or a block gathered at a time. Two shards of a 60 s window, their rows at
+another (``rows.concat_lines``), or rows of interleaved shards gathered row by row
+(``_gather.c``, natively; pyarrow's ``take`` where it was not built); or, for a sink
+that only writes them out (``JsonLines.chunks``: the file sink), never copied whole:
+each run of lines where it is, or a block gathered at a time. Two shards of a 60 s window, their rows at
 1_000 and 3_000 (``s0``, records 7 and 8) and 2_000 (``s1``, record 4)::
 
     [closed] = ordering.close(until=60_000)   # WindowRows(0, 60000, parts={"s0": [...], "s1": [...]})
@@ -20,8 +20,8 @@ is, or a block gathered at a time. Two shards of a 60 s window, their rows at
     bytes(window.rows.buffer())               # s0's first row, s1's, s0's second: gathered here, on first read
 
 ``counts`` (each shard's rows in the window) is what the coordinator commits in the
-ledger once the sink has the window. numpy and pyarrow are imported where they are
-used (pyarrow only for a window whose shards interleave).
+ledger once the sink has the window. numpy is imported where it is used (pyarrow only
+where ``_gather`` was not built).
 """
 
 from __future__ import annotations
@@ -33,6 +33,11 @@ from ..base.positions import Position
 from ..api.rows import RowBatch, concat_lines, nondecreasing
 from ..base.handoff import JsonLines, Made, Window
 from .ordering import WindowRows
+
+try:
+    from ._gather import gather as native_gather
+except ImportError:  # pragma: no cover  (setup.py builds it where there is a compiler)
+    native_gather = None
 
 if TYPE_CHECKING:
     import numpy as np
@@ -114,8 +119,7 @@ def _merge_out_of_order(closed: WindowRows, shards: list[str], parts: list[RowBa
 def _gather(parts: list[RowBatch], order: np.ndarray | None) -> Made:
     """The window's rows' JSON lines in merged order, and their offsets. Runs where the
     sink first reads the rows (in its thread): the parts as they are, or copied one after
-    another when they are in order already; else gathered by pyarrow's ``take`` (C++,
-    the GIL released)."""
+    another when they are in order already; else gathered row by row (``_take``)."""
     if order is None:
         if len(parts) == 1:
             return parts[0].body, parts[0].offsets  # as it is: the offsets say where the rows are
@@ -123,20 +127,25 @@ def _gather(parts: list[RowBatch], order: np.ndarray | None) -> Made:
     return _take(parts, order)
 
 
-TAKE_BLOCK = 1 << 13  # rows gathered at a time (some 3 MB): pyarrow copies what it takes from first
+TAKE_BLOCK = 1 << 13  # rows gathered at a time (some 3 MB) where a sink writes them out
 
 
 def _take(parts: list[RowBatch], order: np.ndarray) -> Made:
     """Rows ``order`` (indexes into the parts one after another) into one buffer (what
-    ``JsonLines.buffer`` reads), a block of rows at a time (``_taken``)."""
+    ``JsonLines.buffer`` reads): natively in one pass (``_gather``), else a block of
+    rows at a time by pyarrow (``_taken_by_arrow``)."""
     import numpy as np
 
-    sizes = np.concatenate([np.diff(rows.offsets) for rows in parts])[order]
+    bodies, part_of, starts, ends = _rows_where(parts)
+    sizes = ends[order] - starts[order]
     offsets = np.zeros(len(order) + 1, dtype=np.int64)
     np.cumsum(sizes, out=offsets[1:])
     out = np.empty(int(offsets[-1]), dtype=np.uint8)
+    if native_gather is not None:
+        native_gather(out, bodies, part_of[order], starts[order], ends[order])
+        return out, offsets
     at = 0
-    for chunk in _taken(parts, order):
+    for chunk in _taken_by_arrow(parts, order):
         out[at : at + len(chunk)] = np.frombuffer(chunk, dtype=np.uint8)
         at += len(chunk)
     return out, offsets
@@ -145,7 +154,7 @@ def _take(parts: list[RowBatch], order: np.ndarray) -> Made:
 def _chunks(parts: list[RowBatch], order: np.ndarray | None, start: int, stop: int) -> Iterator[memoryview]:
     """Rows ``start`` to ``stop`` in merged order as runs of JSON lines (``JsonLines.chunks``):
     where they are in the parts when they are in order already, else gathered a block at
-    a time by pyarrow (each block let go once the next is asked for)."""
+    a time (each block's buffer used again for the next once it is asked for)."""
     if order is not None:
         yield from _taken(parts, order[start:stop])
         return
@@ -161,9 +170,39 @@ def _chunks(parts: list[RowBatch], order: np.ndarray | None, start: int, stop: i
 
 def _taken(parts: list[RowBatch], order: np.ndarray) -> Iterator[memoryview]:
     """Rows ``order`` (indexes into the parts one after another) as runs of JSON lines,
-    gathered by pyarrow's ``take`` a block of rows at a time: a block takes from a narrow
-    range of each part (a part's rows come out in its order, or nearly), so pyarrow's
-    copy of what it takes from stays small and the window is never held twice."""
+    ``TAKE_BLOCK`` rows at a time, each copied once from its part (``_gather``), so the
+    window is never held twice."""
+    if native_gather is None:
+        yield from _taken_by_arrow(parts, order)
+        return
+    import numpy as np
+
+    bodies, part_of, starts, ends = _rows_where(parts)
+    out = np.empty(0, dtype=np.uint8)
+    for a in range(0, len(order), TAKE_BLOCK):
+        rows = order[a : a + TAKE_BLOCK]
+        first, last = starts[rows], ends[rows]
+        size = int((last - first).sum())
+        if len(out) < size:
+            out = np.empty(size, dtype=np.uint8)
+        yield memoryview(out)[: native_gather(out, bodies, part_of[rows], first, last)]
+
+
+def _rows_where(parts: list[RowBatch]) -> tuple[list[Any], np.ndarray, np.ndarray, np.ndarray]:
+    """Where each row of the parts (one after another) is: its part's body, the part's
+    index, and its first and last byte + 1 there (int64, what ``_gather`` reads)."""
+    import numpy as np
+
+    part_of = np.repeat(np.arange(len(parts), dtype=np.int64), [len(rows) for rows in parts])
+    starts = np.concatenate([np.asarray(rows.offsets[:-1], dtype=np.int64) for rows in parts])
+    ends = np.concatenate([np.asarray(rows.offsets[1:], dtype=np.int64) for rows in parts])
+    return [rows.body for rows in parts], part_of, starts, ends
+
+
+def _taken_by_arrow(parts: list[RowBatch], order: np.ndarray) -> Iterator[memoryview]:
+    """``_taken`` where ``_gather`` was not built: pyarrow's ``take`` a block of rows at
+    a time. A block takes from a narrow range of each part (a part's rows come out in
+    its order, or nearly), and pyarrow copies the ranges it takes from first."""
     import numpy as np
     import pyarrow as pa
     import pyarrow.compute as pc

@@ -59,9 +59,19 @@ def test_a_window_of_interleaved_shards_holds_their_rows_as_json_lines_in_merged
     assert bytes(window.rows.buffer(3, 5)).splitlines() == [window.rows[3], window.rows[4]]
 
 
+@pytest.fixture(params=["native", "pyarrow"])
+def gathering(request, monkeypatch):
+    """Rows gathered by ``_gather.c``, or by pyarrow where it was not built."""
+    if request.param == "pyarrow":
+        monkeypatch.setattr(merge, "native_gather", None)
+    else:
+        assert merge.native_gather is not None, "mldserver.coordinator._gather was not built (setup.py)"
+    return request.param
+
+
 @pytest.mark.parametrize("block", [1, 2, 5, 1 << 16])
 def test_interleaved_rows_are_gathered_in_merged_order_whatever_the_block_of_rows_taken_at_once(
-        monkeypatch, block):
+        monkeypatch, block, gathering):
     monkeypatch.setattr(merge, "TAKE_BLOCK", block)
     o = ordering()
     for shard_id in ("C", "A", "B"):
@@ -87,15 +97,16 @@ def sealed(interleaved):
 
 @pytest.mark.parametrize("interleaved", [True, False])
 @pytest.mark.parametrize("block", [1, 4, 1 << 16])
-def test_chunks_are_the_rows_buffer_in_runs_without_gathering_the_window_whole(monkeypatch, interleaved, block):
+def test_chunks_are_the_rows_buffer_in_runs_without_gathering_the_window_whole(monkeypatch, interleaved, block,
+                                                                               gathering):
     monkeypatch.setattr(merge, "TAKE_BLOCK", block)
     whole = bytes(sealed(interleaved).rows.buffer())
     offsets = [0] + [i + 1 for i, byte in enumerate(whole) if byte == ord("\n")]
     for start, stop in [(0, 15), (0, 1), (3, 11), (14, 15), (5, 5), (0, None)]:
         window = sealed(interleaved)
-        chunks = list(window.rows.chunks(start, stop))
-        assert all(type(chunk) is memoryview for chunk in chunks)
-        assert b"".join(chunks) == whole[offsets[start] : offsets[15 if stop is None else stop]]
+        chunks = [(type(chunk), bytes(chunk)) for chunk in window.rows.chunks(start, stop)]  # each valid until the next
+        assert {kind for kind, _ in chunks} <= {memoryview}
+        assert b"".join(chunk for _, chunk in chunks) == whole[offsets[start] : offsets[15 if stop is None else stop]]
         assert window.rows._make is not None  # never made whole
     if not interleaved:  # runs where the rows are: one per batch, nothing copied
         assert len(list(sealed(False).rows.chunks())) == 6
