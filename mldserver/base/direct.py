@@ -71,32 +71,40 @@ def _staged(fd: int, chunks: Iterable[Any]) -> None:
     except IndexError:
         buffer = mmap.mmap(-1, STAGE)  # page-aligned, as O_DIRECT needs
     try:
-        with memoryview(buffer) as stage:
-            _through(fd, chunks, stage)
+        _through(fd, chunks, buffer)
     finally:
         _stages.append(buffer)
 
 
-def _through(fd: int, chunks: Iterable[Any], stage: memoryview) -> None:
-    """Whole blocks with ``O_DIRECT``, the tail through the page cache."""
-    direct, fill = True, 0
-    for chunk in chunks:
-        chunk = memoryview(chunk).cast("B")
-        while chunk:
-            n = min(len(chunk), STAGE - fill)
-            stage[fill : fill + n] = chunk[:n]
-            chunk = chunk[n:]
-            fill += n
-            if fill == STAGE:
-                direct = _write(fd, stage, direct)
-                fill = 0
-    whole = fill - fill % BLOCK
-    if whole:
-        direct = _write(fd, stage[:whole], direct)
-    if fill > whole:
-        if direct:
-            direct = _buffered(fd)
-        _write(fd, stage[whole:fill])
+def _through(fd: int, chunks: Iterable[Any], buffer: mmap.mmap) -> None:
+    """Whole blocks with ``O_DIRECT``, the tail through the page cache. The copies are
+    numpy's, which let go of the GIL (a memoryview's hold it: the event loop would
+    wait for every megabyte copied here)."""
+    import numpy as np
+
+    stage = np.frombuffer(buffer, dtype=np.uint8)
+    view = memoryview(buffer)
+    try:
+        direct, fill = True, 0
+        for chunk in chunks:
+            data = np.frombuffer(chunk, dtype=np.uint8)
+            while len(data):
+                n = min(len(data), STAGE - fill)
+                stage[fill : fill + n] = data[:n]
+                data = data[n:]
+                fill += n
+                if fill == STAGE:
+                    direct = _write(fd, view, direct)
+                    fill = 0
+        whole = fill - fill % BLOCK
+        if whole:
+            direct = _write(fd, view[:whole], direct)
+        if fill > whole:
+            if direct:
+                direct = _buffered(fd)
+            _write(fd, view[whole:fill])
+    finally:
+        view.release()
 
 
 def _write(fd: int, data: memoryview, direct: bool = False) -> bool:
