@@ -10,8 +10,9 @@ sink's thread, off the loop): one batch as it is, batches already in order one a
 another (``rows.concat_lines``), or rows of interleaved shards gathered row by row
 (``_gather.c``, natively; pyarrow's ``take`` where it was not built); or, for a sink
 that only writes them out (``JsonLines.chunks``: the file sink), never copied whole:
-each run of lines where it is, or a block gathered at a time. Two shards of a 60 s window, their rows at
-1_000 and 3_000 (``s0``, records 7 and 8) and 2_000 (``s1``, record 4)::
+each run of lines where it is, or a block gathered at a time. Two shards of a 60 s
+window, their rows at 1_000 and 3_000 (``s0``, records 7 and 8) and 2_000 (``s1``,
+record 4)::
 
     [closed] = ordering.close(until=60_000)   # WindowRows(0, 60000, parts={"s0": [...], "s1": [...]})
     window, counts = seal(closed)             # Window(0, 60000, rows=JsonLines(3 rows)), {"s0": 2, "s1": 1}
