@@ -34,9 +34,8 @@ two apart; what changes is what a failure can be::
 
 One call is one ``call`` frame and one ``done`` frame; the rows come back columnar
 (``decode_rows``) and are handed to the driver as the coordinator's columns
-(``batches.EncodedRows``, a ``RowBatch``), read when the driver asks, once the batch's
-status is sent (``batches.LaterRows``): each row the child's JSON line, read in place,
-never decoded, encoded or copied one by one in the server.
+(``batches.EncodedRows``, a ``RowBatch``): each row the child's JSON line, read in
+place, never decoded, encoded or copied one by one in the server.
 """
 
 from __future__ import annotations
@@ -44,7 +43,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-from functools import partial
 from typing import Any, AsyncIterator, Callable
 
 from ..base.backoff import Backoff
@@ -53,7 +51,7 @@ from ..api.context import Context
 from ..errors import CheckpointError, ConfigError
 from ..base.logs import EventLogger
 from ..api.records import Batch, ShardInfo
-from ..shard.batches import BAD_ROW, BadRecords, EncodedRows, LaterRows, encoded_rows
+from ..shard.batches import BAD_ROW, BadRecords, EncodedRows, encoded_rows
 from ..shard.calls import FAILED, SKIPPED, Calls, Outcome
 from ..timers import remote as timers_remote
 from ..timers.api import TimerError
@@ -213,7 +211,7 @@ class ProcessCalls(Calls):
                         lost = await self._write_timers(message.get("timers"))
                         if lost is None:
                             return Outcome(message["result"], message["error"],
-                                           LaterRows(partial(self._rows, arg, message, rows)) if collect_rows else None,
+                                           self._rows(arg, message, rows) if collect_rows else None,
                                            message.get("failed") or None)
                         error = f"TimerError: {lost}"
                     else:

@@ -41,7 +41,7 @@ the same line, and calls the handler only if it found every position::
 from __future__ import annotations
 
 from itertools import repeat
-from typing import TYPE_CHECKING, Any, Callable, Iterable, NamedTuple, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, NamedTuple, Sequence
 
 
 from ..base.positions import Position, Positions
@@ -212,15 +212,7 @@ class EncodedRows(NamedTuple):
     bad: list[BadRecords]
 
 
-class LaterRows(NamedTuple):
-    """What a batch emitted, read into columns only when ``encode_rows`` asks: after the
-    batch's status is sent (a handler process's body, whose columns take 0.45 ms to read
-    for 10,000 rows, off the daemon's round trip)."""
-
-    read: Callable[[], EncodedRows]
-
-
-def encode_rows(emitted: EmittedRows | EncodedRows | LaterRows | Iterable[tuple[Any, Any, Any]] | None
+def encode_rows(emitted: EmittedRows | EncodedRows | Iterable[tuple[Any, Any, Any]] | None
                 ) -> tuple[RowBatch, list[BadRecords]]:
     """The coordinator's columns for what a batch emitted (JSON lines already:
     ``api.emitted``; or ``(record, row, event_time_ms)`` tuples), in order, and the
@@ -228,8 +220,6 @@ def encode_rows(emitted: EmittedRows | EncodedRows | LaterRows | Iterable[tuple[
     not encode, a record with no position, or an event time (``emit``'s, else the
     record's arrival time) that is neither None nor epoch milliseconds
     (``records.valid_event_time``)."""
-    if isinstance(emitted, LaterRows):
-        emitted = emitted.read()
     if isinstance(emitted, EncodedRows):
         return emitted.rows, emitted.bad
     if emitted is None:  # every batch of a server without a sink

@@ -61,7 +61,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import inspect
-from typing import TYPE_CHECKING, Any, Callable, NamedTuple
+from typing import Any, Callable, NamedTuple
 
 from ..base.backoff import Backoff
 from ..api.checkpointer import Checkpointer
@@ -72,9 +72,6 @@ from ..base.logs import EventLogger
 from ..api.records import EmittedRows
 from ..timers import pending as timer_ops
 from ..timers.pending import Pending
-
-if TYPE_CHECKING:
-    from .batches import LaterRows
 
 GRACE_CAP = 1.0  # at most this long for a cancelled handler call to end
 
@@ -87,7 +84,7 @@ SKIPPED = "skipped"  # not called: ``check`` found the batch unsound (``call``)
 class Outcome(NamedTuple):
     result: str  # OK, CHECKPOINT_FAILED, FAILED or SKIPPED
     error: str | None = None
-    rows: EmittedRows | LaterRows | None = None  # what process_records emitted, when collected
+    rows: EmittedRows | None = None  # what process_records emitted, when collected
     # process_records: the records it gave up on (batch.fail), (index in the batch,
     # error, attempts), for the driver to dead-letter; the call itself is done
     failed: list[tuple[int, str, int]] | None = None

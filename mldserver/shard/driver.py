@@ -31,7 +31,7 @@ from __future__ import annotations
 import asyncio
 import time
 from functools import partial
-from typing import Any, Awaitable, Callable
+from typing import Any, Callable
 
 from ..base.config import Settings
 from ..base.deadletters import DeadLetters
@@ -197,7 +197,7 @@ class ShardDriver:
     # -- dispatch ----------------------------------------------------------------
 
     async def _dispatch(self, event: Event) -> None:
-        handed: Callable[[], Awaitable[None]] | None = None  # a batch's rows, to go on once its status is sent
+        handed: Callable[[], None] | None = None  # a batch's rows, to go on once its status is sent
         if self.pause is not None and self.pause.paused and isinstance(event, Action):
             meanwhile = self.checkpoints.checkpoint_safe if isinstance(event, ProcessRecords) else None
             await self.pause.hold(event.action, self.log, meanwhile=meanwhile, stop=self.wire.aborted)
@@ -218,7 +218,7 @@ class ShardDriver:
         if isinstance(event, Action):
             await self._answer(event.action)
         if handed is not None:
-            await handed()  # off the daemon's round trip; before the shard's next action is read
+            handed()  # off the daemon's round trip; before the shard's next action is read
 
     async def _initialize(self, event: Initialize) -> None:
         self.shard = shard = ShardInfo(event.shard_id or "", event.sequence_number, event.sub_sequence_number)
@@ -234,11 +234,10 @@ class ShardDriver:
         await self._call("initialize", shard, self.checkpoints.for_action("initialize"))
         await self.downstream.open(shard.shard_id, checkpoint)
 
-    async def _process_records(self, event: ProcessRecords) -> Callable[[], Awaitable[None]] | None:
-        """The batch handled, the records that cannot go on dead-lettered, back-pressure
-        waited out (and a checkpoint made if one is due): all before its status. Returns
-        the hand-off of its rows (``_hand_off``), which ``_dispatch`` makes once the
-        status is sent."""
+    async def _process_records(self, event: ProcessRecords) -> Callable[[], None] | None:
+        """The batch handled, what cannot go on dead-lettered, back-pressure waited out
+        (and a checkpoint made if one is due): all before its status. Returns the hand-off
+        of its rows downstream, which ``_dispatch`` makes once the status is sent."""
         started = time.perf_counter()
         mode = self.settings.deaggregate
         kpl = mode == "always" or (mode == "auto" and self.conn.dialect is Dialect.V1)
@@ -258,6 +257,8 @@ class ShardDriver:
             await self._dead_letter_all([BadRecords(event.records, "handler failed", outcome.error or "")])
         elif outcome.failed:  # before any checkpoint can pass them
             await self.dead_letters.failed_records(self.conn.shard_id, records, outcome.failed, self.log)
+        items, bad = encode_rows(outcome.rows)
+        await self._dead_letter_all(bad)
         assert self.shard is not None
         if await self.downstream.settle(self.wire.release):
             await self.checkpoints.checkpoint_safe()
@@ -266,15 +267,7 @@ class ShardDriver:
         if self.log.is_enabled("debug"):
             self.log.debug("batch", records=len(records), millis_behind_latest=event.millis_behind_latest,
                            duration_ms=round((time.perf_counter() - started) * 1000, 3))
-        return partial(self._hand_off, outcome.rows, last, event.millis_behind_latest)
-
-    async def _hand_off(self, emitted: Any, last: Position | None, millis_behind: int | None) -> None:
-        """A batch's rows, once its status is sent: encoded into the coordinator's columns
-        (the rows that cannot be rows dead-lettered) and handed downstream. Nothing of
-        the batch is checkpointed before: a crash here has the daemon send it again."""
-        items, bad = encode_rows(emitted)
-        await self._dead_letter_all(bad)
-        self.downstream.add(items, last, millis_behind)
+        return partial(self.downstream.add, items, last, event.millis_behind_latest)
 
     async def _handled(self, event: ProcessRecords, records: list[Record], bad: list[BadRecords], kpl: bool,
                        check: Callable[[], bool] | None) -> Outcome | None:
