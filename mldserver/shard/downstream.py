@@ -7,10 +7,8 @@ One interface, two implementations, chosen once per connection by the server::
 
     await downstream.open(shard_id, checkpoint)          # initialize (a Position or None)
     await downstream.ready()                             # before the next batch is read
-    if await downstream.settle(release):                 # a batch processed, before its status
+    if await downstream.batch(rows, last, millis_behind, release):   # rows: a RowBatch
         ...                                              # checkpoint what is safe, now
-    ...                                                  # the batch's status goes back
-    downstream.add(rows, last, millis_behind)            # then its rows (a RowBatch) go on
     downstream.safe()                                    # how far a checkpoint may go
     await downstream.shard_ended()                       # before SHARD_END is stored
     downstream.lease_lost()                              # leaseLost / shutdown ZOMBIE
@@ -21,16 +19,11 @@ One object per connection: the shard it serves is the one ``open`` named.
 With the coordinator, every checkpoint waits for the sink (``holds_checkpoints``): it
 is clamped to what the sink has committed (``safe``), and the server checkpoints that
 itself, at most every ``checkpoint_interval`` on a batch and on ``shutdownRequested``.
-``settle`` gives up the shard's in-flight slot (``release``) and waits out
-back-pressure before the batch's status goes back; ``add`` hands the batch's rows over
-once the status is on its way, so the daemon's round trip does not wait for the
-coordinator's work on them (the shard's next action is read only after, so a shard's
-batches still reach it in order, each before anything else of the shard's); ``ready``
-waits out back-pressure again before the next batch is read, the batch just added
-counted, for a batch the daemon sent while the buffered rows were under the mark stays
-in the kernel until the shard may go on (else every shard adds one more batch past the
-mark). A checkpoint made before the status (``settle`` says when one is due) covers
-what was committed of the batches before it. ``shard_ended`` spools the
+``batch`` hands the rows over, gives up the shard's in-flight slot (``release``) and
+waits out back-pressure before the batch's status goes back; ``ready`` waits it out
+again before the next batch is read, for a batch the daemon sent while the buffered
+rows were under the mark stays in the kernel until the shard may go on (else every
+shard adds one more batch past the mark); ``shard_ended`` spools the
 shard's uncommitted rows, so SHARD_END may be stored before they commit; ``lease_lost``
 drops them (the new owner reads them again) so they hold nothing back; ``close``
 tells the coordinator the connection is gone, so it can forget the shard once its rows
@@ -57,9 +50,9 @@ class Downstream(Protocol):
 
     async def ready(self) -> None: ...
 
-    async def settle(self, release: Callable[[], None]) -> bool: ...
-
-    def add(self, rows: RowBatch, last: Position | None, millis_behind: int | None) -> None: ...
+    async def batch(
+        self, rows: RowBatch, last: Position | None, millis_behind: int | None, release: Callable[[], None]
+    ) -> bool: ...
 
     def safe(self) -> Position | None: ...
 
@@ -82,11 +75,10 @@ class NoSink:
     async def ready(self) -> None:
         pass
 
-    async def settle(self, release: Callable[[], None]) -> bool:
+    async def batch(
+        self, rows: RowBatch, last: Position | None, millis_behind: int | None, release: Callable[[], None]
+    ) -> bool:
         return False
-
-    def add(self, rows: RowBatch, last: Position | None, millis_behind: int | None) -> None:
-        pass
 
     def safe(self) -> Position | None:
         return None
@@ -128,10 +120,12 @@ class CoordinatorLink:
         if self._opened is not None:
             await self.coordinator.admit(self._opened)
 
-    async def settle(self, release: Callable[[], None]) -> bool:
-        """A batch is processed, its status not yet sent: wait out back-pressure; True
-        when a checkpoint is due."""
+    async def batch(
+        self, rows: RowBatch, last: Position | None, millis_behind: int | None, release: Callable[[], None]
+    ) -> bool:
+        """Hand the rows over, wait out back-pressure; True when a checkpoint is due."""
         shard_id = self._shard_id()
+        self.coordinator.add_batch(shard_id, rows, last, millis_behind)
         release()  # a delayed shard must not hold a slot the watermark's shard needs
         await self.coordinator.admit(shard_id)
         now = self.clock()
@@ -139,10 +133,6 @@ class CoordinatorLink:
             return False
         self._last_checkpoint = now
         return True
-
-    def add(self, rows: RowBatch, last: Position | None, millis_behind: int | None) -> None:
-        """The batch's rows (and its last record's position), once its status is sent."""
-        self.coordinator.add_batch(self._shard_id(), rows, last, millis_behind)
 
     def safe(self) -> Position | None:
         return self.coordinator.safe_position(self._shard_id())

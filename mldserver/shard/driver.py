@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from functools import partial
 from typing import Any, Callable
 
 from ..base.config import Settings
@@ -197,14 +196,13 @@ class ShardDriver:
     # -- dispatch ----------------------------------------------------------------
 
     async def _dispatch(self, event: Event) -> None:
-        handed: Callable[[], None] | None = None  # a batch's rows, to go on once its status is sent
         if self.pause is not None and self.pause.paused and isinstance(event, Action):
             meanwhile = self.checkpoints.checkpoint_safe if isinstance(event, ProcessRecords) else None
             await self.pause.hold(event.action, self.log, meanwhile=meanwhile, stop=self.wire.aborted)
         if isinstance(event, Initialize):
             await self._initialize(event)
         elif isinstance(event, ProcessRecords):
-            handed = await self._process_records(event)
+            await self._process_records(event)
         elif isinstance(event, ShutdownRequested):
             await self._call("shutdown_requested", None, self.checkpoints.for_action("shutdown_requested"))
             if self.downstream.holds_checkpoints:
@@ -217,8 +215,6 @@ class ShardDriver:
             await self._call("lease_lost", None, self.checkpoints.for_action("lease_lost"))
         if isinstance(event, Action):
             await self._answer(event.action)
-        if handed is not None:
-            handed()  # off the daemon's round trip; before the shard's next action is read
 
     async def _initialize(self, event: Initialize) -> None:
         self.shard = shard = ShardInfo(event.shard_id or "", event.sequence_number, event.sub_sequence_number)
@@ -234,10 +230,7 @@ class ShardDriver:
         await self._call("initialize", shard, self.checkpoints.for_action("initialize"))
         await self.downstream.open(shard.shard_id, checkpoint)
 
-    async def _process_records(self, event: ProcessRecords) -> Callable[[], None] | None:
-        """The batch handled, what cannot go on dead-lettered, back-pressure waited out
-        (and a checkpoint made if one is due): all before its status. Returns the hand-off
-        of its rows downstream, which ``_dispatch`` makes once the status is sent."""
+    async def _process_records(self, event: ProcessRecords) -> None:
         started = time.perf_counter()
         mode = self.settings.deaggregate
         kpl = mode == "always" or (mode == "auto" and self.conn.dialect is Dialect.V1)
@@ -251,7 +244,7 @@ class ShardDriver:
             records, bad = decode_records(event.records, deaggregate_kpl=kpl, positions=True)
             outcome = await self._handled(event, records, bad, kpl, None)
         if outcome is None:
-            return None
+            return
         last = records[-1].position if records else None
         if not outcome.ok:
             await self._dead_letter_all([BadRecords(event.records, "handler failed", outcome.error or "")])
@@ -260,14 +253,13 @@ class ShardDriver:
         items, bad = encode_rows(outcome.rows)
         await self._dead_letter_all(bad)
         assert self.shard is not None
-        if await self.downstream.settle(self.wire.release):
+        if await self.downstream.batch(items, last, event.millis_behind_latest, self.wire.release):
             await self.checkpoints.checkpoint_safe()
         self.tally.batch(len(records), event.millis_behind_latest)
         self.metrics.batch(self.shard.shard_id, len(records))
         if self.log.is_enabled("debug"):
             self.log.debug("batch", records=len(records), millis_behind_latest=event.millis_behind_latest,
                            duration_ms=round((time.perf_counter() - started) * 1000, 3))
-        return partial(self.downstream.add, items, last, event.millis_behind_latest)
 
     async def _handled(self, event: ProcessRecords, records: list[Record], bad: list[BadRecords], kpl: bool,
                        check: Callable[[], bool] | None) -> Outcome | None:

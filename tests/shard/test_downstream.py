@@ -74,13 +74,11 @@ async def test_without_a_sink_nothing_is_collected_clamped_or_checkpointed_by_th
     released = []
     downstream = NoSink()
     assert not downstream.collects_rows and not downstream.holds_checkpoints
-    assert await downstream.settle(lambda: released.append(1)) is False
-    downstream.add(RowBatch.empty(), Position(1, 0, "1"), 0)
+    assert await downstream.batch(RowBatch.empty(), Position(1, 0, "1"), 0, lambda: released.append(1)) is False
     assert downstream.safe() is None and released == []
 
 
-async def test_the_coordinator_gets_the_rows_after_the_status_and_a_checkpoint_is_due_at_most_every_interval(
-        tmp_path):
+async def test_the_coordinator_gets_the_rows_and_a_checkpoint_is_due_at_most_every_interval(tmp_path):
     settings = Settings(state_dir=str(tmp_path / "state"), sink=f"file:{tmp_path / 'out'}", window=3600.0)
     coordinator = Coordinator(settings, FileSink(tmp_path / "out"))
     clock = Clock()
@@ -88,16 +86,14 @@ async def test_the_coordinator_gets_the_rows_after_the_status_and_a_checkpoint_i
     released = []
     await link.open("s", None)
     seven = Position(7, 0, "7")
-    due = await link.settle(lambda: released.append(1))  # before the batch's status
+    due = await link.batch(RowBatch.of([Item(1000, seven, b'{"k":1}')]), seven, 1000, lambda: released.append(1))
     assert due is False and released == [1]
-    assert not coordinator.ledger.uncommitted("s")
-    link.add(RowBatch.of([Item(1000, seven, b'{"k":1}')]), seven, 1000)  # once the status is sent
     assert [row.position for row in coordinator.ledger.uncommitted("s")] == [seven]
     assert link.safe() is None  # not committed yet
     clock.now = 10.0
-    assert await link.settle(lambda: None) is True
+    assert await link.batch(RowBatch.empty(), Position(8, 0, "8"), 1000, lambda: None) is True
     clock.now = 15.0
-    assert await link.settle(lambda: None) is False
+    assert await link.batch(RowBatch.empty(), Position(9, 0, "9"), 1000, lambda: None) is False
 
 
 async def test_a_connection_that_ends_tells_the_coordinator_once_and_only_if_it_opened_its_shard(tmp_path):

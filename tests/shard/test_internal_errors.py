@@ -55,8 +55,7 @@ ENTRY_POINTS = [
     (shard_calls.HandlerCalls, "call", 0, "initialize"),
     (driver, "decode_records", 0, "processRecords"),
     (driver, "encode_rows", 0, "processRecords"),
-    (downstream.NoSink, "settle", 0, "processRecords"),
-    (downstream.NoSink, "add", 0, "processRecords"),  # after the batch's status
+    (downstream.NoSink, "batch", 0, "processRecords"),
     (shard_calls.HandlerCalls, "call", 1, "processRecords"),
     (driver.ShardDriver, "_dead_letter_all", 0, "processRecords"),
     (shard_calls.HandlerCalls, "call", 3, "shutdownRequested"),
