@@ -15,8 +15,8 @@ number of blocks at a time; the last part of a block is written through the page
 
     write_synced(Path("out/_0-60000.jsonl.tmp"), window.rows.chunks())  # then renamed
 
-A file system that refuses ``O_DIRECT`` (tmpfs, some network and FUSE file systems:
-``EINVAL`` at the open or the first write), or a system without it, gets the same bytes
+A file system that refuses ``O_DIRECT`` (ramfs, tmpfs before Linux 6.6, some network
+and FUSE file systems: ``EINVAL`` at the open or the first write), or a system without it, gets the same bytes
 through the page cache. Either way the file is fsynced before this returns.
 """
 

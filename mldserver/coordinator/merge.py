@@ -138,12 +138,12 @@ def _take(parts: list[RowBatch], order: np.ndarray) -> Made:
     import numpy as np
 
     bodies, part_of, starts, ends = _rows_where(parts)
-    sizes = ends[order] - starts[order]
+    first, last = starts[order], ends[order]
     offsets = np.zeros(len(order) + 1, dtype=np.int64)
-    np.cumsum(sizes, out=offsets[1:])
+    np.cumsum(last - first, out=offsets[1:])
     out = np.empty(int(offsets[-1]), dtype=np.uint8)
     if native_gather is not None:
-        native_gather(out, bodies, part_of[order], starts[order], ends[order])
+        native_gather(out, bodies, part_of[order], first, last)
         return out, offsets
     at = 0
     for chunk in _taken_by_arrow(parts, order):
