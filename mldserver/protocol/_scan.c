@@ -227,20 +227,21 @@ static int64_t arrival(const char *v, Py_ssize_t n) {
     return t;
 }
 
+/* Runs without the GIL: the raw allocator only (pymalloc's needs the GIL). */
 static int append(Out *o, const char *s, Py_ssize_t n, int64_t at) {
     if (o->size + n > o->capacity) {
         Py_ssize_t capacity = (o->capacity + n) * 2;
-        char *digits = PyMem_Realloc(o->digits, (size_t)capacity);
+        char *digits = PyMem_RawRealloc(o->digits, (size_t)capacity);
         if (digits == NULL) return -1;
         o->digits = digits;
         o->capacity = capacity;
     }
     if (o->n + 2 > o->ends_capacity) {
         Py_ssize_t capacity = (o->ends_capacity + 2) * 2;
-        int64_t *ends = PyMem_Realloc(o->ends, (size_t)capacity * sizeof *ends);
+        int64_t *ends = PyMem_RawRealloc(o->ends, (size_t)capacity * sizeof *ends);
         if (ends == NULL) return -1;
         o->ends = ends;
-        int64_t *arrivals = PyMem_Realloc(o->arrivals, (size_t)capacity * sizeof *arrivals);
+        int64_t *arrivals = PyMem_RawRealloc(o->arrivals, (size_t)capacity * sizeof *arrivals);
         if (arrivals == NULL) return -1;
         o->arrivals = arrivals;
         o->ends_capacity = capacity;
@@ -365,9 +366,9 @@ static PyObject *sequence_numbers(PyObject *self, PyObject *arg) {
     }
     result = Py_BuildValue("(NnNN)", joined, o.n, ends, arrivals);
 done:
-    PyMem_Free(o.digits);
-    PyMem_Free(o.ends);
-    PyMem_Free(o.arrivals);
+    PyMem_RawFree(o.digits);
+    PyMem_RawFree(o.ends);
+    PyMem_RawFree(o.arrivals);
     return result;
 }
 

@@ -211,3 +211,29 @@ def test_long_strings_with_escapes_anywhere_scan_as_the_columns_read_them_and_a_
     short = line[: cut % len(line)]  # the scan never reads past a line's end, wherever it is cut
     if len(short) <= line.rindex(b"]"):  # cut inside the records: not read (past them, the rest is not looked at)
         assert sequence_numbers(short) is None and datas(short) is None
+
+
+def test_the_native_parts_allocate_nothing_from_python_while_the_gil_is_let_go():
+    """The scan and the gather run without the GIL, while the server's other threads
+    allocate: pymalloc's allocator then corrupts the heap (segfaults far away, seen at
+    32 shards with a sink). Python's debug allocator aborts the process on any such call,
+    so both run under it here, over enough records to grow every buffer."""
+    import subprocess
+    import sys
+
+    script = (
+        "import numpy as np\n"
+        "from mldserver.protocol._scan import sequence_numbers\n"
+        "from mldserver.coordinator._gather import gather\n"
+        "line = (b'{\"action\":\"processRecords\",\"records\":[' + b','.join(\n"
+        "    b'{\"data\":\"bWVvdw==\",\"sequenceNumber\":\"%d\",\"approximateArrivalTimestamp\":%d}' % (10**20 + i, i)\n"
+        "    for i in range(5000)) + b']}')\n"
+        "found = sequence_numbers(line)\n"
+        "assert found[1] == 5000, found[1]\n"
+        "out = bytearray(16)\n"
+        "assert gather(out, [b'0123456789abcdef'], np.array([0, 0]), np.array([8, 0]), np.array([16, 8])) == 16\n"
+        "assert bytes(out) == b'89abcdef01234567'\n"
+    )
+    run = subprocess.run([sys.executable, "-c", script], env={**__import__("os").environ, "PYTHONMALLOC": "debug"},
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr[-2000:]
