@@ -116,6 +116,51 @@ def test_held_bytes_is_the_memory_a_batch_from_a_handler_process_really_holds():
     assert rows[5:].held_bytes() == rows.held_bytes()  # a slice holds the same buffers
 
 
+def test_a_batch_on_loan_is_cut_where_it_lies_and_each_piece_gives_its_part_back():
+    """A handler process's rows, read in its rows arena (``base.loans``), cut at two
+    windows' ends: the pieces read the same memory (nothing copied), each holds and gives
+    back its own part of the loan, and the parts make up the whole; rows not on loan
+    are copied."""
+    import gc
+    import mmap
+
+    from mldserver.base.loans import lend
+
+    seqs = [str(10**30 + i) for i in range(50)]
+    lines = [b'{"i":%d,"pad":"%s"}\n' % (i, b"x" * i) for i in range(50)]
+    body = np.arange(50, dtype=np.int64).tobytes() + b"".join(lines)  # columns, then the JSON lines
+    memory = mmap.mmap(-1, 1 << 16)
+    memory[4096 : 4096 + len(body)] = body
+    given: list[tuple[int, int]] = []
+    size = -(-len(body) // 64) * 64
+    loan = lend(memory, 4096, size, given.append)
+    offsets = np.cumsum([0] + list(map(len, lines)))
+    rows = RowBatch(np.arange(50, dtype=np.int64) * 10, np.arange(50), Position.batch(seqs, [0] * 50),
+                    memoryview(loan[: len(body)])[400:], offsets)
+    expected = [list(rows[i:j]) for i, j in ((0, 10), (10, 30), (30, 50))]
+    pieces = rows.cut([10, 30])
+    assert [list(piece) for piece in pieces] == expected
+    assert all(np.shares_memory(np.frombuffer(piece.body, dtype=np.uint8), loan) for piece in pieces)
+    parts = [400 + int(offsets[10]), int(offsets[30] - offsets[10]), size - 400 - int(offsets[30])]
+    assert [piece.body.nbytes for piece in pieces] == parts  # each holds its part, the first the columns too
+    assert sum(parts) == size and rows.held_bytes() >= size
+    assert all(part <= piece.held_bytes() < part + 8_000 for piece, part in zip(pieces, parts))  # + columns, positions
+    assert [piece.position(0) for piece in pieces] == [rows.position(0), rows.position(10), rows.position(30)]
+    del loan, rows
+    gc.collect()
+    assert given == []  # the pieces hold it
+    middle = pieces.pop(1)
+    del middle
+    assert given == [(4096 + parts[0], parts[1])]
+    pieces.clear()
+    assert sorted(given) == [(4096, parts[0]), (4096 + parts[0], parts[1]), (4096 + parts[0] + parts[1], parts[2])]
+    own = docstrings_batch()
+    copied = own.cut([1])
+    assert [list(piece) for piece in copied] == [list(own[:1]), list(own[1:])]
+    assert not any(np.shares_memory(np.frombuffer(piece.body, dtype=np.uint8), np.frombuffer(own.body, dtype=np.uint8))
+                   for piece in copied)
+
+
 def test_rows_spilled_to_a_file_read_back_as_they_were_and_hold_no_memory(tmp_path):
     from mldserver.coordinator.spill import Spill
 

@@ -147,25 +147,53 @@ class RowBatch:
         return RowBatch(times, self.records, self.positions, self.body, self.offsets, self.ordered)
 
     def compact(self) -> RowBatch:
-        """These rows in buffers of their own, copied: a piece of a batch that spans
-        windows, so that the batch's buffers are let go once each piece is (``ordering``
-        splits such a batch at its windows' ends, and a window's commit frees its
-        piece)::
+        """These rows in buffers of their own, copied::
 
             rows = batch[:4_000].compact()      # 4,000 rows' JSON, columns and positions
             rows.held_bytes() < batch.held_bytes()
         """
         import numpy as np
 
+        start, end = int(self.offsets[0]), int(self.offsets[-1])
+        return self._own(np.frombuffer(self.body, dtype=np.uint8, count=end - start, offset=start).copy(), start)
+
+    def cut(self, bounds: Sequence[int]) -> list[RowBatch]:
+        """These rows cut before each row index in ``bounds`` (increasing, inside), each
+        piece in buffers of its own, so that each is let go on its own: ``ordering``
+        cuts a batch whose rows span windows at the windows' ends, and a window's commit
+        frees its piece (were the pieces slices, the batch's buffers would be held whole
+        until its last window commits). Rows on loan (a handler process's rows arena:
+        ``base.loans``) are cut where they lie, their JSON not copied, the loan split;
+        any others are copied (``compact``)::
+
+            first, second = batch.cut([4_000])  # rows 0-3,999 and 4,000 on
+        """
+        edges = [0, *bounds, len(self)]
+        loan = _root(self.body)
+        parts = None
+        if getattr(loan, "given", None) is not None:
+            from ..base import loans
+
+            start = loans.origin(self.body, loan)  # where body[0] is in the loan
+            firsts = [start + int(self.offsets[j]) for j in bounds]  # each later piece's first byte there
+            parts = loans.split(loan, firsts)
+        if parts is None:
+            return [self[i:j].compact() for i, j in zip(edges, edges[1:])]
+        return [self[i:j]._own(part, first - start)
+                for i, j, part, first in zip(edges, edges[1:], parts, [0, *firsts])]
+
+    def _own(self, body: Any, shift: int) -> RowBatch:
+        """These rows over ``body``, where each row's bytes are ``shift`` earlier than in
+        this batch's, with columns and positions of their own."""
+        import numpy as np
+
         records = self.records
         first, last = (int(records[0]), int(records[-1])) if self.ordered else (int(records.min()), int(records.max()))
-        start, end = int(self.offsets[0]), int(self.offsets[-1])
-        body = np.frombuffer(self.body, dtype=np.uint8, count=end - start, offset=start).copy()
         positions = self.positions
         sliced = getattr(positions, "sliced", None)  # positions.Positions: a string of their own
         kept = sliced(first, last + 1) if sliced is not None else list(positions[first : last + 1])
         return RowBatch(np.array(self.times, dtype=np.int64), np.asarray(records, dtype=np.int64) - first, kept,
-                        body, np.asarray(self.offsets, dtype=np.int64) - start, self.ordered)
+                        body, np.asarray(self.offsets, dtype=np.int64) - shift, self.ordered)
 
     def spilled(self, put: Callable[[Sequence[Any]], list[Any]]) -> RowBatch:
         """These rows out of memory: their columns, JSON lines and positions written by
@@ -255,8 +283,11 @@ class RowBatch:
 
 def _root(buffer: Any) -> Any:
     """The object that owns a buffer's memory: a view's (numpy's ``base``, a
-    memoryview's ``obj``), followed to the end."""
+    memoryview's ``obj``), followed to the end, or to a loan (``base.loans``: bytes of
+    a handler process's rows arena, held until given back)."""
     while True:
+        if getattr(buffer, "given", None) is not None:
+            return buffer
         owner = buffer.obj if type(buffer) is memoryview else getattr(buffer, "base", None)
         if owner is None or owner is buffer:
             return buffer

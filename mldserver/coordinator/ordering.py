@@ -175,22 +175,20 @@ class Ordering:
         return pieces
 
     def _pieces(self, rows: RowBatch) -> list[RowBatch]:
-        """A batch whose rows span windows as one piece a window, each copied into
-        buffers of its own (``RowBatch.compact``), so that a window's commit lets go of
-        its rows' memory; were the pieces slices, the batch's buffers would be held
-        whole until its last window commits, some two rounds of every shard's batches
-        when batches straddle window ends. Times are sorted (clamped)."""
+        """A batch whose rows span windows as one piece a window, each in buffers of its
+        own (``RowBatch.cut``), so that a window's commit lets go of its rows' memory.
+        Times are sorted (clamped)."""
         import numpy as np
 
         times = rows.times
         if self.window.end(int(times[0])) > times[-1]:
             return [rows]  # one window: kept as it is
-        pieces, i = [], 0
-        while i < len(times):
-            j = int(np.searchsorted(times, self.window.end(int(times[i]))))
-            pieces.append(rows[i:j].compact())
-            i = j
-        return pieces
+        bounds, i = [], 0
+        while True:
+            i = int(np.searchsorted(times, self.window.end(int(times[i]))))
+            if i >= len(times):
+                return rows.cut(bounds)
+            bounds.append(i)
 
     def _clamped(self, state: ShardOrder, rows: RowBatch, now: float) -> RowBatch:
         """Event times as a running maximum from the shard's last (a row without one

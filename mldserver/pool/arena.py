@@ -26,16 +26,21 @@ gone with them: the memory has no name in any file system.
 The rows a batch emitted come back the same way, in a second arena the process
 allocates in (``rows_arena``: the same class, on the process's side), the server
 mapping it read-only (``ArenaView``). A batch's rows body, megabytes, was written into
-the pipe, read out in pieces and joined: now the process copies its parts into a
-region, and the server copies the region out once when the ``done`` frame naming it
-arrives, then hands the region back (a ``free`` frame). One owner at a time again:
-the process's from ``put`` until that ``free`` arrives::
+the pipe, read out in pieces and joined, then copied again into each window's piece:
+now the process copies its parts into a region, and the server reads the rows where
+they lie until their window commits, holding the region on loan (``base.loans``). A
+batch whose rows span windows is cut in place, one loan a window, and each part is
+handed back (a ``free`` frame naming its bytes exactly) when nothing refers to it any
+more: committed, spilled, dropped with a lost lease. One owner at a time again: the
+process's from ``put`` until those frees arrive; a full rows arena sends the rows
+through the pipe, as before::
 
     rows = Arena(fd, size)                     # the process, over the fd the server passed
     region = rows.put(index, times, ends, lines)   # the body's parts, one after another; or None
     done["rows_arena"] = region                # the done frame names it instead of carrying a body
-    body = bytes(view.region(*region))         # the server, at that done frame: one copy out
-    rows.free(region)                          # the process, at the server's {"op": "free"}
+    offset, size = extent(region)              # the server: the bytes it holds, alignment included
+    rows.release(offset, 1_000_000)            # the process, at the server's {"op": "free"}: exact
+    rows.release(offset + 1_000_000, size - 1_000_000)   # bytes, any cut, each part once
 """
 
 from __future__ import annotations
@@ -48,9 +53,9 @@ from typing import Any
 # The arena of each handler process: at 32 shards over two processes, 16 lines of 1,000
 # 1 KiB records (1.4 MB each) are in flight in each; larger batches beyond it take the pipe.
 ARENA_BYTES = 64 << 20
-# The rows arena of each handler process: the rows of the batches whose done frames the
-# server has not read yet (a region is handed back as soon as it has).
-ROWS_ARENA_BYTES = 64 << 20
+# The rows arena of each handler process: the rows the server holds until their windows
+# commit (beyond it, rows take the pipe and are copied). Pages are touched only as used.
+ROWS_ARENA_BYTES = 128 << 20
 # Smaller bodies take the pipe: a write of a few KiB costs less than a region's bookkeeping.
 ARENA_MIN = 32 << 10
 _ALIGN = 64
@@ -82,30 +87,32 @@ class Arena:
 
     def put(self, *parts: Any) -> Region | None:
         """``parts`` (bytes-like) copied one after another into a free region: its
-        (offset, size), or None if no free region is large enough."""
+        (offset, size), or None if no free region is large enough. Regions start on
+        ``_ALIGN`` and hold their size rounded up to it (``extent``)."""
         views = [memoryview(part).cast("B") for part in parts]
         length = sum(map(len, views))
         need = -(-length // _ALIGN) * _ALIGN
         for i, (offset, size) in enumerate(self._free):
-            if size >= need:
-                if size == need:
-                    del self._free[i]
-                else:
-                    self._free[i] = (offset + need, size - need)
-                at = offset
+            at = -(-offset // _ALIGN) * _ALIGN  # (a part released on its own may end anywhere)
+            if at + need <= offset + size:
+                rest = [(start, end - start) for start, end in ((offset, at), (at + need, offset + size)) if end > start]
+                self._free[i : i + 1] = rest
                 for view in views:
                     self.map[at : at + len(view)] = view
                     at += len(view)
                 self.used += need
                 self.puts += 1
-                return offset, length
+                return at - length, length
         self.misses += 1
         return None
 
     def free(self, region: Region) -> None:
-        """Give ``region`` back (its call is done, or its process died)."""
-        offset, size = region
-        size = -(-size // _ALIGN) * _ALIGN
+        """Give ``region`` back whole (its call is done, or its process died)."""
+        self.release(*extent(region))
+
+    def release(self, offset: int, size: int) -> None:
+        """Give back exactly the bytes at (offset, size): a region's extent, or a part of
+        it (the rest is given back on its own)."""
         self.used -= size
         free = self._free
         i = bisect.bisect(free, (offset, 0))
@@ -121,6 +128,12 @@ class Arena:
     def close(self) -> None:
         self.map.close()
         os.close(self.fd)
+
+
+def extent(region: Region) -> Region:
+    """The bytes a region ``put`` returned holds: its size rounded up to ``_ALIGN``."""
+    offset, size = region
+    return offset, -(-size // _ALIGN) * _ALIGN
 
 
 def shared_memory(size: int, name: str = "mldserver-arena") -> int:

@@ -288,9 +288,9 @@ class Child:
                     task.cancel()
         elif op == "drop":
             self.handlers.pop(message["shard"], None)
-        elif op == "free":  # the server has read a done frame's rows from the rows arena
+        elif op == "free":  # the server is done with rows in the rows arena: these bytes, exactly
             if self.rows_arena is not None:
-                self.rows_arena.free(tuple(message["region"]))  # type: ignore[arg-type]
+                self.rows_arena.release(*message["region"])
         elif op == "stop":
             return False
         return True

@@ -33,12 +33,13 @@ import mmap
 import os
 import signal
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any, Awaitable, Callable
 
 from ..base.config import Settings, state_path
-from .arena import ARENA_MIN, ROWS_ARENA_BYTES, Arena, ArenaView, Region, shared_memory
+from .arena import ARENA_MIN, ROWS_ARENA_BYTES, Arena, ArenaView, Region, extent, shared_memory
 from ..errors import MldserverError
 from ..base.logs import EventLogger
 from ..base.pieces import PieceReader
@@ -98,6 +99,9 @@ class HandlerProcess:
         self.rows: ArenaView | None = None  # where it puts a batch's rows for us (arena.py), read-only
         self._rows_at: list[int] | None = None  # [fd, size] of that memory, as the process knows it
         self.rows_read = 0  # rows bodies read from it rather than from the pipe
+        self.rows_lent = 0  # bytes of it the server still holds (on loan until their windows commit)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop_thread = 0
         self._stdout_pipe: asyncio.ReadTransport | None = None
         self.last_running = 0  # the call id running when it died (0: none was)
         self.killed_for = 0  # the call id whose time-out killed it
@@ -121,6 +125,7 @@ class HandlerProcess:
         return len(self.shards)
 
     async def start(self) -> None:
+        self._loop, self._loop_thread = asyncio.get_running_loop(), threading.get_ident()
         with open(self.state + ".run", "wb") as f:
             f.write(b"\0" * STATE_SIZE)
         fd = os.open(self.state + ".run", os.O_RDWR)
@@ -258,20 +263,42 @@ class HandlerProcess:
                 self._serving.add(task)
                 task.add_done_callback(self._serving.discard)
 
-    def _rows_body(self, region: list[int], wanted: bool) -> bytes:
-        """A done frame's rows, in the process's rows arena: copied out (if its call
-        still waits for them), and the region handed back to the process."""
-        body = b""
-        if wanted:
-            if self.rows is None:  # (never: the arena is closed only once its frames are read)
-                raise RuntimeError("a done frame names the rows arena, which is closed")
-            body = bytes(self.rows.region(*region))  # ValueError if not inside it: the process is unreadable
-            self.rows_read += 1
+    def _rows_body(self, region: list[int], wanted: bool) -> Any:
+        """A done frame's rows, in the process's rows arena: read where they lie (if
+        its call still waits for them), on loan until nothing refers to them (their
+        windows committed: ``base.loans``); else handed back at once."""
+        held = extent(region)  # type: ignore[arg-type]
+        self.rows_lent += held[1]
+        if not wanted:
+            self._give_back(held)
+            return b""
+        if self.rows is None:  # (never: the arena is closed only once its frames are read)
+            raise RuntimeError("a done frame names the rows arena, which is closed")
+        self.rows.region(*held)  # ValueError if not inside it: the process is unreadable
+        from ..base.loans import lend  # (numpy: a server with a sink)
+
+        self.rows_read += 1
+        return lend(self.rows.map, *held, self._give_back)[: region[1]]
+
+    def _give_back(self, part: Region) -> None:
+        """Bytes of the rows arena the server is done with, back to the process (a
+        ``free`` frame) from the event loop's thread, whichever thread let them go, and
+        never in the middle of another frame: a loan's last reference may go anywhere."""
+        loop = self._loop
         try:
-            self._write({"op": "free", "region": region})
+            if threading.get_ident() == self._loop_thread:
+                loop.call_soon(self._free_rows, part)  # type: ignore[union-attr]
+            else:
+                loop.call_soon_threadsafe(self._free_rows, part)  # type: ignore[union-attr]
+        except RuntimeError:
+            pass  # the loop is closed: the server is gone, and the process with it
+
+    def _free_rows(self, part: Region) -> None:
+        self.rows_lent -= part[1]
+        try:
+            self._write({"op": "free", "region": list(part)})
         except ProcessDied:
             pass  # its arena went with it
-        return body
 
     async def _answer(self, message: dict[str, Any], requests: Requests | None) -> None:
         if requests is None:

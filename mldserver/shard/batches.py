@@ -266,13 +266,14 @@ def encoded_rows(records: Sequence[Record], index: Any, times: Any, ends: Any, l
     n = len(times)
     offsets = np.zeros(n + 1, dtype=np.int64)
     offsets[1:] = np.frombuffer(ends, dtype=np.uint64, count=n)
-    index = np.frombuffer(index, dtype=np.uint32, count=n)
-    times = np.frombuffer(times, dtype=np.int64, count=n)
+    # The columns are copied (12 bytes a row): only the JSON lines stay where the body
+    # lies, which may be the rows arena, on loan until their window commits (``base.loans``).
+    index = np.frombuffer(index, dtype=np.uint32, count=n).copy()
+    times = np.frombuffer(times, dtype=np.int64, count=n).copy()
     arrival = times == ARRIVAL_TIME
     fine = True
     if arrival.any():
         filled = arrival_times(records)[index[arrival]]
-        times = times.copy()  # (the frame's is read-only)
         times[arrival] = filled
         fine = not ((filled == ODD_TIME) | (filled >= MAX_EVENT_TIME_MS)).any()
     rows = rows_from_columns(records, index, times, offsets, lines) if fine else None

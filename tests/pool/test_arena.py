@@ -18,7 +18,7 @@ import signal
 
 import pytest
 
-from mldserver.pool.arena import ARENA_MIN, Arena, ArenaView
+from mldserver.pool.arena import ARENA_MIN, Arena, ArenaView, extent
 
 from ..harness import eventually, running
 from .serving import T0, dead_letters, pooled
@@ -93,6 +93,56 @@ def test_random_puts_and_frees_never_overlap_and_keep_their_bytes(seed):
         arena.close()
 
 
+def test_a_region_given_back_in_parts_cut_anywhere_comes_back_whole(arena):
+    """The server holds a batch's rows until their windows commit, a part a window, cut
+    at any byte: the parts come back one by one, in any order, exactly."""
+    a = arena.put(b"a" * 300)
+    b = arena.put(b"b" * 10)
+    assert extent(a) == (0, 320) and extent(b) == (320, 64) and arena.used == 384
+    arena.release(30, 150)  # a middle part first
+    assert arena._free == [(30, 150), (384, 640)] and arena.used == 234
+    assert arena.put(b"c" * 60) == (64, 60)  # in that hole, aligned: 30-64 and 128-180 stay free
+    assert arena._free == [(30, 34), (128, 52), (384, 640)]
+    arena.release(0, 30)
+    arena.release(180, 140)
+    arena.free((64, 60))
+    assert arena._free == [(0, 320), (384, 640)] and arena.used == 64
+    arena.free(b)
+    assert arena._free == [(0, 1024)] and arena.used == 0
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_random_regions_given_back_in_random_parts_never_overlap(seed):
+    rng = random.Random(seed)
+    arena = Arena.create(1 << 16)
+    live: dict[tuple[int, int], bytes] = {}  # parts still held: (offset, size) -> their bytes
+    try:
+        for step in range(2_000):
+            if live and (rng.random() < 0.45 or arena.used > 60_000):
+                offset, size = part = rng.choice(list(live))
+                assert bytes(arena.map[offset : offset + size]) == live.pop(part)
+                arena.release(offset, size)
+            else:
+                data = rng.randbytes(rng.randint(1, 4_000))
+                region = arena.put(data)
+                if region is not None:
+                    assert region[0] % 64 == 0
+                    offset, size = extent(region)
+                    held = bytes(arena.map[offset : offset + size])
+                    assert held[: len(data)] == data
+                    cuts = sorted(rng.sample(range(1, size), min(size - 1, rng.randint(0, 3))))
+                    for start, end in zip([0, *cuts], [*cuts, size]):
+                        live[(offset + start, end - start)] = held[start:end]
+            spans = sorted((o, o + n) for o, n in live)
+            assert all(end <= start for (_, end), (start, _) in zip(spans, spans[1:])), step
+            assert arena.used == sum(end - start for start, end in spans)
+        for offset, size in list(live):
+            arena.release(offset, size)
+        assert arena._free == [(0, 1 << 16)]
+    finally:
+        arena.close()
+
+
 def payload(seq: int) -> bytes:
     return random.Random(seq).randbytes(SIZE)
 
@@ -152,9 +202,10 @@ async def test_a_batch_line_crosses_in_the_arena_and_arrives_byte_for_byte(tmp_p
 
 
 async def test_a_batchs_rows_come_back_in_the_rows_arena_and_each_region_is_handed_back(tmp_path, monkeypatch):
-    """32 batches' rows (about 90 KB each, 2.8 MB in all) through rows arenas of 512 KiB:
-    every batch's rows come back in the arena, which only fits if each region is free
-    again once the server has read it; the rows arrive byte for byte."""
+    """32 batches' rows (about 90 KB each, 2.8 MB in all) through two rows arenas of 512
+    KiB: the server reads each batch's rows where they lie and hands them back once their
+    window has committed, so more rows cross the arenas than they hold at once; the rows
+    arrive byte for byte, and in the end the server holds none of either arena."""
     monkeypatch.setattr("mldserver.pool.process.ROWS_ARENA_BYTES", 512 << 10)
     shards, batches, records = 4, 8, 60
     async with running(tmp_path, **pooled("DigestAndData", workers=2)) as (server, sink, daemon):
@@ -162,7 +213,42 @@ async def test_a_batchs_rows_come_back_in_the_rows_arena_and_each_region_is_hand
         datas = {(r["shard"], r["seq"]): r["data"] for r in sink.rows}
         assert all(base64.b64decode(datas[key]) == payload(int(key[1])) for key in wanted(shards, batches, records))
         processes = server.pool.serving()
-        assert sum(p.rows_read for p in processes) == shards * batches  # none took the pipe
+        assert sum(p.rows_read for p in processes) > 2 * (512 << 10) // (records * 1_450)  # regions came back
+        await eventually(lambda: all(p.rows_lent == 0 for p in processes), what="every region handed back")
+        for shard in opened:
+            await shard.lease_lost()
+            assert await shard.close() == 0
+
+
+async def test_rows_held_in_a_dead_processs_rows_arena_still_commit_byte_for_byte(tmp_path):
+    """Both handler processes are SIGKILLed while the server holds the rows they put in
+    their rows arenas (their window still open): the memory outlives them, the rows
+    commit with their exact bytes once the window closes, nothing is dead-lettered or
+    redone, and every connection stays open; the replacements' arenas are new."""
+    shards, records = 4, 60
+    async with running(tmp_path, **pooled("DigestAndData", workers=2)) as (server, sink, daemon):
+        opened = await asyncio.gather(*(daemon.shard(f"shardId-{s:012d}") for s in range(shards)))
+        for n in range(2):  # two batches a shard, one window: held, not committed
+            await asyncio.gather(*(shard.process_records(big_batch(1000 * (n + 1), records, T0 + n * 1_000),
+                                                         millis_behind_latest=1000) for shard in opened))
+        first = server.pool.serving()
+        assert sum(p.rows_read for p in first) == shards * 2 and all(p.rows_lent > 0 for p in first)
+        assert not sink.rows
+        for p in first:
+            os.kill(p.pid, signal.SIGKILL)
+        await eventually(lambda: all(p.died.is_set() for p in first), timeout=20, what="both processes reaped")
+        assert all(p.rows is None for p in first)  # let go by the server; mapped on by the rows it holds
+        await asyncio.gather(*(shard.process_records(big_batch(99_000, 1, T0 + 600 * 60_000), millis_behind_latest=1000)
+                               for shard in opened))  # closes the window: it commits
+        want = {(f"shardId-{s:012d}", str(seq)): hashlib.sha256(payload(seq)).hexdigest()
+                for s in range(shards) for n in range(2) for seq in range(1000 * (n + 1), 1000 * (n + 1) + records)}
+        await eventually(lambda: want.keys() <= digests(sink).keys(), timeout=30, what="the held rows committed")
+        assert {k: v for k, v in digests(sink).items() if k in want} == want
+        datas = {(r["shard"], r["seq"]): r["data"] for r in sink.rows}
+        assert all(base64.b64decode(datas[key]) == payload(int(key[1])) for key in want)
+        assert len(sink.rows) == len({(r["shard"], r["seq"]) for r in sink.rows})  # none twice
+        assert not any(dead_letters(tmp_path, s.shard_id) for s in opened)
+        await eventually(lambda: all(p.rows_lent == 0 for p in first), what="the dead processes' rows let go")
         for shard in opened:
             await shard.lease_lost()
             assert await shard.close() == 0
@@ -229,6 +315,8 @@ async def test_handler_processes_killed_at_random_while_lines_land_in_their_aren
             assert sum(p.rows_read for p in {*killed, *server.pool.serving()}) > 0, "no rows in a rows arena"
         for p in server.pool.serving():
             assert p.arena is not None and p.arena.used == 0 and not p._regions
+        await eventually(lambda: all(p.rows_lent == 0 for p in {*killed, *server.pool.serving()}),
+                         what="every row in a rows arena, a dead process's too, let go once committed")
         for shard in opened:
             await shard.lease_lost()
             assert await shard.close() == 0
