@@ -53,9 +53,11 @@ from typing import Any
 # The arena of each handler process: at 32 shards over two processes, 16 lines of 1,000
 # 1 KiB records (1.4 MB each) are in flight in each; larger batches beyond it take the pipe.
 ARENA_BYTES = 64 << 20
-# The rows arena of each handler process: the rows the server holds until their windows
-# commit (beyond it, rows take the pipe and are copied). Pages are touched only as used.
-ROWS_ARENA_BYTES = 128 << 20
+# The rows arena of each handler process holds the rows the server keeps until their
+# windows commit: its share of ``max_buffered_bytes`` and this much more, for the rows
+# in flight and the room first fit leaves between regions (``rows_arena_bytes``). Rows
+# that find no room take the pipe and are copied. Pages are touched only as used.
+ROWS_IN_FLIGHT = 64 << 20
 # Smaller bodies take the pipe: a write of a few KiB costs less than a region's bookkeeping.
 ARENA_MIN = 32 << 10
 _ALIGN = 64
@@ -128,6 +130,12 @@ class Arena:
     def close(self) -> None:
         self.map.close()
         os.close(self.fd)
+
+
+def rows_arena_bytes(max_buffered_bytes: int, workers: int) -> int:
+    """A handler process's rows arena: 192 MiB with the defaults (256 MiB, 2 workers)."""
+    share = max_buffered_bytes // max(workers, 1)
+    return -(-(share + ROWS_IN_FLIGHT) // _ALIGN) * _ALIGN
 
 
 def extent(region: Region) -> Region:

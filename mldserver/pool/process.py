@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any, Awaitable, Callable
 
 from ..base.config import Settings, state_path
-from .arena import ARENA_MIN, ROWS_ARENA_BYTES, Arena, ArenaView, Region, extent, shared_memory
+from .arena import ARENA_MIN, Arena, ArenaView, Region, extent, rows_arena_bytes, shared_memory
 from ..errors import MldserverError
 from ..base.logs import EventLogger
 from ..base.pieces import PieceReader
@@ -138,8 +138,9 @@ class HandlerProcess:
         rows_fd = -1
         try:
             self.arena = Arena.create()
-            rows_fd = shared_memory(ROWS_ARENA_BYTES, "mldserver-rows")
-            self.rows = ArenaView(os.dup(rows_fd), ROWS_ARENA_BYTES)
+            rows_size = rows_arena_bytes(self.settings.max_buffered_bytes, self.settings.workers)
+            rows_fd = shared_memory(rows_size, "mldserver-rows")
+            self.rows = ArenaView(os.dup(rows_fd), rows_size)
             self.proc = proc = await asyncio.create_subprocess_exec(
                 sys.executable, "-m", "mldserver.pool.child",
                 stdin=asyncio.subprocess.PIPE, stdout=write_fd, stderr=None, start_new_session=True,
@@ -153,7 +154,7 @@ class HandlerProcess:
             os.close(write_fd)
             if rows_fd >= 0:
                 os.close(rows_fd)  # the process has its own; ours is mapped
-        self._rows_at = [rows_fd, ROWS_ARENA_BYTES]  # (the fd's number is the same in the process)
+        self._rows_at = [rows_fd, rows_size]  # (the fd's number is the same in the process)
         if self.killed:  # stopped while it was being created
             self._sigkill()
         try:

@@ -206,7 +206,7 @@ async def test_a_batchs_rows_come_back_in_the_rows_arena_and_each_region_is_hand
     KiB: the server reads each batch's rows where they lie and hands them back once their
     window has committed, so more rows cross the arenas than they hold at once; the rows
     arrive byte for byte, and in the end the server holds none of either arena."""
-    monkeypatch.setattr("mldserver.pool.process.ROWS_ARENA_BYTES", 512 << 10)
+    monkeypatch.setattr("mldserver.pool.process.rows_arena_bytes", lambda cap, workers: 512 << 10)
     shards, batches, records = 4, 8, 60
     async with running(tmp_path, **pooled("DigestAndData", workers=2)) as (server, sink, daemon):
         opened = await every_row_committed(daemon, sink, shards, batches, records)
