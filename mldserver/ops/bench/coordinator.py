@@ -10,7 +10,9 @@ shards in lock-step, against two servers:
 
 Each batch is a new line (fresh sequence numbers, so nothing is dropped as a
 duplicate) covering 10 s of event time: one window per batch, closing as the run
-goes. Reported: rows/s for both and the cost; the CPU the server used a row, its
+goes. Each shard sends at least 8 batches, 2.4 million rows in all at 1 or 32 shards:
+long enough that what a server pays once (its arenas' and buffers' first pages, a
+second or so at 32 shards) does not pass for what each row costs. Reported: rows/s for both and the cost; the CPU the server used a row, its
 handler processes included (steadier than rows/s on a machine shared with other
 work); and the largest memory the coordinator used: its buffered rows as the ledger
 counts them (the memory they hold) against ``max_buffered_bytes``, which they stay
@@ -92,7 +94,7 @@ async def run(shard_counts: list[int], quick: bool, tmp: str, workers: list[int 
     print(f"  {'workers':>7} {'K':>4} {'no pipeline rows/s':>19} {'file sink rows/s':>17} {'cost':>7} "
           f"{'CPU us/row (none / sink)':>25} {'peak buffered / cap':>20} {'spilled':>10} {'server PSS (none / sink)':>25}")
     for k in shard_counts:
-        batches = 2 if quick else max(2, 120 // k)
+        batches = 2 if quick else max(8, 240 // k)
         batch_lines = lines(batches)
         for w in workers or [None]:
             bare, bare_cpu, bare_pss, _, _ = await run_one("no pipeline", k, batch_lines, tmp, w)
