@@ -63,6 +63,34 @@ static int grow(void **p, Py_ssize_t *cap, Py_ssize_t need, size_t item) {
     return 0;
 }
 
+/* The largest buffers a collector let go of, for the next one to start with: a batch's
+   lines grow to megabytes, and buffers taken afresh each batch were grown a dozen times
+   and their pages faulted in again (a handler process gives its free pages back every
+   second: base/malloc.py). One spare of each kind, of at most SPARE_MAX bytes; under the
+   GIL, like everything here. */
+#define SPARE_MAX ((Py_ssize_t)64 << 20)
+static void *spare_buf, *spare_ends;
+static Py_ssize_t spare_cap, spare_ncap;
+
+static void adopt(void **p, Py_ssize_t *cap, void **spare, Py_ssize_t *spare_cap) {
+    if (*p == NULL && *spare != NULL) {
+        *p = *spare;
+        *cap = *spare_cap;
+        *spare = NULL;
+        *spare_cap = 0;
+    }
+}
+
+static void let_go(void *p, Py_ssize_t cap, size_t item, void **spare, Py_ssize_t *spare_cap) {
+    if (p != NULL && cap * (Py_ssize_t)item <= SPARE_MAX && cap > *spare_cap) {
+        PyMem_Free(*spare);
+        *spare = p;
+        *spare_cap = cap;
+    } else {
+        PyMem_Free(p);
+    }
+}
+
 /* -1 with BufferError while a view of the lines is held (they may move or be cut). */
 static int unheld(Collector *self) {
     if (self->exports) {
@@ -75,6 +103,8 @@ static int unheld(Collector *self) {
 
 /* One line appended as it is, with its record and time. */
 static int append(Collector *self, PyObject *record, const char *line, Py_ssize_t size, PyObject *t) {
+    adopt((void **)&self->buf, &self->cap, &spare_buf, &spare_cap);
+    adopt((void **)&self->ends, &self->ncap, &spare_ends, &spare_ncap);
     if (grow((void **)&self->buf, &self->cap, self->len + size, 1) < 0 ||
         grow((void **)&self->ends, &self->ncap, self->n + 1, sizeof(uint64_t)) < 0)
         return -1;
@@ -265,8 +295,8 @@ static void dealloc(Collector *self) {
     PyTypeObject *type = Py_TYPE(self);
     PyObject_GC_UnTrack(self);
     clear(self);
-    PyMem_Free(self->buf);
-    PyMem_Free(self->ends);
+    let_go(self->buf, self->cap, 1, &spare_buf, &spare_cap);
+    let_go(self->ends, self->ncap, sizeof(uint64_t), &spare_ends, &spare_ncap);
     type->tp_free((PyObject *)self);
     Py_DECREF(type);
 }
