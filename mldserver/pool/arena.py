@@ -73,6 +73,9 @@ class Arena:
         self.map = mmap.mmap(fd, size)
         self._free: list[Region] = [(0, size)]  # sorted by offset, never adjacent
         self.used = 0  # bytes in regions not yet given back
+        self._top = 0  # the highest end of a region put since the last trim
+        self._touched = 0  # how far pages may be in memory: the highest end put, not trimmed since
+        self.trimmed = 0  # bytes of pages given back to the system, in all
         self.puts = 0  # lines that crossed in it
         self.misses = 0  # lines that took the pipe: no free region was large enough
 
@@ -104,6 +107,7 @@ class Arena:
                     at += len(view)
                 self.used += need
                 self.puts += 1
+                self._top = max(self._top, at)
                 return at - length, length
         self.misses += 1
         return None
@@ -126,6 +130,27 @@ class Arena:
             del free[i - 1]
             i -= 1
         free.insert(i, (offset, size))
+
+    def trim(self) -> int:
+        """Give the system back the pages above every region put since the last trim
+        and every region still held (first fit keeps what is in use low), as a heap is
+        trimmed (``base.malloc``): what a burst touched goes within two trims, what
+        each batch uses again stays in memory. Returns the bytes given back."""
+        free = self._free
+        held_top = free[-1][0] if free and free[-1][0] + free[-1][1] == self.size else self.size
+        keep = -(-max(self._top, held_top) // mmap.PAGESIZE) * mmap.PAGESIZE
+        self._touched = max(self._touched, self._top)
+        self._top = held_top
+        if keep >= self._touched:
+            return 0
+        remove = getattr(mmap, "MADV_REMOVE", None)  # (Linux)
+        if remove is None:
+            return 0
+        gone = self._touched - keep
+        self.map.madvise(remove, keep, gone)  # (shared memory: its pages are freed, read as zeros)
+        self._touched = keep
+        self.trimmed += gone
+        return gone
 
     def close(self) -> None:
         self.map.close()

@@ -64,7 +64,7 @@ from ..errors import CheckpointError, ConfigError, ExecutionTimeout  # (Executio
 from ..api.failures import FailureGuard
 from ..api.loading import load_handler
 from ..base.logs import configure, get_logger
-from ..base.malloc import one_heap, reuse_large_buffers
+from ..base.malloc import PERIOD as TRIM_PERIOD, one_heap, reuse_large_buffers
 from ..base.pieces import PieceReader
 from ..api.records import Batch, EmittedRows, ShardInfo
 from ..api.checks import check_handler, emits
@@ -387,9 +387,15 @@ class Child:
     # -- the loop's heartbeat, watched by a thread -----------------------------------
 
     async def heartbeat(self) -> None:
+        """Beats while the loop runs; once a trim period, the rows arena's pages no row
+        has used since the last give back to the system (``Arena.trim``)."""
+        trim_at = time.monotonic() + TRIM_PERIOD
         while True:
-            self.beat = time.monotonic()
+            now = self.beat = time.monotonic()
             self.running.beat()
+            if now >= trim_at and self.rows_arena is not None:
+                self.rows_arena.trim()
+                trim_at = now + TRIM_PERIOD
             await asyncio.sleep(WATCH_INTERVAL)
 
     def watch(self, threshold: float, main: int) -> None:

@@ -143,6 +143,45 @@ def test_random_regions_given_back_in_random_parts_never_overlap(seed):
         arena.close()
 
 
+def resident_rows_kib() -> int:
+    """KiB of the handler processes' rows arenas in this process's memory (its maps of them)."""
+    total, inside = 0, False
+    with open("/proc/self/smaps") as smaps:
+        lines = smaps.readlines()
+    for line in lines:
+        if "-" in line.split(" ", 1)[0]:  # a mapping's first line: "start-end perms ... path"
+            inside = "mldserver-rows" in line
+        elif inside and line.startswith("Rss:"):
+            total += int(line.split()[1])
+    return total
+
+
+def allocated(arena: Arena) -> int:
+    """Bytes of the arena's shared memory that have pages (a memfd's blocks)."""
+    return os.fstat(arena.fd).st_blocks * 512
+
+
+def test_pages_no_region_has_used_for_a_trim_period_go_back_to_the_system():
+    arena = Arena.create(4 << 20)
+    try:
+        low = arena.put(b"l" * 100_000)
+        high = arena.put(b"h" * 2_000_000)  # a burst
+        assert allocated(arena) >= 2_000_000
+        arena.free(high)
+        assert arena.trim() == 0  # used within the period: kept, for the next batch
+        assert arena.trim() > 1_900_000 and allocated(arena) < 200_000  # unused for a whole period: given back
+        assert bytes(arena.map[0:100_000]) == b"l" * 100_000  # what is held stays
+        again = arena.put(b"a" * 1_000_000)  # the pages come back as they are written
+        assert bytes(arena.map[again[0] : again[0] + 1_000_000]) == b"a" * 1_000_000
+        arena.free(again)
+        arena.free(low)
+        arena.trim()
+        arena.trim()
+        assert allocated(arena) == 0 and arena.trim() == 0
+    finally:
+        arena.close()
+
+
 def payload(seq: int) -> bytes:
     return random.Random(seq).randbytes(SIZE)
 
@@ -215,6 +254,9 @@ async def test_a_batchs_rows_come_back_in_the_rows_arena_and_each_region_is_hand
         processes = server.pool.serving()
         assert sum(p.rows_read for p in processes) > 2 * (512 << 10) // (records * 1_450)  # regions came back
         await eventually(lambda: all(p.rows_lent == 0 for p in processes), what="every region handed back")
+        assert resident_rows_kib() > 0  # (the server reads them where they lie)
+        await eventually(lambda: resident_rows_kib() == 0, timeout=10,
+                         what="the rows arenas' pages given back to the system once unused (Arena.trim)")
         for shard in opened:
             await shard.lease_lost()
             assert await shard.close() == 0
