@@ -163,8 +163,9 @@ class RowBatch:
         cuts a batch whose rows span windows at the windows' ends, and a window's commit
         frees its piece (were the pieces slices, the batch's buffers would be held whole
         until its last window commits). Rows on loan (a handler process's rows arena:
-        ``base.loans``) are cut where they lie, their JSON not copied, the loan split;
-        any others are copied (``compact``)::
+        ``base.loans``) are cut where they lie, their JSON not copied, the loan split
+        (this batch, whose bytes the pieces now own, is not read again); any others are
+        copied (``compact``)::
 
             first, second = batch.cut([4_000])  # rows 0-3,999 and 4,000 on
         """

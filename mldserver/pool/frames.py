@@ -16,7 +16,8 @@ What crosses, and how often (one shard's action is one ``call`` and one ``done``
       {"op":"reply","req":2,"error":null}                      (a checkpoint's answer)
       {"op":"reply","req":3,"rows":[{...}],"done":false}       (context.sql rows)
       {"op":"drop","shard":3}                                  (the shard left this process)
-      {"op":"free","region":[0,3100000]}       (a done frame's rows read: the region is the child's again)
+      {"op":"free","region":[0,1200000]}       (bytes of the rows arena the server is done with, exactly:
+                                                a region's extent, or a window's part of it)
       {"op":"fire","id":90,"timers":[[91,"mod:callback","ref",{context}], ...]}   (due timers)
       {"op":"stop"}
     child -> server
