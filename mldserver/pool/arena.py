@@ -75,7 +75,6 @@ class Arena:
         self.used = 0  # bytes in regions not yet given back
         self._top = 0  # the highest end of a region put since the last trim
         self._touched = 0  # how far pages may be in memory: the highest end put, not trimmed since
-        self.trimmed = 0  # bytes of pages given back to the system, in all
         self.puts = 0  # lines that crossed in it
         self.misses = 0  # lines that took the pipe: no free region was large enough
 
@@ -96,9 +95,9 @@ class Arena:
         ``_ALIGN`` and hold their size rounded up to it (``extent``)."""
         views = [memoryview(part).cast("B") for part in parts]
         length = sum(map(len, views))
-        need = -(-length // _ALIGN) * _ALIGN
+        need = _up(length)
         for i, (offset, size) in enumerate(self._free):
-            at = -(-offset // _ALIGN) * _ALIGN  # (a part released on its own may end anywhere)
+            at = _up(offset)  # (a part released on its own may end anywhere)
             if at + need <= offset + size:
                 rest = [(start, end - start) for start, end in ((offset, at), (at + need, offset + size)) if end > start]
                 self._free[i : i + 1] = rest
@@ -138,7 +137,7 @@ class Arena:
         each batch uses again stays in memory. Returns the bytes given back."""
         free = self._free
         held_top = free[-1][0] if free and free[-1][0] + free[-1][1] == self.size else self.size
-        keep = -(-max(self._top, held_top) // mmap.PAGESIZE) * mmap.PAGESIZE
+        keep = _up(max(self._top, held_top), mmap.PAGESIZE)
         self._touched = max(self._touched, self._top)
         self._top = held_top
         if keep >= self._touched:
@@ -149,7 +148,6 @@ class Arena:
         gone = self._touched - keep
         self.map.madvise(remove, keep, gone)  # (shared memory: its pages are freed, read as zeros)
         self._touched = keep
-        self.trimmed += gone
         return gone
 
     def close(self) -> None:
@@ -160,13 +158,18 @@ class Arena:
 def rows_arena_bytes(max_buffered_bytes: int, workers: int) -> int:
     """A handler process's rows arena: 192 MiB with the defaults (256 MiB, 2 workers)."""
     share = max_buffered_bytes // max(workers, 1)
-    return -(-(share + ROWS_IN_FLIGHT) // _ALIGN) * _ALIGN
+    return _up(share + ROWS_IN_FLIGHT)
+
+
+def _up(n: int, unit: int = _ALIGN) -> int:
+    """``n`` rounded up to a multiple of ``unit``."""
+    return -(-n // unit) * unit
 
 
 def extent(region: Region) -> Region:
     """The bytes a region ``put`` returned holds: its size rounded up to ``_ALIGN``."""
     offset, size = region
-    return offset, -(-size // _ALIGN) * _ALIGN
+    return offset, _up(size)
 
 
 def shared_memory(size: int, name: str = "mldserver-arena") -> int:
