@@ -23,6 +23,8 @@ from typing import Any
 
 import orjson
 
+from ..emulators import STARTS, listens
+
 # One row per record with everything the record carries (shipped with the package).
 PASSTHROUGH = "mldserver.examples.passthrough:Passthrough"
 RECORDS, SIZE = 10_000, 100  # the coordinator and Spark parts' batches
@@ -160,26 +162,30 @@ async def start_server(
     workers: int | None = None,
 ) -> tuple[subprocess.Popen, int]:
     """``mldserver serve`` in its own process; ``admin`` off unless asked for (a bench
-    run must not take the default admin port from a server running beside it)."""
-    port = free_port()
+    run must not take the default admin port from a server running beside it). Up when
+    the server itself listens on its port: one whose port another process bound first
+    exits, and is started again on another (``STARTS`` tries), never taken for up
+    because the other answers there."""
     if workers is not None:
         extra = (*extra, "--workers", str(workers))
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "mldserver", "serve", "--handler", handler, "--port",
-         str(port), "--log-level", "warning", "--state-dir", state_dir, "--admin", admin, *extra],
-        stdout=subprocess.DEVNULL,
-        env={**os.environ, **(env or {})},
-    )
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            _, w = await asyncio.open_connection("127.0.0.1", port)
-            w.close()
-            return proc, port
-        except OSError:
+    for _ in range(STARTS):
+        port = free_port()
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "mldserver", "serve", "--handler", handler, "--port",
+             str(port), "--log-level", "warning", "--state-dir", state_dir, "--admin", admin, *extra],
+            stdout=subprocess.DEVNULL,
+            env={**os.environ, **(env or {})},
+        )
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and proc.poll() is None:
+            if listens(proc.pid, port):
+                return proc, port
             await asyncio.sleep(0.05)
-    proc.kill()
-    raise RuntimeError("bench server did not start")
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+            raise RuntimeError(f"bench server did not listen on port {port} within {timeout:g} s")
+    raise RuntimeError(f"bench server exited as it started, {STARTS} times (its port taken each time?)")
 
 
 def lines(batches: int, ms_per_batch: int = 10_000) -> list[tuple[bytes, dict]]:
