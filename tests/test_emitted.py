@@ -114,3 +114,14 @@ def test_a_truncate_counts_the_timed_rows_again():
     assert rows.timed == 1 and rows.times == [5, None]
     rows.truncate(0)
     assert rows.timed == 0 and len(rows) == 0 and rows.lines() == b""
+
+
+def test_one_for_one_says_whether_each_row_is_its_records_by_identity_and_place():
+    a, b = records(2)
+    rows = EmittedRows.of([(a, {"k": 1}, None), (b, {"k": 2}, None)])
+    assert rows.one_for_one([a, b]) and rows.one_for_one((a, b))  # a passthrough's: each record's row, in order
+    assert not rows.one_for_one([b, a])  # out of order
+    assert not rows.one_for_one([a]) and not rows.one_for_one([a, b, a])  # more rows, or fewer
+    assert not rows.one_for_one([a, Record(dict(b.raw))])  # the same content is not the record
+    rows.truncate(1)
+    assert rows.one_for_one([a])

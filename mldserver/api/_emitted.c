@@ -12,6 +12,7 @@
        (2, b'{"k":1}\n{"k":2}\n', b'...')             # ends: n native uint64, where each line ends
        >>> rows.records, rows.times, rows.timed, rows.bad
        ([record, record], [None, 1763719200000], 1, [(record, 'row not JSON-encodable: ...')])
+       >>> rows.one_for_one([record])                  # False: 2 rows for 1 record (a passthrough's: True)
        >>> rows.truncate(1); rows.close()              # a failed attempt's rows taken back; the call is over
        >>> rows.add(record, {"k": 3})
        RuntimeError: batch.emit called after process_records returned: ...
@@ -225,6 +226,19 @@ static PyObject *truncate_(Collector *self, PyObject *arg) {
     Py_RETURN_NONE;
 }
 
+/* Is each row's record the record at that index of `records`, one for one (a
+   passthrough's rows)? By identity, as the rows' record indexes are found. */
+static PyObject *one_for_one(Collector *self, PyObject *records) {
+    PyObject *seq = PySequence_Fast(records, "one_for_one(records): records must be a sequence");
+    if (seq == NULL) return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    PyObject **items = PySequence_Fast_ITEMS(seq);
+    int same = n == PyList_GET_SIZE(self->records);
+    for (Py_ssize_t i = 0; same && i < n; i++) same = items[i] == PyList_GET_ITEM(self->records, i);
+    Py_DECREF(seq);
+    return PyBool_FromLong(same);
+}
+
 static PyObject *close_(Collector *self, PyObject *unused) {
     self->closed = 1;
     Py_RETURN_NONE;
@@ -309,6 +323,8 @@ static PyMethodDef collector_methods[] = {
      "append_line(record, line, event_time_ms): a JSON line already encoded (its newline included), kept as it "
      "is (closed or not)"},
     {"truncate", (PyCFunction)truncate_, METH_O, "truncate(n): only the first n rows stay"},
+    {"one_for_one", (PyCFunction)one_for_one, METH_O,
+     "one_for_one(records): is each row's record the one at its index in records (identity), as many rows as records?"},
     {"close", (PyCFunction)close_, METH_NOARGS, "the call is over: a later add raises RuntimeError, saying so"},
     {"lines", (PyCFunction)lines_, METH_NOARGS, "the rows' JSON lines, back to back (a copy)"},
     {"view", (PyCFunction)view_, METH_NOARGS,

@@ -18,6 +18,7 @@ positions) and checked there too::
     len(rows) == 2; rows.bad == [(record, "row not JSON-encodable: Type is not JSON serializable: object")]
     rows.sizes == [8, 8]; rows.lines() == b'{"k":1}\\n{"k":2}\\n'   # rows.view(): the same, in place
     rows.records == [record, record]; rows.times == [None, 1763719200000]
+    rows.one_for_one([record])                   # False: a row for each record, in order? (a passthrough's)
     rows[1] == Emitted(record, {"k": 2}, 1763719200000)   # read back (tests)
     mark = len(rows); ...; rows.truncate(mark)   # a failed attempt's rows taken back
     rows.close()                                 # the call is over: a later add raises
@@ -29,6 +30,7 @@ from __future__ import annotations
 
 import io
 from array import array
+from operator import is_
 from typing import Any, Iterator, NamedTuple
 
 import orjson
@@ -93,6 +95,9 @@ class PyCollector:
             self._buffer.seek(end)
             del self._ends[n:], self.records[n:], self.times[n:]
             self.timed = len(self.times) - self.times.count(None)
+
+    def one_for_one(self, records: Any) -> bool:
+        return len(self.records) == len(records) and all(map(is_, self.records, records))
 
     def close(self) -> None:
         self._write = _emitted_after_the_call

@@ -306,7 +306,7 @@ def encode_rows(emitted: EmittedRows | Iterable[tuple[Any, Any, Any]],
     else:
         times = None
     if times is not None:
-        idx = record_indexes(emitted.records, records)
+        idx = record_indexes(emitted.records, records, emitted.one_for_one(records))
         return len(idx), [idx, times, emitted.ends(), emitted.view()], bad
     idx, times, ends = array(_U32), array(_I64), array(_U64)
     body = bytearray()
@@ -323,20 +323,32 @@ def encode_rows(emitted: EmittedRows | Iterable[tuple[Any, Any, Any]],
     return len(idx), [idx, times, ends, body], bad
 
 
-def record_indexes(of: Sequence[Any], records: Sequence[Any]) -> array:
+def record_indexes(of: Sequence[Any], records: Sequence[Any], one_for_one: bool | None = None) -> array:
     """Each row's record (``of``), as its index in the batch: ``0, 1, 2, ...`` at once
     when the rows are the records one for one, in order (a passthrough's; checked in
-    C), else found by identity::
+    C), else found by identity. ``one_for_one``: already checked (``EmittedRows.one_for_one``,
+    in C: 10,000 rows in some 10 us, where the check here takes 120)::
 
         record_indexes([b, b], [a, b])   # array('I', [1, 1])
         record_indexes([], [a, b])       # array('I'): no index of the batch is built
     """
     if not of:  # (a batch without bad rows: the usual one)
         return array(_U32)
-    if len(of) == len(records) and all(map(is_, of, records)):
-        return array(_U32, range(len(of)))
+    if one_for_one if one_for_one is not None else len(of) == len(records) and all(map(is_, of, records)):
+        return _iota(len(of))
     index = {id(r): i for i, r in enumerate(records)}
     return array(_U32, map(index.__getitem__, map(id, of)))
+
+
+_counting = array(_U32)
+
+
+def _iota(n: int) -> array:
+    """``array('I', range(n))``, sliced from one made once (10,000 in 2 us, not 160)."""
+    global _counting
+    if len(_counting) < n:
+        _counting = array(_U32, range(max(n, 2 * len(_counting))))
+    return _counting[:n]
 
 
 class RowColumns(NamedTuple):

@@ -56,6 +56,11 @@ def test_each_row_names_its_record_by_its_place_in_the_batch():
     equal_not_same = Record(dict(a.raw))  # the same record's content is not the record
     with pytest.raises(KeyError):
         frames.record_indexes([equal_not_same], [a])
+    assert frames.record_indexes([a, b], [a, b], one_for_one=True).tolist() == [0, 1]  # checked by the collector
+    assert frames.record_indexes([b, a], [a, b], one_for_one=False).tolist() == [1, 0]
+    many = [Record(r) for r in make_records(10, 25_000)]  # past the counting made so far: made longer
+    assert frames.record_indexes(many, many).tolist() == list(range(25_000))
+    assert frames.record_indexes(many[:3], many[:3]).tolist() == [0, 1, 2]
 
 
 def test_records_cross_as_the_daemons_objects():
