@@ -8,7 +8,10 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import aiohttp
 import pytest
@@ -229,7 +232,18 @@ async def test_an_admin_port_in_use_is_a_config_error_naming_admin(tmp_path):
 def test_a_malformed_admin_address_is_a_config_error():
     with pytest.raises(ConfigError, match="--admin 7071: use HOST:PORT"):
         Server(Settings(handler="test", admin="7071"), Recorded)
-    assert Server(Settings(handler="test", admin="off"), Recorded).admin.address is None
+    assert Server(Settings(handler="test", admin="off"), Recorded).admin is None
+
+
+def test_with_the_endpoint_off_aiohttp_is_never_imported(tmp_path):
+    """aiohttp (some 20 MiB of the server's memory) only where the endpoint is on."""
+    probe = ("import sys; from mldserver.base.config import Settings; from mldserver.server.server import Server; "
+             "from tests.handlers import Noop; Server(Settings(handler='test', admin=sys.argv[1]), Noop); "
+             "print('aiohttp' in sys.modules)")
+    for admin, imported in (("off", "False"), ("OFF ", "False"), ("127.0.0.1:0", "True")):
+        out = subprocess.run([sys.executable, "-c", probe, admin], capture_output=True, text=True, timeout=60,
+                             cwd=Path(__file__).parent.parent)
+        assert out.stdout.strip() == imported, (admin, out.stderr)
 
 
 async def test_pause_holds_every_shards_next_handler_call_and_resume_loses_nothing(tmp_path):

@@ -334,6 +334,22 @@ DEFAULT_PORT = 7070
 DEFAULT_ADMIN = "127.0.0.1:7071"  # `mldserver serve`'s admin endpoint (--admin off disables it)
 
 
+def admin_address(value: str) -> tuple[str, int] | None:
+    """``--admin``: HOST:PORT (``[::1]:7071`` for IPv6), or ``off`` (None)::
+
+        admin_address("127.0.0.1:0") == ("127.0.0.1", 0)    # port 0 picks a free one
+        admin_address("off") is None
+        admin_address("7071")  ->  ConfigError("--admin 7071: use HOST:PORT (...) or off")
+    """
+    if value.strip().lower() == "off":
+        return None
+    host, sep, port = value.rpartition(":")
+    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    if not sep or not host or not port.isdigit() or int(port) > 65535:
+        raise ConfigError(f"--admin {value}: use HOST:PORT (as in 127.0.0.1:7071; port 0 picks a free one) or off")
+    return host, int(port)
+
+
 def load(path: str | None = None, **overrides: Any) -> Settings:
     """Defaults, then the TOML file at ``path``, then ``overrides`` (the command line's
     flags; None means unset), each value checked against its Rule."""

@@ -55,6 +55,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from ..errors import ConfigError
 from ..base import admin_token
+from ..base.config import admin_address
 from ..base.logs import get_logger
 
 log = get_logger("mldserver.admin")
@@ -62,17 +63,6 @@ log = get_logger("mldserver.admin")
 GETS = ("/metrics", "/healthz", "/readyz", "/status")
 POSTS = ("/pause", "/resume", "/reload")
 USAGE = f"GET {', '.join(GETS)}; POST {', '.join(POSTS)}"
-
-
-def parse_address(value: str) -> tuple[str, int] | None:
-    """``--admin``: HOST:PORT (``[::1]:7071`` for IPv6), or ``off`` (None)."""
-    if value.strip().lower() == "off":
-        return None
-    host, sep, port = value.rpartition(":")
-    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
-    if not sep or not host or not port.isdigit() or int(port) > 65535:
-        raise ConfigError(f"--admin {value}: use HOST:PORT (as in 127.0.0.1:7071; port 0 picks a free one) or off")
-    return host, int(port)
 
 
 ENDPOINTS = {
@@ -90,7 +80,7 @@ class Admin:
     def __init__(self, server: Any, value: str, token_file: str | None = None) -> None:
         self.server = server
         self.value = value
-        self.address = parse_address(value)
+        self.address = admin_address(value)
         self.token_file = token_file
         self.token: admin_token.Token | None = None  # set by prepare(): the POSTs need it
         self.bound: tuple[str, int] | None = None

@@ -67,7 +67,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from ..base import pieces, preflight
 from .assembly import Parts, build
 from ..api.bindings import current as current_bindings
-from ..base.config import Settings
+from ..base.config import Settings, admin_address
 from ..errors import ConfigError, ServerCrashed
 from .listeners import STREAM_LIMIT, Listeners
 from ..base.logs import errors_only, get_logger
@@ -117,7 +117,7 @@ class Server:
         self.loop_lag = LoopLag(observe=self.parts.metrics.loop_lag.observe)
         self.parts.metrics.watch(self)
         self.admin: Admin | None = None
-        if settings.admin:  # parsed here: a typo stops us early
+        if settings.admin and admin_address(settings.admin) is not None:  # parsed here: a typo stops us early
             from .admin import Admin  # aiohttp (about 20 MiB) only where the endpoint is on
 
             self.admin = Admin(self, settings.admin, settings.admin_token_file)
