@@ -53,23 +53,24 @@ stream, not in memory::
 
 Memory: past the high-water mark, three quarters of ``max_buffered_rows`` or of
 ``max_buffered_bytes`` (the memory the buffered rows hold: ``ledger``), ``admit`` makes
-every shard but the one holding the watermark back wait before its status (so the
-daemon waits), and never a parent whose child is waiting on it. The holder is one
-shard: the least watermark, shards that tie ordered by shard id, as the merge orders
-their rows. Shards in step (all at one watermark) then go on one at a time, each
-released as it becomes the holder, until the window they hold open closes and its
-commit frees memory; delaying none of them would let every one add a batch past the
-mark. What must still land past ``max_buffered_bytes`` (the holder's batches, the
-batches already in handler processes) is spilled to files (``spill``): the memory
-buffered never passes the cap. It starts below the caps because what is under way still
-lands: a batch is added before its shard is delayed, up to ``max_batches_in_flight``
-are being handled, and the watermark's shard goes on. With the default 256 MiB, 32
-shards each a 10,000-row batch (3.4 MB of JSON, 4.2 MB held) ahead of one slow
-shard::
+every shard that runs ahead wait before its status (so the daemon waits): every shard
+whose watermark has passed the end of the window the global watermark is in, and
+never a parent whose child is waiting on it. The others go on together: the window
+they hold open closes, and its commit frees memory, only once each of them has passed
+its end, so their batches come whatever the order (one at a time, each released as it
+became the holder, they came as many and later: a cliff in throughput wherever a
+window is large against the cap). What must still land past ``max_buffered_bytes``
+(those batches, the batches already in handler processes) is spilled to files
+(``spill``): the memory buffered never passes the cap. It starts below the caps because
+what is under way still lands: a batch is added before its shard is delayed, up to
+``max_batches_in_flight`` are being handled, and the shards the window needs go on.
+With the default 256 MiB, 32 shards each a 10,000-row batch (3.4 MB of JSON, 4.2 MB
+held) ahead of one slow shard::
 
     coordinator.add_batch("shardId-000000000007", rows, last, 1000)   # buffered_bytes 199 MiB
     await coordinator.admit("shardId-000000000007")   # waits (logs backpressure once): past
-                                                      # 192 MiB and ahead of the watermark
+                                                      # 192 MiB, and past the end of the
+                                                      # window the slow shard holds open
     await coordinator.admit("shardId-000000000000")   # returns at once: it holds the watermark
 
 What the admin endpoint and the metrics report of it is one snapshot, read at once
@@ -519,8 +520,17 @@ class Coordinator:
                 or self.ledger.bytes > s.max_buffered_bytes * HIGH_WATER)
 
     def _may_delay(self, shard_id: str) -> bool:
-        if self.watermarks.holder(self.clock()) == shard_id:
+        """Does this shard run ahead? Not if it holds the watermark back, nor if it is
+        still short of the end of the window the watermark is in: that window closes
+        (and its commit frees memory) only once every such shard passes its end, so
+        their batches must come whatever the order; waiting for each other in turn
+        would only serialise them. Never a parent whose child waits on it."""
+        now = self.clock()
+        if self.watermarks.holder(now) == shard_id:
             return False  # it holds the watermark back: delaying it would stall all
+        watermark = self.watermarks.minimum(now)
+        if math.isfinite(watermark) and self.watermarks.value(shard_id) < self.ordering.window.end(watermark):
+            return False  # the window the watermark is in needs it to close
         return not self.ordering.holds_children(self.lineage.children_of(shard_id))
 
     def _blocks(self, shard_id: str, now: float) -> bool:

@@ -123,28 +123,28 @@ async def test_ahead_shard_waits_for_its_status_while_over_the_cap_and_the_holde
         await c.stop()
 
 
-async def test_shards_in_step_go_on_one_at_a_time_over_the_cap(settings, tmp_path):
-    """All at one watermark, the holder is the least shard id: only it passes; each of
-    the others is released as it becomes the holder, so the cap holds and all go on."""
+async def test_over_the_cap_the_shards_the_open_window_needs_go_on_together_and_those_past_it_wait(
+        settings, tmp_path):
+    """Shards still short of the end of the window the watermark is in all go on (it
+    closes only once each passes its end), not one at a time as each becomes the
+    holder; a shard past that end waits until the window commits."""
     clock = FakeClock(1_000)
     c = await started(settings.replace(max_buffered_rows=4), tmp_path, clock)
     try:
-        for s in ("A", "B", "C"):
+        for s in ("A", "B", "C", "D"):
             await c.open_shard(s, "TRIM_HORIZON")
         for i, s in enumerate(("A", "B", "C")):
             c.add_batch(s, items(10 * i + 1, [1_000, 2_000]), position(10 * i + 2), 100)
-        waiting = {s: asyncio.create_task(c.admit(s)) for s in ("B", "C")}
-        await asyncio.wait_for(c.admit("A"), 1)  # ties at 2 s: A holds the watermark
+        c.add_batch("D", items(31, [61_000]), position(31), 100)  # past the window [0, 60 s)
+        ahead = asyncio.create_task(c.admit("D"))
+        for s in ("A", "B", "C"):  # A holds the watermark (ties at 2 s); B and C are as needed
+            await asyncio.wait_for(c.admit(s), 1)
         await settle()
-        assert not any(t.done() for t in waiting.values())
-        c.add_batch("A", items(3, [3_000]), position(3), 100)  # A goes past: B holds it now
-        assert await c.step() == 0
-        await asyncio.wait_for(waiting["B"], 2)
-        await settle()
-        assert not waiting["C"].done()
-        c.add_batch("B", items(13, [3_000]), position(13), 100)  # B ties A at 3 s: C holds it now
-        assert await c.step() == 0
-        await asyncio.wait_for(waiting["C"], 2)
+        assert not ahead.done()
+        for i, s in enumerate(("A", "B", "C")):
+            c.add_batch(s, items(10 * i + 3, [62_000]), position(10 * i + 3), 100)
+        assert await c.step() == 1  # every shard past 60 s: [0, 60 s) commits
+        await asyncio.wait_for(ahead, 2)
     finally:
         await c.stop()
 
