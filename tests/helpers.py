@@ -53,3 +53,23 @@ def mounted(path: Path, kind: str, options: str = "defaults") -> Iterator[Path]:
         yield path
     finally:
         subprocess.run(["umount", "-l", str(path)], capture_output=True)
+
+
+@contextlib.contextmanager
+def port_taken_first(monkeypatch: pytest.MonkeyPatch, module: object) -> Iterator[int]:
+    """A port a listener of this process holds, handed out by ``module.free_port``'s
+    first call (later calls give free ports): what a process started on it meets when
+    another took its port first."""
+    import socket
+
+    holder = socket.socket()
+    holder.bind(("0.0.0.0", 0))
+    holder.listen()
+    port = holder.getsockname()[1]
+    ports = iter([port])
+    real = module.free_port  # type: ignore[attr-defined]
+    monkeypatch.setattr(module, "free_port", lambda: next(ports, None) or real())
+    try:
+        yield port
+    finally:
+        holder.close()

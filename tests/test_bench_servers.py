@@ -12,19 +12,14 @@ import pytest
 from mldserver.ops.bench import common
 from mldserver.ops.emulators import listens
 
+from .helpers import port_taken_first
+
 
 @pytest.fixture
 def taken(monkeypatch):
     """A port a listener of this process holds, handed out by the first ``free_port``."""
-    holder = socket.socket()
-    holder.bind(("127.0.0.1", 0))
-    holder.listen()
-    port = holder.getsockname()[1]
-    ports = iter([port])
-    real = common.free_port
-    monkeypatch.setattr(common, "free_port", lambda: next(ports, None) or real())
-    yield port
-    holder.close()
+    with port_taken_first(monkeypatch, common) as port:
+        yield port
 
 
 async def test_a_server_whose_port_was_taken_is_started_again_on_another(taken, tmp_path):

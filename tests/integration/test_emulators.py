@@ -5,26 +5,19 @@ on another port rather than taken for up because the winner answers on it."""
 
 from __future__ import annotations
 
-import socket
-
 import pytest
 
 from mldserver.ops import emulators
 from mldserver.ops.emulators import DynamoDBLocal, KinesisLocal, listens
 
+from ..helpers import port_taken_first
+
 
 @pytest.fixture
 def taken(monkeypatch):
     """A port a listener of this process holds, handed out by the first ``free_port``."""
-    holder = socket.socket()
-    holder.bind(("0.0.0.0", 0))
-    holder.listen()
-    port = holder.getsockname()[1]
-    ports = iter([port])
-    real = emulators.free_port
-    monkeypatch.setattr(emulators, "free_port", lambda: next(ports, None) or real())
-    yield port
-    holder.close()
+    with port_taken_first(monkeypatch, emulators) as port:
+        yield port
 
 
 @pytest.mark.parametrize("component", [DynamoDBLocal, KinesisLocal])
