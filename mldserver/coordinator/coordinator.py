@@ -525,10 +525,10 @@ class Coordinator:
         (and its commit frees memory) only once every such shard passes its end, so
         their batches must come whatever the order; waiting for each other in turn
         would only serialise them. Never a parent whose child waits on it."""
-        now = self.clock()
-        if self.watermarks.holder(now) == shard_id:
+        holder = self.watermarks.holder(self.clock())
+        if holder == shard_id:
             return False  # it holds the watermark back: delaying it would stall all
-        watermark = self.watermarks.minimum(now)
+        watermark = self.watermarks.value(holder) if holder is not None else math.inf  # the global one
         if math.isfinite(watermark) and self.watermarks.value(shard_id) < self.ordering.window.end(watermark):
             return False  # the window the watermark is in needs it to close
         return not self.ordering.holds_children(self.lineage.children_of(shard_id))

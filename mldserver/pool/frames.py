@@ -334,7 +334,9 @@ def record_indexes(of: Sequence[Any], records: Sequence[Any], one_for_one: bool 
     """
     if not of:  # (a batch without bad rows: the usual one)
         return array(_U32)
-    if one_for_one if one_for_one is not None else len(of) == len(records) and all(map(is_, of, records)):
+    if one_for_one is None:
+        one_for_one = len(of) == len(records) and all(map(is_, of, records))
+    if one_for_one:
         return _iota(len(of))
     index = {id(r): i for i, r in enumerate(records)}
     return array(_U32, map(index.__getitem__, map(id, of)))

@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -23,7 +22,7 @@ from typing import Any
 
 import orjson
 
-from ..emulators import STARTS, listens
+from ..emulators import STARTS, free_port, listens
 
 # One row per record with everything the record carries (shipped with the package).
 PASSTHROUGH = "mldserver.examples.passthrough:Passthrough"
@@ -144,12 +143,6 @@ async def close_shards(shards: list[Any]) -> None:
     for shard in shards:
         await shard.lease_lost()
         await shard.close(30)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 async def start_server(
