@@ -96,6 +96,7 @@ class ShardCursor:
         self.stop = stop
         self.iterator: str | None = None
         self.ended = False
+        self.children: tuple[str, ...] = ()  # once ended: the last page's (Kinesis ChildShards)
         self.started = False  # an iterator taken: from here on nothing written to the shard is missed
         self.lag_ms: int | None = None  # behind the shard's head after the last page (None: none read yet)
         self._skip: Position | None = None  # AT_SEQUENCE_NUMBER: the user records up to here were taken already
@@ -185,6 +186,8 @@ class ShardCursor:
             records = [r for r in records if (r.get("approximateArrivalTimestamp") or since) >= since]
         self.iterator = page.next_iterator
         self.ended = page.next_iterator is None
+        if self.ended:
+            self.children = page.children
         return page._replace(records=records) if records is not page.records else page
 
     async def _pause(self, seconds: float) -> None:

@@ -27,7 +27,9 @@ With ``--lease-table`` the same document lives in the source's lease item instea
 
 A position is what the server checkpointed: with a sink, what the sink has committed;
 without one, what the handler checkpointed. A restart resumes after it. ``SHARD_END``
-marks a shard read to its end: its children may start. Stores from many shards at
+marks a shard read to its end: its children may start, once it is written (``ended``
+answers for what is on disk, so a crash can never find a child read and its parent
+not ended). Stores from many shards at
 once are written together (the last state wins, nothing is written twice over), and
 a failing disk is waited out (``until_written``): the checkpoint's reply waits, as the
 daemon's does on a busy lease table.
@@ -66,6 +68,7 @@ class SavedPositions:
         self.stream = stream  # the stream the positions belong to (a table's stream may be replaced)
         self.created = created  # its creation time, epoch ms, where the ARN does not say it (Kinesis)
         self._shards: dict[str, Saved] = dict(shards or {})
+        self._ended = _ended(self._shards)  # as written
         self._version = 0  # of _shards
         self._written = 0  # the version on disk
         self._lock = asyncio.Lock()
@@ -117,7 +120,8 @@ class SavedPositions:
         return self._shards.get(shard_id)
 
     def ended(self, shard_id: str) -> bool:
-        return self._shards.get(shard_id) == SHARD_END
+        """Is the shard's ``SHARD_END`` written (not only stored and on its way)?"""
+        return shard_id in self._ended
 
     def shard_ids(self) -> list[str]:
         return list(self._shards)
@@ -149,15 +153,14 @@ class SavedPositions:
         async with self._lock:
             if self._written >= wanted:  # written with a later store while we waited
                 return
-            version, data = self._version, self._encode()
+            version, data, ended = self._version, self._encode(), _ended(self._shards)
             if self.write is not None:
                 await self.write(data)  # (LeaseLost: the lease went to another server)
-                self._written = version
-                return
-            assert self.path is not None
-            await until_written(lambda: self._put(data), self.path, log, what="source positions",
-                                source=self.source)
-            self._written = version
+            else:
+                assert self.path is not None
+                await until_written(lambda: self._put(data), self.path, log, what="source positions",
+                                    source=self.source)
+            self._written, self._ended = version, ended
 
     def _put(self, data: bytes) -> None:
         assert self.path is not None
@@ -170,6 +173,10 @@ class SavedPositions:
         if self.created is not None:
             doc["created"] = self.created
         return json.dumps(doc, indent=1).encode()
+
+
+def _ended(shards: dict[str, Saved]) -> frozenset[str]:
+    return frozenset(k for k, v in shards.items() if v == SHARD_END)
 
 
 def _parse(raw: Any) -> tuple[dict[str, Saved], str | None, int | None]:

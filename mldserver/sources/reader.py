@@ -355,6 +355,10 @@ class SourceReader:
                 await positions.store(shard_id, position)
             except LeaseLost:
                 raise CheckpointRefused("ShutdownException") from None  # as the KCL answers a lost lease
+            if position == SHARD_END:  # said now, before discovery can start a child (no await between)
+                cursor = self.cursors.get(shard_id)
+                log.info("source_shard_ended", position=feed.delivered.text if feed.delivered else None,
+                         children=list(cursor.children if cursor is not None else ()))
 
         feed = Feed(reader, writer, f"{self.spec.name}/{shard_id}" if self.qualify else shard_id,
                     store=store, stored=saved)
@@ -389,10 +393,8 @@ class SourceReader:
             self.cursors.pop(shard_id, None)
         if not ended:
             return
-        if feed.stored == SHARD_END:
-            log.info("source_shard_ended", position=feed.delivered.text if feed.delivered else None,
-                     children=list(children or ()))
-        elif not self._lost:  # (lost: the SHARD_END checkpoint was refused; the new owner ends it)
+        # (its lease lost: the SHARD_END checkpoint was refused, and the new owner ends it)
+        if feed.stored != SHARD_END and not self._lost:
             log.error("source_shard_end_not_stored", stored=str(feed.stored),
                       what_to_do="the handler's shard_ended did not checkpoint SHARD_END (checkpoint() with no "
                                  "sequence number): the shard's children are not read until a restart reads it "
@@ -420,7 +422,7 @@ class SourceReader:
                 await feed.process_records([], page.behind_ms or 0)
             # (a page all skipped: --from a time, or a resume's records read again: the iterator moves on)
             if cursor.ended:
-                await feed.shard_ended()
+                await feed.shard_ended()  # (its SHARD_END stored: source_shard_ended)
                 return page.children
             if page.read >= streams.limit or (not page.read and (page.behind_ms or 0) > 0):
                 continue  # more is there: read again (no sooner than read_interval)

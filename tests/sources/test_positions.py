@@ -30,6 +30,28 @@ async def test_positions_stored_are_read_back_by_the_next_server(tmp_path):
     assert again.ended("shardId-0") and not again.ended("shardId-1") and again.stream == "arn:stream"
 
 
+async def test_a_shard_is_ended_for_its_children_only_once_its_shard_end_is_written():
+    # discovery starts a child once its parents are ended: a SHARD_END stored but still on
+    # its way to the lease item (or the disk) must not count, or a crash then would find
+    # the child read and the parent not ended, its last records read again after the child's
+    written: list[bytes] = []
+    gate = asyncio.Event()
+
+    async def write(data: bytes) -> None:
+        await gate.wait()
+        written.append(data)
+
+    saved = SavedPositions.decode("kinesis:clicks", None, write=write)
+    storing = asyncio.ensure_future(saved.store("shardId-000000000000", SHARD_END))
+    await asyncio.sleep(0)
+    assert not storing.done() and saved.get("shardId-000000000000") == SHARD_END
+    assert not saved.ended("shardId-000000000000")  # not written yet
+    gate.set()
+    await storing
+    assert saved.ended("shardId-000000000000") and b"SHARD_END" in written[-1]
+    assert SavedPositions.decode("kinesis:clicks", written[-1], write=write).ended("shardId-000000000000")
+
+
 async def test_a_kinesis_streams_creation_time_is_kept_and_a_restart_drops_every_position(tmp_path):
     saved = SavedPositions.open(tmp_path, "kinesis:clicks")
     await saved.set_stream("arn:clicks", 1769731200000)
