@@ -237,6 +237,10 @@ class Coordinator:
             )
         for spooled in await asyncio.to_thread(self.spool.read_all):
             self._replay(spooled.shard_id, spooled.rows, spooled.last, spooled.parents)
+            if self.ledger.done(spooled.shard_id):  # every row committed before a stop (the commit log says):
+                self.forget(spooled.shard_id)       # nothing waits on it, and no window would delete it
+                await asyncio.to_thread(self.spool.delete, spooled.shard_id)
+                self.log.info("spool_deleted", shard_id=spooled.shard_id)
         self._tasks = [
             asyncio.create_task(self._committer(), name="coordinator-committer"),
             asyncio.create_task(self._ticker(), name="coordinator-tick"),
@@ -422,8 +426,12 @@ class Coordinator:
         if rows:
             last = self.ledger.last_end(shard_id)
             path = await self.spool.store(shard_id, rows, last, list(self.lineage.parents_of(shard_id)))
-            self._entry(shard_id).spooled = True
             self.log.info("spooled", shard_id=shard_id, rows=len(rows), path=str(path))
+            if self.ledger.done(shard_id):  # their window committed while the spool was written: no commit
+                await asyncio.to_thread(self.spool.delete, shard_id)  # to come would delete it
+                self.log.info("spool_deleted", shard_id=shard_id)
+            else:  # (no await since the check: the commit that makes it done deletes it)
+                self._entry(shard_id).spooled = True
         self._changed.set()
 
     def shard_closed(self, shard_id: str) -> None:
@@ -627,13 +635,13 @@ class Coordinator:
                 await asyncio.sleep(delay)
         for shard_id, position in window.positions.items():
             self._committed_at_least(shard_id, position)
+        spooled = []  # shards whose spool this commit makes needless (deleted once it is said)
         for shard_id, count in counts.items():
             self.ledger.commit(shard_id, count)
             entry = self.shards.get(shard_id)
             if entry is not None and entry.spooled and self.ledger.done(shard_id):
                 entry.spooled = False
-                await asyncio.to_thread(self.spool.delete, shard_id)
-                self.log.info("spool_deleted", shard_id=shard_id)
+                spooled.append(shard_id)
         self.windows_committed += 1
         self.rows_committed += len(window)
         duration = time.perf_counter() - started
@@ -650,6 +658,9 @@ class Coordinator:
             duration_ms=round(duration * 1000, 3),
             latency_ms=round((time.perf_counter() - closed_at) * 1000, 3),  # closed to committed
         )
+        for shard_id in spooled:
+            await asyncio.to_thread(self.spool.delete, shard_id)
+            self.log.info("spool_deleted", shard_id=shard_id)
 
 
 def _ms(value: float) -> int | None:

@@ -456,18 +456,20 @@ class Scheduler:
             return []
 
     async def _dead_letter(self, dead: list[tuple[Timer, Result, int]]) -> None:
-        self.stats.dead_lettered += len(dead)
-        for timer, result, attempts in dead:
-            self.log.error("timer_dead_lettered", callback=timer.callback, reference=timer.reference,
-                           error=result.error, attempts=attempts,
-                           what_to_do="its context is in the dead letters (_timers.jsonl); fix the callback and "
-                                      "create the timer again from there")
+        """Written to the dead letters first, then logged and counted: the logs and the
+        metrics never say a timer is dead-lettered while its entry waits on a full disk."""
         if self.dead_letters is not None:
             await self.dead_letters.timers([
                 {"callback": t.callback, "reference": t.reference, "due_ms": t.due_ms, "error": r.error,
                  "attempts": attempts, "context": orjson.Fragment(t.context)}
                 for t, r, attempts in dead
             ])
+        self.stats.dead_lettered += len(dead)
+        for timer, result, attempts in dead:
+            self.log.error("timer_dead_lettered", callback=timer.callback, reference=timer.reference,
+                           error=result.error, attempts=attempts,
+                           what_to_do="its context is in the dead letters (_timers.jsonl); fix the callback and "
+                                      "create the timer again from there")
 
     async def _settle(self, done: list[Timer], retry: list[Timer], release: list[Timer]) -> None:
         """Until the store takes it: the timers stay in flight (at most

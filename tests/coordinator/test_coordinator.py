@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 
 import orjson
 import pytest
 
 from mldserver.base.backoff import Backoff
 from mldserver.base.config import Settings
+from mldserver.base.handoff import Committed
 from mldserver.coordinator import Coordinator
 from mldserver.errors import SparkError
 from mldserver.server.metrics import Metrics
@@ -49,6 +51,18 @@ async def settle():
 def settings(tmp_path):
     return Settings(window=60.0, idle_timeout=600.0, watermark_margin=5.0, state_dir=str(tmp_path / "state"),
                     sink=f"file:{tmp_path / 'out'}")
+
+
+class Held(FileSink):
+    """A file sink whose commits wait for ``gate``."""
+
+    def __init__(self, directory, gate):
+        super().__init__(directory)
+        self.gate = gate
+
+    async def commit(self, window):
+        await self.gate.wait()
+        await super().commit(window)
 
 
 async def started(settings, tmp_path, clock, sink=None):
@@ -170,7 +184,8 @@ async def test_rows_past_the_memory_cap_wait_in_files_and_commit_as_they_were(se
     assert list((tmp_path / "state" / "spill").iterdir()) == []
 
 
-async def test_spooled_rows_of_an_ended_shard_are_replayed_after_a_restart_then_deleted(settings, tmp_path):
+async def test_spooled_rows_of_an_ended_shard_are_replayed_after_a_restart_then_deleted(settings, tmp_path, caplog):
+    caplog.set_level(logging.INFO, logger="mldserver")
     clock = FakeClock(1_000)
     c = await started(settings, tmp_path, clock)
     await c.open_shard("P", "TRIM_HORIZON")
@@ -192,6 +207,8 @@ async def test_spooled_rows_of_an_ended_shard_are_replayed_after_a_restart_then_
         clock.advance(600_001)  # until the idle timeout
         assert await c.step() == 2
         assert not spool.exists()
+        said = [r.getMessage() for r in caplog.records if r.getMessage() in ("window_committed", "spool_deleted")]
+        assert said == ["window_committed", "spool_deleted", "window_committed"]  # the cause, then the effect
         assert output(tmp_path / "out") == {"0-60000.jsonl": [1, 2, 1000], "60000-120000.jsonl": [1001]}
         assert c.ordering.duplicates == 0
     finally:
@@ -467,6 +484,72 @@ async def test_a_spool_replayed_at_start_up_is_forgotten_once_committed(settings
         await c.stop()
 
 
+async def test_a_window_committed_while_an_ended_shards_spool_is_written_still_deletes_it(settings, tmp_path,
+                                                                                          monkeypatch):
+    # shardEnded spools the shard's uncommitted rows (in a thread); the window holding them
+    # commits meanwhile. Its commit found no spool to delete, and no later window holds the
+    # shard's rows: the file stayed, to be replayed (and to hold the watermark) at each start
+    clock = FakeClock(70_000)
+    gate = asyncio.Event()
+    c = await started(settings, tmp_path, clock, Held(tmp_path / "out", gate))
+    writing, release = threading.Event(), threading.Event()
+    write = c.spool.write
+
+    def slow_write(*args):
+        writing.set()
+        release.wait(30)
+        return write(*args)
+
+    monkeypatch.setattr(c.spool, "write", slow_write)
+    spool = tmp_path / "state" / "spool" / "A.jsonl"
+    try:
+        await c.open_shard("A", "TRIM_HORIZON")
+        await c.open_shard("B", "TRIM_HORIZON")
+        c.add_batch("A", items(1, [10_000, 20_000]), position(2), 0)  # caught up: its watermark follows the clock
+        c.add_batch("B", items(100, [66_000]), position(100), 100)
+        passing = asyncio.create_task(c.step())  # [0, 60 s) closes with A's rows; its commit waits
+        await settle()
+        ending = asyncio.create_task(c.shard_ended("A"))  # A's rows on their way to the spool
+        while not writing.is_set():
+            await asyncio.sleep(0.001)
+        gate.set()
+        await passing  # (or the committer's pass, which it waits for)
+        assert c.ledger.done("A") and output(tmp_path / "out") == {"0-60000.jsonl": [1, 2]}  # while it is written
+        release.set()
+        await ending
+        assert not spool.exists()
+    finally:
+        release.set()
+        await c.stop()
+
+
+async def test_a_spool_whose_rows_were_all_committed_is_deleted_at_start_up_and_holds_nothing(settings, tmp_path):
+    # stopped between a window's commit and its spool's deletion: the commit log has the
+    # rows; the spool is read, found committed, and goes (it would otherwise hold the
+    # watermark back until the idle timeout at every start, and never be deleted)
+    clock = FakeClock(1_000)
+    c = await started(settings, tmp_path, clock)
+    await c.open_shard("P", "TRIM_HORIZON")
+    c.add_batch("P", items(1, [10_000, 11_000]), position(2), 0)
+    await c.shard_ended("P")
+    await c.stop()
+    spool = tmp_path / "state" / "spool" / "P.jsonl"
+    assert spool.exists()
+
+    class Logged(FileSink):
+        async def start(self):
+            return Committed(positions={"P": position(2)}, end=60_000, windows=1)
+
+    c = await started(settings, tmp_path, clock, Logged(tmp_path / "out"))
+    try:
+        assert not spool.exists() and known(c, "P") == []
+        await c.open_shard("C", None)
+        c.add_batch("C", items(100, [70_000, 130_000]), position(101), 100)
+        assert await c.step() == 1  # [60 s, 120 s) closes: P does not hold the watermark back
+    finally:
+        await c.stop()
+
+
 async def test_what_is_kept_per_shard_stays_bounded_over_many_shard_cycles(settings, tmp_path):
     clock = FakeClock(1_000)
     c = await started(settings.replace(idle_timeout=1.0), tmp_path, clock)
@@ -517,13 +600,7 @@ async def test_a_lost_lease_drops_the_shards_uncommitted_rows_and_lets_go_of_the
 async def test_a_lease_lost_while_its_rows_commit_is_dropped_after_the_commit(settings, tmp_path):
     clock = FakeClock(1_000)
     gate = asyncio.Event()
-
-    class Slow(FileSink):
-        async def commit(self, window):
-            await gate.wait()
-            await super().commit(window)
-
-    c = await started(settings, tmp_path, clock, Slow(tmp_path / "out"))
+    c = await started(settings, tmp_path, clock, Held(tmp_path / "out", gate))
     try:
         await c.open_shard("A", "TRIM_HORIZON")
         c.add_batch("A", items(1, [10_000, 70_000, 130_000]), position(3), 100)
