@@ -133,7 +133,7 @@ class SavedPositions:
 
     async def forget(self, shard_ids: list[str]) -> None:
         """Drop shards gone from the stream (trimmed away: nothing waits on them)."""
-        if any(self._shards.pop(s, None) is not None for s in list(shard_ids)):
+        if [s for s in shard_ids if self._shards.pop(s, None) is not None]:  # (every one: not any())
             await self._write()
 
     async def set_stream(self, stream: str, created: int | None = None) -> None:

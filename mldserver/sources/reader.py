@@ -315,8 +315,12 @@ class SourceReader:
                 if shard.shard_id not in self.reading and self._may_start(shard):
                     self._start_shard(shard)
             for shard_id, task in list(self.reading.items()):
-                if task.done() and not task.cancelled() and task.exception() is not None:
+                if not task.done():
+                    continue
+                if not task.cancelled() and task.exception() is not None:
                     raise task.exception()  # type: ignore[misc]
+                if shard_id not in self.listed or self.saved.ended(shard_id):
+                    del self.reading[shard_id]  # never read again: not kept (shards roll over for months)
             await self._sleep(self.settings.source_discovery_interval, wake=True)
 
     def _may_start(self, shard: ShardInfo) -> bool:

@@ -278,8 +278,9 @@ class Stream:
                 self._shards[shard_id] = _Shard(info, AT_TIMESTAMP if since is not None else TRIM_HORIZON, since)
             else:
                 shard.info = info
-        for shard_id in [sid for sid, s in self._shards.items() if sid not in listed and s.cursor is None]:
-            del self._shards[shard_id]
+        for shard_id in [sid for sid, s in self._shards.items()
+                         if sid not in listed and (s.cursor is None or s.at == SHARD_END)]:
+            del self._shards[shard_id]  # gone, and nothing of it left to yield
         self._relist = False
 
     def _start_ready(self) -> None:

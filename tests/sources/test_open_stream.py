@@ -264,3 +264,25 @@ async def test_kinesis_move_to_a_time_starts_at_timestamp_and_latest_skips_all(k
         assert await drain(stream) == []
         later = await asyncio.to_thread(put, kinesis, name, 4, "later")
         assert per_shard(seen(await drain(stream))) == per_shard(later)
+
+
+async def test_a_shard_read_to_its_end_and_gone_from_the_stream_is_forgotten():
+    # (a trim takes a day on the real services: the listing is written out here)
+    from mldserver.sources.service import ShardInfo
+    from mldserver.sources.stream import SHARD_END, Stream, _Shard
+    from mldserver.sources.spec import SourceSpec
+
+    class Listing:
+        async def shards(self):
+            return [ShardInfo("child", ("parent",), False)]
+
+    stream = Stream(SourceSpec.parse("dynamodb:orders"))
+    stream.streams = Listing()
+    ended = _Shard(ShardInfo("parent", (), True), SHARD_END)
+    ended.cursor = object()  # (it was read: its cursor ended)
+    waiting = _Shard(ShardInfo("other", (), True), Position.parse("5", 0))
+    waiting.cursor = object()  # (still yielding what it read)
+    stream._shards = {"parent": ended, "other": waiting}
+    await stream._list()
+    assert set(stream._shards) == {"child", "other"}
+    assert set(stream.token["shards"]) == {"child", "other"}

@@ -74,8 +74,10 @@ async def test_shards_gone_from_the_stream_are_forgotten(tmp_path):
     saved = SavedPositions.open(tmp_path, "dynamodb:orders")
     await saved.store("a", SHARD_END)
     await saved.store("b", Position.parse("5", 0))
-    await saved.forget(["a", "never-seen"])
+    await saved.store("c", SHARD_END)
+    await saved.forget(["a", "never-seen", "c"])  # every one of them, in one pass
     assert SavedPositions.open(tmp_path, "dynamodb:orders").shard_ids() == ["b"]
+    assert not saved.ended("a") and not saved.ended("c")
 
 
 async def test_reset_deletes_the_file_and_says_whether_there_was_one(tmp_path):
