@@ -69,3 +69,16 @@ def test_the_check_is_off_unless_asked_for(monkeypatch):
     assert logs.catalogue() is None
     monkeypatch.setenv("MLDSERVER_CHECK_EVENTS", "1")
     assert ("window_committed", logging.INFO) in logs.catalogue()
+
+
+def test_a_log_file_moved_away_by_logrotate_is_opened_again_where_it_was(restored, tmp_path):
+    path = tmp_path / "server.log"
+    logs.configure("json", "info", str(path))
+    log = logs.get_logger("mldserver.test")
+    log.info("window_committed", window="before the rotation")
+    path.rename(tmp_path / "server.log.1")  # logrotate's create mode: move, and a new file
+    log.info("window_committed", window="after the rotation")
+    (tmp_path / "server.log.1").unlink()  # and once it has aged out
+    log.info("window_committed", window="after the deletion")
+    assert [json.loads(line)["window"] for line in path.read_text().splitlines()] == ["after the rotation",
+                                                                                    "after the deletion"]

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import logging.handlers
 import os
 import sys
 from typing import Any, Iterator, TextIO
@@ -152,9 +153,11 @@ def configure(fmt: str = "json", level: str = "info", file: str | None = None, s
 
 
 def file_handler(file: str) -> logging.FileHandler:
-    """``file`` opened for appending (created if need be), or a ConfigError naming it."""
+    """``file`` opened for appending (created if need be), or a ConfigError naming it.
+    Opened again when it is moved or deleted (logrotate's default ``create`` mode, or
+    ``mv server.log server.log.1``): the server never writes on into a rotated file."""
     try:
-        return logging.FileHandler(file)
+        return logging.handlers.WatchedFileHandler(file)
     except OSError as exc:
         raise ConfigError(
             f"--log-file {file}: cannot open it for appending ({exc.strerror}): "

@@ -108,7 +108,9 @@ class ProcessCalls(Calls):
         self.key = next(_keys)
         self.proc: HandlerProcess | None = None
         self.shard: ShardInfo | None = None
-        self._cursors: dict[int, AsyncIterator[dict[str, Any]]] = {}
+        # context.sql cursors open in handler processes, by (pid, call id, cursor): a
+        # process numbers its own, so the shard moving to another must not find them
+        self._cursors: dict[tuple[int, int, int], AsyncIterator[dict[str, Any]]] = {}
         self._quarantine = False  # the next attempt runs in a process of its own
         self._moved = False  # placed in a new process: a fresh instance is initialized before the next call
         self._moved_from: int | None = None
@@ -125,10 +127,15 @@ class ProcessCalls(Calls):
         return None if proc is None else proc.pid
 
     def close(self) -> None:
-        """The connection is over: the process forgets the shard's instance."""
+        """The connection is over: the process forgets the shard's instance; a cursor
+        left open (its process died in the call) is closed."""
         if self.proc is not None:
             self.pool.release(self.proc, self.key)
             self.proc = None
+        cursors, self._cursors = list(self._cursors.values()), {}
+        for cursor in cursors:
+            closing = asyncio.ensure_future(cursor.aclose())  # type: ignore[attr-defined]
+            closing.add_done_callback(lambda task: task.cancelled() or task.exception())
 
     async def call(
         self, action: str, arg: Any, checkpointer: Callable[[], Checkpointer], *, collect_rows: bool = False,
@@ -279,7 +286,8 @@ class ProcessCalls(Calls):
         does not count; that call's own time-out stops it. Nor does the time its process
         takes to die once it is no longer alive (ProcessDied then)."""
         assert self.shard is not None
-        call = asyncio.ensure_future(proc.call(frame, body, self._requests(cp), (self.shard.shard_id, action), check))
+        call = asyncio.ensure_future(proc.call(frame, body, self._requests(cp, proc.pid or 0), (self.shard.shard_id, action),
+                                               check))
         self._current = call
         try:
             while True:
@@ -389,7 +397,7 @@ class ProcessCalls(Calls):
 
     # -- what the handler asks during a call ---------------------------------------------
 
-    def _requests(self, cp: Checkpointer | None):
+    def _requests(self, cp: Checkpointer | None, pid: int):
         async def answer(message: dict[str, Any]) -> dict[str, Any]:
             task = asyncio.current_task()
             assert task is not None
@@ -399,9 +407,9 @@ class ProcessCalls(Calls):
             if op == "checkpoint":
                 return await self._checkpoint(cp, message)
             if op == "sql_fetch":
-                return await self._sql_fetch(message)
+                return await self._sql_fetch(message, (pid, message["id"], message["cursor"]))
             if op == "sql_close":
-                cursor = self._cursors.pop(message["cursor"], None)
+                cursor = self._cursors.pop((pid, message["id"], message["cursor"]), None)
                 if cursor is not None:
                     await cursor.aclose()  # type: ignore[attr-defined]
                 return {}
@@ -438,12 +446,11 @@ class ProcessCalls(Calls):
             self._stored = cp.stored
         return {"error": None}
 
-    async def _sql_fetch(self, message: dict[str, Any]) -> dict[str, Any]:
-        cursor = self._cursors.get(message["cursor"])
+    async def _sql_fetch(self, message: dict[str, Any], key: tuple[int, int, int]) -> dict[str, Any]:
+        cursor = self._cursors.get(key)
         try:
             if cursor is None:
-                cursor = self._cursors[message["cursor"]] = await self.context.sql(message["query"],
-                                                                                   **message["params"])
+                cursor = self._cursors[key] = await self.context.sql(message["query"], **message["params"])
             rows = []
             done = False
             for _ in range(message["n"]):

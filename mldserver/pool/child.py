@@ -168,16 +168,34 @@ class ProxyCheckpointer:
 
 
 class SparkProxy:
-    """``context.sql`` from a handler process: the server's Spark process answers."""
+    """``context.sql`` from a handler process: the server's Spark process answers. A
+    cursor belongs to the call that opened it: one the handler leaves before its end
+    (``break`` out of the loop) is closed when the call ends, before its ``done`` frame
+    (not whenever the generator is collected, when the server no longer answers the call)."""
 
     def __init__(self, child: "Child") -> None:
         self.child = child
         self.cursors = 0
+        self.open: dict[int, list[Any]] = {}  # call id -> the cursors (async generators) it opened
 
-    async def sql(self, query: str, params: dict[str, Any]):
+    def sql(self, query: str, params: dict[str, Any]):
+        call_id = self.child.current_call()
+        rows = self._rows(query, params, call_id)
+        if call_id:  # (0: outside any call, closed when collected)
+            self.open.setdefault(call_id, []).append(rows)
+        return rows
+
+    async def close(self, call_id: int) -> None:
+        """The call is over: the cursors it left open are closed (each a ``sql_close``)."""
+        for rows in self.open.pop(call_id, ()):
+            try:
+                await rows.aclose()
+            except Exception:  # noqa: BLE001  (still iterated by a task the call left running)
+                pass
+
+    async def _rows(self, query: str, params: dict[str, Any], call_id: int):
         self.cursors += 1
         cursor = self.cursors
-        call_id = self.child.current_call()
         n = 64
         try:
             while True:
@@ -347,6 +365,8 @@ class Child:
                 self.running.set(0)  # (SIGUSR2 may land before Tracked clears it)
             if action == "initialize":
                 self.handlers.pop(shard, None)
+        if isinstance(self.context.spark, SparkProxy):
+            await self.context.spark.close(call_id)  # cursors it left open: answered while the call is on
         if batch is not None:
             release(batch.records)  # the body (the arena's region) is the server's again at done
         ops = timers.close()
@@ -382,6 +402,8 @@ class Child:
         except Exception as exc:  # a bug here, not in a callback: each timer is retried
             failed = [f"{type(exc).__name__}: {exc}", traceback.format_exc()]
             done = {"op": "done", "id": frame["id"], "result": "ok", "fired": [failed] * len(frame["timers"])}
+        if isinstance(self.context.spark, SparkProxy):
+            await self.context.spark.close(self.current_call())
         self.send(done)
 
     # -- the loop's heartbeat, watched by a thread -----------------------------------

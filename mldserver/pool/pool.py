@@ -38,10 +38,10 @@ import itertools
 import time
 
 from ..base.backoff import Backoff
-from ..base.config import Settings
+from ..base.config import Settings, state_path
 from ..errors import ConfigError
 from ..base.logs import EventLogger, get_logger
-from .process import HandlerImportFailed, HandlerProcess, Requests, describe_exit
+from .process import HandlerImportFailed, HandlerProcess, Requests, clear_stale, describe_exit
 
 # A process that dies younger than this counts towards the respawn backoff.
 YOUNG = 5.0
@@ -71,6 +71,7 @@ class HandlerPool:
     # -- lifecycle --------------------------------------------------------------------
 
     async def start(self) -> None:
+        clear_stale(state_path(self.settings, "handlers"))  # a killed server's processes' files
         started = await asyncio.gather(*(self._spawn(initial=True) for _ in range(self.size)),
                                        return_exceptions=True)
         failed = [r for r in started if isinstance(r, BaseException)]

@@ -70,6 +70,34 @@ def describe_exit(code: int | None) -> dict[str, Any]:
     return {"exit_code": code}
 
 
+def clear_stale(directory: Path) -> int:
+    """Remove the state files (``process-<server pid>-<n>.run``/``.stack``) of handler
+    processes whose server is no longer running (a server killed before it cleaned up);
+    how many went. A running server's files (another server's state dir shared by
+    mistake, or this one's) are left."""
+    removed = 0
+    for path in directory.glob("process-*-*.*"):
+        server = path.name.split("-")[1]
+        if not server.isdigit() or int(server) == os.getpid() or _running(int(server)):
+            continue
+        try:
+            path.unlink()
+            removed += 1
+        except FileNotFoundError:
+            pass
+    return removed
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 class HandlerProcess:
     ids = itertools.count(1)
 

@@ -17,6 +17,10 @@ async def test_context_sql_from_a_handler_process_reaches_the_servers_spark(tmp_
         shards = await drive(daemon, 2, 1)
         want = expected(2, 1)
         await eventually(lambda: seen(sink) >= want, timeout=60, what="the rows in the sink")
+        # the loop left early (three rows of 100,000): its cursor closed as the call ended,
+        # not kept until the connection ends (nor found by a later call of another process)
+        open_cursors = [key for driver in server.drivers.values() for key in driver.calls._cursors]
+        assert open_cursors == []
         for shard in shards:
             await shard.shard_ended()
             assert await shard.close() == 0

@@ -116,3 +116,19 @@ async def test_a_process_that_dies_during_a_checkpoint_round_trip_leaves_the_con
     assert len(asked) == attempts  # each attempt died with its checkpoint at the daemon
     assert len(dead_letters(tmp_path, "shardId-000000000003")) == 5
     assert all(daemon.checkpoints[s.shard_id] == "SHARD_END" for s in shards)
+
+
+def test_a_killed_servers_handler_process_files_are_removed_at_the_next_start(tmp_path):
+    import subprocess
+    import sys
+
+    from mldserver.pool.process import clear_stale
+
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])  # a server pid no longer running
+    gone.wait()
+    for name in (f"process-{gone.pid}-1.run", f"process-{gone.pid}-1.stack", f"process-{os.getpid()}-3.run",
+                 f"process-{os.getppid()}-2.run"):
+        (tmp_path / name).write_text("")
+    assert clear_stale(tmp_path) == 2
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([f"process-{os.getpid()}-3.run",
+                                                                 f"process-{os.getppid()}-2.run"])
