@@ -44,6 +44,15 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.xdist_group("realdaemon"))
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_teardown(item, nextitem):
+    # A test that failed before closing its shards leaves their relays running, and the
+    # loop's close then waits on them while they wait on a server stopped only later.
+    from mldserver.api import testing
+
+    testing.kill_children()
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
     """A failing test's report ends with the last lines of each server it started (their

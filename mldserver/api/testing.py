@@ -23,6 +23,7 @@ Example, testing a handler through a running server::
     assert daemon.checkpoints["shardId-000000000000"] == SHARD_END
     await shard.close()                                       # close stdin, child exits
     await daemon.close()                                      # every child it spawned: ended
+    kill_children()            # after a test that failed midway: SIGKILL what is left (tests/conftest.py)
 
 DynamoDB stream records as the KCL's DynamoDB Streams adapter delivers them, from the
 Streams API's own (boto3's ``get_records``; DynamoDB Local's stream too)::
@@ -37,7 +38,9 @@ import asyncio
 import base64
 import json
 import os
+import signal
 import sys
+import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable
@@ -89,10 +92,30 @@ def make_records(
     return out
 
 
+_children: "weakref.WeakSet[Child]" = weakref.WeakSet()  # spawned, for kill_children
+
+
+def kill_children() -> int:
+    """SIGKILL every child a ``FakeDaemon`` spawned that still runs (a test that failed
+    before closing its shards); how many. Called before a test's fixtures are torn down:
+    a live child keeps its event loop from closing, and waits on a server those fixtures
+    stop only afterwards."""
+    killed = 0
+    for child in list(_children):
+        if child.proc.returncode is None:
+            try:
+                os.kill(child.proc.pid, signal.SIGKILL)
+                killed += 1
+            except ProcessLookupError:
+                pass
+    return killed
+
+
 class Child:
     """One child process as the daemon sees it: lines in, lines out."""
 
     def __init__(self, proc: asyncio.subprocess.Process) -> None:
+        _children.add(self)
         self.proc = proc
         assert proc.stdout is not None
         self.stdout: asyncio.StreamReader = proc.stdout
