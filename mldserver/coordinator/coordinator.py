@@ -239,8 +239,7 @@ class Coordinator:
             self._replay(spooled.shard_id, spooled.rows, spooled.last, spooled.parents)
             if self.ledger.done(spooled.shard_id):  # every row committed before a stop (the commit log says):
                 self.forget(spooled.shard_id)       # nothing waits on it, and no window would delete it
-                await asyncio.to_thread(self.spool.delete, spooled.shard_id)
-                self.log.info("spool_deleted", shard_id=spooled.shard_id)
+                await self._delete_spool(spooled.shard_id)
         self._tasks = [
             asyncio.create_task(self._committer(), name="coordinator-committer"),
             asyncio.create_task(self._ticker(), name="coordinator-tick"),
@@ -428,8 +427,7 @@ class Coordinator:
             path = await self.spool.store(shard_id, rows, last, list(self.lineage.parents_of(shard_id)))
             self.log.info("spooled", shard_id=shard_id, rows=len(rows), path=str(path))
             if self.ledger.done(shard_id):  # their window committed while the spool was written: no commit
-                await asyncio.to_thread(self.spool.delete, shard_id)  # to come would delete it
-                self.log.info("spool_deleted", shard_id=shard_id)
+                await self._delete_spool(shard_id)  # to come would delete it
             else:  # (no await since the check: the commit that makes it done deletes it)
                 self._entry(shard_id).spooled = True
         self._changed.set()
@@ -659,8 +657,11 @@ class Coordinator:
             latency_ms=round((time.perf_counter() - closed_at) * 1000, 3),  # closed to committed
         )
         for shard_id in spooled:
-            await asyncio.to_thread(self.spool.delete, shard_id)
-            self.log.info("spool_deleted", shard_id=shard_id)
+            await self._delete_spool(shard_id)
+
+    async def _delete_spool(self, shard_id: str) -> None:
+        await asyncio.to_thread(self.spool.delete, shard_id)
+        self.log.info("spool_deleted", shard_id=shard_id)
 
 
 def _ms(value: float) -> int | None:

@@ -286,8 +286,8 @@ class ProcessCalls(Calls):
         does not count; that call's own time-out stops it. Nor does the time its process
         takes to die once it is no longer alive (ProcessDied then)."""
         assert self.shard is not None
-        call = asyncio.ensure_future(proc.call(frame, body, self._requests(cp, proc.pid or 0), (self.shard.shard_id, action),
-                                               check))
+        requests = self._requests(cp, proc.pid or 0)
+        call = asyncio.ensure_future(proc.call(frame, body, requests, (self.shard.shard_id, action), check))
         self._current = call
         try:
             while True:

@@ -365,8 +365,7 @@ class Child:
                 self.running.set(0)  # (SIGUSR2 may land before Tracked clears it)
             if action == "initialize":
                 self.handlers.pop(shard, None)
-        if isinstance(self.context.spark, SparkProxy):
-            await self.context.spark.close(call_id)  # cursors it left open: answered while the call is on
+        await self.close_cursors(call_id)  # answered while the call is on
         if batch is not None:
             release(batch.records)  # the body (the arena's region) is the server's again at done
         ops = timers.close()
@@ -390,6 +389,11 @@ class Child:
             done["stats"] = batch.stats  # a failed attempt's too: every callback counts
         self.send_done(done, rows)
 
+    async def close_cursors(self, call_id: int) -> None:
+        """The ``context.sql`` cursors a call left open, closed before its ``done``."""
+        if isinstance(self.context.spark, SparkProxy):
+            await self.context.spark.close(call_id)
+
     async def fire(self, frame: dict[str, Any]) -> None:
         """Due timers' callbacks, each tracked under its own id (the server blames the
         one that blocks); one ``done`` frame with every result."""
@@ -402,8 +406,7 @@ class Child:
         except Exception as exc:  # a bug here, not in a callback: each timer is retried
             failed = [f"{type(exc).__name__}: {exc}", traceback.format_exc()]
             done = {"op": "done", "id": frame["id"], "result": "ok", "fired": [failed] * len(frame["timers"])}
-        if isinstance(self.context.spark, SparkProxy):
-            await self.context.spark.close(self.current_call())
+        await self.close_cursors(self.current_call())
         self.send(done)
 
     # -- the loop's heartbeat, watched by a thread -----------------------------------
