@@ -96,6 +96,21 @@ class DigestAndDataThenDie(DigestAndData):
             asyncio.get_running_loop().call_soon(os.kill, os.getpid(), 9)
 
 
+class DigestAndDataDiesOnce(DigestAndData):
+    """DigestAndData, whose process SIGKILLs itself in the middle of the first call
+    that sees the record with sequence number 3000 (the file ``MLDSERVER_TEST_MARKER``
+    names says it has): the batch is redone in another process, whose rows come back in
+    its rows arena."""
+
+    async def process_records(self, batch, checkpointer):
+        marker = os.environ["MLDSERVER_TEST_MARKER"]
+        if any(record.sequence_number == "3000" for record in batch.records) and not os.path.exists(marker):
+            with open(marker, "w") as f:
+                f.write(f"{os.getpid()}\n")
+            os.kill(os.getpid(), 9)
+        await super().process_records(batch, checkpointer)
+
+
 class EmitCheckpoint(Emit):
     """Emits and checkpoints the batch's last record (no sink: the daemon stores it)."""
 

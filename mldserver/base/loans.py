@@ -20,6 +20,13 @@ to a file, a lease lost, a sink's thread still reading a window, a batch redone:
 ``give_back`` is called where the last reference goes, in any thread (the caller
 makes it safe: ``HandlerProcess._give_back`` hands it to its event loop), never at
 interpreter exit. A loan that has been split is given back only through its parts.
+
+A loan held by a reference cycle is given back only at the cyclic GC's next full
+collection, which may be minutes away: code a batch's rows pass through keeps none.
+The usual one is an exception's: its traceback holds the frames it went through, so
+a frame that keeps the future or task holding the exception (or a ``done`` set of
+``asyncio.wait``) makes a cycle, which then holds every local of the frames on the
+way (``HandlerProcess.call`` and ``ProcessCalls._wait`` drop theirs).
 """
 
 from __future__ import annotations

@@ -291,8 +291,8 @@ class ProcessCalls(Calls):
         self._current = call
         try:
             while True:
-                done, _ = await asyncio.wait({call}, timeout=self.timeout)
-                if done:
+                await asyncio.wait({call}, timeout=self.timeout)
+                if call.done():
                     if call.cancelled() and self._aborted is not None:
                         return {"result": FAILED, "error": f"cancelled: {self._aborted}", "traceback": None}, b""
                     return call.result()
@@ -308,6 +308,9 @@ class ProcessCalls(Calls):
             self._current = None
             if not call.done():
                 call.cancel()
+            # Its error's traceback holds this frame: a reference to the call left in it
+            # would make a cycle (``HandlerProcess.call``).
+            del call
 
     # -- where the shard's instance lives -------------------------------------------
 

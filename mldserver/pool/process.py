@@ -390,6 +390,11 @@ class HandlerProcess:
             self.in_flight.pop(frame["id"], None)
             if future.done() and not future.cancelled():
                 future.exception()  # retrieved: the caller has its answer or its error already
+            # Its error's traceback holds this frame: were the future (which holds the
+            # error) left in it, the cycle would keep both, and every frame the error
+            # goes on through with its locals (a batch's rows on loan), until the
+            # cyclic GC's next full collection.
+            del future
 
     def running(self) -> int:
         """The id of the call whose handler code is executing now (0: none is)."""

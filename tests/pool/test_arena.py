@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import gc
 from array import array
 import hashlib
 import logging
@@ -312,6 +313,35 @@ async def test_a_process_killed_right_after_its_done_frame_names_its_rows_loses_
         for shard in opened:
             await shard.lease_lost()
             assert await shard.close() == 0
+
+
+async def test_the_rows_of_a_batch_redone_after_its_process_died_are_let_go_without_the_cyclic_gc(
+        tmp_path, monkeypatch):
+    """A batch whose process dies in its call is redone elsewhere; the redo's rows, in
+    the new process's rows arena, are handed back once their window commits, by
+    reference counting alone: nothing the failed attempt left (its exception, its
+    traceback's frames) holds them in a reference cycle until a collection that may be
+    minutes away. The cyclic GC is off for the test."""
+    marker = tmp_path / "died"
+    monkeypatch.setenv("MLDSERVER_TEST_MARKER", str(marker))
+    shards, batches, records = 2, 4, 60
+    gc.collect()
+    gc.disable()
+    try:
+        async with running(tmp_path, **pooled("DigestAndDataDiesOnce", workers=2)) as (server, sink, daemon):
+            processes = set(server.pool.serving())  # and every one started later (a redo's own)
+            make = server.pool._process
+            server.pool._process = lambda *args: processes.add(proc := make(*args)) or proc
+            opened = await every_row_committed(daemon, sink, shards, batches, records)
+            assert marker.exists(), "no process died"
+            assert sum(p.rows_read for p in processes) >= shards * batches
+            await eventually(lambda: all(p.rows_lent == 0 for p in processes),
+                             what="every rows arena's bytes handed back once committed, with no collection")
+            for shard in opened:
+                await shard.lease_lost()
+                assert await shard.close() == 0
+    finally:
+        gc.enable()
 
 
 @pytest.mark.parametrize("seed", [11, 23, 47])
