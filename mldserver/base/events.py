@@ -144,7 +144,8 @@ EVENTS: dict[str, Event] = {
         "handler_process_memory": ("warning", "A handler process is over `max_handler_memory`: it is "
                                               "replaced between actions."),
         "handler_process_retired": ("info", "A handler process was retired (over its memory, or an old "
-                                            "generation after a reload) once empty."),
+                                            "generation after a reload) once no action was under way in it; "
+                                            "its idle shards (idle_shards) move at their next action."),
         "handler_process_start_failed": ("error", "A handler process could not be started (the module does "
                                                   "not import?): retried with backoff."),
         "handler_process_unreadable": ("error", "A frame from a handler process could not be read: it is "

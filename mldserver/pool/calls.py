@@ -114,6 +114,7 @@ class ProcessCalls(Calls):
         self._quarantine = False  # the next attempt runs in a process of its own
         self._moved = False  # placed in a new process: a fresh instance is initialized before the next call
         self._moved_from: int | None = None
+        self._acting_in: HandlerProcess | None = None  # where the action under way is (``_acting``)
         self._stored: Any = None  # the position the daemon stored last (a Position)
         self._answering: set[asyncio.Task[Any]] = set()  # the handler's requests being answered
 
@@ -178,6 +179,7 @@ class ProcessCalls(Calls):
                 proc = frame = None
                 try:
                     proc = await self._placed()
+                    self._acting(proc)
                     if self._moved and action != "initialize":
                         await self._initialize_here(proc)
                     cp = checkpointer()
@@ -232,6 +234,7 @@ class ProcessCalls(Calls):
                     await asyncio.sleep(self.backoff.delay(attempt - 1))
             return Outcome(FAILED, error)
         finally:
+            self._acting(None)
             self._quarantine = False
             if self.proc is not None and self.proc.quarantine:
                 self._leave()  # the action is over: the shard goes back to the pool's processes
@@ -355,6 +358,16 @@ class ProcessCalls(Calls):
             self.pool.release(proc, self.key)
             raise _InitializeFailed(f"initialize in a new handler process failed: {error}")
         self._moved = False
+
+    def _acting(self, proc: HandlerProcess | None) -> None:
+        """The shard's action is under way in ``proc`` (None: over): a retiring
+        process is stopped only once none is (``HandlerPool``), and its idle shards
+        move at their next action."""
+        if self._acting_in is not None:
+            self._acting_in.acting.discard(self)
+        self._acting_in = proc
+        if proc is not None:
+            proc.acting.add(self)
 
     def _leave(self) -> None:
         """Off the shard's process (dead, killed, retiring or its quarantine over): the

@@ -47,12 +47,13 @@ class PoolFiring:
         frame = {"op": "fire", "id": next(self.pool.call_ids),
                  "timers": [[i, t.callback, t.reference, orjson.Fragment(t.context)] for i, t in zip(ids, timers)]}
         what = ("(timers)", f"{len(timers)} timer callbacks")
+        proc.acting.add(frame["id"])  # (a retiring process is not stopped before the call is in flight)
         call = asyncio.ensure_future(proc.call(frame, b"", _no_requests, what))
         blamed: int | None = None
         try:
             while True:
-                done, _ = await asyncio.wait({call}, timeout=self.timeout + BLOCK_SLACK)
-                if done:
+                await asyncio.wait({call}, timeout=self.timeout + BLOCK_SLACK)
+                if call.done():
                     break
                 running = proc.running()
                 if not proc.alive or running == 0 or running not in ids:
@@ -78,8 +79,10 @@ class PoolFiring:
                     results.append(Result(False, str(exc), counted=False))
             return results
         finally:
+            proc.acting.discard(frame["id"])
             if not call.done():
                 call.cancel()
+            del call  # (no cycle through its error's traceback: ``HandlerProcess.call``)
         return [OK if r is None else Result(False, r[0], r[1]) for r in message["fired"]]
 
     async def _kill(self, proc: HandlerProcess, timer: Timer, call_id: int) -> None:

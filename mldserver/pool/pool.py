@@ -24,7 +24,8 @@
   does not delay the bystanders' fresh process.
 - ``max_handler_memory`` (MiB, 0: no limit): a process over it is marked retiring
   (``handler_process_memory``) and a new one started; its shards move between two
-  actions and it is stopped once empty, so nothing in flight is lost.
+  actions and it is stopped once no action is under way in it, so nothing in flight
+  is lost (an idle shard moves at its next action, as off a dead process).
 - ``reload()`` starts a new generation that imports the module afresh; if it fails,
   ``reload_failed`` carries the importer's exact error and the old generation keeps
   serving; else the old processes retire as above (``reloaded``).
@@ -224,11 +225,16 @@ class HandlerPool:
                         self.log.warning("handler_process_memory", pid=proc.pid, process=proc.number,
                                          rss_mib=round(rss, 1), max_handler_memory=limit, shards=proc.load,
                                          what_to_do="replaced: its shards move to a new process between actions")
-            for proc in [p for p in self.processes if p.retiring and not p.shards and not p.in_flight]:
+            # A retiring process goes once no action is under way in it: a shard with
+            # none (an idle one: the daemon sends nothing to an empty shard) moves at its
+            # next action, as off a dead process, rather than keep it (and its old code
+            # and memory) alive until then.
+            for proc in [p for p in self.processes if p.retiring and not p.acting and not p.in_flight]:
                 self.processes.remove(proc)
+                idle = sorted(set(proc.shards.values()))
                 await proc.stop()
                 self.log.info("handler_process_retired", pid=proc.pid, process=proc.number,
-                              generation=proc.generation)
+                              generation=proc.generation, idle_shards=idle)
             while len(self.serving()) < self.size and not self._stopping.is_set():
                 if self.failures:
                     with contextlib.suppress(TimeoutError):

@@ -116,7 +116,8 @@ class HandlerProcess:
         self.in_flight: dict[int, tuple[str, str]] = {}  # call id -> (shard id, action)
         self._calls: dict[int, tuple[asyncio.Future[tuple[dict[str, Any], bytes]], Requests]] = {}
         self._serving: set[asyncio.Task[None]] = set()
-        self.retiring = False  # shards move away between actions; stopped once empty
+        self.retiring = False  # shards move away between actions; stopped once none is in one here
+        self.acting: set[object] = set()  # who has work under way here: a shard's calls, a timer fire's id
         self.returncode: int | None = None
         self.died = asyncio.Event()
         self.task: asyncio.Task[None] | None = None

@@ -26,6 +26,7 @@ class DiesAfterGo:
 
     def __init__(self) -> None:
         self.frames: list[dict] = []
+        self.acting: set[object] = set()
 
     async def call(self, frame, body, requests, what, check=None):
         self.frames.append(frame)

@@ -14,7 +14,7 @@ from mldserver.base.config import Settings
 from mldserver.server.server import Server
 from mldserver.api.testing import FakeDaemon
 
-from ..harness import eventually, relay_command
+from ..harness import eventually, relay_command, running
 from ..helpers import FakeClock
 from .serving import T0, MemorySink, batch, events
 
@@ -110,3 +110,41 @@ async def test_sighup_reloads_the_handler_while_shards_are_driven(tmp_path, capl
     assert len(events(caplog, "shard_moved")) == SHARDS
     assert not events(caplog, "handler_failed") and not events(caplog, "handler_process_died")
     assert not events(caplog, "duplicates_dropped")  # nothing was delivered twice, so nothing dropped
+
+
+async def test_idle_shards_do_not_keep_the_old_generation_running_after_a_reload(tmp_path, caplog, monkeypatch):
+    """Two shards handle a batch each, then have nothing to read (the daemon sends no
+    action to an empty shard): a reload still retires both old processes, with no
+    action, and lists the idle shards; each shard's next action initializes a fresh
+    instance in the new generation and runs the new code."""
+    caplog.set_level(logging.INFO, logger="mldserver")
+    code = tmp_path / "code"
+    code.mkdir()
+    module = code / "versioned_handler.py"
+    module.write_text(MODULE.format(version=1))
+    monkeypatch.syspath_prepend(str(code))
+    async with running(tmp_path, "versioned_handler:Versioned", sink=MemorySink(), clock=FakeClock(T0 + 3_600_000),
+                       window=60.0, workers=2) as (server, sink, daemon):
+        shards = await asyncio.gather(*(daemon.shard(f"shardId-{s:012d}") for s in range(2)))
+        for s, shard in enumerate(shards):
+            await shard.process_records(batch(s, 0, 1000), millis_behind_latest=1000)
+        old = {p.pid for p in server.pool.serving()}
+        module.write_text(MODULE.format(version=2) + "\n# version 2\n")
+        assert await server.pool.reload()
+        retired = await eventually(lambda: len(events(caplog, "handler_process_retired")) == 2
+                                   and events(caplog, "handler_process_retired"), timeout=20,
+                                   what="both old processes retired though their shards had no action")
+        assert {r["pid"] for r in retired} == old
+        assert sorted(s for r in retired for s in r["idle_shards"]) == sorted(shard.shard_id for shard in shards)
+        for s, shard in enumerate(shards):
+            await shard.process_records(batch(s, 1, 2000), millis_behind_latest=1000)
+            await shard.process_records(batch(s, 2, 3000, at=T0 + 600 * 60_000), millis_behind_latest=1000)
+        await eventually(lambda: len(sink.rows) >= 2 * 2 * 5, what="both shards' first two batches committed")
+        for shard in shards:
+            await shard.shard_ended()
+            assert await shard.close() == 0
+    assert len(events(caplog, "shard_moved")) == 2
+    assert not events(caplog, "handler_failed") and not events(caplog, "handler_process_died")
+    assert {(r["version"], r["pid"] in old) for r in sink.rows if int(r["seq"]) < 2000} == {(1, True)}
+    later = [r for r in sink.rows if int(r["seq"]) >= 2000]
+    assert later and all(r["version"] == 2 and r["pid"] not in old for r in later), later
