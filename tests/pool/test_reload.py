@@ -34,13 +34,19 @@ class Versioned(mldserver.Handler):
 '''
 
 
-async def test_sighup_reloads_the_handler_while_shards_are_driven(tmp_path, caplog, monkeypatch):
-    caplog.set_level(logging.INFO, logger="mldserver")
+def versioned(tmp_path, monkeypatch):
+    """The module ``versioned_handler`` at version 1, importable: its file, to change."""
     code = tmp_path / "code"
     code.mkdir()
     module = code / "versioned_handler.py"
     module.write_text(MODULE.format(version=1))
     monkeypatch.syspath_prepend(str(code))
+    return module
+
+
+async def test_sighup_reloads_the_handler_while_shards_are_driven(tmp_path, caplog, monkeypatch):
+    caplog.set_level(logging.INFO, logger="mldserver")
+    module = versioned(tmp_path, monkeypatch)
     settings = Settings(handler="versioned_handler:Versioned", port=0, state_dir=str(tmp_path / "state"),
                         handler_backoff=0.01, window=60.0, workers=2)
     sink = MemorySink()
@@ -118,11 +124,7 @@ async def test_idle_shards_do_not_keep_the_old_generation_running_after_a_reload
     action, and lists the idle shards; each shard's next action initializes a fresh
     instance in the new generation and runs the new code."""
     caplog.set_level(logging.INFO, logger="mldserver")
-    code = tmp_path / "code"
-    code.mkdir()
-    module = code / "versioned_handler.py"
-    module.write_text(MODULE.format(version=1))
-    monkeypatch.syspath_prepend(str(code))
+    module = versioned(tmp_path, monkeypatch)
     async with running(tmp_path, "versioned_handler:Versioned", sink=MemorySink(), clock=FakeClock(T0 + 3_600_000),
                        window=60.0, workers=2) as (server, sink, daemon):
         shards = await asyncio.gather(*(daemon.shard(f"shardId-{s:012d}") for s in range(2)))
