@@ -128,3 +128,28 @@ def test_the_daemons_lines_that_matter_become_events():
     assert scan("java.lang.NoClassDefFoundError: javax/xml/bind/DatatypeConverter")[0] == "daemon_error"
     assert scan("\tat software.amazon.kinesis.multilang.MultiLangDaemon.main(MultiLangDaemon.java:1)") is None
     assert scan(prefix + "Writing ProcessRecordsMessage to child process for shard shardId-000000000002") is None
+
+
+def test_the_daemons_log_is_rolled_over_at_whole_lines_and_keeps_its_last_files(tmp_path):
+    """daemon.log is written as the daemon's output comes (in reads that cut lines) and
+    rolled over past its size at a line's end: every file holds whole lines, none is
+    over the size, only the last files are kept, and together they are the end of the
+    output byte for byte (its bytes that are not UTF-8 too, and a last line without its
+    newline)."""
+    from mldserver.ops.daemon import DaemonLog
+
+    path = tmp_path / "daemon.log"
+    output = b"".join(b"2026-11-26 17:00:00,%03d [LeaseRenewer] INFO renewed lease %06d \xff\n" % (i % 1000, i)
+                      for i in range(2_000)) + b"the last words"
+    log = DaemonLog(path, max_bytes=10_000, backups=2)
+    for at in range(0, len(output), 777):
+        log.write(output[at : at + 777])
+    log.close()
+    files = [tmp_path / "daemon.log.2", tmp_path / "daemon.log.1", path]
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(p.name for p in files)
+    kept = [p.read_bytes() for p in files]
+    assert all(len(k) <= 10_000 for k in kept)
+    assert all(k.endswith(b"\n") for k in kept[:-1]) and kept[-1].endswith(b"\nthe last words")
+    together = b"".join(kept)
+    assert output.endswith(together) and output[-len(together) - 1 : -len(together)] == b"\n"  # from a line's start
+    assert len(together) > 20_000

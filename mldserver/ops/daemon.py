@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
+import logging.handlers
 import os
 import re
 import signal
@@ -50,6 +51,11 @@ JAXB_JAR = Path(os.environ.get("MLDSERVER_JAXB_JAR", "/usr/share/java/jaxb-api.j
 STOP_MARGIN_S = 30.0
 READ_CHUNK = 1 << 16
 LINE_LIMIT = 1 << 16  # longest line scanned for an event (the log file has it whole)
+# daemon.log past this many bytes becomes daemon.log.1 (.1 becomes .2, ...), LOG_BACKUPS
+# of them kept: the KCL logs at INFO for as long as it runs (its lease renewals, each
+# shard's reads), which would fill the disk of a server that runs for months.
+LOG_MAX_BYTES = 64 << 20
+LOG_BACKUPS = 4
 
 # Lines of the daemon's log worth an event: (event, level, pattern).
 PATTERNS = [
@@ -124,6 +130,45 @@ def relay(server: "Server") -> str:
     return f"{prefix} connect {'[' + host + ']' if ':' in host else host}:{port}"
 
 
+class DaemonLog:
+    """The daemon's output appended to ``path`` as it comes, in whole lines, and
+    rolled over past ``max_bytes`` at a line's end (``RotatingFileHandler``: ``path.1``
+    is the newest of ``backups`` old files; the oldest is dropped)::
+
+        log = DaemonLog(Path("state/daemon/daemon.log"))
+        log.write(b"... INFO lease renewed\n... INFO Sleep")   # the whole line now,
+        log.write(b"ing for 1000 ms\n")                         # the other with its end
+        log.close()                                             # anything left, written
+
+    A line longer than LINE_LIMIT is written without waiting for its end. A write the
+    disk refuses is reported on stderr (``logging``'s handleError), never raised: the
+    daemon's log is not worth stopping the daemon for."""
+
+    def __init__(self, path: Path, max_bytes: int = LOG_MAX_BYTES, backups: int = LOG_BACKUPS) -> None:
+        self._file = logging.handlers.RotatingFileHandler(path, maxBytes=max_bytes, backupCount=backups,
+                                                          encoding="utf-8", errors="surrogateescape")
+        self._file.terminator = ""  # the text is whole lines, their newlines included
+        self._rest = b""
+
+    def write(self, chunk: bytes) -> None:
+        data = self._rest + chunk
+        end = data.rfind(b"\n") + 1
+        if len(data) - end > LINE_LIMIT:
+            end = len(data)
+        self._rest = data[end:]
+        if end:
+            self._emit(data[:end])
+
+    def close(self) -> None:
+        if self._rest:
+            self._emit(self._rest)
+            self._rest = b""
+        self._file.close()
+
+    def _emit(self, data: bytes) -> None:
+        self._file.emit(logging.makeLogRecord({"msg": data.decode("utf-8", "surrogateescape")}))
+
+
 class Daemon:
     """The MultiLangDaemon child: one per ``mldserver run``."""
 
@@ -189,15 +234,17 @@ class Daemon:
         proc = self.proc
         assert proc is not None and proc.stdout is not None
         rest = b""
-        with open(self.log_path, "ab") as out:
+        out = DaemonLog(self.log_path)
+        try:
             # Whole reads, not lines: one write per read however chatty the daemon is.
             while chunk := await proc.stdout.read(READ_CHUNK):
                 out.write(chunk)
-                out.flush()
                 *lines, rest = (rest + chunk).split(b"\n")
                 rest = rest[-LINE_LIMIT:]  # a line past the limit is scanned by its end
                 for line in lines:
                     self._scan(line.decode("utf-8", "replace").rstrip("\r"))
+        finally:
+            out.close()
         if rest:
             self._scan(rest.decode("utf-8", "replace").rstrip("\r"))
         code = await proc.wait()
