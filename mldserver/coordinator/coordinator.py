@@ -206,6 +206,13 @@ class Coordinator:
         self.spool = Spool(state_path(settings, "spool"), self.log)
         self.spill = Spill(state_path(settings, "spill"))  # rows past max_buffered_bytes
         self.shards: dict[str, ShardEntry] = {}
+        # Each shard's highest committed position, for the shards with no entry here:
+        # those the commit log names at start-up (a stream's every past shard, hundreds
+        # of thousands in a long-lived DynamoDB stream) and those forgotten since. A
+        # position, not a shard's state: it becomes one only if the shard is heard of
+        # again (``_entry``), so a pass costs what the shards served cost, while a
+        # replay of a past shard is still dropped as the duplicate it is.
+        self.floors: dict[str, Position] = {}
         self._changed = asyncio.Event()
         self._progress = asyncio.Condition()
         self._stepping = asyncio.Lock()  # passes never overlap: windows commit in order
@@ -227,9 +234,7 @@ class Coordinator:
         and its tick."""
         committed = await self.sink.start()
         await asyncio.to_thread(self.spill.clear)
-        for shard_id, position in committed.positions.items():
-            self.ordering.delivered(shard_id, position)  # replays at or below are dropped
-            self._entry(shard_id).committed = position
+        self.floors.update(committed.positions)  # replays at or below are dropped
         if committed.end is not None:
             self.ordering.resume(committed.end)
             self.log.info(
@@ -296,9 +301,14 @@ class Coordinator:
         )
 
     def _entry(self, shard_id: str) -> ShardEntry:
+        """The shard's entry, made when it is first heard of (before its first rows
+        reach ``ordering``), with its committed position if one is known (``floors``)."""
         entry = self.shards.get(shard_id)
         if entry is None:
-            entry = self.shards[shard_id] = ShardEntry()
+            committed = self.floors.pop(shard_id, None)
+            entry = self.shards[shard_id] = ShardEntry(committed=committed)
+            if committed is not None:
+                self.ordering.delivered(shard_id, committed)
         return entry
 
     def _replay(self, shard_id: str, rows: RowBatch, last: Position | None, parents: list[str]) -> None:
@@ -332,6 +342,7 @@ class Coordinator:
 
     def add_batch(self, shard_id: str, rows: RowBatch, last: Position | None, millis_behind: int | None) -> None:
         now = self.clock()
+        self._entry(shard_id)  # (its committed position first: what is at or below it is a duplicate)
         dropped, clamped = self.ordering.duplicates, self.ordering.clamped
         pieces = self.ordering.add(shard_id, rows, last, now, self._keeper())
         self.ledger.add(shard_id, pieces, last)
@@ -404,7 +415,7 @@ class Coordinator:
     def _drop(self, shard_id: str) -> None:
         floor = self.ledger.safe(shard_id)
         entry = self.shards.get(shard_id)
-        known = None if entry is None else entry.committed
+        known = self.floors.get(shard_id) if entry is None else entry.committed
         if known is not None and (floor is None or known > floor):
             floor = known
         rows = self.ledger.drop(shard_id)
@@ -445,8 +456,11 @@ class Coordinator:
 
     def forget(self, shard_id: str) -> None:
         """Free everything kept for a shard gone from here, whose rows are all
-        committed and which no longer holds the watermark (``step`` calls it)."""
-        self.shards.pop(shard_id, None)
+        committed and which no longer holds the watermark (``step`` calls it); its
+        committed position is kept (``floors``)."""
+        entry = self.shards.pop(shard_id, None)
+        if entry is not None and entry.committed is not None:
+            self.floors[shard_id] = entry.committed
         self.ledger.forget(shard_id)
         self.ordering.forget(shard_id)
         self.watermarks.forget(shard_id)

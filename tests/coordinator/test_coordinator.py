@@ -550,6 +550,52 @@ async def test_a_spool_whose_rows_were_all_committed_is_deleted_at_start_up_and_
         await c.stop()
 
 
+async def test_the_shards_a_commit_log_names_cost_no_state_until_heard_of_and_their_replays_are_dropped(
+        settings, tmp_path):
+    """A commit log naming every shard a long-lived stream has had (5,000 here): none
+    gets an entry, a queue or a watermark at start-up, so a pass costs what the shards
+    served cost; one heard of again has its committed rows dropped as duplicates."""
+    past = {f"shardId-{i:012d}": position(10) for i in range(5_000)}
+
+    class Logged(FileSink):
+        async def start(self):
+            return Committed(positions=past, end=60_000, windows=5_000)
+
+    clock = FakeClock(1_000)
+    c = await started(settings, tmp_path, clock, Logged(tmp_path / "out"))
+    try:
+        assert not c.shards and not c.ordering.shards and not c.watermarks.shards and not c.ledger.shards
+        await c.open_shard("shardId-000000000007", "9")  # its lease here now: re-delivered from a checkpoint
+        c.add_batch("shardId-000000000007", items(9, [70_000, 71_000, 72_000]), position(11), 100)
+        c.add_batch("shardId-000000000042", items(10, [73_000]), position(10), 100)  # (a spool's replay: no open)
+        assert c.ordering.duplicates == 3 and c.ledger.rows == 1
+        assert known(c, "shardId-000000000001") == [] and len(c.shards) == 2
+    finally:
+        await c.stop()
+
+
+async def test_a_shard_forgotten_long_ago_still_has_its_committed_rows_dropped_when_it_comes_back(
+        settings, tmp_path, monkeypatch):
+    """However many shards were forgotten since (more than ``ordering`` remembers
+    positions for), a shard that comes back has its committed rows dropped."""
+    monkeypatch.setattr("mldserver.coordinator.ordering.RETIRED", 2)
+    clock = FakeClock(1_000)
+    c = await started(settings.replace(idle_timeout=1.0), tmp_path, clock)
+    try:
+        for shard_id in ["A", *(f"other-{i}" for i in range(5))]:
+            await c.open_shard(shard_id, None)
+            c.add_batch(shard_id, items(1, [clock() + 1, clock() + 2]), position(2), 0)
+            c.shard_closed(shard_id)
+            clock.advance(120_000)
+            await c.step()
+        assert known(c, "A") == [] and "A" not in c.ordering.retired
+        await c.open_shard("A", "1")
+        c.add_batch("A", items(2, [clock() + 1, clock() + 2]), position(3), 100)
+        assert c.ordering.duplicates == 1 and c.ledger.rows == 1
+    finally:
+        await c.stop()
+
+
 async def test_what_is_kept_per_shard_stays_bounded_over_many_shard_cycles(settings, tmp_path):
     clock = FakeClock(1_000)
     c = await started(settings.replace(idle_timeout=1.0), tmp_path, clock)
