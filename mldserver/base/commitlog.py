@@ -15,6 +15,19 @@ over all entries is where its committed rows end: the coordinator filters replay
 or below it, which makes output exactly once while delivery is at least once.
 
 Pure files, no Spark: the server reads the log at start-up, the Spark process appends.
+
+An entry a window forever would make the log grow without end (43,000 files a month
+with 60 s windows, each read at every start), so the writer compacts it: past
+``COMPACT_AT`` entries, all but the newest ``KEEP`` are folded into
+``_commits/_compacted.json`` (written durably first, then they are deleted)::
+
+    {"end": 1763719260000, "windows": 41210, "compacted_at": "2026-11-21T10:01:05.120Z",
+     "positions": {"shardId-000000000001": ["4959...", 0], ...}}
+
+Reading the log reads it and the entries after its ``end`` (one a crash left before
+its deletion is already in it); a window that ends at or before its ``end`` is
+committed (``entry`` answers ``{"window": ..., "compacted": true}``): windows commit in
+order, so no later commit can be of one.
 """
 
 from __future__ import annotations
@@ -29,42 +42,106 @@ from .durable import atomic_write, utc_timestamp
 from .positions import Position
 
 COMMITS = "_commits"
+COMPACTED = "_compacted.json"
+COMPACT_AT = 1_000  # entries past which the writer compacts the log
+KEEP = 100  # the newest entries a compaction leaves as they are
 
 
 class CommitLog:
     def __init__(self, sink_dir: Path) -> None:
         self.directory = Path(sink_dir) / COMMITS
+        self._entries: int | None = None  # entry files, once counted (``compact_if_due``)
 
     def path(self, window_id: str) -> Path:
         return self.directory / f"{window_id}.json"
 
     def has(self, window_id: str) -> bool:
-        return self.path(window_id).exists()
+        return self.entry(window_id) is not None
 
     def entry(self, window_id: str) -> dict[str, Any] | None:
         try:
             return orjson.loads(self.path(window_id).read_bytes())
         except FileNotFoundError:
-            return None
+            pass
+        compacted = self._compacted()
+        if compacted is not None and int(window_id.rpartition("-")[2]) <= compacted["end"]:
+            return {"window": window_id, "compacted": True}
+        return None
 
     def read(self) -> Committed:
+        compacted = self._compacted()
         committed = Committed()
-        if not self.directory.is_dir():
-            return committed
-        for path in self.directory.glob("*.json"):
-            entry = orjson.loads(path.read_bytes())
+        if compacted is not None:
+            committed.end, committed.windows = compacted["end"], compacted["windows"]
+            committed.positions = {s: Position.from_json(v) for s, v in compacted["positions"].items()}
+        for entry in self._read_entries():
+            if compacted is not None and entry["end"] <= compacted["end"]:
+                continue  # folded in already (a compaction stopped before it was deleted)
             committed.windows += 1
             if committed.end is None or entry["end"] > committed.end:
                 committed.end = entry["end"]
-            for shard_id, value in entry["positions"].items():
-                position = Position.from_json(value)
-                known = committed.positions.get(shard_id)
-                if known is None or position > known:
-                    committed.positions[shard_id] = position
+            _highest(committed.positions, entry["positions"])
         return committed
 
     def append(self, entry: dict[str, Any]) -> Path:
         """Write one entry durably: a temporary name, fsync, rename, fsync the folder."""
         self.directory.mkdir(parents=True, exist_ok=True)
         entry = {**entry, "committed_at": utc_timestamp()}
-        return atomic_write(self.path(entry["window"]), orjson.dumps(entry))
+        path = atomic_write(self.path(entry["window"]), orjson.dumps(entry))
+        if self._entries is not None:
+            self._entries += 1
+        return path
+
+    def compact_if_due(self) -> int:
+        """``compact`` once there are more than COMPACT_AT entries (counted once, then
+        kept count of by ``append``): the writer calls it after each append."""
+        if self._entries is None:
+            self._entries = len(self._entry_paths())
+        if self._entries <= COMPACT_AT:
+            return 0
+        return self.compact()
+
+    def compact(self, keep: int | None = None) -> int:
+        """All entries but the newest ``keep`` (KEEP) folded into the compacted file
+        (written durably, then they are deleted); returns how many."""
+        entries = sorted(self._read_entries(), key=lambda e: e["end"])
+        folded = entries[: max(len(entries) - (KEEP if keep is None else keep), 0)]
+        self._entries = len(entries) - len(folded)
+        if not folded:
+            return 0
+        before = self._compacted() or {"end": None, "windows": 0, "positions": {}}
+        positions = {s: Position.from_json(v) for s, v in before["positions"].items()}
+        for entry in folded:
+            _highest(positions, entry["positions"])
+        end = folded[-1]["end"] if before["end"] is None else max(before["end"], folded[-1]["end"])
+        fresh = [e for e in folded if before["end"] is None or e["end"] > before["end"]]
+        atomic_write(self.directory / COMPACTED, orjson.dumps({
+            "end": end, "windows": before["windows"] + len(fresh), "compacted_at": utc_timestamp(),
+            "positions": {s: p.to_json() for s, p in positions.items()},
+        }))
+        for entry in folded:
+            self.path(entry["window"]).unlink(missing_ok=True)
+        return len(folded)
+
+    def _compacted(self) -> dict[str, Any] | None:
+        try:
+            return orjson.loads((self.directory / COMPACTED).read_bytes())
+        except FileNotFoundError:
+            return None
+
+    def _entry_paths(self) -> list[Path]:
+        if not self.directory.is_dir():
+            return []
+        return [p for p in self.directory.glob("*.json") if not p.name.startswith("_")]
+
+    def _read_entries(self) -> list[dict[str, Any]]:
+        return [orjson.loads(path.read_bytes()) for path in self._entry_paths()]
+
+
+def _highest(positions: dict[str, Position], entry: dict[str, Any]) -> None:
+    """Each shard's position in ``positions`` raised to ``entry``'s (JSON) if higher."""
+    for shard_id, value in entry.items():
+        position = Position.from_json(value)
+        known = positions.get(shard_id)
+        if known is None or position > known:
+            positions[shard_id] = position

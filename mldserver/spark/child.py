@@ -101,6 +101,7 @@ class SparkChild:
                 )
             rows_out = self._publish(out, w["id"])
         self.commit_log.append(commit_entry(w, rows_out))
+        self.commit_log.compact_if_due()  # (the older entries folded into one file, now and then)
         return {"rows_out": rows_out, "spark_ms": round((time.perf_counter() - started) * 1000, 1)}
 
     def _read(self, path: str):

@@ -29,3 +29,34 @@ def test_an_entry_is_published_whole_and_names_its_window(tmp_path):
     assert log.has("0-10") and log.entry("0-10")["committed_at"].endswith("Z")
     assert [p.name for p in (tmp_path / "_commits").iterdir()] == ["0-10.json"]  # no temporary left
     assert log.read().positions == {"A": Position(1, 0, "1")}
+
+
+def test_compaction_folds_the_older_entries_into_one_file_and_reads_the_same(tmp_path, monkeypatch):
+    """Past COMPACT_AT entries the writer folds all but the newest KEEP into
+    ``_compacted.json``: the log reads as it did (each shard's highest position, the last
+    end, every window counted once), a folded window still answers as committed, and a
+    compaction a crash stopped before its deletions (entries left that it folded) is
+    read without counting them twice."""
+    monkeypatch.setattr("mldserver.base.commitlog.COMPACT_AT", 10)
+    monkeypatch.setattr("mldserver.base.commitlog.KEEP", 5)
+    log = CommitLog(tmp_path)
+    for i in range(25):
+        log.append(entry(i * 10, {f"S{i % 4}": [str(100 + i), 0], "A": [str(1000 + i), i % 3]}))
+        log.compact_if_due()
+    names = sorted(p.name for p in (tmp_path / "_commits").iterdir())
+    assert "_compacted.json" in names and len(names) <= 11  # the compacted file and the newest entries
+    committed = log.read()
+    assert committed.end == 250 and committed.windows == 25
+    assert committed.positions == {"A": Position(1024, 0, "1024"), "S0": Position(124, 0, "124"),
+                                   "S1": Position(121, 0, "121"), "S2": Position(122, 0, "122"),
+                                   "S3": Position(123, 0, "123")}
+    assert log.has("0-10") and log.entry("0-10") == {"window": "0-10", "compacted": True}
+    assert log.entry("240-250")["rows"] == 1 and not log.has("250-260")
+    # a crash after the compacted file was written, before the entries it folded went
+    kept = {p.name: p.read_bytes() for p in (tmp_path / "_commits").glob("[0-9]*.json")}
+    log.append(entry(250, {"B": ["5", 0]}))
+    log.compact(keep=0)
+    for name, data in kept.items():
+        (tmp_path / "_commits" / name).write_bytes(data)
+    again = CommitLog(tmp_path).read()
+    assert again.end == 260 and again.windows == 26 and again.positions["B"] == Position(5, 0, "5")
