@@ -56,32 +56,16 @@ class CommitLog:
         return self.directory / f"{window_id}.json"
 
     def has(self, window_id: str) -> bool:
-        return self.entry(window_id) is not None
+        return self.path(window_id).exists() or self._folded(window_id)
 
     def entry(self, window_id: str) -> dict[str, Any] | None:
         try:
             return orjson.loads(self.path(window_id).read_bytes())
         except FileNotFoundError:
-            pass
-        compacted = self._compacted()
-        if compacted is not None and int(window_id.rpartition("-")[2]) <= compacted["end"]:
-            return {"window": window_id, "compacted": True}
-        return None
+            return {"window": window_id, "compacted": True} if self._folded(window_id) else None
 
     def read(self) -> Committed:
-        compacted = self._compacted()
-        committed = Committed()
-        if compacted is not None:
-            committed.end, committed.windows = compacted["end"], compacted["windows"]
-            committed.positions = {s: Position.from_json(v) for s, v in compacted["positions"].items()}
-        for entry in self._read_entries():
-            if compacted is not None and entry["end"] <= compacted["end"]:
-                continue  # folded in already (a compaction stopped before it was deleted)
-            committed.windows += 1
-            if committed.end is None or entry["end"] > committed.end:
-                committed.end = entry["end"]
-            _highest(committed.positions, entry["positions"])
-        return committed
+        return self._fold(self._read_entries())
 
     def append(self, entry: dict[str, Any]) -> Path:
         """Write one entry durably: a temporary name, fsync, rename, fsync the folder."""
@@ -109,19 +93,41 @@ class CommitLog:
         self._entries = len(entries) - len(folded)
         if not folded:
             return 0
-        before = self._compacted() or {"end": None, "windows": 0, "positions": {}}
-        positions = {s: Position.from_json(v) for s, v in before["positions"].items()}
-        for entry in folded:
-            _highest(positions, entry["positions"])
-        end = folded[-1]["end"] if before["end"] is None else max(before["end"], folded[-1]["end"])
-        fresh = [e for e in folded if before["end"] is None or e["end"] > before["end"]]
+        into = self._fold(folded)
         atomic_write(self.directory / COMPACTED, orjson.dumps({
-            "end": end, "windows": before["windows"] + len(fresh), "compacted_at": utc_timestamp(),
-            "positions": {s: p.to_json() for s, p in positions.items()},
+            "end": into.end, "windows": into.windows, "compacted_at": utc_timestamp(),
+            "positions": {s: p.to_json() for s, p in into.positions.items()},
         }))
         for entry in folded:
             self.path(entry["window"]).unlink(missing_ok=True)
         return len(folded)
+
+    def _fold(self, entries: list[dict[str, Any]]) -> Committed:
+        """The compacted file with ``entries`` folded in: each shard's highest position,
+        the last end, the windows (an entry it holds already, left by a compaction that
+        stopped before its deletions, is not counted twice)."""
+        compacted = self._compacted()
+        committed = Committed()
+        if compacted is not None:
+            committed.end, committed.windows = compacted["end"], compacted["windows"]
+            committed.positions = {s: Position.from_json(v) for s, v in compacted["positions"].items()}
+        for entry in entries:
+            if compacted is not None and entry["end"] <= compacted["end"]:
+                continue
+            committed.windows += 1
+            if committed.end is None or entry["end"] > committed.end:
+                committed.end = entry["end"]
+            for shard_id, value in entry["positions"].items():
+                position = Position.from_json(value)
+                known = committed.positions.get(shard_id)
+                if known is None or position > known:
+                    committed.positions[shard_id] = position
+        return committed
+
+    def _folded(self, window_id: str) -> bool:
+        """Is the window in the compacted file (it ends at or before its end)?"""
+        compacted = self._compacted()
+        return compacted is not None and int(window_id.rpartition("-")[2]) <= compacted["end"]
 
     def _compacted(self) -> dict[str, Any] | None:
         try:
@@ -137,11 +143,3 @@ class CommitLog:
     def _read_entries(self) -> list[dict[str, Any]]:
         return [orjson.loads(path.read_bytes()) for path in self._entry_paths()]
 
-
-def _highest(positions: dict[str, Position], entry: dict[str, Any]) -> None:
-    """Each shard's position in ``positions`` raised to ``entry``'s (JSON) if higher."""
-    for shard_id, value in entry.items():
-        position = Position.from_json(value)
-        known = positions.get(shard_id)
-        if known is None or position > known:
-            positions[shard_id] = position
