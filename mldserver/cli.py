@@ -325,7 +325,7 @@ def tune(*, sink: bool) -> None:
     gc.collect()
     gc.freeze()
     gc.set_threshold(50_000, 20, 100)
-    reuse_large_buffers()  # a batch's megabyte buffers reused, not faulted in each time; trimmed every second
+    reuse_large_buffers()  # a batch's megabyte buffers reused, not faulted in each time; trimmed every 10 s
     if sink:
         # Sink commits run in a thread that needs the GIL between its system calls;
         # with the loop decoding batches, the default 5 ms hand-over made each commit

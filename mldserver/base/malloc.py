@@ -16,14 +16,20 @@ at a time. Where such a buffer comes from decides what it costs:
   484 MiB, each handler process's 52 MiB).
 
 So: buffers under ``THRESHOLD`` come from the heap, whose top is not trimmed on each
-``free``, and a thread gives every free page back once a ``period`` (``malloc_trim``):
-a page freed and taken again within a period is never faulted twice, and what a burst
-left behind is returned within a period. Measured with ``bench --part relay`` at 1 shard
-of 10,000 x 100 B, 1.95x amazon_kclpy's records/s against 1.6x with every large buffer
-from ``mmap``; at 32 shards the peak PSS is the same (197 MiB in all)::
+``free``, and a thread gives every free page back once a ``period`` (``malloc_trim``),
+10 s by default (jemalloc's decay time for dirty pages): a page freed and taken again
+within a period is never faulted twice, and what a burst left behind is returned within
+a period. Measured with ``bench --part relay`` at 1 shard of 10,000 x 100 B, 1.95x
+amazon_kclpy's records/s against 1.6x with every large buffer from ``mmap``; at 32
+shards the peak PSS is the same (197 MiB in all)::
 
     from mldserver.base.malloc import reuse_large_buffers
     reuse_large_buffers()   # once, at start-up: True if it took effect
+
+The period is that long because a line lives about a second at 32 shards: with a trim
+every second, the server gave back at each trim the 20 to 60 MiB of lines just freed and
+about to be taken again (``bench --part coordinator``, file sink: 110,000 to 160,000
+pages faulted a run against 50,000 to 75,000, the same peak PSS).
 
 A process whose threads take turns (an amazon_kclpy processor's handler process, one
 thread per shard, ``api/kclpy/turns.py``) needs one heap, not glibc's one per thread
@@ -48,7 +54,7 @@ import time
 
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD, M_ARENA_MAX = -1, -3, -8  # glibc's mallopt parameters
 THRESHOLD = 64 << 20  # buffers under 64 MiB (a batch's lines, frames and rows) from the heap
-PERIOD = 1.0  # seconds between two trims
+PERIOD = 10.0  # seconds between two trims
 
 _trimmer: threading.Thread | None = None
 

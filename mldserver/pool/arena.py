@@ -58,6 +58,9 @@ ARENA_BYTES = 64 << 20
 # in flight and the room first fit leaves between regions (``rows_arena_bytes``). Rows
 # that find no room take the pipe and are copied. Pages are touched only as used.
 ROWS_IN_FLIGHT = 64 << 20
+# Seconds between two trims of a rows arena (its process's heartbeat): only the pages
+# above what the last period used go, so a short period costs no fault while rows flow.
+TRIM_PERIOD = 1.0
 # Smaller bodies take the pipe: a write of a few KiB costs less than a region's bookkeeping.
 ARENA_MIN = 32 << 10
 _ALIGN = 64

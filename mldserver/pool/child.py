@@ -64,7 +64,7 @@ from ..errors import CheckpointError, ConfigError, ExecutionTimeout  # (Executio
 from ..api.failures import FailureGuard
 from ..api.loading import load_handler
 from ..base.logs import configure, get_logger
-from ..base.malloc import PERIOD as TRIM_PERIOD, one_heap, reuse_large_buffers
+from ..base.malloc import one_heap, reuse_large_buffers
 from ..base.pieces import PieceReader
 from ..api.records import Batch, EmittedRows, ShardInfo
 from ..api.checks import check_handler, emits
@@ -74,7 +74,7 @@ from ..timers import api as timers_api
 from ..timers import pending as timer_ops
 from ..timers import remote as timers_remote
 from ..timers.api import TimerError
-from .arena import ARENA_MIN, Arena, ArenaView
+from .arena import ARENA_MIN, TRIM_PERIOD, Arena, ArenaView
 from .frames import BEAT, BEAT_AT, RUN, SKIPPED, STATE_SIZE, STOP, STOP_AT, WATCH_INTERVAL, CallFrame, StartFrame, encode, encode_head, encode_rows, read_frame_async, records_from, release
 
 log = get_logger("mldserver.handler")
