@@ -12,18 +12,25 @@ Each batch is a new line (fresh sequence numbers, so nothing is dropped as a
 duplicate) covering 10 s of event time: one window per batch, closing as the run
 goes. Each shard sends at least 8 batches, 2.4 million rows in all at 1 or 32 shards:
 long enough that what a server pays once (its arenas' and buffers' first pages, a
-second or so at 32 shards) does not pass for what each row costs. Reported: rows/s for both and the cost; the CPU the server used a row, its
-handler processes included (steadier than rows/s on a machine shared with other
-work); and the largest memory the coordinator used: its buffered rows as the ledger
-counts them (the memory they hold) against ``max_buffered_bytes``, which they stay
-under (what lands past it is spilled to files: how much is reported), and the peak PSS
-of the server and its handler processes against the no-pipeline server's.
+second or so at 32 shards) does not pass for what each row costs.
+
+The two servers take turns for three rounds (one with ``--quick``), the first of
+each round alternating, each round's pair of runs back to back: a shared machine's
+speed drifts by 10% and more from one run to the next, on both alike. Reported: the
+median round's rows/s for both and the median of the rounds' costs, with the lowest
+and highest; the median CPU the server used a row, its handler processes included
+(steadier than rows/s on a machine shared with other work); and the largest memory
+the coordinator used in any round: its buffered rows as the ledger counts them (the
+memory they hold) against ``max_buffered_bytes``, which they stay under (what lands
+past it is spilled to files: how much is reported), and the peak PSS of the server
+and its handler processes against the no-pipeline server's.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
+import statistics
 import time
 from pathlib import Path
 
@@ -90,16 +97,25 @@ async def run(shard_counts: list[int], quick: bool, tmp: str, workers: list[int 
     from ...base.config import Settings
 
     cap = Settings.max_buffered_bytes / 2**20
-    print(f"\ncoordinator: batches of {RECORDS:,} records x {SIZE} B, passthrough handler, direct TCP")
-    print(f"  {'workers':>7} {'K':>4} {'no pipeline rows/s':>19} {'file sink rows/s':>17} {'cost':>7} "
+    rounds = 1 if quick else 3
+    print(f"\ncoordinator: batches of {RECORDS:,} records x {SIZE} B, passthrough handler, direct TCP; "
+          f"{rounds} round{'s' if rounds > 1 else ''} taking turns: the median round, the cost's lowest and highest")
+    print(f"  {'workers':>7} {'K':>4} {'no pipeline rows/s':>19} {'file sink rows/s':>17} {'cost':>7} {'(range)':>17} "
           f"{'CPU us/row (none / sink)':>25} {'peak buffered / cap':>20} {'spilled':>10} {'server PSS (none / sink)':>25}")
     for k in shard_counts:
         batches = 2 if quick else max(8, 240 // k)
         batch_lines = lines(batches)
         for w in workers or [None]:
-            bare, bare_cpu, bare_pss, _, _ = await run_one("no pipeline", k, batch_lines, tmp, w)
-            sink, sink_cpu, sink_pss, peak, spilled = await run_one("file sink", k, batch_lines, tmp, w)
-            print(f"  {'-' if w is None else w:>7} {k:4d} {bare:19,.0f} {sink:17,.0f} {100 * (1 - sink / bare):+6.1f}% "
-                  f"{bare_cpu:16.2f} / {sink_cpu:.2f} {(peak or 0) / 2**20:9.1f} / {cap:.0f} MiB "
-                  f"{(spilled or 0) / 2**20:6.1f} MiB "
-                  f"{bare_pss / 1024:11.1f} / {sink_pss / 1024:.1f} MiB")
+            runs: dict[str, list[tuple]] = {"no pipeline": [], "file sink": []}
+            for r in range(rounds):
+                for name in (("no pipeline", "file sink") if r % 2 == 0 else ("file sink", "no pipeline")):
+                    runs[name].append(await run_one(name, k, batch_lines, tmp, w))
+            costs = [100 * (1 - sink[0] / bare[0]) for bare, sink in zip(runs["no pipeline"], runs["file sink"])]
+            bare, sink = (statistics.median(x[0] for x in runs[n]) for n in ("no pipeline", "file sink"))
+            bare_cpu, sink_cpu = (statistics.median(x[1] for x in runs[n]) for n in ("no pipeline", "file sink"))
+            bare_pss, sink_pss = (max(x[2] for x in runs[n]) for n in ("no pipeline", "file sink"))
+            peak, spilled = (max(x[i] or 0 for x in runs["file sink"]) for i in (3, 4))
+            spread = f"({min(costs):+.1f} to {max(costs):+.1f}%)"
+            print(f"  {'-' if w is None else w:>7} {k:4d} {bare:19,.0f} {sink:17,.0f} {statistics.median(costs):+6.1f}% "
+                  f"{spread:>17} {bare_cpu:16.2f} / {sink_cpu:.2f} {peak / 2**20:9.1f} / {cap:.0f} MiB "
+                  f"{spilled / 2**20:6.1f} MiB {bare_pss / 1024:11.1f} / {sink_pss / 1024:.1f} MiB")
