@@ -254,6 +254,47 @@ static int append(Out *o, const char *s, Py_ssize_t n, int64_t at) {
     return 0;
 }
 
+/* The keys of a record as the daemon writes them, every time: on a match, c->p past
+   the key's closing quote and its colon, *s and *n the key's bytes, and 1; else 0 and
+   nothing moved. Compared whole (quotes and colon included: "dataX" is not "data"),
+   not searched for their closing quote as ``key`` does. Alternated on one machine, a
+   10,000 x 100 B line's sequence numbers took 1.27 to 1.45 ms against 1.44 to 1.95
+   with ``key`` alone (1,000 x 1 KiB: 0.14 to 0.17 against 0.16 to 0.17 ms), and its
+   data (``datas``) 1.85 to 2.07 against 2.13 to 2.38 ms (0.83 to 0.90 against 0.98 to
+   1.06). A key written otherwise (an escape, a space before the colon) or another key
+   is read by ``key``. */
+#define KNOWN(word)                                                          \
+    if ((size_t)(end - p) >= sizeof("\"" word "\":") - 1 &&                \
+        memcmp(p, "\"" word "\":", sizeof("\"" word "\":") - 1) == 0) {   \
+        *s = p + 1;                                                          \
+        *n = sizeof(word) - 1;                                               \
+        c->p = p + sizeof("\"" word "\":") - 1;                              \
+        return 1;                                                            \
+    }
+
+static int known_key(Cursor *c, const char **s, Py_ssize_t *n) {
+    const char *p = c->p, *end = c->end;
+    if (end - p < 2 || *p != '"') return 0;
+    switch (p[1]) {
+    case 'a':
+        KNOWN("action")
+        KNOWN("approximateArrivalTimestamp")
+        break;
+    case 'd':
+        KNOWN("data")
+        break;
+    case 'p':
+        KNOWN("partitionKey")
+        break;
+    case 's':
+        KNOWN("sequenceNumber")
+        KNOWN("subSequenceNumber")
+        break;
+    }
+    return 0;
+}
+#undef KNOWN
+
 /* One record object at c->p: its sequence number and arrival time appended. -1: not
    the usual record. */
 static int record(Cursor *c, Out *o) {
@@ -267,7 +308,8 @@ static int record(Cursor *c, Out *o) {
     ws(c);
     if (c->p < c->end && *c->p == '}') return -1; /* {}: no sequence number */
     for (;;) {
-        if (key(c, &s, &n)) return -1;
+        ws(c);
+        if (!known_key(c, &s, &n) && key(c, &s, &n)) return -1;
         if (is(s, n, "sequenceNumber")) {
             ws(c);
             if (seq != NULL || c->p >= c->end || *c->p != '"' || string(c, &seq, &seq_n, NULL)) return -1;
@@ -451,12 +493,14 @@ static PyObject *record_data(Cursor *c) {
     }
     for (;;) {
         ws(c);
-        if (c->p >= c->end || *c->p != '"') return NULL;
-        int escaped;
-        if (string(c, &s, &n, &escaped)) return NULL;
-        ws(c);
-        if (c->p >= c->end || *c->p != ':') return NULL;
-        c->p++;
+        int escaped = 0;
+        if (!known_key(c, &s, &n)) {
+            if (c->p >= c->end || *c->p != '"') return NULL;
+            if (string(c, &s, &n, &escaped)) return NULL;
+            ws(c);
+            if (c->p >= c->end || *c->p != ':') return NULL;
+            c->p++;
+        }
         ws(c);
         if (escaped) odd = 1; /* a key that may read as "data" */
         if (!escaped && is(s, n, "data")) {

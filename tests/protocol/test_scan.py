@@ -88,6 +88,12 @@ def test_values_that_look_like_keys_and_nested_values_are_skipped():
     spaced = b'{ "action" : "processRecords" , "records" : [ { "sequenceNumber" : "7" , "subSequenceNumber" : null } ,' \
              b'\n{"subSequenceNumber": 0 ,"sequenceNumber":"08"} ] , "millisBehindLatest" : 0 }'
     assert scanned(spaced) == columns(spaced) == [Position.parse("7"), Position.parse("08")]
+    # keys that begin as the usual ones do (which the scan compares whole) are other keys
+    near = (b'{"action":"processRecords","records":[{"actions":"x","sequenceNumbers":"5","sequenceNumber":"1",'
+            b'"subSequenceNumber0":7,"dataX":"a","approximateArrivalTimestamps":9}],"millisBehindLatest":0}')
+    assert scanned(near) == columns(near) == [Position.parse("1")]
+    assert array("q", LazyRecords.parse(near).sequence_numbers()[3]).tolist() == [NO_TIME]
+    assert scanned(b'{"action":"processRecords","records":[{"sequenceNumbe":"5"}],"millisBehindLatest":0}') is None
 
 
 def test_a_cut_or_broken_line_is_never_read_past_its_end():
@@ -111,16 +117,22 @@ _nested = st.recursive(st.none() | st.text(max_size=3), lambda inner: st.lists(i
                        | st.dictionaries(st.sampled_from(["sequenceNumber", "records", "a"]), inner, max_size=2))
 
 
-def _member(key: str, value: object, escape: bool) -> str:
-    name = key.replace("N", "\\u004e", 1) if escape else key
-    return f'"{name}":{json.dumps(value, ensure_ascii=False)}'
+def _member(key: str, value: object, escape: bool, spaced: bool = False) -> str:
+    name = key[:-1] + f"\\u{ord(key[-1]):04x}" if escape else key  # (the same key, written otherwise)
+    return f'"{name}"{" " if spaced else ""}:{json.dumps(value, ensure_ascii=False)}'
+
+
+# Keys that begin as a record's usual keys do (the scan compares those whole) and are not them.
+_near_keys = st.sampled_from(["actio", "actions", "dataX", "partitionKey2", "sequenceNumbers", "sequenceNumbe",
+                              "subSequenceNumberX", "approximateArrival", "approximateArrivalTimestamps"])
 
 
 @st.composite
 def lines(draw) -> bytes:
     """Lines of usual records (in any key order, with other fields, text that looks
-    like keys), each now and then made unusual: a record not an object, a sequence
-    number or sub-sequence number of another kind, a key twice, a key escaped."""
+    like keys, keys that begin as the usual ones do, a space before the colons), each
+    now and then made unusual: a record not an object, a sequence number or
+    sub-sequence number of another kind, a key twice, a key escaped."""
     def odd() -> bool:
         return draw(st.integers(0, 39)) == 17  # (not 0: hypothesis draws its bounds often)
 
@@ -141,11 +153,16 @@ def lines(draw) -> bytes:
             members.append(("nested", draw(_nested)))
         if draw(st.integers(0, 3)) != 0:
             members.append(("approximateArrivalTimestamp", draw(_arrival)))
+        if draw(st.booleans()):
+            members.append(("action", draw(st.sampled_from(["record", "", 7]))))
+        if draw(st.integers(0, 3)) == 0:
+            members.append((draw(_near_keys), draw(st.one_of(st.text(max_size=3), _digits))))
         members = draw(st.permutations(members))
         if odd():
             members.append(draw(st.sampled_from(members)))  # a key twice
-        escape = draw(st.integers(0, 59)) == 17
-        records.append("{" + ",".join(_member(k, v, escape and k == "sequenceNumber") for k, v in members) + "}")
+        escaped = draw(st.sampled_from([k for k, _ in members])) if draw(st.integers(0, 29)) == 17 else None
+        spaced = draw(st.integers(0, 9)) == 3  # a space before each colon
+        records.append("{" + ",".join(_member(k, v, k == escaped, spaced) for k, v in members) + "}")
     ws = draw(st.sampled_from(["", " ", "\n "]))
     return (f'{{"action":"processRecords",{ws}"records":{ws}[{ws}' + f",{ws}".join(records)
             + f'{ws}],"millisBehindLatest":0}}').encode()
