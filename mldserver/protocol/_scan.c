@@ -227,25 +227,31 @@ static int64_t arrival(const char *v, Py_ssize_t n) {
     return t;
 }
 
-/* Runs without the GIL: the raw allocator only (pymalloc's needs the GIL). */
-static int append(Out *o, const char *s, Py_ssize_t n, int64_t at) {
-    if (o->size + n > o->capacity) {
-        Py_ssize_t capacity = (o->capacity + n) * 2;
-        char *digits = PyMem_RawRealloc(o->digits, (size_t)capacity);
+/* Room for `records` sequence numbers of `size` digits in all. Runs without the GIL:
+   the raw allocator only (pymalloc's needs the GIL). */
+static int reserve(Out *o, Py_ssize_t records, Py_ssize_t size) {
+    if (size > o->capacity) {
+        char *digits = PyMem_RawRealloc(o->digits, (size_t)size);
         if (digits == NULL) return -1;
         o->digits = digits;
-        o->capacity = capacity;
+        o->capacity = size;
     }
-    if (o->n + 2 > o->ends_capacity) {
-        Py_ssize_t capacity = (o->ends_capacity + 2) * 2;
-        int64_t *ends = PyMem_RawRealloc(o->ends, (size_t)capacity * sizeof *ends);
+    if (records + 1 > o->ends_capacity) {
+        int64_t *ends = PyMem_RawRealloc(o->ends, (size_t)(records + 1) * sizeof *ends);
         if (ends == NULL) return -1;
         o->ends = ends;
-        int64_t *arrivals = PyMem_RawRealloc(o->arrivals, (size_t)capacity * sizeof *arrivals);
+        int64_t *arrivals = PyMem_RawRealloc(o->arrivals, (size_t)(records + 1) * sizeof *arrivals);
         if (arrivals == NULL) return -1;
         o->arrivals = arrivals;
-        o->ends_capacity = capacity;
+        o->ends_capacity = records + 1;
     }
+    return 0;
+}
+
+static int append(Out *o, const char *s, Py_ssize_t n, int64_t at) {
+    if ((o->size + n > o->capacity || o->n + 2 > o->ends_capacity) &&
+        reserve(o, (o->ends_capacity + 2) * 2, (o->capacity + n) * 2))
+        return -1;
     memcpy(o->digits + o->size, s, (size_t)n);
     o->size += n;
     o->ends[0] = 0;
@@ -254,46 +260,78 @@ static int append(Out *o, const char *s, Py_ssize_t n, int64_t at) {
     return 0;
 }
 
+/* The keys of a record the scans look for, by number (OTHER: any other key). */
+enum { OTHER, ACTION, ARRIVAL, DATA, PARTITION_KEY, SEQUENCE_NUMBER, SUB_SEQUENCE_NUMBER };
+
+/* Which of those a key read by ``key`` is. */
+static int which(const char *s, Py_ssize_t n) {
+    if (is(s, n, "sequenceNumber")) return SEQUENCE_NUMBER;
+    if (is(s, n, "subSequenceNumber")) return SUB_SEQUENCE_NUMBER;
+    if (is(s, n, "approximateArrivalTimestamp")) return ARRIVAL;
+    if (is(s, n, "data")) return DATA;
+    return OTHER; /* (action and partitionKey: read as any other key is) */
+}
+
 /* The keys of a record as the daemon writes them, every time: on a match, c->p past
-   the key's closing quote and its colon, *s and *n the key's bytes, and 1; else 0 and
-   nothing moved. Compared whole (quotes and colon included: "dataX" is not "data"),
-   not searched for their closing quote as ``key`` does. Alternated on one machine, a
+   the key's closing quote and its colon, and which key it is; else OTHER and nothing
+   moved. Compared whole (quotes and colon included: "dataX" is not "data"), not
+   searched for their closing quote as ``key`` does. Alternated on one machine, a
    10,000 x 100 B line's sequence numbers took 1.27 to 1.45 ms against 1.44 to 1.95
    with ``key`` alone (1,000 x 1 KiB: 0.14 to 0.17 against 0.16 to 0.17 ms), and its
    data (``datas``) 1.85 to 2.07 against 2.13 to 2.38 ms (0.83 to 0.90 against 0.98 to
    1.06). A key written otherwise (an escape, a space before the colon) or another key
-   is read by ``key``. */
-#define KNOWN(word)                                                          \
+   is read by ``key`` (and ``which``). */
+#define KNOWN(word, id)                                                      \
     if ((size_t)(end - p) >= sizeof("\"" word "\":") - 1 &&                \
         memcmp(p, "\"" word "\":", sizeof("\"" word "\":") - 1) == 0) {   \
-        *s = p + 1;                                                          \
-        *n = sizeof(word) - 1;                                               \
         c->p = p + sizeof("\"" word "\":") - 1;                              \
-        return 1;                                                            \
+        return id;                                                           \
     }
 
-static int known_key(Cursor *c, const char **s, Py_ssize_t *n) {
+static int known_key(Cursor *c) {
     const char *p = c->p, *end = c->end;
-    if (end - p < 2 || *p != '"') return 0;
+    if (end - p < 2 || *p != '"') return OTHER;
     switch (p[1]) {
     case 'a':
-        KNOWN("action")
-        KNOWN("approximateArrivalTimestamp")
+        KNOWN("action", ACTION)
+        KNOWN("approximateArrivalTimestamp", ARRIVAL)
         break;
     case 'd':
-        KNOWN("data")
+        KNOWN("data", DATA)
         break;
     case 'p':
-        KNOWN("partitionKey")
+        KNOWN("partitionKey", PARTITION_KEY)
         break;
     case 's':
-        KNOWN("sequenceNumber")
-        KNOWN("subSequenceNumber")
+        KNOWN("sequenceNumber", SEQUENCE_NUMBER)
+        KNOWN("subSequenceNumber", SUB_SEQUENCE_NUMBER)
         break;
     }
-    return 0;
+    return OTHER;
 }
 #undef KNOWN
+
+/* The usual values, read where they are (most records): "0" for a sub-sequence
+   number, a plain integer for an arrival time, each followed by the record's next
+   comma or its close. 1 and c->p past it on a match; else 0 and nothing moved (the
+   value is read by ``skip``, then checked). */
+static int plain_zero(Cursor *c) {
+    const char *p = c->p;
+    if (c->end - p < 2 || p[0] != '0' || (p[1] != ',' && p[1] != '}')) return 0;
+    c->p = p + 1;
+    return 1;
+}
+
+static int plain_time(Cursor *c, int64_t *t) {
+    const char *p = c->p, *end = c->end, *v = p;
+    int64_t value = 0;
+    for (; p < end && p - v < 18 && *p >= '0' && *p <= '9'; p++) value = value * 10 + (*p - '0');
+    Py_ssize_t n = p - v;
+    if (n == 0 || n > 18 || (n > 1 && v[0] == '0') || p >= end || (*p != ',' && *p != '}')) return 0;
+    *t = value;
+    c->p = p;
+    return 1;
+}
 
 /* One record object at c->p: its sequence number and arrival time appended. -1: not
    the usual record. */
@@ -309,23 +347,30 @@ static int record(Cursor *c, Out *o) {
     if (c->p < c->end && *c->p == '}') return -1; /* {}: no sequence number */
     for (;;) {
         ws(c);
-        if (!known_key(c, &s, &n) && key(c, &s, &n)) return -1;
-        if (is(s, n, "sequenceNumber")) {
-            ws(c);
+        int id = known_key(c);
+        if (id == OTHER) {
+            if (key(c, &s, &n)) return -1;
+            id = which(s, n);
+        }
+        ws(c);
+        if (id == SEQUENCE_NUMBER) {
             if (seq != NULL || c->p >= c->end || *c->p != '"' || string(c, &seq, &seq_n, NULL)) return -1;
             if (seq_n == 0 || !digits(seq, seq_n)) return -1;
-        } else if (is(s, n, "subSequenceNumber")) {
-            ws(c);
-            const char *v = c->p;
-            if (seen_sub || skip(c)) return -1;
+        } else if (id == SUB_SEQUENCE_NUMBER) {
+            if (seen_sub) return -1;
             seen_sub = 1;
-            if (!is(v, c->p - v, "0") && !is(v, c->p - v, "null")) return -1;
-        } else if (is(s, n, "approximateArrivalTimestamp")) {
-            ws(c);
-            const char *v = c->p;
-            if (seen_at || skip(c)) return -1;
+            if (!plain_zero(c)) {
+                const char *v = c->p;
+                if (skip(c) || (!is(v, c->p - v, "0") && !is(v, c->p - v, "null"))) return -1;
+            }
+        } else if (id == ARRIVAL) {
+            if (seen_at) return -1;
             seen_at = 1;
-            at = arrival(v, c->p - v);
+            if (!plain_time(c, &at)) {
+                const char *v = c->p;
+                if (skip(c)) return -1;
+                at = arrival(v, c->p - v);
+            }
         } else if (skip(c)) {
             return -1;
         }
@@ -357,15 +402,24 @@ static int records_array(Cursor *c) {
     return c->p < c->end && *c->p == ']' ? 0 : 1;
 }
 
-/* The "records" array's sequence numbers, or -1. */
+/* The "records" array's sequence numbers, or -1. The outputs are sized once, from
+   the first record: the records that many of its length would make, and a tenth more
+   (growing them a doubling at a time copied them a dozen times a line: a tenth of the
+   scan). */
 static int scan(Cursor *c, Out *o) {
     int at = records_array(c);
     if (at <= 0) return at;
+    const char *first = c->p;
+    if (record(c, o)) return -1;
+    Py_ssize_t records = (c->end - first) / (c->p - first + 1) + 1;
+    records += records / 10;
+    Py_ssize_t size = records * o->size; /* (never more than the line: a short first record) */
+    if (reserve(o, records, size < c->end - first ? size : c->end - first)) return -1;
     for (;;) {
-        if (record(c, o)) return -1;
         int end = next(c, ']');
         if (end < 0) return -1;
         if (end) return 0;
+        if (record(c, o)) return -1;
     }
 }
 
@@ -493,17 +547,18 @@ static PyObject *record_data(Cursor *c) {
     }
     for (;;) {
         ws(c);
-        int escaped = 0;
-        if (!known_key(c, &s, &n)) {
+        int escaped = 0, id = known_key(c);
+        if (id == OTHER) {
             if (c->p >= c->end || *c->p != '"') return NULL;
             if (string(c, &s, &n, &escaped)) return NULL;
             ws(c);
             if (c->p >= c->end || *c->p != ':') return NULL;
             c->p++;
+            if (!escaped) id = which(s, n);
         }
         ws(c);
         if (escaped) odd = 1; /* a key that may read as "data" */
-        if (!escaped && is(s, n, "data")) {
+        if (id == DATA) {
             if (seen) odd = 1;
             seen = 1;
             if (c->p < c->end && *c->p == '"') {

@@ -110,8 +110,8 @@ def test_a_cut_or_broken_line_is_never_read_past_its_end():
 
 _digits = st.from_regex(r"\A[0-9]{1,60}\Z")
 _odd_seq = st.one_of(st.none(), st.integers(0, 2**62), st.text(max_size=4))
-_odd_sub = st.one_of(st.integers(1, 5), st.booleans(), st.just(0.0), st.just("0"))
-_arrival = st.one_of(st.integers(0, 2**53), st.integers(-5, 5), st.integers(10**17, 10**20), st.none(),
+_odd_sub = st.one_of(st.integers(1, 5), st.booleans(), st.just(0.0), st.just(-0.0), st.just("0"))
+_arrival = st.one_of(st.integers(0, 2**53), st.integers(-5, 5), st.integers(10**16, 10**20), st.none(),
                      st.floats(allow_nan=False, allow_infinity=False), st.booleans(), st.text(max_size=3))
 _nested = st.recursive(st.none() | st.text(max_size=3), lambda inner: st.lists(inner, max_size=3)
                        | st.dictionaries(st.sampled_from(["sequenceNumber", "records", "a"]), inner, max_size=2))
@@ -119,7 +119,8 @@ _nested = st.recursive(st.none() | st.text(max_size=3), lambda inner: st.lists(i
 
 def _member(key: str, value: object, escape: bool, spaced: bool = False) -> str:
     name = key[:-1] + f"\\u{ord(key[-1]):04x}" if escape else key  # (the same key, written otherwise)
-    return f'"{name}"{" " if spaced else ""}:{json.dumps(value, ensure_ascii=False)}'
+    space = " " if spaced else ""  # before the colon and after the value
+    return f'"{name}"{space}:{json.dumps(value, ensure_ascii=False)}{space}'
 
 
 # Keys that begin as a record's usual keys do (the scan compares those whole) and are not them.
@@ -130,9 +131,9 @@ _near_keys = st.sampled_from(["actio", "actions", "dataX", "partitionKey2", "seq
 @st.composite
 def lines(draw) -> bytes:
     """Lines of usual records (in any key order, with other fields, text that looks
-    like keys, keys that begin as the usual ones do, a space before the colons), each
-    now and then made unusual: a record not an object, a sequence number or
-    sub-sequence number of another kind, a key twice, a key escaped."""
+    like keys, keys that begin as the usual ones do, a space before the colons and
+    after the values), each now and then made unusual: a record not an object, a
+    sequence number or sub-sequence number of another kind, a key twice, a key escaped."""
     def odd() -> bool:
         return draw(st.integers(0, 39)) == 17  # (not 0: hypothesis draws its bounds often)
 
@@ -161,7 +162,7 @@ def lines(draw) -> bytes:
         if odd():
             members.append(draw(st.sampled_from(members)))  # a key twice
         escaped = draw(st.sampled_from([k for k, _ in members])) if draw(st.integers(0, 29)) == 17 else None
-        spaced = draw(st.integers(0, 9)) == 3  # a space before each colon
+        spaced = draw(st.integers(0, 9)) == 3  # a space before each colon and after each value
         records.append("{" + ",".join(_member(k, v, k == escaped, spaced) for k, v in members) + "}")
     ws = draw(st.sampled_from(["", " ", "\n "]))
     return (f'{{"action":"processRecords",{ws}"records":{ws}[{ws}' + f",{ws}".join(records)
