@@ -99,3 +99,28 @@ def test_a_write_o_direct_refuses_is_made_through_the_page_cache(tmp_path):
         os.close(fd)
     assert still_direct is False
     assert (tmp_path / "out").read_bytes() == b"abc"
+
+
+def test_a_chunk_on_a_block_edge_is_written_from_where_it_is_not_copied_into_the_staging_buffer(tmp_path,
+                                                                                                 monkeypatch):
+    import mmap
+
+    import numpy as np
+
+    writes = []  # (address, length) of each write's bytes
+    real_write = os.write
+
+    def write(fd, data):
+        writes.append((np.frombuffer(data, dtype=np.uint8).ctypes.data, len(data)))
+        return real_write(fd, data)
+
+    first, second = (np.frombuffer(mmap.mmap(-1, size), dtype=np.uint8) for size in (3 * BLOCK, 2 * BLOCK))
+    first[:] = 1
+    second[:] = 2
+    tail = b"t" * 100
+    monkeypatch.setattr(direct.os, "write", write)
+    write_synced(tmp_path / "out", [memoryview(first), memoryview(second), tail, memoryview(first)])
+    monkeypatch.undo()
+    assert (tmp_path / "out").read_bytes() == bytes(first) + bytes(second) + tail + bytes(first)
+    assert writes[:2] == [(first.ctypes.data, 3 * BLOCK), (second.ctypes.data, 2 * BLOCK)]
+    assert all(address != first.ctypes.data for address, _ in writes[2:])  # after the tail: staged

@@ -77,9 +77,12 @@ def _staged(fd: int, chunks: Iterable[Any]) -> None:
 
 
 def _through(fd: int, chunks: Iterable[Any], buffer: mmap.mmap) -> None:
-    """Whole blocks with ``O_DIRECT``, the tail through the page cache. The copies are
-    numpy's, which let go of the GIL (a memoryview's hold it: the event loop would
-    wait for every megabyte copied here)."""
+    """Whole blocks with ``O_DIRECT``, the tail through the page cache. A chunk that
+    starts on a block's edge while the staging buffer is empty is written from where it
+    is, its whole blocks at least (``merge`` gathers a window's interleaved rows so,
+    a block at a time: copied once, not twice); the rest is copied into the staging
+    buffer. The copies are numpy's, which let go of the GIL (a memoryview's hold it:
+    the event loop would wait for every megabyte copied here)."""
     import numpy as np
 
     stage = np.frombuffer(buffer, dtype=np.uint8)
@@ -88,6 +91,10 @@ def _through(fd: int, chunks: Iterable[Any], buffer: mmap.mmap) -> None:
         direct, fill = True, 0
         for chunk in chunks:
             data = np.frombuffer(chunk, dtype=np.uint8)
+            whole = len(data) - len(data) % BLOCK
+            if direct and fill == 0 and whole and data.ctypes.data % BLOCK == 0:
+                direct = _write(fd, memoryview(data)[:whole], direct)
+                data = data[whole:]
             while len(data):
                 n = min(len(data), STAGE - fill)
                 stage[fill : fill + n] = data[:n]

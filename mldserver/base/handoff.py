@@ -74,7 +74,7 @@ from typing import Any, Callable, Iterable, Iterator, Protocol, Sequence, runtim
 from .positions import Position
 
 Made = tuple[Any, Sequence[int]]  # a buffer, and the n + 1 offsets of its lines in it
-Chunks = Callable[[int, int], Iterator[memoryview]]  # rows start to stop, a run of lines at a time
+Chunks = Callable[[int, int, bool], Iterator[memoryview]]  # rows start to stop, a run at a time (blocks?)
 
 
 class JsonLines:
@@ -88,6 +88,10 @@ class JsonLines:
 
         for chunk in window.rows.chunks(late):    # memoryviews, each valid until the next
             f.write(chunk)
+
+    ``chunks(..., blocks=True)`` (the file sink's, written past the page cache:
+    ``base.direct``): the runs gathered are cut at disk blocks' edges, not between lines,
+    and lie at page-aligned addresses, so they are written from where they are.
     """
 
     __slots__ = ("_n", "_make", "_chunks", "_buffer", "_offsets")
@@ -99,16 +103,16 @@ class JsonLines:
         self._buffer: memoryview | None = None
         self._offsets: Sequence[int] = ()
 
-    def chunks(self, start: int = 0, stop: int | None = None) -> Iterator[memoryview]:
+    def chunks(self, start: int = 0, stop: int | None = None, blocks: bool = False) -> Iterator[memoryview]:
         """Rows ``start`` to ``stop`` (all by default) as JSON lines, in runs of lines
-        one after another: together, what ``buffer(start, stop)`` holds. Each is valid
-        until the next is asked for."""
+        one after another (with ``blocks``, runs of bytes: see above): together, what
+        ``buffer(start, stop)`` holds. Each is valid until the next is asked for."""
         stop = self._n if stop is None else stop
         if stop <= start:
             return iter(())
         if self._chunks is None or self._make is None:  # one buffer, or made already
             return iter((self.buffer(start, stop),))
-        return self._chunks(start, stop)
+        return self._chunks(start, stop, blocks)
 
     @classmethod
     def of(cls, rows: Iterable[bytes]) -> JsonLines:

@@ -10,7 +10,8 @@ sink's thread, off the loop): one batch as it is, batches already in order one a
 another (``rows.concat_lines``), or rows of interleaved shards gathered row by row
 (``_gather.c``, natively; pyarrow's ``take`` where it was not built); or, for a sink
 that only writes them out (``JsonLines.chunks``: the file sink), never copied whole:
-each run of lines where it is, or a block gathered at a time. Two shards of a 60 s
+each run of lines where it is, or a block gathered at a time (for the file sink, into
+page-aligned whole disk blocks, which it writes from there). Two shards of a 60 s
 window, their rows at 1_000 and 3_000 (``s0``, records 7 and 8) and 2_000 (``s1``,
 record 4)::
 
@@ -32,6 +33,7 @@ from typing import TYPE_CHECKING, Any, Iterator
 
 from ..base.positions import Position
 from ..api.rows import RowBatch, concat_lines, nondecreasing
+from ..base.direct import BLOCK
 from ..base.handoff import JsonLines, Made, Window
 from .ordering import WindowRows
 
@@ -152,12 +154,15 @@ def _take(parts: list[RowBatch], order: np.ndarray) -> Made:
     return out, offsets
 
 
-def _chunks(parts: list[RowBatch], order: np.ndarray | None, start: int, stop: int) -> Iterator[memoryview]:
+def _chunks(parts: list[RowBatch], order: np.ndarray | None, start: int, stop: int,
+            blocks: bool = False) -> Iterator[memoryview]:
     """Rows ``start`` to ``stop`` in merged order as runs of JSON lines (``JsonLines.chunks``):
     where they are in the parts when they are in order already, else gathered a block at
-    a time (each block's buffer used again for the next once it is asked for)."""
+    a time (each block's buffer used again for the next once it is asked for; with
+    ``blocks``, for a file written past the page cache, in runs of whole disk blocks
+    cut anywhere: ``_taken``)."""
     if order is not None:
-        yield from _taken(parts, order[start:stop])
+        yield from _taken(parts, order[start:stop], blocks)
         return
     first = 0  # the part's first row, in the window
     for rows in parts:
@@ -169,10 +174,16 @@ def _chunks(parts: list[RowBatch], order: np.ndarray | None, start: int, stop: i
             return
 
 
-def _taken(parts: list[RowBatch], order: np.ndarray) -> Iterator[memoryview]:
+def _taken(parts: list[RowBatch], order: np.ndarray, blocks: bool = False) -> Iterator[memoryview]:
     """Rows ``order`` (indexes into the parts one after another) as runs of JSON lines,
     ``TAKE_BLOCK`` rows at a time, each copied once from its part (``_gather``), so the
-    window is never held twice."""
+    window is never held twice.
+
+    With ``blocks``, the runs are gathered into a page-aligned buffer and each but the
+    last is a whole number of disk blocks (``direct.BLOCK``), cut wherever that falls
+    (what is past the last edge is carried to the start of the next): the file sink
+    writes them to the disk from where they are (``O_DIRECT``), not copied again into
+    its staging buffer."""
     if native_gather is None:
         yield from _taken_by_arrow(parts, order)
         return
@@ -180,13 +191,30 @@ def _taken(parts: list[RowBatch], order: np.ndarray) -> Iterator[memoryview]:
 
     bodies, part_of, starts, ends = _rows_where(parts)
     out = np.empty(0, dtype=np.uint8)
+    carried = 0  # with blocks: bytes at the start of out, past the last run's last edge
     for a in range(0, len(order), TAKE_BLOCK):
         rows = order[a : a + TAKE_BLOCK]
         first, last = starts[rows], ends[rows]
-        size = int((last - first).sum())
+        size = carried + int((last - first).sum())
         if len(out) < size:
-            out = np.empty(size, dtype=np.uint8)
-        yield memoryview(out)[: native_gather(out, bodies, part_of[rows], first, last)]
+            out = _aligned(size, out[:carried]) if blocks else np.empty(size, dtype=np.uint8)
+        size = carried + native_gather(out[carried:], bodies, part_of[rows], first, last)
+        whole = size - size % BLOCK if blocks and a + TAKE_BLOCK < len(order) else size
+        if whole:
+            yield memoryview(out)[:whole]
+        carried = size - whole
+        out[:carried] = out[whole:size]  # (less than a block)
+
+
+def _aligned(size: int, start: np.ndarray) -> np.ndarray:
+    """A page-aligned buffer of ``size`` bytes (an anonymous map), beginning with ``start``."""
+    import mmap
+
+    import numpy as np
+
+    out = np.frombuffer(mmap.mmap(-1, size), dtype=np.uint8)
+    out[: len(start)] = start
+    return out
 
 
 def _rows_where(parts: list[RowBatch]) -> tuple[list[Any], np.ndarray, np.ndarray, np.ndarray]:

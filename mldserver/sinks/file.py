@@ -32,16 +32,17 @@ class FileSink:
         await asyncio.to_thread(self._write, window)
 
     def _write(self, window: Window) -> None:
-        """The window's rows are JSON lines already: written as they are, a run of lines
-        at a time (``JsonLines.chunks``): the window is never copied whole. Past the
-        page cache (``base.direct``): fsynced at once, nobody reads it from there."""
+        """The window's rows are JSON lines already: written as they are, a run at a
+        time (``JsonLines.chunks``, rows of interleaved shards gathered into whole disk
+        blocks): the window is never copied whole. Past the page cache (``base.direct``):
+        fsynced at once, nobody reads it from there."""
         self.directory.mkdir(parents=True, exist_ok=True)
         name = self._free_name(window.id)
         rows, late = window.rows, window.late_rows
         if late:
-            atomic_write(self.directory / f"{name}.late.jsonl", rows.chunks(0, late), direct=True)
+            atomic_write(self.directory / f"{name}.late.jsonl", rows.chunks(0, late, blocks=True), direct=True)
         if len(rows) > late:
-            atomic_write(self.directory / f"{name}.jsonl", rows.chunks(late), direct=True)
+            atomic_write(self.directory / f"{name}.jsonl", rows.chunks(late, blocks=True), direct=True)
 
     def _free_name(self, base: str) -> str:
         name, n = base, 0

@@ -112,6 +112,27 @@ def test_chunks_are_the_rows_buffer_in_runs_without_gathering_the_window_whole(m
         assert len(list(sealed(False).rows.chunks())) == 6
 
 
+@pytest.mark.parametrize("block", [1, 4, 1 << 16])
+def test_chunks_for_a_file_past_the_page_cache_are_whole_disk_blocks_where_the_disk_can_read_them(
+        monkeypatch, block, gathering):
+    # (base.direct writes such a run from where it is: gathered once, not copied again)
+    import mmap
+
+    import numpy as np
+
+    monkeypatch.setattr(merge, "TAKE_BLOCK", block)
+    monkeypatch.setattr(merge, "BLOCK", 32)  # a disk block of 32 bytes: rows cross its edges
+    whole = bytes(sealed(True).rows.buffer())
+    offsets = [0] + [i + 1 for i, byte in enumerate(whole) if byte == ord("\n")]
+    for start, stop in [(0, 15), (0, 1), (3, 11), (14, 15), (0, None)]:
+        runs = [(np.frombuffer(run, dtype=np.uint8).ctypes.data, bytes(run))
+                for run in sealed(True).rows.chunks(start, stop, blocks=True)]  # each valid until the next
+        assert b"".join(run for _, run in runs) == whole[offsets[start] : offsets[15 if stop is None else stop]]
+        if gathering == "native":
+            assert all(len(run) % 32 == 0 for _, run in runs[:-1]), [len(run) for _, run in runs]
+            assert all(address % mmap.PAGESIZE == 0 for address, _ in runs)
+
+
 def test_gathering_a_window_of_interleaved_shards_never_loads_pandas():
     # pyarrow imports pandas when first handed a numpy array (0.2 s on the first commit, 30 MiB).
     script = ("from mldserver.coordinator.merge import seal\n"
