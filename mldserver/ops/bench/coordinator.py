@@ -33,6 +33,7 @@ import os
 import statistics
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 import orjson
 
@@ -47,11 +48,18 @@ def committed_rows(log: Path) -> int:
                if b'"window_committed"' in line)
 
 
-async def run_one(name: str, k: int, batch_lines: list, tmp: str,
-                  workers: int | None = None) -> tuple[float, float, int, int | None, int | None]:
-    """rows/s, the server's CPU microseconds a row (with its handler processes), its
-    peak PSS (KiB, the same), the coordinator's peak buffered bytes and the bytes of
-    rows it spilled to files past the cap."""
+class Run(NamedTuple):
+    """One server's run of the load."""
+
+    rows_per_s: float
+    cpu_us_per_row: float  # the server's CPU a row, its handler processes included
+    pss_kib: int  # its peak PSS, the same
+    peak_buffered: int | None  # the coordinator's peak buffered bytes (None: no sink)
+    spilled: int | None  # the bytes of rows it spilled to files past the cap
+
+
+async def run_one(name: str, k: int, batch_lines: list, tmp: str, workers: int | None = None) -> Run:
+    """One run of the load against a new server (``name``: no pipeline, or file sink)."""
     state = os.path.join(tmp, f"coord-{name}-{k}-{workers}")
     log = Path(state) / "server.log"
     extra = ["--log-file", str(log), "--log-level", "info"]
@@ -90,7 +98,7 @@ async def run_one(name: str, k: int, batch_lines: list, tmp: str,
         if b'"coordinator_stopped"' in line:
             stopped = orjson.loads(line)
             peak, spilled = stopped["peak_bytes"], stopped["spilled_bytes"]
-    return total / seconds, cpu / total * 1e6, sampler.peak.get("server", 0), peak, spilled
+    return Run(total / seconds, cpu / total * 1e6, sampler.peak.get("server", 0), peak, spilled)
 
 
 async def run(shard_counts: list[int], quick: bool, tmp: str, workers: list[int | None] | None = None) -> None:
@@ -106,15 +114,18 @@ async def run(shard_counts: list[int], quick: bool, tmp: str, workers: list[int 
         batches = 2 if quick else max(8, 240 // k)
         batch_lines = lines(batches)
         for w in workers or [None]:
-            runs: dict[str, list[tuple]] = {"no pipeline": [], "file sink": []}
+            runs: dict[str, list[Run]] = {"no pipeline": [], "file sink": []}
             for r in range(rounds):
                 for name in (("no pipeline", "file sink") if r % 2 == 0 else ("file sink", "no pipeline")):
                     runs[name].append(await run_one(name, k, batch_lines, tmp, w))
-            costs = [100 * (1 - sink[0] / bare[0]) for bare, sink in zip(runs["no pipeline"], runs["file sink"])]
-            bare, sink = (statistics.median(x[0] for x in runs[n]) for n in ("no pipeline", "file sink"))
-            bare_cpu, sink_cpu = (statistics.median(x[1] for x in runs[n]) for n in ("no pipeline", "file sink"))
-            bare_pss, sink_pss = (max(x[2] for x in runs[n]) for n in ("no pipeline", "file sink"))
-            peak, spilled = (max(x[i] or 0 for x in runs["file sink"]) for i in (3, 4))
+            costs = [100 * (1 - sink.rows_per_s / bare.rows_per_s)
+                     for bare, sink in zip(runs["no pipeline"], runs["file sink"])]
+            bare, sink = (statistics.median(x.rows_per_s for x in runs[n]) for n in ("no pipeline", "file sink"))
+            bare_cpu, sink_cpu = (statistics.median(x.cpu_us_per_row for x in runs[n])
+                                  for n in ("no pipeline", "file sink"))
+            bare_pss, sink_pss = (max(x.pss_kib for x in runs[n]) for n in ("no pipeline", "file sink"))
+            peak = max(x.peak_buffered or 0 for x in runs["file sink"])
+            spilled = max(x.spilled or 0 for x in runs["file sink"])
             spread = f"({min(costs):+.1f} to {max(costs):+.1f}%)"
             print(f"  {'-' if w is None else w:>7} {k:4d} {bare:19,.0f} {sink:17,.0f} {statistics.median(costs):+6.1f}% "
                   f"{spread:>17} {bare_cpu:16.2f} / {sink_cpu:.2f} {peak / 2**20:9.1f} / {cap:.0f} MiB "
