@@ -190,20 +190,28 @@ def _taken(parts: list[RowBatch], order: np.ndarray, blocks: bool = False) -> It
     import numpy as np
 
     bodies, part_of, starts, ends = _rows_where(parts)
-    out = np.empty(0, dtype=np.uint8)
+    out = _aligned_spares.pop() if blocks and _aligned_spares else np.empty(0, dtype=np.uint8)
     carried = 0  # with blocks: bytes at the start of out, past the last run's last edge
-    for a in range(0, len(order), TAKE_BLOCK):
-        rows = order[a : a + TAKE_BLOCK]
-        first, last = starts[rows], ends[rows]
-        size = carried + int((last - first).sum())
-        if len(out) < size:
-            out = _aligned(size, out[:carried]) if blocks else np.empty(size, dtype=np.uint8)
-        size = carried + native_gather(out[carried:], bodies, part_of[rows], first, last)
-        whole = size - size % BLOCK if blocks and a + TAKE_BLOCK < len(order) else size
-        if whole:
-            yield memoryview(out)[:whole]
-        carried = size - whole
-        out[:carried] = out[whole:size]  # (less than a block)
+    try:
+        for a in range(0, len(order), TAKE_BLOCK):
+            rows = order[a : a + TAKE_BLOCK]
+            first, last = starts[rows], ends[rows]
+            size = carried + int((last - first).sum())
+            if len(out) < size:
+                out = _aligned(size, out[:carried]) if blocks else np.empty(size, dtype=np.uint8)
+            size = carried + native_gather(out[carried:], bodies, part_of[rows], first, last)
+            whole = size - size % BLOCK if blocks and a + TAKE_BLOCK < len(order) else size
+            if whole:
+                yield memoryview(out)[:whole]
+            carried = size - whole
+            out[:carried] = out[whole:size]  # (less than a block)
+    finally:
+        if blocks and len(out) <= KEPT_ALIGNED:
+            _aligned_spares.append(out)
+
+
+KEPT_ALIGNED = 16 << 20  # an aligned buffer up to this size is kept for the next window
+_aligned_spares: list[np.ndarray] = []  # free for the next window's blocks, their pages faulted in once
 
 
 def _aligned(size: int, start: np.ndarray) -> np.ndarray:

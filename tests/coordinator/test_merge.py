@@ -124,6 +124,7 @@ def test_chunks_for_a_file_past_the_page_cache_are_whole_disk_blocks_where_the_d
     monkeypatch.setattr(merge, "BLOCK", 32)  # a disk block of 32 bytes: rows cross its edges
     whole = bytes(sealed(True).rows.buffer())
     offsets = [0] + [i + 1 for i, byte in enumerate(whole) if byte == ord("\n")]
+    addresses = set()
     for start, stop in [(0, 15), (0, 1), (3, 11), (14, 15), (0, None)]:
         runs = [(np.frombuffer(run, dtype=np.uint8).ctypes.data, bytes(run))
                 for run in sealed(True).rows.chunks(start, stop, blocks=True)]  # each valid until the next
@@ -131,6 +132,9 @@ def test_chunks_for_a_file_past_the_page_cache_are_whole_disk_blocks_where_the_d
         if gathering == "native":
             assert all(len(run) % 32 == 0 for _, run in runs[:-1]), [len(run) for _, run in runs]
             assert all(address % mmap.PAGESIZE == 0 for address, _ in runs)
+            addresses |= {address for address, _ in runs}
+    if gathering == "native" and block > 15:  # every window's rows in one block: one buffer, kept for the next
+        assert len(addresses) == 1 and [spare.ctypes.data for spare in merge._aligned_spares] == list(addresses)
 
 
 def test_gathering_a_window_of_interleaved_shards_never_loads_pandas():
