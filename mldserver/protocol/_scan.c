@@ -248,10 +248,12 @@ static int reserve(Out *o, Py_ssize_t records, Py_ssize_t size) {
     return 0;
 }
 
+/* One more sequence number, and its arrival time; what is short of room doubled. */
 static int append(Out *o, const char *s, Py_ssize_t n, int64_t at) {
-    if ((o->size + n > o->capacity || o->n + 2 > o->ends_capacity) &&
-        reserve(o, (o->ends_capacity + 2) * 2, (o->capacity + n) * 2))
-        return -1;
+    if (o->size + n > o->capacity || o->n + 2 > o->ends_capacity) {
+        Py_ssize_t records = o->n + 2 > o->ends_capacity ? (o->ends_capacity + 2) * 2 : o->ends_capacity - 1;
+        if (reserve(o, records, o->size + n > o->capacity ? (o->capacity + n) * 2 : o->capacity)) return -1;
+    }
     memcpy(o->digits + o->size, s, (size_t)n);
     o->size += n;
     o->ends[0] = 0;

@@ -96,6 +96,16 @@ def test_values_that_look_like_keys_and_nested_values_are_skipped():
     assert scanned(b'{"action":"processRecords","records":[{"sequenceNumbe":"5"}],"millisBehindLatest":0}') is None
 
 
+def test_a_first_record_unlike_the_others_sizes_the_outputs_wrong_and_they_grow():
+    # The outputs are sized from the first record: here a long one with a short number,
+    # then many short ones with long numbers (more records and digits than it said).
+    first = '{"data":"%s","sequenceNumber":"7","approximateArrivalTimestamp":1}' % ("QUJD" * 500)
+    rest = ['{"sequenceNumber":"%d","approximateArrivalTimestamp":%d}' % (10**59 + i, i) for i in range(3000)]
+    line = ('{"action":"processRecords","records":[' + ",".join([first, *rest]) + '],"millisBehindLatest":0}').encode()
+    assert scanned(line) == columns(line) and len(columns(line)) == 3001
+    assert array("q", LazyRecords.parse(line).sequence_numbers()[3]).tolist() == [1, *range(3000)]
+
+
 def test_a_cut_or_broken_line_is_never_read_past_its_end():
     from mldserver.protocol._scan import sequence_numbers
 
