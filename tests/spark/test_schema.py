@@ -54,7 +54,8 @@ def test_a_window_with_a_schema_is_parsed_run_by_run_where_its_rows_lie(monkeypa
     scratch = bytearray(len(whole))
     parsed = []
 
-    def chunks(start, stop):
+    def chunks(start, stop, blocks):
+        assert not blocks  # (runs of whole disk blocks are the file sink's)
         for a, b in runs:
             run = whole[lines._offsets[a]:lines._offsets[b]]
             scratch[: len(run)] = run  # one buffer reused, as merge's gathered blocks are
