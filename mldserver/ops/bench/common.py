@@ -93,12 +93,13 @@ class Sampler:
     ``trees`` groups are a process and all its descendants, found at each sample.
 
     Every ``PERIOD`` seconds, or less often for large processes: reading PSS walks
-    every page a process maps (``smaps_rollup``), some 10 ms a sample for a server
-    holding 700 MiB, and on a machine of two cores that time is taken from the
+    every page a process maps (``smaps_rollup``), some 18 ms a sample (up to 29) for a
+    coordinator run's server and handler processes holding 700 MiB against 8 ms for the
+    no-pipeline run's, and on a machine of two cores that time is taken from the
     processes measured. The pause after a sample is at least ``1 / BUDGET`` times the
     sample's own time, so the sampler never takes more than ``BUDGET`` of a core, however
-    large what it samples (at a fixed 0.2 s, it took 3% of the machine in a
-    coordinator run with a sink against 1% without: a cost charged to the sink)."""
+    large what it samples (at a fixed 0.2 s, 9% of a core in the run with a sink against
+    4% without: a cost charged to the sink)."""
 
     PERIOD = 0.2
     BUDGET = 0.02  # of one core
