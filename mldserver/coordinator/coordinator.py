@@ -12,75 +12,34 @@ What the shard driver calls, per shard (all on the event loop)::
     coordinator.lease_lost(shard_id)                       # leaseLost / shutdown ZOMBIE
     coordinator.shard_closed(shard_id)                     # its connection ended
 
-A sink several servers share (``SharedSink``: ``iceberg:``) is asked at every
-``open_shard`` what is committed of the shard there now: the lease may come from a
-server that committed past what this one knew, and records at or below that are
-dropped as duplicates (``committed_position``, logged as ``committed_position_read``).
-``lease_lost`` lets go of the shard: its uncommitted rows are dropped (the new owner
-reads them again from the last checkpoint) and it stops holding the watermark back.
-
-Inside, one owned task (the committer) wakes on every change and on a tick and runs
-``step()``: it releases children whose parents are done, computes the global
-watermark at ``clock()``, and commits the windows it closed, one at a time, in order;
-only after ``sink.commit`` returns are the rows marked committed in the ledger. Then
-it ``forget``s the shards gone from here (no connection: ended, lease lost, or replayed
-from the spool) whose rows are all committed and that no longer hold the watermark,
-so what is kept per shard is bounded by the shards still here. Tests
-call ``step()`` themselves, with a fake clock, instead of waiting for the tick::
+It is a facade over pieces that each do one job: ``ordering`` (queues, windows, late
+rows), ``watermarks``, ``lineage``, ``ledger`` (what is committed, what is buffered),
+``pressure`` (who waits before its status, and why), ``committer`` (the sealed windows
+and the retried commit), ``spool`` and ``spill`` (rows on disk), ``shards`` (its own
+record of each shard). A pass, ``step()``, runs on the committer's task at every change
+and tick; tests call it themselves with a fake clock instead of waiting::
 
     coordinator = Coordinator(settings, sink, clock=clock)   # clock() -> epoch ms
     clock.now += 600_001
     await coordinator.step()          # every window the watermark passed is committed
 
-A sink that raises a retriable error (``errors.retriable``: a pipeline's SparkError,
-an OSError) is retried with backoff, ``sink_commit_failed`` logged at every attempt
-(and counted: ``mldserver_window_commit_failures_total``);
-its rows stay buffered and back-pressure holds. Anything else is a bug: it ends the
-committer, and the server, which watches ``coordinator.tasks``, logs ``task_crashed``
-and shuts down.
+A pass releases children whose parents are done, seals and commits every window the
+global watermark closed, then drops the shards whose lease was lost meanwhile and
+``forget``s those gone from here whose rows are all committed and that no longer hold
+the watermark, so what is kept per shard is bounded by the shards still here.
 
-Back-pressure comes two ways. The sink sets the pace: a window that closes while
-another commits is sealed at once (the sink told to make it ready behind that one,
-``prepare``), and while it waits every shard waits before its status, the watermark's
-too, for the commit in front needs none of them; when that commit ends they go on
-(``backpressure`` with ``reason="sink_behind"``). So a window commits at most two
-commits after it closes, and a sink slower than the shards leaves the records in the
-stream, not in memory::
+A sink several servers share (``SharedSink``: ``iceberg:``) is asked at every
+``open_shard`` what is committed of the shard there now (the lease may come from a
+server that committed past what this one knew): records at or below are duplicates.
+``lease_lost`` lets go of the shard: its uncommitted rows are dropped (the new owner
+reads them again from the last checkpoint) and it stops holding the watermark back.
 
-    # window w1 commits; a batch of A closes w2
-    coordinator.add_batch("A", rows, last, 0)   # w2 sealed, prepared behind w1
-    await coordinator.admit("A")                 # waits until w1 is committed
-
-Memory: past the high-water mark, three quarters of ``max_buffered_rows`` or of
-``max_buffered_bytes`` (the memory the buffered rows hold: ``ledger``), ``admit`` makes
-every shard that runs ahead wait before its status (so the daemon waits): every shard
-whose watermark has passed the end of the window the global watermark is in, and
-never a parent whose child is waiting on it. The others go on together: the window
-they hold open closes, and its commit frees memory, only once each of them has passed
-its end, so their batches come whatever the order (one at a time, each released as it
-became the holder, they came as many and later: a cliff in throughput wherever a
-window is large against the cap). What must still land past ``max_buffered_bytes``
-(those batches, the batches already in handler processes) is spilled to files
-(``spill``): the memory buffered never passes the cap. It starts below the caps because
-what is under way still lands: a batch is added before its shard is delayed, up to
-``max_batches_in_flight`` are being handled, and the shards the window needs go on.
-With the default 256 MiB, 32 shards each a 10,000-row batch (3.4 MB of JSON, 4.2 MB
-held) ahead of one slow shard::
-
-    coordinator.add_batch("shardId-000000000007", rows, last, 1000)   # buffered_bytes 199 MiB
-    await coordinator.admit("shardId-000000000007")   # waits (logs backpressure once): past
-                                                      # 192 MiB, and past the end of the
-                                                      # window the slow shard holds open
-    await coordinator.admit("shardId-000000000000")   # returns at once: it holds the watermark
-
-What the admin endpoint and the metrics report of it is one snapshot, read at once
-(never its helpers' state)::
+What the admin endpoint and the metrics report is one snapshot, read at once::
 
     coordinator.status()   # CoordinatorStatus(global_watermark=1763799995000.0, open_windows=2,
-                           #   buffered_rows=4100, buffered_bytes=390000, peak_rows=9000, peak_bytes=850000,
+                           #   buffered_rows=4100, buffered_bytes=390000, peak_rows=9000, ...,
                            #   windows_committed=12, rows_committed=52000, late_rows=0,
-                           #   last_commit=LastCommit(window="1763799900000-1763799960000", rows=5200,
-                           #                          late=0, at=1763800001.2),
+                           #   last_commit=LastCommit(window="1763799900000-1763799960000", ...),
                            #   watermarks={"shardId-000000000001": 1763799995000.0, ...})
 """
 
@@ -89,66 +48,27 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from collections import deque
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
-from ..base.backoff import Backoff
+from ..api.rows import RowBatch
 from ..base.config import Settings, state_path
-from ..errors import retriable
+from ..base.handoff import Sink, Window
 from ..base.logs import EventLogger, get_logger
 from ..base.positions import Position
-from ..api.rows import RowBatch
-from ..base.handoff import PreparingSink, SharedSink, Sink, Window
+from .committer import Committer, LastCommit, ms
 from .ledger import Ledger
 from .lineage import Lineage, StreamShards
-from .merge import seal
 from .ordering import Ordering
+from .pressure import Load, Place, should_wait
+from .shards import Shards
 from .spill import Spill
 from .spool import Spool
 from .watermarks import Watermarks
 
 
-# Back-pressure starts at this fraction of a cap: what is under way when it starts (the
-# batches being handled, one more batch of each shard delayed, the watermark shard's
-# own) lands below the cap.
-HIGH_WATER = 0.75
-
-
 def wall_clock_ms() -> int:
     return time.time_ns() // 1_000_000
-
-
-@dataclass(slots=True)
-class ShardEntry:
-    """What the coordinator itself keeps of one shard (its helpers keep theirs, each
-    by shard id); made when the shard is first heard of, dropped by ``forget``."""
-
-    connections: int = 0  # its connections open here
-    committed: Position | None = None  # the highest position known committed
-    spooled: bool = False  # its uncommitted rows are in the spool
-    gone: bool = False  # no connection serves it here: forgotten once done (see step)
-    lost: bool = False  # its lease was lost during a pass: dropped once that pass's windows commit
-
-
-@dataclass(frozen=True, slots=True)
-class Sealed:
-    """A closed window, sealed, waiting for its commit."""
-
-    window: Window
-    counts: dict[str, int]  # each shard's rows in it
-    watermark: float  # the global watermark that closed it
-    closed_at: float  # perf_counter(): its close-to-commit latency starts here
-
-
-@dataclass(frozen=True, slots=True)
-class LastCommit:
-    """The window committed last."""
-
-    window: str  # its id
-    rows: int
-    late: int  # of its rows, late ones
-    at: float  # epoch s
 
 
 @dataclass(frozen=True, slots=True)
@@ -187,7 +107,6 @@ class Coordinator:
         import pyarrow.compute  # noqa: F401
 
         self.settings = settings
-        self.sink = sink
         self.clock = clock
         self.log = log or get_logger("mldserver.coordinator")
         stream = None
@@ -200,32 +119,25 @@ class Coordinator:
             children_of=self.lineage.children_of,
         )
         self.ordering = Ordering(
-            window_ms=int(settings.window * 1000), blocks=self._blocks, parents_of=self.lineage.parents_of
+            window_ms=int(settings.window * 1000), blocks=self.watermarks.live, parents_of=self.lineage.parents_of
         )
         self.ledger = Ledger()
         self.spool = Spool(state_path(settings, "spool"), self.log)
         self.spill = Spill(state_path(settings, "spill"))  # rows past max_buffered_bytes
-        self.shards: dict[str, ShardEntry] = {}
-        # Each shard's highest committed position, for the shards with no entry here:
-        # those the commit log names at start-up (a stream's every past shard, hundreds
-        # of thousands in a long-lived DynamoDB stream) and those forgotten since. A
-        # position, not a shard's state: it becomes one only if the shard is heard of
-        # again (``_entry``), so a pass costs what the shards served cost, while a
-        # replay of a past shard is still dropped as the duplicate it is.
-        self.floors: dict[str, Position] = {}
-        self._changed = asyncio.Event()
-        self._progress = asyncio.Condition()
-        self._stepping = asyncio.Lock()  # passes never overlap: windows commit in order
-        self._tasks: list[asyncio.Task[None]] = []
-        self._inflight: asyncio.Task[None] | None = None  # the sink commit under way
-        self._sealed: deque[Sealed] = deque()  # closed windows waiting for the commit in front of them
-        self.sink_backoff = Backoff(first=0.5, cap=30.0)  # between attempts at a failing commit
-        self.windows_committed = 0
-        self.rows_committed = 0
-        self.peak_rows = 0
-        self.peak_bytes = 0
-        self.metrics = metrics  # the server's Metrics: each window's commit duration
-        self.last_commit: LastCommit | None = None
+        self.shards = Shards(on_floor=self.ordering.delivered)
+        self.committer = Committer(sink, log=self.log, on_commit=self._committed, metrics=metrics)
+
+    @property
+    def sink(self) -> Sink:
+        return self.committer.sink
+
+    @property
+    def windows_committed(self) -> int:
+        return self.committer.windows_committed
+
+    @property
+    def rows_committed(self) -> int:
+        return self.committer.rows_committed
 
     # -- lifecycle ---------------------------------------------------------------
 
@@ -234,7 +146,7 @@ class Coordinator:
         and its tick."""
         committed = await self.sink.start()
         await asyncio.to_thread(self.spill.clear)
-        self.floors.update(committed.positions)  # replays at or below are dropped
+        self.shards.floors.update(committed.positions)  # replays at or below are dropped
         if committed.end is not None:
             self.ordering.resume(committed.end)
             self.log.info(
@@ -245,36 +157,18 @@ class Coordinator:
             if self.ledger.done(spooled.shard_id):  # every row committed before a stop (the commit log says):
                 self.forget(spooled.shard_id)       # nothing waits on it, and no window would delete it
                 await self._delete_spool(spooled.shard_id)
-        self._tasks = [
-            asyncio.create_task(self._committer(), name="coordinator-committer"),
-            asyncio.create_task(self._ticker(), name="coordinator-tick"),
-        ]
+        s = self.settings
+        self.committer.start(self.step, tick=min(1.0, s.idle_timeout / 4, s.window / 4))
 
     async def stop(self) -> None:
         """Stop committing: a commit in progress finishes (rows still buffered are not
         checkpointed, so the daemon delivers them again after a restart)."""
-        for task in self._tasks:
-            task.cancel()
-        tasks, self._tasks = self._tasks, []
-        if tasks:
-            await asyncio.wait(tasks)
-        async with self._progress:
-            self._progress.notify_all()  # no pass commits now: shards waiting behind the sink go on
-        if self._inflight is not None and not self._inflight.done():
-            await asyncio.wait([self._inflight], timeout=self.settings.shutdown_timeout)
+        tasks = await self.committer.stop(self.settings.shutdown_timeout)
         self.spill.close()
-        self.log.info(
-            "coordinator_stopped",
-            windows=self.windows_committed,
-            rows=self.rows_committed,
-            buffered_rows=self.ledger.rows,
-            clamped=self.ordering.clamped,
-            duplicates=self.ordering.duplicates,
-            late=self.ordering.late_rows,
-            peak_rows=self.peak_rows,
-            peak_bytes=self.peak_bytes,
-            spilled_bytes=self.spill.bytes,
-        )
+        o = self.ordering
+        self.log.info("coordinator_stopped", windows=self.windows_committed, rows=self.rows_committed,
+                      buffered_rows=self.ledger.rows, clamped=o.clamped, duplicates=o.duplicates, late=o.late_rows,
+                      peak_rows=self.ledger.peak_rows, peak_bytes=self.ledger.peak_bytes, spilled_bytes=self.spill.bytes)
         for task in tasks:
             if not task.cancelled() and task.exception() is not None:
                 raise task.exception()  # a crash is not swallowed by stopping
@@ -282,34 +176,15 @@ class Coordinator:
     @property
     def tasks(self) -> list[asyncio.Task[None]]:
         """The committer and its tick, for the server to watch: neither ends by itself."""
-        return list(self._tasks)
+        return self.committer.tasks
 
     def status(self) -> CoordinatorStatus:
         """What ``/status`` and ``/metrics`` report, at ``clock()``."""
+        ledger = self.ledger
         return CoordinatorStatus(
-            global_watermark=self.watermarks.minimum(self.clock()),
-            open_windows=self.ordering.buffered_windows(),
-            buffered_rows=self.ledger.rows,
-            buffered_bytes=self.ledger.bytes,
-            peak_rows=self.peak_rows,
-            peak_bytes=self.peak_bytes,
-            windows_committed=self.windows_committed,
-            rows_committed=self.rows_committed,
-            late_rows=self.ordering.late_rows,
-            last_commit=self.last_commit,
-            watermarks=self.watermarks.by_shard(),
-        )
-
-    def _entry(self, shard_id: str) -> ShardEntry:
-        """The shard's entry, made when it is first heard of (before its first rows
-        reach ``ordering``), with its committed position if one is known (``floors``)."""
-        entry = self.shards.get(shard_id)
-        if entry is None:
-            committed = self.floors.pop(shard_id, None)
-            entry = self.shards[shard_id] = ShardEntry(committed=committed)
-            if committed is not None:
-                self.ordering.delivered(shard_id, committed)
-        return entry
+            self.watermarks.minimum(self.clock()), self.ordering.buffered_windows(), ledger.rows, ledger.bytes,
+            ledger.peak_rows, ledger.peak_bytes, self.windows_committed, self.rows_committed, self.ordering.late_rows,
+            self.committer.last_commit, self.watermarks.by_shard())
 
     def _replay(self, shard_id: str, rows: RowBatch, last: Position | None, parents: list[str]) -> None:
         if parents:
@@ -320,83 +195,50 @@ class Coordinator:
         self.lineage.mark_seen(shard_id)
         self.add_batch(shard_id, rows, last, None)
         self.watermarks.ended(shard_id, self.clock())
-        entry = self._entry(shard_id)
+        entry = self.shards.entry(shard_id)
         entry.spooled = True
         entry.gone = True  # no connection serves it here: forgotten once committed
         self.log.info("spool_replayed", shard_id=shard_id, rows=len(rows))
 
-    # -- what workers call ---------------------------------------------------------
+    # -- what shard drivers call -----------------------------------------------------
 
     async def open_shard(self, shard_id: str, checkpoint: Position | None) -> None:
-        self._entry(shard_id).lost = False  # its lease came back before the drop
-        await self._read_committed(shard_id)
+        self.shards.entry(shard_id).lost = False  # its lease came back before the drop
+        position = await self.committer.committed_position(shard_id)  # another server's, in a shared sink
+        if position is not None:
+            self.ordering.delivered(shard_id, position)
+            self.shards.committed_at_least(shard_id, position)
         await self.lineage.started(shard_id, checkpoint)
-        entry = self._entry(shard_id)  # after the awaits: a pass may have forgotten it meanwhile
+        entry = self.shards.entry(shard_id)  # after the awaits: a pass may have forgotten it meanwhile
         entry.connections += 1
         entry.gone = False
         self.watermarks.open(shard_id, self.clock())
         parents = self.lineage.parents_of(shard_id)
         if parents:
             self.log.info("lineage", shard_id=shard_id, parents=list(parents))
-        self._changed.set()
+        self.committer.wake()
 
     def add_batch(self, shard_id: str, rows: RowBatch, last: Position | None, millis_behind: int | None) -> None:
         now = self.clock()
-        self._entry(shard_id)  # (its committed position first: what is at or below it is a duplicate)
+        self.shards.entry(shard_id)  # (its committed position first: what is at or below it is a duplicate)
         dropped, clamped = self.ordering.duplicates, self.ordering.clamped
-        pieces = self.ordering.add(shard_id, rows, last, now, self._keeper())
+        keep = self.spill.keeper(self.settings.max_buffered_bytes - self.ledger.bytes,
+                                 self.settings.max_buffered_bytes, self.log)
+        pieces = self.ordering.add(shard_id, rows, last, now, keep)
         self.ledger.add(shard_id, pieces, last)
         self.watermarks.batch(shard_id, int(pieces[-1].times[-1]) if pieces else None, millis_behind == 0, now)
-        if self.ledger.rows > self.peak_rows:
-            self.peak_rows = self.ledger.rows
-        if self.ledger.bytes > self.peak_bytes:
-            self.peak_bytes = self.ledger.bytes
         if self.ordering.duplicates != dropped:
             self.log.info("duplicates_dropped", shard_id=shard_id, rows=self.ordering.duplicates - dropped)
         if self.ordering.clamped != clamped:
             self.log.info("event_time_clamped", shard_id=shard_id, rows=self.ordering.clamped - clamped)
-        if self._stepping.locked():
+        if self.committer.committing:
             # A window this batch closed while one commits: sealed now, so the sink makes
             # it ready behind that one, and the shards wait for their status (``admit``).
-            waiting = bool(self._sealed)
+            waiting = bool(self.committer.sealed)
             self._seal(now)
             if not waiting:
-                self._prepare_next()
-        self._changed.set()
-
-    async def _read_committed(self, shard_id: str) -> None:
-        """A shared sink's committed position of the shard, before its first batch: what
-        another server committed is a duplicate here. A failed read is logged and the
-        shard goes on: the sink's commit still leaves out what is committed."""
-        if not isinstance(self.sink, SharedSink):
-            return
-        started = time.perf_counter()
-        try:
-            position = await self.sink.committed_position(shard_id)
-        except Exception as exc:
-            if not retriable(exc):
-                raise
-            self.log.warning(
-                "committed_position_failed",
-                shard_id=shard_id,
-                error=f"{type(exc).__name__}: {exc}",
-                what_to_do="check the table's catalog; rows another server committed are left out at commit",
-            )
-            return
-        self.log.info(
-            "committed_position_read",
-            shard_id=shard_id,
-            position=position.to_json() if position is not None else None,
-            duration_ms=round((time.perf_counter() - started) * 1000, 3),
-        )
-        if position is not None:
-            self.ordering.delivered(shard_id, position)
-            self._committed_at_least(shard_id, position)
-
-    def _committed_at_least(self, shard_id: str, position: Position) -> None:
-        entry = self._entry(shard_id)
-        if entry.committed is None or position > entry.committed:
-            entry.committed = position
+                self.committer.prepare_next()
+        self.committer.wake()
 
     def lease_lost(self, shard_id: str) -> None:
         """The shard's lease went to another server (``leaseLost``, KCL 1.x ``shutdown``
@@ -407,15 +249,14 @@ class Coordinator:
         entry = self.shards.get(shard_id)
         if entry is not None and entry.spooled:
             return
-        if self._stepping.locked():  # windows closed with its rows are being committed
-            self._entry(shard_id).lost = True
+        if self.committer.committing:  # windows closed with its rows are being committed
+            self.shards.entry(shard_id).lost = True
             return
         self._drop(shard_id)
 
     def _drop(self, shard_id: str) -> None:
         floor = self.ledger.safe(shard_id)
-        entry = self.shards.get(shard_id)
-        known = self.floors.get(shard_id) if entry is None else entry.committed
+        known = self.shards.committed(shard_id)
         if known is not None and (floor is None or known > floor):
             floor = known
         rows = self.ledger.drop(shard_id)
@@ -423,7 +264,7 @@ class Coordinator:
         self.watermarks.forget(shard_id)
         self.log.info("lease_lost_rows_dropped", shard_id=shard_id, rows=rows,
                       committed=floor.to_json() if floor is not None else None)
-        self._changed.set()
+        self.committer.wake()
 
     def safe_position(self, shard_id: str) -> Position | None:
         return self.ledger.safe(shard_id)
@@ -440,243 +281,112 @@ class Coordinator:
             if self.ledger.done(shard_id):  # their window committed while the spool was written: no commit
                 await self._delete_spool(shard_id)  # to come would delete it
             else:  # (no await since the check: the commit that makes it done deletes it)
-                self._entry(shard_id).spooled = True
-        self._changed.set()
+                self.shards.entry(shard_id).spooled = True
+        self.committer.wake()
 
     def shard_closed(self, shard_id: str) -> None:
         """A connection that opened this shard ended (after its shard end, its lease
         lost, or the daemon gone): with no other, the shard is forgotten once done."""
-        entry = self._entry(shard_id)
+        entry = self.shards.entry(shard_id)
         if entry.connections > 1:
             entry.connections -= 1
             return
         entry.connections = 0
         entry.gone = True
-        self._changed.set()
+        self.committer.wake()
 
     def forget(self, shard_id: str) -> None:
         """Free everything kept for a shard gone from here, whose rows are all
         committed and which no longer holds the watermark (``step`` calls it); its
-        committed position is kept (``floors``)."""
-        entry = self.shards.pop(shard_id, None)
-        if entry is not None and entry.committed is not None:
-            self.floors[shard_id] = entry.committed
+        committed position is kept (``shards.floors``)."""
+        self.shards.forget(shard_id)
         self.ledger.forget(shard_id)
         self.ordering.forget(shard_id)
         self.watermarks.forget(shard_id)
         self.lineage.forget(shard_id)
-
-    def _forget_done(self, now: float) -> None:
-        for shard_id in [s for s, entry in self.shards.items() if entry.gone and self._done_here(s, now)]:
-            self.forget(shard_id)
 
     def _done_here(self, shard_id: str, now: float) -> bool:
         if not self.ledger.done(shard_id):
             return False
         return not self.watermarks.tracks(shard_id) or not self.watermarks.holds(shard_id, now)
 
-    def _keeper(self) -> Callable[[RowBatch], RowBatch]:
-        """How a batch's pieces are kept: in memory up to ``max_buffered_bytes``, the
-        rest in files (``spill``). Should a file fail (a full disk), the piece stays in
-        memory: past the cap, but nothing lost."""
-        room = self.settings.max_buffered_bytes - self.ledger.bytes
-
-        def keep(piece: RowBatch) -> RowBatch:
-            nonlocal room
-            held = piece.held_bytes()
-            if held > room:
-                if not self.spill.bytes:
-                    self.log.info("rows_spilled", directory=str(self.spill.directory), buffered_bytes=self.ledger.bytes,
-                                  max_buffered_bytes=self.settings.max_buffered_bytes,
-                                  what_to_do="none: rows past the cap wait in files until their window commits")
-                try:
-                    piece = piece.spilled(self.spill.put)
-                    held = 0
-                except OSError as exc:
-                    self.log.error("spill_failed", directory=str(self.spill.directory), error=str(exc),
-                                   what_to_do="free space there: the rows stay in memory, past max_buffered_bytes")
-            room -= held
-            return piece
-
-        return keep
+    # -- back-pressure ---------------------------------------------------------------
 
     async def admit(self, shard_id: str) -> None:
-        """Wait while a closed window waits behind the one committing (every shard), or
-        while memory is over the cap and this shard runs ahead. A shard waiting here is
-        not idle: it holds the watermark as it did."""
+        """Wait while ``pressure`` says this shard must (a sealed window behind the
+        commit under way; memory past the high-water mark while this shard runs ahead).
+        A shard waiting here is not idle: it holds the watermark as it did."""
         waited = False
         try:
-            while self._sink_behind() or (self._over_cap() and self._may_delay(shard_id)):
+            while (reason := should_wait(shard_id, self._load(), lambda: self._place(shard_id))) is not None:
                 if not waited:
                     waited = True
                     self.watermarks.hold(shard_id)
-                    self.log.info(
-                        "backpressure",
-                        shard_id=shard_id,
-                        reason="sink_behind" if self._sink_behind() else "buffered_cap",
-                        buffered_rows=self.ledger.rows,
-                        buffered_bytes=self.ledger.bytes,
-                        windows_waiting=len(self._sealed),
-                        watermark=_ms(self.watermarks.value(shard_id)),
-                        global_watermark=_ms(self.watermarks.minimum(self.clock())),
-                        holder=self.watermarks.holder(self.clock()),
-                    )
-                async with self._progress:
-                    await self._progress.wait()
+                    now = self.clock()
+                    self.log.info("backpressure", shard_id=shard_id, reason=reason.value, buffered_rows=self.ledger.rows,
+                                  buffered_bytes=self.ledger.bytes, windows_waiting=len(self.committer.sealed),
+                                  watermark=ms(self.watermarks.value(shard_id)),
+                                  global_watermark=ms(self.watermarks.minimum(now)), holder=self.watermarks.holder(now))
+                await self.committer.wait()
         finally:
             if waited:
                 self.watermarks.release(shard_id, self.clock())
 
-    def _sink_behind(self) -> bool:
-        """A closed window waits for its commit behind the one committing: the sink is
-        what holds everything up. Every shard waits, the watermark's too, for the window
-        in front commits without them; rows read now would only wait in memory."""
-        return bool(self._sealed) and self._stepping.locked()
-
-    def _over_cap(self) -> bool:
-        """Past the high-water mark of either cap: back-pressure starts below the cap."""
+    def _load(self) -> Load:
         s = self.settings
-        return (self.ledger.rows > s.max_buffered_rows * HIGH_WATER
-                or self.ledger.bytes > s.max_buffered_bytes * HIGH_WATER)
+        return Load(self.ledger.rows, self.ledger.bytes, s.max_buffered_rows, s.max_buffered_bytes,
+                    len(self.committer.sealed), self.committer.committing)
 
-    def _may_delay(self, shard_id: str) -> bool:
-        """Does this shard run ahead? Not if it holds the watermark back, nor if it is
-        still short of the end of the window the watermark is in: that window closes
-        (and its commit frees memory) only once every such shard passes its end, so
-        their batches must come whatever the order; waiting for each other in turn
-        would only serialise them. Never a parent whose child waits on it."""
+    def _place(self, shard_id: str) -> Place:
         holder = self.watermarks.holder(self.clock())
-        if holder == shard_id:
-            return False  # it holds the watermark back: delaying it would stall all
         watermark = self.watermarks.value(holder) if holder is not None else math.inf  # the global one
-        if math.isfinite(watermark) and self.watermarks.value(shard_id) < self.ordering.window.end(watermark):
-            return False  # the window the watermark is in needs it to close
-        return not self.ordering.holds_children(self.lineage.children_of(shard_id))
+        end = self.ordering.window.end(watermark) if math.isfinite(watermark) else -math.inf
+        return Place(holder, self.watermarks.value(shard_id), end,
+                     self.ordering.holds_children(self.lineage.children_of(shard_id)))
 
-    def _blocks(self, shard_id: str, now: float) -> bool:
-        """Can this shard still add rows here at ``now`` (so its children must wait)?"""
-        return self.watermarks.live(shard_id, now)
-
-    # -- the committer -------------------------------------------------------------
-
-    async def _ticker(self) -> None:
-        tick = min(1.0, self.settings.idle_timeout / 4, self.settings.window / 4)
-        while True:
-            await asyncio.sleep(tick)
-            self._changed.set()
-
-    async def _committer(self) -> None:
-        while True:
-            await self._changed.wait()
-            self._changed.clear()
-            await self.step()
+    # -- the pass --------------------------------------------------------------------
 
     async def step(self) -> int:
-        """One committer pass at ``clock()``: release children whose parents are done,
-        commit every window the global watermark closed (retrying a retriable failure
-        until it commits), wake shards waiting in ``admit``. Returns the windows
-        committed. A pass waits for one under way (a test's and the committer's)."""
-        async with self._stepping:
+        """One pass at ``clock()``: release children whose parents are done, commit
+        every window the global watermark closed (retrying a retriable failure until it
+        commits), wake shards waiting in ``admit``. Returns the windows committed. A
+        pass waits for one under way (a test's and the committer's)."""
+        async with self.committer.turn:
             now = self.clock()
             for shard_id in self.ordering.release(now):
                 self.log.info("child_released", shard_id=shard_id, parents=list(self.lineage.parents_of(shard_id)))
             self._seal(now)
-            committed = 0
-            while self._sealed:  # windows a batch closes while one commits join here (add_batch)
-                closed = self._sealed.popleft()
-                self._prepare_next()
-                await self._commit(closed.window, closed.counts, closed.watermark, closed.closed_at)
-                committed += 1
-                async with self._progress:
-                    self._progress.notify_all()  # its rows' memory is let go; the shards waiting behind it go on
-            for shard_id in [s for s, entry in self.shards.items() if entry.lost]:
+            committed = await self.committer.commit_sealed()  # windows a batch closes meanwhile too
+            for shard_id in self.shards.flagged("lost"):
                 self.shards[shard_id].lost = False
                 self._drop(shard_id)
-            self._forget_done(self.clock())
-        async with self._progress:
-            self._progress.notify_all()
+            now = self.clock()
+            for shard_id in [s for s in self.shards.flagged("gone") if self._done_here(s, now)]:
+                self.forget(shard_id)
+        await self.committer.notify()
         return committed
 
     def _seal(self, now: float) -> None:
         """Every window the global watermark at ``now`` has passed, cut out and sealed
-        behind those waiting already. Sealing is on the loop: a sort of each shard's
-        event times (runs already sorted, numpy), some 10 ns a row; the rows' JSON is
-        put in that order by the sink."""
+        behind those waiting already."""
         watermark = self.watermarks.minimum(now)
-        closed_at = time.perf_counter()
-        for closed in self.ordering.close(watermark):
-            window, counts = seal(closed)
-            self._sealed.append(Sealed(window, counts, watermark, closed_at))
+        self.committer.seal(self.ordering.close(watermark), watermark)
 
-    def _prepare_next(self) -> None:
-        """The sink is told the window that commits next, to make it ready while the
-        one in front commits."""
-        if self._sealed and isinstance(self.sink, PreparingSink):
-            self.sink.prepare(self._sealed[0].window)
-
-    async def _commit(self, window: Window, counts: dict[str, int], watermark: float, closed_at: float) -> None:
-        started = time.perf_counter()
-        attempt = 0
-        while True:
-            try:
-                # Shielded: stopping the committer lets a commit under way finish.
-                self._inflight = asyncio.ensure_future(self.sink.commit(window))
-                await asyncio.shield(self._inflight)
-                break
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                if not retriable(exc):
-                    raise  # a bug, not a failed commit: the committer ends, the server shuts down
-                delay = self.sink_backoff.delay(attempt)
-                attempt += 1
-                if self.metrics is not None:
-                    self.metrics.window_commit_failed()
-                remote = getattr(exc, "traceback", "")  # a pipeline's, from the Spark process
-                self.log.error(
-                    "sink_commit_failed",
-                    window=window.id,
-                    rows=len(window),
-                    error=f"{type(exc).__name__}: {exc}",
-                    attempt=attempt,
-                    retry_in_ms=round(delay * 1000),
-                    what_to_do="the window is retried; its rows stay buffered and no shard checkpoints past them",
-                    traceback=remote or None,
-                    exc_info=attempt == 1 and not remote,
-                )
-                await asyncio.sleep(delay)
+    async def _committed(self, window: Window, counts: dict[str, int]) -> None:
+        """After the sink committed ``window``: its rows are committed in the ledger, and
+        the spools it made needless are deleted."""
         for shard_id, position in window.positions.items():
-            self._committed_at_least(shard_id, position)
-        spooled = []  # shards whose spool this commit makes needless (deleted once it is said)
+            self.shards.committed_at_least(shard_id, position)
+        spooled = []
         for shard_id, count in counts.items():
             self.ledger.commit(shard_id, count)
             entry = self.shards.get(shard_id)
             if entry is not None and entry.spooled and self.ledger.done(shard_id):
                 entry.spooled = False
                 spooled.append(shard_id)
-        self.windows_committed += 1
-        self.rows_committed += len(window)
-        duration = time.perf_counter() - started
-        if self.metrics is not None:
-            self.metrics.window_committed(duration)
-        self.last_commit = LastCommit(window.id, len(window), window.late_rows, time.time())
-        self.log.info(
-            "window_committed",
-            window=window.id,
-            rows=len(window),
-            late=window.late_rows,
-            shards=len(counts),
-            watermark=_ms(watermark),
-            duration_ms=round(duration * 1000, 3),
-            latency_ms=round((time.perf_counter() - closed_at) * 1000, 3),  # closed to committed
-        )
         for shard_id in spooled:
             await self._delete_spool(shard_id)
 
     async def _delete_spool(self, shard_id: str) -> None:
         await asyncio.to_thread(self.spool.delete, shard_id)
         self.log.info("spool_deleted", shard_id=shard_id)
-
-
-def _ms(value: float) -> int | None:
-    return None if math.isinf(value) else int(value)

@@ -21,7 +21,8 @@ A shard whose lease is lost has its pending rows dropped (``ledger.drop("s0")``)
 new owner reads them again; what was safe stays safe.
 
 It also keeps the count of buffered (uncommitted) rows and the memory they hold: what
-the back-pressure caps apply to. A piece holds its buffers whole until its last row is
+the back-pressure caps apply to (and the most of each since start: ``peak_rows``,
+``peak_bytes``). A piece holds its buffers whole until its last row is
 committed (``RowBatch.held_bytes``: the frame its rows came in, its columns, its
 positions; a window's rows are slices of them), so that is what is counted, from the
 piece's ``add`` until its last row's ``commit``. A batch that spans windows comes in
@@ -56,6 +57,8 @@ class Ledger:
         self.shards: dict[str, ShardLedger] = {}
         self.rows = 0
         self.bytes = 0
+        self.peak_rows = 0  # the most buffered since start
+        self.peak_bytes = 0
 
     def add(self, shard_id: str, pieces: Sequence[RowBatch], last: Position | None) -> None:
         """A processed batch: its kept rows (in pieces, ``ordering.add``'s), and its
@@ -74,6 +77,10 @@ class Ledger:
         if last is not None:
             state.ends.append(last)
         self._advance(state, None)
+        if self.rows > self.peak_rows:
+            self.peak_rows = self.rows
+        if self.bytes > self.peak_bytes:
+            self.peak_bytes = self.bytes
 
     def commit(self, shard_id: str, count: int) -> None:
         """The sink committed the next ``count`` rows of this shard."""

@@ -21,9 +21,13 @@ import mmap
 import os
 import tempfile
 from pathlib import Path
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from ..base.durable import empty_dir
+
+if TYPE_CHECKING:
+    from ..api.rows import RowBatch
+    from ..base.logs import EventLogger
 
 SEGMENT = 64 << 20  # bytes a segment file holds (a larger batch gets one of its own)
 
@@ -57,6 +61,30 @@ class Spill:
         self._used = at
         self.bytes += total
         return views
+
+    def keeper(self, room: int, max_bytes: int, log: EventLogger) -> Callable[[RowBatch], RowBatch]:
+        """How one batch's pieces are kept: in memory while they fit in ``room`` (what is
+        left under ``max_bytes``), the rest here. Should a file fail (a full disk), the
+        piece stays in memory: past the cap, but nothing lost."""
+
+        def keep(piece: RowBatch) -> RowBatch:
+            nonlocal room
+            held = piece.held_bytes()
+            if held > room:
+                if not self.bytes:
+                    log.info("rows_spilled", directory=str(self.directory), buffered_bytes=max_bytes - room,
+                             max_buffered_bytes=max_bytes,
+                             what_to_do="none: rows past the cap wait in files until their window commits")
+                try:
+                    piece = piece.spilled(self.put)
+                    held = 0
+                except OSError as exc:
+                    log.error("spill_failed", directory=str(self.directory), error=str(exc),
+                              what_to_do="free space there: the rows stay in memory, past max_buffered_bytes")
+            room -= held
+            return piece
+
+        return keep
 
     def _new(self, size: int) -> None:
         import numpy as np

@@ -101,7 +101,7 @@ async def test_a_connection_that_ends_tells_the_coordinator_once_and_only_if_it_
     coordinator = Coordinator(settings, FileSink(tmp_path / "out"))
     never_opened = CoordinatorLink(coordinator, interval=10.0)
     never_opened.close()
-    assert coordinator.shards == {}
+    assert not coordinator.shards.entries
     first, second = CoordinatorLink(coordinator, interval=10.0), CoordinatorLink(coordinator, interval=10.0)
     await first.open("s", None)
     await second.open("s", None)  # the shard on a second connection before the first ends
@@ -135,7 +135,7 @@ async def test_shards_ahead_wait_below_the_byte_cap_and_the_watermark_shard_neve
     which holds the watermark back, goes on at once all along."""
     import asyncio
 
-    from mldserver.coordinator.coordinator import HIGH_WATER
+    from mldserver.coordinator.pressure import HIGH_WATER
 
     assert Settings().max_buffered_bytes == 256 * 2**20  # the default
     cap, t0 = 300_000, 1476889707000

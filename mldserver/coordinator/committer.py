@@ -1,0 +1,253 @@
+"""The committer: closed windows, sealed, committed to the sink one at a time, in the
+order they closed. It owns the sealed queue, the sink's preparation of the next window,
+the retried commit, and the task that runs the coordinator's passes; it also asks a
+shared sink what is committed of a shard there (``committed_position``).
+
+A pass (``Coordinator.step``) seals what the watermark closed and asks the committer
+to commit it; while a commit is under way (``committing``, a fact the committer states,
+not a lock read from outside) a batch that closes another window seals it at once, and
+the sink is told to make it ready behind the one in front (``PreparingSink.prepare``)::
+
+    committer = Committer(sink, log=log, on_commit=coordinator_bookkeeping)
+    committer.seal(ordering.close(watermark), watermark)   # Sealed(window, counts, ...)
+    async with committer.turn:                              # passes never overlap
+        await committer.commit_sealed()                     # 1: window 0-60000 committed
+    committer.windows_committed, committer.last_commit      # 1, LastCommit("0-60000", ...)
+
+A sink that raises a retriable error (``errors.retriable``: a pipeline's SparkError, an
+OSError) is retried with backoff, ``sink_commit_failed`` logged at every attempt (and
+counted: ``mldserver_window_commit_failures_total``); its rows stay buffered and
+back-pressure holds (``pressure``). Anything else is a bug: it ends the committer's
+task, and the server, which watches it, logs ``task_crashed`` and shuts down.
+
+Only after ``sink.commit`` returns is ``on_commit(window, counts)`` awaited: the
+coordinator marks the rows committed in its ledger there, and deletes spools that
+commit made needless. Shards waiting in ``admit`` wait on ``progress``, notified after
+every commit and every pass.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Any, Awaitable, Callable, Iterable
+
+from ..base.backoff import Backoff
+from ..base.handoff import PreparingSink, SharedSink, Sink, Window
+from ..base.logs import EventLogger
+from ..base.positions import Position
+from ..errors import retriable
+from .merge import seal
+from .ordering import WindowRows
+
+
+@dataclass(frozen=True, slots=True)
+class Sealed:
+    """A closed window, sealed, waiting for its commit."""
+
+    window: Window
+    counts: dict[str, int]  # each shard's rows in it
+    watermark: float  # the global watermark that closed it
+    closed_at: float  # perf_counter(): its close-to-commit latency starts here
+
+
+@dataclass(frozen=True, slots=True)
+class LastCommit:
+    """The window committed last."""
+
+    window: str  # its id
+    rows: int
+    late: int  # of its rows, late ones
+    at: float  # epoch s
+
+
+class Committer:
+    def __init__(self, sink: Sink, *, log: EventLogger, on_commit: Callable[[Window, dict[str, int]], Awaitable[None]],
+                 metrics: Any = None) -> None:
+        self.sink = sink
+        self.log = log
+        self.on_commit = on_commit
+        self.metrics = metrics  # the server's Metrics: each window's commit duration, each failure
+        self.sealed: deque[Sealed] = deque()  # closed windows waiting for the commit in front of them
+        self.committing = False  # a pass is committing sealed windows now
+        self.backoff = Backoff(first=0.5, cap=30.0)  # between attempts at a failing commit
+        self.turn = asyncio.Lock()  # passes never overlap: windows commit in order
+        self.progress = asyncio.Condition()  # notified after each commit and each pass
+        self.windows_committed = 0
+        self.rows_committed = 0
+        self.last_commit: LastCommit | None = None
+        self._inflight: asyncio.Task[None] | None = None  # the sink commit under way
+        self._wake = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+
+    # -- the task that runs passes --------------------------------------------------
+
+    def start(self, step: Callable[[], Awaitable[Any]], tick: float) -> None:
+        """Run ``step`` at every ``wake()`` and every ``tick`` seconds."""
+        self._tasks = [
+            asyncio.create_task(self._loop(step), name="coordinator-committer"),
+            asyncio.create_task(self._ticker(tick), name="coordinator-tick"),
+        ]
+
+    @property
+    def tasks(self) -> list[asyncio.Task[None]]:
+        return list(self._tasks)
+
+    def wake(self) -> None:
+        """Something changed: a pass runs soon."""
+        self._wake.set()
+
+    async def _ticker(self, tick: float) -> None:
+        while True:
+            await asyncio.sleep(tick)
+            self._wake.set()
+
+    async def _loop(self, step: Callable[[], Awaitable[Any]]) -> None:
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            await step()
+
+    async def stop(self, timeout: float) -> list[asyncio.Task[None]]:
+        """Stop running passes; a commit under way finishes (within ``timeout``).
+        Returns the stopped tasks, for the caller to raise what crashed them."""
+        tasks, self._tasks = self._tasks, []
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.wait(tasks)
+        await self.notify()  # no pass commits now: shards waiting behind the sink go on
+        if self._inflight is not None and not self._inflight.done():
+            await asyncio.wait([self._inflight], timeout=timeout)
+        return tasks
+
+    async def notify(self) -> None:
+        async with self.progress:
+            self.progress.notify_all()
+
+    async def wait(self) -> None:
+        """Until the next commit or pass ends."""
+        async with self.progress:
+            await self.progress.wait()
+
+    async def committed_position(self, shard_id: str) -> Position | None:
+        """A shared sink's committed position of the shard (None: not shared, nothing
+        committed, or the read failed): what another server committed is a duplicate
+        here. A failed read is logged and the shard goes on: the sink's commit still
+        leaves out what is committed."""
+        if not isinstance(self.sink, SharedSink):
+            return None
+        started = time.perf_counter()
+        try:
+            position = await self.sink.committed_position(shard_id)
+        except Exception as exc:
+            if not retriable(exc):
+                raise
+            self.log.warning(
+                "committed_position_failed",
+                shard_id=shard_id,
+                error=f"{type(exc).__name__}: {exc}",
+                what_to_do="check the table's catalog; rows another server committed are left out at commit",
+            )
+            return None
+        self.log.info(
+            "committed_position_read",
+            shard_id=shard_id,
+            position=position.to_json() if position is not None else None,
+            duration_ms=round((time.perf_counter() - started) * 1000, 3),
+        )
+        return position
+
+    # -- sealing and committing -----------------------------------------------------
+
+    def seal(self, closed: Iterable[WindowRows], watermark: float) -> None:
+        """Windows the watermark closed, sealed behind those waiting already (on the
+        loop: a sort of each shard's event times, runs already sorted, some 10 ns a
+        row; the rows' JSON is put in that order by the sink)."""
+        closed_at = time.perf_counter()
+        for rows in closed:
+            window, counts = seal(rows)
+            self.sealed.append(Sealed(window, counts, watermark, closed_at))
+
+    def prepare_next(self) -> None:
+        """The sink is told the window that commits next, to make it ready while the
+        one in front commits."""
+        if self.sealed and isinstance(self.sink, PreparingSink):
+            self.sink.prepare(self.sealed[0].window)
+
+    async def commit_sealed(self) -> int:
+        """Commit every sealed window, in order, those sealed meanwhile included; each
+        retried until it commits. Returns how many committed."""
+        committed = 0
+        self.committing = True
+        try:
+            while self.sealed:
+                closed = self.sealed.popleft()
+                self.prepare_next()
+                await self._commit(closed)
+                committed += 1
+                await self.notify()  # its rows' memory is let go; the shards waiting behind it go on
+        finally:
+            self.committing = False
+        return committed
+
+    async def _commit(self, closed: Sealed) -> None:
+        window = closed.window
+        started = time.perf_counter()
+        attempt = 0
+        while True:
+            try:
+                # Shielded: stopping the committer lets a commit under way finish.
+                self._inflight = asyncio.ensure_future(self.sink.commit(window))
+                await asyncio.shield(self._inflight)
+                break
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                if not retriable(exc):
+                    raise  # a bug, not a failed commit: the committer ends, the server shuts down
+                delay = self.backoff.delay(attempt)
+                attempt += 1
+                self._failed(window, exc, attempt, delay)
+                await asyncio.sleep(delay)
+        self.windows_committed += 1
+        self.rows_committed += len(window)
+        duration = time.perf_counter() - started
+        if self.metrics is not None:
+            self.metrics.window_committed(duration)
+        self.last_commit = LastCommit(window.id, len(window), window.late_rows, time.time())
+        self.log.info(
+            "window_committed",
+            window=window.id,
+            rows=len(window),
+            late=window.late_rows,
+            shards=len(closed.counts),
+            watermark=ms(closed.watermark),
+            duration_ms=round(duration * 1000, 3),
+            latency_ms=round((time.perf_counter() - closed.closed_at) * 1000, 3),  # closed to committed
+        )
+        await self.on_commit(window, closed.counts)
+
+    def _failed(self, window: Window, exc: Exception, attempt: int, delay: float) -> None:
+        if self.metrics is not None:
+            self.metrics.window_commit_failed()
+        remote = getattr(exc, "traceback", "")  # a pipeline's, from the Spark process
+        self.log.error(
+            "sink_commit_failed",
+            window=window.id,
+            rows=len(window),
+            error=f"{type(exc).__name__}: {exc}",
+            attempt=attempt,
+            retry_in_ms=round(delay * 1000),
+            what_to_do="the window is retried; its rows stay buffered and no shard checkpoints past them",
+            traceback=remote or None,
+            exc_info=attempt == 1 and not remote,
+        )
+
+
+def ms(value: float) -> int | None:
+    """A watermark for a log line: None for +-inf."""
+    return None if math.isinf(value) else int(value)
