@@ -99,7 +99,7 @@ async def test_metrics_count_records_dead_letters_timeouts_and_windows_of_a_fake
     await shard.process_records(make_records(115, 5), millis_behind_latest=0)
     await other.process_records(make_records(500, 7), millis_behind_latest=0)
 
-    await eventually(lambda: server.coordinator.windows_committed >= 1, timeout=20, what="the window committed")
+    await eventually(lambda: server.coordinator.committer.windows_committed >= 1, timeout=20, what="the window committed")
     m = await scrape(server)
     one, two = (("shard_id", "shardId-000000000001"),), (("shard_id", "shardId-000000000002"),)
     assert m["mldserver_records_total", one] == 20 and m["mldserver_records_total", two] == 7
@@ -112,9 +112,9 @@ async def test_metrics_count_records_dead_letters_timeouts_and_windows_of_a_fake
     assert calls[("initialize", "success")] == 2
     assert m["mldserver_handler_call_duration_seconds_count", (("callback", "process_records"),)] == 5
     assert m["mldserver_dead_letters_total", (("kind", "handler_failed"),)] == 5  # 4 poisoned + the slow one
-    assert m["mldserver_windows_committed_total", ()] == server.coordinator.windows_committed
+    assert m["mldserver_windows_committed_total", ()] == server.coordinator.committer.windows_committed
     assert m["mldserver_rows_committed_total", ()] == 10 + 5 + 7
-    assert m["mldserver_window_commit_duration_seconds_count", ()] == server.coordinator.windows_committed
+    assert m["mldserver_window_commit_duration_seconds_count", ()] == server.coordinator.committer.windows_committed
     assert m["mldserver_late_rows_total", ()] == 0
     assert m["mldserver_millis_behind_latest", one] == 0
     assert m["mldserver_connected_shards", ()] == 2
@@ -280,7 +280,7 @@ async def test_pause_holds_every_shards_next_handler_call_and_resume_loses_nothi
     assert not [c for c in Recorded.CALLS if paused_at < c[2] < resumed_at]  # no handler call while paused
     seen = sorted((shard, seq) for shard, seq, _ in Recorded.CALLS)
     assert seen == sorted((i, str(firsts[i] + k)) for i in ids for k in (0, 5))  # each batch once
-    await eventually(lambda: server.coordinator.rows_committed == 40, timeout=15, what="every row committed")
+    await eventually(lambda: server.coordinator.committer.rows_committed == 40, timeout=15, what="every row committed")
     await asyncio.gather(*(s.process_records([], millis_behind_latest=0) for s in shards))  # their checkpoints
     assert all(daemon.checkpoints.get(i) == (str(firsts[i] + 9), 0) for i in ids)
     rows = [json.loads(line) for p in sorted((tmp_path / "out").glob("*.jsonl")) for line in p.read_text().splitlines()]

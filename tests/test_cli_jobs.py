@@ -27,7 +27,15 @@ def test_demo_processes_every_record_and_ends_the_split_parent(tmp_path):
     per_customer = ds.dataset(output, format="parquet", partitioning="hive").to_table()
     assert sum(per_customer.column("orders").to_pylist()) == 20_000
     assert {f"window={c['window']}" for c in commits} == {p.name for p in output.glob("window=*")}
-    assert (tmp_path / "d" / "server.log").exists()
+    # Every order in its own window: none late (the split's children held by their parent, not
+    # overtaken by shards caught up at the wall clock), none clamped, and no window lumping
+    # others' orders: 3 shards over 20 minutes, the parent's part over its first 13 1/3 and
+    # its children's over the rest, is 875 orders a minute, then 1,250 (rounding aside).
+    assert re.search(r"late rows +0$", out.stdout, re.M), out.stdout
+    [stopped] = [json.loads(line) for line in (tmp_path / "d" / "server.log").read_text().splitlines()
+                 if '"coordinator_stopped"' in line]
+    assert (stopped["late"], stopped["clamped"]) == (0, 0), stopped
+    assert max(c["rows"] for c in commits) <= 1_260, sorted(c["rows"] for c in commits)
 
 
 def test_bench_prints_every_variant_side_by_side(tmp_path):

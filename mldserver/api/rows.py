@@ -73,19 +73,22 @@ class RowBatch:
     window's last row, the ledger's head); ``body`` and ``offsets`` (int64, one more
     than rows): row ``i`` is ``body[offsets[i]:offsets[i + 1]]``, JSON ending in a
     newline. ``ordered``: the record indexes never decrease (the handler emitted in
-    record order), so within the batch the merge key's order is the rows' order. A
-    slice (``rows[i:j]``) shares every buffer."""
+    record order), so within the batch the merge key's order is the rows' order.
+    ``timed``: some row's event time came from the data (``emit``'s ``event_time_ms``),
+    not its record's arrival time, so the wall clock says nothing of the times still to
+    come (``coordinator.watermarks``). A slice (``rows[i:j]``) shares every buffer."""
 
-    __slots__ = ("times", "records", "positions", "body", "offsets", "ordered")
+    __slots__ = ("times", "records", "positions", "body", "offsets", "ordered", "timed")
 
     def __init__(self, times: np.ndarray, records: np.ndarray, positions: Sequence[Position], body: Any,
-                 offsets: np.ndarray, ordered: bool | None = None) -> None:
+                 offsets: np.ndarray, ordered: bool | None = None, timed: bool = False) -> None:
         self.times = times
         self.records = records
         self.positions = positions
         self.body = body
         self.offsets = offsets
         self.ordered = nondecreasing(records) if ordered is None else ordered
+        self.timed = timed
 
     @classmethod
     def each(cls, times: np.ndarray, positions: list[Position], body: Any, offsets: np.ndarray) -> RowBatch:
@@ -131,6 +134,7 @@ class RowBatch:
             [p for b in batches for p in b.positions],  # a shard's batches follow one another
             *concat_lines(batches),
             all(b.ordered for b in batches),
+            any(b.timed for b in batches),
         )
 
     def __len__(self) -> int:
@@ -141,10 +145,10 @@ class RowBatch:
         assert step == 1, "rows are sliced, never strided"
         stop = max(start, stop)
         return RowBatch(self.times[start:stop], self.records[start:stop], self.positions, self.body,
-                        self.offsets[start : stop + 1], self.ordered)
+                        self.offsets[start : stop + 1], self.ordered, self.timed)
 
     def with_times(self, times: np.ndarray) -> RowBatch:
-        return RowBatch(times, self.records, self.positions, self.body, self.offsets, self.ordered)
+        return RowBatch(times, self.records, self.positions, self.body, self.offsets, self.ordered, self.timed)
 
     def compact(self) -> RowBatch:
         """These rows in buffers of their own, copied::
@@ -194,7 +198,7 @@ class RowBatch:
         sliced = getattr(positions, "sliced", None)  # positions.Positions: a string of their own
         kept = sliced(first, last + 1) if sliced is not None else list(positions[first : last + 1])
         return RowBatch(np.array(self.times, dtype=np.int64), np.asarray(records, dtype=np.int64) - first, kept,
-                        body, np.asarray(self.offsets, dtype=np.int64) - shift, self.ordered)
+                        body, np.asarray(self.offsets, dtype=np.int64) - shift, self.ordered, self.timed)
 
     def spilled(self, put: Callable[[Sequence[Any]], list[Any]]) -> RowBatch:
         """These rows out of memory: their columns, JSON lines and positions written by
@@ -223,7 +227,7 @@ class RowBatch:
         if joined is not None:
             ends = views[5].view(np.int64) if positions.ends is not None else None
             positions = type(positions)(views[4], positions.width, ends)
-        return RowBatch(times, records, positions, views[3], offsets, self.ordered)
+        return RowBatch(times, records, positions, views[3], offsets, self.ordered, self.timed)
 
     def take(self, indices: np.ndarray) -> RowBatch:
         """Some of the rows, copied (a rare path: duplicates among rows out of order)."""
@@ -233,7 +237,8 @@ class RowBatch:
         lines = [body[s:e] for s, e in zip(self.offsets[indices].tolist(), self.offsets[indices + 1].tolist())]
         offsets = np.zeros(len(lines) + 1, dtype=np.int64)
         np.cumsum([len(line) for line in lines], out=offsets[1:])
-        return RowBatch(self.times[indices], self.records[indices], self.positions, b"".join(lines), offsets)
+        return RowBatch(self.times[indices], self.records[indices], self.positions, b"".join(lines), offsets,
+                        timed=self.timed)
 
     def position(self, i: int) -> Position:
         return self.positions[int(self.records[i])]

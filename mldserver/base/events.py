@@ -179,6 +179,8 @@ EVENTS: dict[str, Event] = {
         "lineage": ("info", "A shard's parents became known: its rows follow theirs."),
         "lineage_lookup_failed": ("warning", "ListShards / DescribeStream failed: lineage is what the server "
                                              "saw until the next try."),
+        "lineage_unknown": ("warning", "A shard ended and the server does not know the stream's shards "
+                                       "(no `stream`, no `--source`): its children are guessed; set `stream`."),
         "child_released": ("info", "A child shard's parents are done: its rows are released into the merge."),
         "duplicates_dropped": ("info", "Rows at or below a committed position (delivered again) were "
                                        "dropped."),

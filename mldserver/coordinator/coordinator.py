@@ -131,14 +131,6 @@ class Coordinator:
     def sink(self) -> Sink:
         return self.committer.sink
 
-    @property
-    def windows_committed(self) -> int:
-        return self.committer.windows_committed
-
-    @property
-    def rows_committed(self) -> int:
-        return self.committer.rows_committed
-
     # -- lifecycle ---------------------------------------------------------------
 
     async def start(self) -> None:
@@ -166,7 +158,7 @@ class Coordinator:
         tasks = await self.committer.stop(self.settings.shutdown_timeout)
         self.spill.close()
         o = self.ordering
-        self.log.info("coordinator_stopped", windows=self.windows_committed, rows=self.rows_committed,
+        self.log.info("coordinator_stopped", windows=self.committer.windows_committed, rows=self.committer.rows_committed,
                       buffered_rows=self.ledger.rows, clamped=o.clamped, duplicates=o.duplicates, late=o.late_rows,
                       peak_rows=self.ledger.peak_rows, peak_bytes=self.ledger.peak_bytes, spilled_bytes=self.spill.bytes)
         for task in tasks:
@@ -183,7 +175,8 @@ class Coordinator:
         ledger = self.ledger
         return CoordinatorStatus(
             self.watermarks.minimum(self.clock()), self.ordering.buffered_windows(), ledger.rows, ledger.bytes,
-            ledger.peak_rows, ledger.peak_bytes, self.windows_committed, self.rows_committed, self.ordering.late_rows,
+            ledger.peak_rows, ledger.peak_bytes, self.committer.windows_committed, self.committer.rows_committed,
+            self.ordering.late_rows,
             self.committer.last_commit, self.watermarks.by_shard())
 
     def _replay(self, shard_id: str, rows: RowBatch, last: Position | None, parents: list[str]) -> None:
@@ -226,7 +219,8 @@ class Coordinator:
                                  self.settings.max_buffered_bytes, self.log)
         pieces = self.ordering.add(shard_id, rows, last, now, keep)
         self.ledger.add(shard_id, pieces, last)
-        self.watermarks.batch(shard_id, int(pieces[-1].times[-1]) if pieces else None, millis_behind == 0, now)
+        last_time = int(pieces[-1].times[-1]) if pieces else None
+        self.watermarks.batch(shard_id, last_time, millis_behind == 0, now, rows.timed)
         if self.ordering.duplicates != dropped:
             self.log.info("duplicates_dropped", shard_id=shard_id, rows=self.ordering.duplicates - dropped)
         if self.ordering.clamped != clamped:

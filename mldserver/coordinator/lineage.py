@@ -1,6 +1,6 @@
 """Lineage: which shards are a shard's parents (one after a split, two after a merge).
 
-Two sources, the second winning where it answers:
+Three sources, the later winning where it answers:
 
 - **what the server has seen**: a shard seen for the first time, starting at the
   stream's edge (no numeric checkpoint), after a shard ended here with fewer than two
@@ -16,6 +16,13 @@ Two sources, the second winning where it answers:
 
 The calls are asynchronous (the event loop never waits on them) and bounded by a
 time-out; a failure is logged and the shard goes on with what was seen.
+
+- **the reader** (``--source``): it lists the stream's shards itself and tells each
+  shard's parents before the shard starts (``given``), so nothing is guessed and no
+  lookup is made.
+
+Without ``stream`` and a reader, a split's children are guessed; the first time a
+shard ends here that is said once (``lineage_unknown``, with what to set).
 
 A shard gone from here is ``forget``-ten; only the last ``ENDED_KEPT`` ended shards
 stay known as parents for children yet to come.
@@ -88,12 +95,20 @@ class Lineage:
         self._ended: list[str] = []  # ended here, fewer than two children known yet (the last ENDED_KEPT)
         self._fetched: dict[str, tuple[str, ...]] = {}
         self._lock = asyncio.Lock()
+        self.known = stream is not None  # the stream's shards are known (stream, or a reader): nothing guessed
+        self._told = False  # lineage_unknown said
 
     def parents_of(self, shard_id: str) -> tuple[str, ...]:
         return self.parents.get(shard_id, ())
 
     def children_of(self, shard_id: str) -> list[str]:
         return self.children.get(shard_id, [])
+
+    def given(self, shard_id: str, parents: tuple[str, ...]) -> None:
+        """The shard's parents as its reader listed them (``--source``), before it starts."""
+        self.known = True
+        self.seen.add(shard_id)
+        self.learn(shard_id, parents)
 
     def learn(self, shard_id: str, parents: tuple[str, ...]) -> None:
         old = self.parents.get(shard_id, ())
@@ -130,6 +145,14 @@ class Lineage:
 
     def ended(self, shard_id: str) -> None:
         self.seen.add(shard_id)
+        if not self.known and not self._told:
+            self._told = True
+            log.warning("lineage_unknown", shard_id=shard_id,
+                        what_to_do="a shard ended and this server does not know the stream's shards: its children "
+                                   "are guessed from the shards that start next, and a merge's are not found. Set "
+                                   "stream = \"<stream name or ARN>\" in --config (with aws_region and "
+                                   "aws_endpoint_url where they apply) so a parent holds its windows until its "
+                                   "children report")
         if shard_id not in self._ended and len(self.children_of(shard_id)) < 2:
             self._ended.append(shard_id)
             del self._ended[:-ENDED_KEPT]

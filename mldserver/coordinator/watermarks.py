@@ -3,21 +3,34 @@ over the shards that still hold the others back. Pure: the clock is passed in.
 
 A shard's watermark (epoch ms) is::
 
-    the event time of its last row                        (rows are clamped per shard)
-    max(that, now - margin)  after a batch with millisBehindLatest 0 (caught up,
-                             empty batches included): nothing older can still come
+    the largest event time of its rows so far              (rows are clamped per shard)
+    max(that, now - margin)  after a batch with millisBehindLatest 0 (caught up, empty
+                             batches included), while event times are arrival times:
+                             nothing older can still arrive
     -inf                     before its first row: a new shard holds everything back
 
-A shard stops holding the others back when it has been silent (no batch) for longer
-than ``idle_timeout``: its later rows, if older than a closed window, are late. A
-shard the coordinator itself keeps waiting (back-pressure: ``hold`` then ``release``)
-is not silent: it never idles while held, and its idle time starts again at release. An
-ended shard holds at its last time until each of its children has reported a
-watermark (or, with no child ever seen here, until the idle timeout)::
+Event times from the data (a handler's ``emit(..., event_time_ms=...)``: a replay, a
+backfill, historic data) say nothing about the wall clock, so once any batch brings
+one (``RowBatch.timed``) caught-up shards no longer follow the clock: a shard's
+watermark is then only what its rows say, and a caught-up batch with no rows is not
+activity (a shard with nothing to read goes idle instead of holding at what it read
+last). Otherwise a caught-up replay would move its watermark years past the rows
+other shards, a split's children or a lease taken later still have to deliver.
+
+A shard stops holding the others back when it has been quiet (no batch, or with data
+times no rows) for longer than ``idle_timeout``: its later rows, if older than a
+closed window, are late. So a stream that goes quiet leaves its last windows open
+until new rows come or the idle timeout passes. A shard the coordinator itself keeps
+waiting (back-pressure: ``hold`` then ``release``) is not quiet: it never idles while
+held, and its idle time starts again at release. An ended shard holds at its last
+time until each of its children has reported a watermark (or, with no child ever
+seen here, until the idle timeout)::
 
     wm = Watermarks(margin_ms=5_000, idle_timeout_ms=60_000, children_of=lineage.children)
     wm.open("s0", now); wm.batch("s0", last_time=1_000, caught_up=False, now=now)
     wm.minimum(now)   # 1_000; +inf when no shard holds (everything may close)
+    wm.batch("s0", last_time=2_000, caught_up=True, now=now, timed=True)
+    wm.minimum(now)   # 2_000: a time from the data, caught up or not
     wm.tracks("s0")   # True: until the coordinator forgets it
     wm.live("s0", now)   # True: not ended, not idle; it may still add rows
 
@@ -38,7 +51,8 @@ POS_INF = math.inf
 
 @dataclass(slots=True)
 class ShardMark:
-    value: float = NEG_INF
+    last: float = NEG_INF  # the largest event time of its rows
+    clock: float = NEG_INF  # now - margin at its last caught-up batch (counts with arrival times only)
     last_active: float = 0.0
     ended: bool = False
     held: int = 0  # back-pressure waits under way: a held shard is not idle
@@ -56,6 +70,7 @@ class Watermarks:
         self.idle_timeout_ms = idle_timeout_ms
         self.children_of = children_of
         self.shards: dict[str, ShardMark] = {}
+        self.data_times = False  # some row's event time came from the data: the clock says nothing
 
     def open(self, shard_id: str, now: float) -> None:
         """The shard (re)started here: it holds until it reports or idles."""
@@ -63,14 +78,18 @@ class Watermarks:
         mark.last_active = now
         mark.ended = False
 
-    def batch(self, shard_id: str, last_time: float | None, caught_up: bool, now: float) -> None:
-        """A batch was processed; ``last_time`` is the event time of its last row."""
+    def batch(self, shard_id: str, last_time: float | None, caught_up: bool, now: float, timed: bool = False) -> None:
+        """A batch was processed; ``last_time`` is the event time of its last row (None:
+        no rows), ``timed`` whether some row's event time came from the data."""
+        if timed:
+            self.data_times = True
         mark = self.shards.setdefault(shard_id, ShardMark())
-        mark.last_active = now
-        if last_time is not None and last_time > mark.value:
-            mark.value = last_time
-        if caught_up and now - self.margin_ms > mark.value:
-            mark.value = now - self.margin_ms
+        if last_time is not None or not caught_up or not self.data_times:
+            mark.last_active = now  # (caught up with nothing, under data times, is quiet)
+        if last_time is not None and last_time > mark.last:
+            mark.last = last_time
+        if caught_up and now - self.margin_ms > mark.clock:
+            mark.clock = now - self.margin_ms
 
     def ended(self, shard_id: str, now: float) -> None:
         mark = self.shards.setdefault(shard_id, ShardMark())
@@ -104,7 +123,7 @@ class Watermarks:
 
     def reported(self, shard_id: str) -> bool:
         mark = self.shards.get(shard_id)
-        return mark is not None and mark.value != NEG_INF
+        return mark is not None and self._value(mark) != NEG_INF
 
     def holds(self, shard_id: str, now: float) -> bool:
         mark = self.shards[shard_id]
@@ -115,19 +134,22 @@ class Watermarks:
             return not children or not all(self.reported(c) for c in children)
         return True
 
+    def _value(self, mark: ShardMark) -> float:
+        return mark.last if self.data_times or mark.clock < mark.last else mark.clock
+
     def value(self, shard_id: str) -> float:
         mark = self.shards.get(shard_id)
-        return NEG_INF if mark is None else mark.value
+        return NEG_INF if mark is None else self._value(mark)
 
     def by_shard(self) -> dict[str, float]:
         """Each shard's watermark, for every shard known here (for ``/status``)."""
-        return {shard_id: mark.value for shard_id, mark in self.shards.items()}
+        return {shard_id: self._value(mark) for shard_id, mark in self.shards.items()}
 
     def minimum(self, now: float) -> float:
         """The global watermark: the least over holding shards, +inf if none holds."""
-        return min((m.value for s, m in self.shards.items() if self.holds(s, now)), default=POS_INF)
+        return min((self._value(m) for s, m in self.shards.items() if self.holds(s, now)), default=POS_INF)
 
     def holder(self, now: float) -> str | None:
         """The shard holding the global watermark back (for logs and back-pressure)."""
-        holding = [(m.value, s) for s, m in self.shards.items() if self.holds(s, now)]
+        holding = [(self._value(m), s) for s, m in self.shards.items() if self.holds(s, now)]
         return min(holding)[1] if holding else None

@@ -61,7 +61,7 @@ async def _progress(server: Server, sent: list[int], started: float) -> None:
         await asyncio.sleep(2.0)
         print(
             f"  {time.perf_counter() - started:5.1f} s  records in {sent[0]:>9,}   "
-            f"windows committed {coordinator.windows_committed:>3}   rows buffered {coordinator.status().buffered_rows:>8,}",
+            f"windows committed {coordinator.committer.windows_committed:>3}   rows buffered {coordinator.status().buffered_rows:>8,}",
             flush=True,
         )
 
@@ -142,10 +142,13 @@ async def run(shards: int, records: int, directory: Path, admin: str = "off") ->
     print()
     print("summary")
     print(f"  records in          {sent[0]:,} over {shards + 2} shards (one split into two)")
-    print(f"  windows committed   {coordinator.windows_committed} ({WINDOW:.0f} s of event time each), "
-          f"{coordinator.rows_committed:,} rows in")
+    print(f"  windows committed   {coordinator.committer.windows_committed} ({WINDOW:.0f} s of event time each), "
+          f"{coordinator.committer.rows_committed:,} rows in")
     print(f"  rows out            {getattr(sink, 'rows_out', 0):,} (orders per customer per window)")
-    print(f"  throughput          {coordinator.rows_committed / elapsed:,.0f} records/s end to end "
+    late = coordinator.status().late_rows
+    print(f"  late rows           {late:,}" + ("" if not late else
+          " (rows whose window had closed, committed with a later one: see late in server.log)"))
+    print(f"  throughput          {coordinator.committer.rows_committed / elapsed:,.0f} records/s end to end "
           f"({elapsed:.1f} s, relay to committed Spark output)")
     stored = sum(1 for v in daemon.checkpoints.values() if v != SHARD_END)
     print(f"  checkpoints         {stored} shards at their last committed record, 1 at SHARD_END")

@@ -127,7 +127,9 @@ class Server:
         if settings.source or settings.source_from:  # (--from alone: refused there)
             from ..sources import readers  # aioboto3 only for a server that reads a stream itself
 
-            self.sources = readers(settings, attach=self.attach, empty_batches=self.coordinator is not None)
+            coordinator = self.coordinator
+            self.sources = readers(settings, attach=self.attach, empty_batches=coordinator is not None,
+                                   lineage=coordinator.lineage.given if coordinator is not None else None)
         self.crashed: BaseException | None = None  # what ended a task the server owns
         self.listening = False
         self._emits = self.parts.emits

@@ -237,6 +237,7 @@ def encode_rows(emitted: EmittedRows | EncodedRows | Iterable[tuple[Any, Any, An
         offsets[1:] = np.frombuffer(emitted.ends(), dtype=np.uint64)
         rows = rows_from_columns(emitted.records, None, times, offsets, emitted.lines())
         if rows is not None:
+            rows.timed = bool(emitted.timed)
             return rows, bad
     items = []
     for line, record, t in emitted.each():
@@ -249,7 +250,9 @@ def encode_rows(emitted: EmittedRows | EncodedRows | Iterable[tuple[Any, Any, An
             items.append(Item(t, record.position, line))
         except ValueError as exc:  # a record with no position
             bad.append(BadRecords([record.to_json()], BAD_ROW, str(exc)))
-    return RowBatch.of(items), bad
+    rows = RowBatch.of(items)
+    rows.timed = bool(emitted.timed)
+    return rows, bad
 
 
 def encoded_rows(records: Sequence[Record], index: Any, times: Any, ends: Any, lines: Any
@@ -276,8 +279,10 @@ def encoded_rows(records: Sequence[Record], index: Any, times: Any, ends: Any, l
         filled = arrival_times(records)[index[arrival]]
         times[arrival] = filled
         fine = not ((filled == ODD_TIME) | (filled >= MAX_EVENT_TIME_MS)).any()
+    timed = not arrival.all()  # some row's time is emit's, from the data
     rows = rows_from_columns(records, index, times, offsets, lines) if fine else None
     if rows is not None:
+        rows.timed = timed
         return rows, []
     items, bad = [], []
     for i, t, at, start, end in zip(index.tolist(), times.tolist(), arrival.tolist(), offsets.tolist(),
@@ -292,7 +297,9 @@ def encoded_rows(records: Sequence[Record], index: Any, times: Any, ends: Any, l
             items.append(Item(None if t == NO_TIME else t, r.position, bytes(lines[start : end - 1])))
         except ValueError as exc:
             bad.append(BadRecords([r.to_json()], BAD_ROW, str(exc)))
-    return RowBatch.of(items), bad
+    rows = RowBatch.of(items)
+    rows.timed = timed
+    return rows, bad
 
 
 def arrival_times(records: Sequence[Record]) -> np.ndarray:

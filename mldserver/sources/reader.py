@@ -81,11 +81,14 @@ STOP_WAIT_S = 5.0  # past shutdown_timeout: how long a shard's feed gets once ca
 class SourceReader:
     def __init__(self, spec: SourceSpec, start: Start, settings: Settings, *,
                  attach: Callable[[socket.socket], Awaitable[None]], empty_batches: bool = False,
-                 qualify: bool = False, given_from: bool = False) -> None:
+                 qualify: bool = False, given_from: bool = False,
+                 lineage: Callable[[str, tuple[str, ...]], None] | None = None) -> None:
         """``attach`` serves a socket as an accepted connection (``Server.attach``);
         ``empty_batches``: hand caught-up empty pages over (a sink's watermarks);
         ``qualify``: shard ids as ``NAME/shardId`` (several sources in one server);
-        ``given_from``: ``--from`` was given (refused where positions are saved)."""
+        ``given_from``: ``--from`` was given (refused where positions are saved);
+        ``lineage``: told each shard's parents before the shard starts (the
+        coordinator's ``Lineage.given``: no parent guessed)."""
         self.spec = spec
         self.start_at = start
         self.settings = settings
@@ -93,6 +96,7 @@ class SourceReader:
         self.empty_batches = empty_batches
         self.qualify = qualify
         self.given_from = given_from
+        self.lineage = lineage
         self.log: EventLogger = get_logger("mldserver.sources").bind(source=spec.text)
         self.saved: SavedPositions | None = None
         self.streams: Service | None = None
@@ -364,8 +368,10 @@ class SourceReader:
                 log.info("source_shard_ended", position=feed.delivered.text if feed.delivered else None,
                          children=list(cursor.children if cursor is not None else ()))
 
-        feed = Feed(reader, writer, f"{self.spec.name}/{shard_id}" if self.qualify else shard_id,
-                    store=store, stored=saved)
+        name = (lambda s: f"{self.spec.name}/{s}") if self.qualify else (lambda s: s)
+        if self.lineage is not None:
+            self.lineage(name(shard_id), tuple(map(name, shard.parents)))
+        feed = Feed(reader, writer, name(shard_id), store=store, stored=saved)
         self.feeds[shard_id] = feed
         ended = False
         try:

@@ -115,3 +115,46 @@ def test_a_shard_held_by_back_pressure_never_idles_and_its_idle_time_starts_at_r
     assert wm.minimum(660_001) == 90_000
     wm.hold("gone")  # a shard not known here (forgotten while it waited): nothing to hold
     wm.release("gone", 0)
+
+
+def test_event_times_from_the_data_keep_a_caught_up_shard_at_what_its_rows_say():
+    wm = marks()
+    wm.open("A", 0)
+    wm.open("B", 0)
+    wm.batch("A", 1_000_000, caught_up=True, now=1_700_000_000_000, timed=True)  # a replay of old data, caught up
+    wm.batch("B", 900_000, caught_up=False, now=1_700_000_000_000, timed=True)
+    assert wm.value("A") == 1_000_000  # not the wall clock: B's rows at 950_000 are still to come
+    assert wm.minimum(1_700_000_000_000) == 900_000
+    wm.batch("A", None, caught_up=True, now=1_700_000_001_000)  # an empty poll, caught up
+    assert wm.value("A") == 1_000_000
+
+
+def test_once_data_times_are_seen_a_clock_a_shard_stood_at_no_longer_counts():
+    wm = marks()
+    wm.open("A", 0)
+    wm.batch("A", None, caught_up=True, now=100_000)  # before any row: the clock's bound
+    assert wm.value("A") == 95_000
+    wm.batch("B", 2_000, caught_up=False, now=100_000, timed=True)  # another shard's rows carry data times
+    assert wm.value("A") == -math.inf and wm.minimum(100_000) == -math.inf  # A has reported no row
+
+
+def test_under_data_times_a_caught_up_shard_with_nothing_to_read_goes_idle():
+    wm = marks()
+    wm.open("A", 0)
+    wm.open("B", 0)
+    wm.batch("A", 5_000, caught_up=True, now=0, timed=True)
+    wm.batch("B", 9_000, caught_up=False, now=0, timed=True)
+    for now in range(1_000, 61_000, 1_000):  # polled every second, nothing new
+        wm.batch("A", None, caught_up=True, now=now)
+        wm.batch("B", 9_000 + now, caught_up=False, now=now, timed=True)
+    assert wm.holder(60_000) == "A"  # quiet 60 s: not yet past the idle timeout
+    wm.batch("B", 80_000, caught_up=False, now=60_001, timed=True)
+    assert wm.holder(60_001) == "B" and not wm.holds("A", 60_001)
+
+
+def test_arrival_times_keep_a_caught_up_empty_shard_at_the_clock_and_holding():
+    wm = marks()
+    wm.open("A", 0)
+    for now in range(0, 200_000, 1_000):
+        wm.batch("A", None, caught_up=True, now=now)
+    assert wm.holds("A", 199_000) and wm.value("A") == 194_000
