@@ -211,6 +211,14 @@ class Coordinator:
             self.log.info("lineage", shard_id=shard_id, parents=list(parents))
         self.committer.wake()
 
+    def expect(self, shard_id: str, parents: tuple[str, ...]) -> None:
+        """The stream has this shard and this server reads it (``--source`` listed it):
+        its parents are known, and with none of them here it holds the watermark from
+        now, before it opens (its parents, while here, hold for it)."""
+        self.lineage.given(shard_id, parents)
+        if not any(map(self.watermarks.tracks, parents)):
+            self.watermarks.open(shard_id, self.clock())
+
     def add_batch(self, shard_id: str, rows: RowBatch, last: Position | None, millis_behind: int | None) -> None:
         now = self.clock()
         self.shards.entry(shard_id)  # (its committed position first: what is at or below it is a duplicate)
@@ -249,10 +257,8 @@ class Coordinator:
         self._drop(shard_id)
 
     def _drop(self, shard_id: str) -> None:
-        floor = self.ledger.safe(shard_id)
-        known = self.shards.committed(shard_id)
-        if known is not None and (floor is None or known > floor):
-            floor = known
+        known = [p for p in (self.ledger.safe(shard_id), self.shards.committed(shard_id)) if p is not None]
+        floor = max(known, default=None)  # at or below it, records coming back are duplicates
         rows = self.ledger.drop(shard_id)
         self.ordering.drop(shard_id, floor)
         self.watermarks.forget(shard_id)
@@ -298,11 +304,6 @@ class Coordinator:
         self.ordering.forget(shard_id)
         self.watermarks.forget(shard_id)
         self.lineage.forget(shard_id)
-
-    def _done_here(self, shard_id: str, now: float) -> bool:
-        if not self.ledger.done(shard_id):
-            return False
-        return not self.watermarks.tracks(shard_id) or not self.watermarks.holds(shard_id, now)
 
     # -- back-pressure ---------------------------------------------------------------
 
@@ -355,7 +356,8 @@ class Coordinator:
                 self.shards[shard_id].lost = False
                 self._drop(shard_id)
             now = self.clock()
-            for shard_id in [s for s in self.shards.flagged("gone") if self._done_here(s, now)]:
+            done = [s for s in self.shards.flagged("gone") if self.ledger.done(s) and not self.watermarks.holding(s, now)]
+            for shard_id in done:
                 self.forget(shard_id)
         await self.committer.notify()
         return committed

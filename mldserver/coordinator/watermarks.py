@@ -125,6 +125,10 @@ class Watermarks:
         mark = self.shards.get(shard_id)
         return mark is not None and self._value(mark) != NEG_INF
 
+    def holding(self, shard_id: str, now: float) -> bool:
+        """Known here and holding the others back at ``now``."""
+        return shard_id in self.shards and self.holds(shard_id, now)
+
     def holds(self, shard_id: str, now: float) -> bool:
         mark = self.shards[shard_id]
         if not mark.held and now - mark.last_active > self.idle_timeout_ms:

@@ -129,7 +129,7 @@ class Server:
 
             coordinator = self.coordinator
             self.sources = readers(settings, attach=self.attach, empty_batches=coordinator is not None,
-                                   lineage=coordinator.lineage.given if coordinator is not None else None)
+                                   lineage=coordinator.expect if coordinator is not None else None)
         self.crashed: BaseException | None = None  # what ended a task the server owns
         self.listening = False
         self._emits = self.parts.emits
