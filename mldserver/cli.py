@@ -49,7 +49,9 @@ def _parser():
     serve.add_argument("--workers", type=int,
                        help="handler processes (default 2; 0: handlers run in the server's own loop)")
     serve.add_argument("--max-line-size", type=int, help="largest daemon line in bytes (default 256 MiB)")
-    serve.add_argument("--window", type=float, help="tumbling window size in seconds")
+    serve.add_argument("--window", type=float, help="window size in seconds (default 60; tumbling unless --slide)")
+    serve.add_argument("--slide", type=float,
+                       help="hopping windows: a new window every SLIDE seconds (a divisor of --window)")
     serve.add_argument("--sink", help="file:DIR, parquet:DIR or iceberg:DIR")
     serve.add_argument("--pipeline", help="Spark pipeline, MODULE:ATTR")
     serve.add_argument("--spark-master", help="Spark master URL (default local[*])")

@@ -256,7 +256,9 @@ class Settings:
     # shutdown: how long in-flight actions get to finish after SIGTERM
     shutdown_timeout: float = setting(30.0, low=0.0, high=HOUR, unit="seconds")
     # pipeline (the coordinator, then the sink: docs/coordinator-and-sinks.md). With no sink, rows are not collected.
-    window: float = setting(60.0, low=0.1, high=DAY, unit="seconds")  # tumbling event-time windows
+    window: float = setting(60.0, low=0.1, high=DAY, unit="seconds")  # event-time windows: their size
+    # hopping windows: a new window every `slide` seconds (window a multiple of it); unset: tumbling
+    slide: float | None = setting(None, float, low=0.1, high=DAY, unit="seconds")
     sink: str | None = setting(None, str)  # file:DIR (JSON lines), parquet:DIR (Spark) or iceberg:DIR (a table)
     # watermarks: a caught-up shard stands at the wall clock minus this margin
     watermark_margin: float = setting(5.0, low=0.0, high=DAY, unit="seconds")
@@ -368,6 +370,16 @@ def load(path: str | None = None, **overrides: Any) -> Settings:
     settings = Settings(**values)
     if settings.pipeline and not settings.sink:
         settings = settings.replace(sink=f"parquet:{state_path(settings, 'output')}")
+    if settings.slide is not None:
+        size, slide = round(settings.window * 1000), round(settings.slide * 1000)
+        if slide > size or size % slide:
+            raise ConfigError(f"slide = {settings.slide:g}: hopping windows start every slide seconds and are "
+                              f"window = {settings.window:g} long, a whole number of slides: give a slide that "
+                              f"divides the window (say --window 60 --slide 10), or leave slide out for tumbling "
+                              f"windows")
+        if not settings.sink:
+            raise ConfigError(f"slide = {settings.slide:g}: windows collect the rows handlers emit, but no sink "
+                              f"keeps them: add --sink parquet:DIR (or file:DIR, iceberg:DIR), or leave slide out")
     if "window" in values and not settings.sink:
         raise ConfigError(f"window = {settings.window:g}: windows collect the rows handlers emit, but no sink keeps "
                           f"them: add --sink parquet:DIR (or file:DIR, iceberg:DIR), or leave window out")
@@ -386,6 +398,11 @@ def load(path: str | None = None, **overrides: Any) -> Settings:
         if kind == "file" and settings.pipeline:
             raise ConfigError("--pipeline runs in Spark: use --sink parquet:DIR (or leave --sink out)")
         if kind == "iceberg":
+            if settings.slide is not None:
+                raise ConfigError(f"slide = {settings.slide:g}: the table sink (--sink {settings.sink}) commits "
+                                  f"tumbling windows only for now (it keeps each row once, and a hopping window's "
+                                  f"rows are in several): use --sink parquet:DIR for hopping windows, or leave "
+                                  f"slide out")
             if not positions_stream(settings):
                 raise ConfigError(
                     f"--sink {settings.sink}: the table keeps committed positions per stream and shard: "

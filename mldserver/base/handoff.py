@@ -167,6 +167,7 @@ class Window:
     # per row, in row order: (shard id, the position of the record it came from);
     # None when whoever built the window did not say (a test's hand-made window)
     sources: Iterable[tuple[str, Position]] | None = field(default=None, repr=False)
+    kind: str = "tumbling"  # or "hopping": windows a slide apart, each row in size/slide of them
 
     @property
     def id(self) -> str:

@@ -118,9 +118,8 @@ class Coordinator:
             idle_timeout_ms=settings.idle_timeout * 1000,
             children_of=self.lineage.children_of,
         )
-        self.ordering = Ordering(
-            window_ms=int(settings.window * 1000), blocks=self.watermarks.live, parents_of=self.lineage.parents_of
-        )
+        self.ordering = Ordering(window_ms=round(settings.window * 1000), slide_ms=settings.slide and round(
+            settings.slide * 1000), blocks=self.watermarks.live, parents_of=self.lineage.parents_of)
         self.ledger = Ledger()
         self.spool = Spool(state_path(settings, "spool"), self.log)
         self.spill = Spill(state_path(settings, "spill"))  # rows past max_buffered_bytes

@@ -54,6 +54,8 @@ def seal(closed: WindowRows) -> tuple[Window, dict[str, int]]:
     reads it, off the event loop."""
     import numpy as np
 
+    for shard_id, late in closed.late.items():  # late rows first: older than the window's start
+        closed.parts[shard_id] = late + closed.parts.get(shard_id, [])
     shards = sorted(closed.parts)  # shard ids in the merge key's order
     parts = [rows for shard_id in shards for rows in closed.parts[shard_id]]
     counts = {shard_id: sum(map(len, closed.parts[shard_id])) for shard_id in shards}
@@ -67,11 +69,21 @@ def seal(closed: WindowRows) -> tuple[Window, dict[str, int]]:
         positions = {shard_id: closed.parts[shard_id][-1].position(-1) for shard_id in shards}
     else:
         order, positions = _merge_out_of_order(closed, shards, parts, times)
+    if closed.commits is not None:  # a hopping window commits its oldest pane's rows only
+        counts = {s: sum(map(len, rows)) for s, rows in closed.commits.items()}
+        positions = {s: max(map(_highest, rows)) for s, rows in closed.commits.items() if rows}
     owners = [shard_id for shard_id in shards for _ in closed.parts[shard_id]]
     rows = JsonLines(n, partial(_gather, parts, order), partial(_chunks, parts, order))
-    window = Window(closed.start, closed.end, rows, closed.late_rows, positions, RowSources(owners, parts, order))
-    closed.parts = {}
+    window = Window(closed.start, closed.end, rows, closed.late_rows, positions, RowSources(owners, parts, order),
+                    closed.kind)
+    closed.parts, closed.late = {}, {}
+    closed.commits = None
     return window, counts
+
+
+def _highest(rows: RowBatch) -> Position:
+    """The highest position of a shard's rows."""
+    return rows.position(-1) if rows.ordered else rows.positions[int(rows.records.max())]
 
 
 class RowSources:

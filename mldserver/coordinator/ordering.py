@@ -54,6 +54,7 @@ from typing import Callable, Iterable
 
 from ..base.positions import Position
 from ..api.rows import NO_TIME, RowBatch
+from .panes import Panes
 from .windows import Tumbling
 
 RETIRED = 1024  # forgotten shards whose highest delivered position is kept
@@ -61,17 +62,22 @@ RETIRED = 1024  # forgotten shards whose highest delivered position is kept
 
 @dataclass(slots=True)
 class WindowRows:
-    """A closed window's rows as ordering cut them: each shard's, in its order, late
-    rows first; ``merge.seal`` makes the :class:`~mldserver.base.handoff.Window`
-    a sink gets."""
+    """A closed window's rows as ordering cut them: each shard's, in its order, and the
+    late rows it carries apart (``merge.seal`` puts them first, each shard's before its
+    others, and makes the :class:`~mldserver.base.handoff.Window` a sink gets). A
+    hopping window (``panes``) commits only some of its rows, those of its oldest pane:
+    ``commits``, each shard's (None: all of them)."""
 
     start: int
     end: int
     parts: dict[str, list[RowBatch]] = field(default_factory=dict, repr=False)  # shard -> its rows
     late_rows: int = 0  # the first ``late_rows`` rows in merged order are late
+    late: dict[str, list[RowBatch]] = field(default_factory=dict, repr=False)  # shard -> its late rows
+    commits: dict[str, list[RowBatch]] | None = field(default=None, repr=False)
+    kind: str = "tumbling"
 
     def __len__(self) -> int:
-        return sum(len(part) for parts in self.parts.values() for part in parts)
+        return sum(len(part) for group in (self.late, self.parts) for parts in group.values() for part in parts)
 
 
 @dataclass(slots=True)
@@ -89,10 +95,14 @@ class Ordering:
         self,
         *,
         window_ms: int,
+        slide_ms: int | None = None,
         blocks: Callable[[str, float], bool],
         parents_of: Callable[[str], Iterable[str]],
     ) -> None:
-        self.window = Tumbling(window_ms)  # tumbling, aligned to the epoch
+        # Tumbling, aligned to the epoch; hopping windows (``slide_ms``) are made of tumbling
+        # panes a slide long (``panes``): rows are queued and cut by pane.
+        self.window = Tumbling(slide_ms or window_ms)
+        self.panes = Panes(window_ms, slide_ms) if slide_ms and slide_ms != window_ms else None
         self.blocks = blocks  # can this (parent) shard still add rows at ``now``?
         self.parents_of = parents_of
         self.shards: dict[str, ShardOrder] = {}
@@ -145,7 +155,10 @@ class Ordering:
 
     def resume(self, committed_end: int) -> None:
         """Windows up to ``committed_end`` were committed before a restart: rows for
-        them are late now, so a window id is never committed twice."""
+        them are late now, so a window id is never committed twice (for hopping
+        windows, rows of the panes no committed window let go are read again)."""
+        if self.panes is not None:
+            committed_end = self.panes.resume(committed_end)
         self.closed_until = max(self.closed_until, committed_end)
 
     def add(self, shard_id: str, rows: RowBatch, last: Position | None, now: float,
@@ -283,14 +296,11 @@ class Ordering:
                 windows.append(WindowRows(end, end + size))
                 self.closed_until = end + size
             first_window = windows[0]
-            late: dict[str, list[RowBatch]] = {}
             for shard_id, rows in self.pending_late:
-                late.setdefault(shard_id, []).append(rows)
-            for shard_id, parts in late.items():
-                first_window.parts[shard_id] = parts + first_window.parts.get(shard_id, [])
+                first_window.late.setdefault(shard_id, []).append(rows)
             first_window.late_rows = sum(len(rows) for _, rows in self.pending_late)
             self.pending_late = []
-        return windows
+        return windows if self.panes is None else self.panes.assemble(windows, until)
 
     def buffered_windows(self) -> int:
         """Windows holding rows, not closed yet."""

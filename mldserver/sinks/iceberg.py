@@ -411,7 +411,7 @@ class IcebergSink:
             "op": "write",
             "path": str(path),
             "out": out,
-            "window": {"id": window.id, "start": window.start, "end": window.end,
+            "window": {"id": window.id, "start": window.start, "end": window.end, "kind": window.kind,
                        "rows": attempt.kept_rows, "late": window.late_rows, "positions": {}},
         }  # fmt: skip
         reply = await self.spark.request(request)

@@ -103,6 +103,7 @@ class SparkSink:
                 "id": window.id,
                 "start": window.start,
                 "end": window.end,
+                "kind": window.kind,
                 "rows": len(window),
                 "late": window.late_rows,
                 "positions": {shard_id: p.to_json() for shard_id, p in window.positions.items()},

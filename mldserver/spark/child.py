@@ -90,7 +90,8 @@ class SparkChild:
         if done is not None:
             return {"already": True, "rows_out": done.get("rows_out")}
         started = time.perf_counter()
-        window = WindowInfo(id=w["id"], start=w["start"], end=w["end"], rows=w["rows"], late_rows=w["late"])
+        window = WindowInfo(id=w["id"], start=w["start"], end=w["end"], rows=w["rows"], late_rows=w["late"],
+                            kind=w.get("kind", "tumbling"))
         out = self.pipeline(self._read(request["path"]), window)
         rows_out = None
         if out is not None:
@@ -128,7 +129,8 @@ class SparkChild:
 
     def write(self, request: dict[str, Any]) -> dict[str, Any]:
         w = request["window"]
-        window = WindowInfo(id=w["id"], start=w["start"], end=w["end"], rows=w["rows"], late_rows=w["late"])
+        window = WindowInfo(id=w["id"], start=w["start"], end=w["end"], rows=w["rows"], late_rows=w["late"],
+                            kind=w.get("kind", "tumbling"))
         out = self.pipeline(self._read(request["path"]), window)
         if out is None or not hasattr(out, "write"):
             raise TypeError(

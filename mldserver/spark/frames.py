@@ -44,6 +44,7 @@ class WindowFrame(TypedDict):
     id: str  # "<start>-<end>"
     start: int
     end: int
+    kind: str  # "tumbling" or "hopping"
     rows: int
     late: int  # the first ``late`` rows are late rows
     positions: dict[str, tuple[str, int]]  # shard -> the highest (sequence number, sub-sequence number)

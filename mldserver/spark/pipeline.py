@@ -26,6 +26,7 @@ class WindowInfo:
     end: int  # epoch ms, exclusive
     rows: int  # rows handed over, late rows included
     late_rows: int  # rows older than a window already committed, handed over with this one
+    kind: str = "tumbling"  # or "hopping": windows --slide apart, each row in window/slide of them
 
     @property
     def late(self) -> bool:
