@@ -52,6 +52,9 @@ def _parser():
     serve.add_argument("--window", type=float, help="window size in seconds (default 60; tumbling unless --slide)")
     serve.add_argument("--slide", type=float,
                        help="hopping windows: a new window every SLIDE seconds (a divisor of --window)")
+    serve.add_argument("--late-policy", choices=["next", "drop", "dead-letter"],
+                       help="a row whose window has closed: committed with the next window (next, the default), "
+                            "dropped and counted (drop), or kept with its data in the dead letters (dead-letter)")
     serve.add_argument("--sink", help="file:DIR, parquet:DIR or iceberg:DIR")
     serve.add_argument("--pipeline", help="Spark pipeline, MODULE:ATTR")
     serve.add_argument("--spark-master", help="Spark master URL (default local[*])")

@@ -260,6 +260,9 @@ class Settings:
     # hopping windows: a new window every `slide` seconds (window a multiple of it); unset: tumbling
     slide: float | None = setting(None, float, low=0.1, high=DAY, unit="seconds")
     sink: str | None = setting(None, str)  # file:DIR (JSON lines), parquet:DIR (Spark) or iceberg:DIR (a table)
+    # a row whose window has closed: "next" (committed with the next window, counted late),
+    # "drop" (counted), "dead-letter" (with its data, <state-dir>/dead-letters/rows.jsonl)
+    late_policy: str = setting("next", choices=("next", "drop", "dead-letter"))
     # watermarks: a caught-up shard stands at the wall clock minus this margin
     watermark_margin: float = setting(5.0, low=0.0, high=DAY, unit="seconds")
     # a shard silent this long stops holding the watermark back

@@ -193,6 +193,10 @@ EVENTS: dict[str, Event] = {
         "rows_spilled": ("info", "Rows past `max_buffered_bytes` wait in unlinked files under "
                                  "`<state-dir>/spill/` (once)."),
         "spill_failed": ("error", "Rows could not be spilled to `<state-dir>/spill/`: they stay in memory."),
+        "late_rows_dropped": ("info", "Late rows (their window had closed) were left out of the window they "
+                                      "came with and counted (`late_policy` drop)."),
+        "late_rows_dead_lettered": ("warning", "Late rows were left out of the window they came with and kept "
+                                               "with their data in the dead letters (`late_policy` dead-letter)."),
         "window_committed": ("info", "A closed window was committed to the sink: `window`, `rows`, `late`, "
                                      "`shards`, `duration_ms`."),
         "sink_commit_failed": ("error", "A window's commit failed (the pipeline raised, the sink failed): "

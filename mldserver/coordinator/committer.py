@@ -32,15 +32,17 @@ import asyncio
 import math
 import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, Iterable
 
+from ..api.rows import RowBatch
 from ..base.backoff import Backoff
+from ..base.deadletters import DeadLetters
 from ..base.handoff import PreparingSink, SharedSink, Sink, Window
 from ..base.logs import EventLogger
 from ..base.positions import Position
 from ..errors import retriable
-from .merge import seal
+from .merge import highest, seal
 from .ordering import WindowRows
 
 
@@ -49,9 +51,10 @@ class Sealed:
     """A closed window, sealed, waiting for its commit."""
 
     window: Window
-    counts: dict[str, int]  # each shard's rows in it
+    counts: dict[str, int]  # each shard's rows it commits (its late rows dropped too)
     watermark: float  # the global watermark that closed it
     closed_at: float  # perf_counter(): its close-to-commit latency starts here
+    dropped: list[RowBatch] = field(default_factory=list)  # late rows left out (late_policy drop, dead-letter)
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,8 +69,11 @@ class LastCommit:
 
 class Committer:
     def __init__(self, sink: Sink, *, log: EventLogger, on_commit: Callable[[Window, dict[str, int]], Awaitable[None]],
-                 metrics: Any = None) -> None:
+                 metrics: Any = None, late_policy: str = "next", dead_letters: DeadLetters | None = None) -> None:
         self.sink = sink
+        self.late_policy = late_policy  # what a late row's window does with it: next, drop, dead-letter
+        self.dead_letters = dead_letters  # where late rows go under dead-letter
+        self.late_dropped = 0  # late rows left out of the windows (dropped or dead-lettered)
         self.log = log
         self.on_commit = on_commit
         self.metrics = metrics  # the server's Metrics: each window's commit duration, each failure
@@ -169,8 +175,18 @@ class Committer:
         row; the rows' JSON is put in that order by the sink)."""
         closed_at = time.perf_counter()
         for rows in closed:
+            dropped: dict[str, list[RowBatch]] = {}
+            if self.late_policy != "next" and rows.late:  # late rows committed, left out of the output
+                dropped, rows.late, rows.late_rows = rows.late, {}, 0
+            commits_given = rows.commits is not None  # (a hopping window's count its late rows already)
             window, counts = seal(rows)
-            self.sealed.append(Sealed(window, counts, watermark, closed_at))
+            for shard_id, parts in dropped.items():
+                if not commits_given:
+                    counts[shard_id] = counts.get(shard_id, 0) + sum(map(len, parts))
+                high = max(map(highest, parts))
+                if shard_id not in window.positions or high > window.positions[shard_id]:
+                    window.positions[shard_id] = high
+            self.sealed.append(Sealed(window, counts, watermark, closed_at, [p for ps in dropped.values() for p in ps]))
 
     def prepare_next(self) -> None:
         """The sink is told the window that commits next, to make it ready while the
@@ -198,7 +214,9 @@ class Committer:
         window = closed.window
         started = time.perf_counter()
         attempt = 0
-        while True:
+        if closed.dropped:
+            await self._late(window, closed.dropped)
+        while len(window) or not closed.dropped:  # (a window of dropped late rows alone writes nothing)
             try:
                 # Shielded: stopping the committer lets a commit under way finish.
                 self._inflight = asyncio.ensure_future(self.sink.commit(window))
@@ -213,7 +231,7 @@ class Committer:
                 attempt += 1
                 self._failed(window, exc, attempt, delay)
                 await asyncio.sleep(delay)
-        self.windows_committed += 1
+        self.windows_committed += bool(len(window) or not closed.dropped)
         self.rows_committed += len(window)
         duration = time.perf_counter() - started
         if self.metrics is not None:
@@ -230,6 +248,23 @@ class Committer:
             latency_ms=round((time.perf_counter() - closed.closed_at) * 1000, 3),  # closed to committed
         )
         await self.on_commit(window, closed.counts)
+
+    async def _late(self, window: Window, dropped: list[RowBatch]) -> None:
+        """Late rows left out of ``window`` (``late_policy``): dead-lettered with their
+        data (before the commit that lets their shards checkpoint past them), or dropped;
+        counted either way."""
+        n = sum(map(len, dropped))
+        self.late_dropped += n
+        if self.late_policy == "dead-letter" and self.dead_letters is not None:
+            error = f"event time before the window {window.id} it came with: its own window had closed"
+            path = await self.dead_letters.rows(window.id, [(row.data, f"{error} ({row.time})")
+                                                           for rows in dropped for row in rows], "late row")
+            self.log.warning("late_rows_dead_lettered", window=window.id, rows=n, path=str(path),
+                             what_to_do="rows came after their window closed: if a shard went quiet and came back, "
+                                        "raise idle_timeout; late_policy = \"next\" commits such rows with the "
+                                        "next window instead")
+        else:
+            self.log.info("late_rows_dropped", window=window.id, rows=n)
 
     def _failed(self, window: Window, exc: Exception, attempt: int, delay: float) -> None:
         if self.metrics is not None:

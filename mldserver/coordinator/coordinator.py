@@ -53,6 +53,7 @@ from typing import Any, Callable, Mapping
 
 from ..api.rows import RowBatch
 from ..base.config import Settings, state_path
+from ..base.deadletters import DeadLetters
 from ..base.handoff import Sink, Window
 from ..base.logs import EventLogger, get_logger
 from ..base.positions import Position
@@ -99,6 +100,7 @@ class Coordinator:
         clock: Callable[[], float] = wall_clock_ms,
         log: EventLogger | None = None,
         metrics: Any = None,
+        dead_letters: DeadLetters | None = None,
     ) -> None:
         # The rows' columns (numpy) and the gather of a window whose shards interleave
         # (pyarrow): loaded here, before the loop serves. Left to the first batch and the
@@ -124,7 +126,10 @@ class Coordinator:
         self.spool = Spool(state_path(settings, "spool"), self.log)
         self.spill = Spill(state_path(settings, "spill"))  # rows past max_buffered_bytes
         self.shards = Shards(on_floor=self.ordering.delivered)
-        self.committer = Committer(sink, log=self.log, on_commit=self._committed, metrics=metrics)
+        if dead_letters is None and settings.late_policy == "dead-letter":
+            dead_letters = DeadLetters(state_path(settings, "dead-letters"), metrics=metrics)
+        self.committer = Committer(sink, log=self.log, on_commit=self._committed, metrics=metrics,
+                                   late_policy=settings.late_policy, dead_letters=dead_letters)
 
     @property
     def sink(self) -> Sink:

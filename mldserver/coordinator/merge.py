@@ -71,7 +71,7 @@ def seal(closed: WindowRows) -> tuple[Window, dict[str, int]]:
         order, positions = _merge_out_of_order(closed, shards, parts, times)
     if closed.commits is not None:  # a hopping window commits its oldest pane's rows only
         counts = {s: sum(map(len, rows)) for s, rows in closed.commits.items()}
-        positions = {s: max(map(_highest, rows)) for s, rows in closed.commits.items() if rows}
+        positions = {s: max(map(highest, rows)) for s, rows in closed.commits.items() if rows}
     owners = [shard_id for shard_id in shards for _ in closed.parts[shard_id]]
     rows = JsonLines(n, partial(_gather, parts, order), partial(_chunks, parts, order))
     window = Window(closed.start, closed.end, rows, closed.late_rows, positions, RowSources(owners, parts, order),
@@ -81,7 +81,7 @@ def seal(closed: WindowRows) -> tuple[Window, dict[str, int]]:
     return window, counts
 
 
-def _highest(rows: RowBatch) -> Position:
+def highest(rows: RowBatch) -> Position:
     """The highest position of a shard's rows."""
     return rows.position(-1) if rows.ordered else rows.positions[int(rows.records.max())]
 

@@ -126,7 +126,7 @@ def build(settings: Settings, factory: Callable[[Any], Any] | None = None, *,
             from ..sinks import open_sink
 
             sink = open_sink(settings, spark=spark, dead_letters=dead_letters)
-        coordinator = Coordinator(settings, sink, metrics=metrics, **({"clock": clock} if clock else {}))
+        coordinator = Coordinator(settings, sink, metrics=metrics, dead_letters=dead_letters, **({"clock": clock} if clock else {}))
     # What the handler means, checked before any record (each handler process checks its own).
     in_loop_emits = factory is not None and emits(type(check_handler(factory, context, settings.handler)))
     n = settings.max_batches_in_flight

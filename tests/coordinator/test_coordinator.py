@@ -705,3 +705,52 @@ def test_the_coordinator_stays_a_facade():
                   and isinstance(n.value, ast.Name) and n.value.id == "self"}
     assert cls.end_lineno - cls.lineno + 1 <= 300 and len(attributes) <= 12, (cls.end_lineno - cls.lineno + 1,
                                                                                sorted(attributes))
+
+
+# -- late rows: late_policy -------------------------------------------------------------------
+
+async def late_run(settings, tmp_path, policy):
+    """A closes [0, 60_000) alone (B idle); then B comes back with a row at 30_000, in
+    a closed window, and one at 130_000, and A goes on to close [60_000, 120_000)."""
+    clock = FakeClock(1_000)
+    c = await started(settings.replace(late_policy=policy, idle_timeout=10.0), tmp_path, clock)
+    try:
+        for s in ("A", "B"):
+            await c.open_shard(s, "TRIM_HORIZON")
+        c.add_batch("A", items(1, [10_000]), position(1), 100)
+        clock.advance(5_000)
+        c.add_batch("A", items(2, [61_000]), position(2), 100)
+        clock.advance(5_001)  # B is idle: A alone holds, at 61_000
+        await c.step()
+        assert output(tmp_path / "out") == {"0-60000.jsonl": [1]}
+        c.add_batch("B", items(100, [30_000, 130_000]), position(101), 100)  # 30_000 is late: its window closed
+        c.add_batch("A", items(3, [125_000]), position(3), 100)
+        await c.step()
+        return c
+    finally:
+        await c.stop()
+
+
+async def test_a_late_row_goes_with_the_next_window_under_next(settings, tmp_path):
+    c = await late_run(settings, tmp_path, "next")
+    assert output(tmp_path / "out") == {"0-60000.jsonl": [1], "60000-120000.jsonl": [2],
+                                        "60000-120000.late.jsonl": [100]}  # the file sink's side file
+    assert c.status().late_rows == 1 and c.committer.last_commit.late == 1 and c.committer.late_dropped == 0
+    assert c.safe_position("B") == position(100)
+
+
+async def test_a_late_row_is_left_out_and_counted_under_drop_and_its_shard_checkpoints_past_it(settings, tmp_path):
+    c = await late_run(settings, tmp_path, "drop")
+    assert output(tmp_path / "out") == {"0-60000.jsonl": [1], "60000-120000.jsonl": [2]}
+    assert c.status().late_rows == 1 and c.committer.late_dropped == 1 and c.committer.last_commit.late == 0
+    assert c.safe_position("B") == position(100)
+    assert not (tmp_path / "state" / "dead-letters" / "rows.jsonl").exists()
+
+
+async def test_a_late_row_is_dead_lettered_with_its_data_under_dead_letter(settings, tmp_path):
+    c = await late_run(settings, tmp_path, "dead-letter")
+    assert output(tmp_path / "out") == {"0-60000.jsonl": [1], "60000-120000.jsonl": [2]}
+    [entry] = [orjson.loads(line) for line in (tmp_path / "state" / "dead-letters" / "rows.jsonl").read_text().splitlines()]
+    assert entry["reason"] == "late row" and orjson.loads(entry["row"]) == {"seq": 100}
+    assert entry["window"] == "60000-120000" and "30000" in entry["error"]
+    assert c.committer.late_dropped == 1 and c.safe_position("B") == position(100)
