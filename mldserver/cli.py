@@ -289,6 +289,10 @@ def _serve(args, logs) -> None:
     _importable_cwd()
     if args.reset_positions:
         _reset_positions(settings, logs)
+    if args.command == "run":
+        from .ops.properties import with_stream
+
+        settings = with_stream(settings, args.properties)  # the coordinator knows the stream's shards
     serving = server.Server(settings)
     if args.command == "run":
         from .ops.daemon import Daemon

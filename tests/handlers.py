@@ -103,3 +103,16 @@ class ReportModules(mldserver.Handler):
         with open(path + ".tmp", "w") as out:
             json.dump({"pid": os.getpid(), "modules": sorted(sys.modules)}, out)
         os.replace(path + ".tmp", path)
+
+
+class DataTimes(mldserver.Handler):
+    """A replay's handler: each record is JSON with its own event time ``t`` (epoch ms),
+    emitted as a row with that time."""
+
+    async def process_records(self, batch, checkpointer):
+        import orjson
+
+        for record in batch.records:
+            event = orjson.loads(record.data)
+            batch.emit(record, {"carrier": event["carrier"], "delay": event["delay"], "t": event["t"]},
+                       event_time_ms=event["t"])

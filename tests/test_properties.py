@@ -161,3 +161,18 @@ def test_the_committed_key_list_is_what_the_jars_give():
     done = subprocess.run([sys.executable, str(ROOT / "scripts" / "kcl-property-keys"), "--print"],
                           capture_output=True, text=True, timeout=120, check=True)
     assert done.stdout == (ROOT / "mldserver" / "base" / "kcl_keys.py").read_text()
+
+
+def test_run_takes_the_stream_its_daemon_reads_where_the_settings_leave_it_unset(tmp_path):
+    from mldserver.base.config import Settings
+    from mldserver.ops.properties import with_stream
+
+    path = tmp_path / "app.properties"
+    path.write_text("streamName = orders\nregionName = eu-west-1\nkinesisEndpoint = http://127.0.0.1:4567\n"
+                    "executableName = mldserver connect 127.0.0.1:7070\n")
+    s = with_stream(Settings(), path)
+    assert (s.stream, s.aws_region, s.aws_endpoint_url) == ("orders", "eu-west-1", "http://127.0.0.1:4567")
+    given = Settings(stream="arn:aws:kinesis:us-east-1:1:stream/clicks", aws_region="us-east-1")
+    assert with_stream(given, path) == given  # the server's own setting wins
+    path.write_text("streamArn = arn:aws:kinesis:us-east-1:1:stream/orders\n")
+    assert with_stream(Settings(aws_region="us-east-1"), path).stream == "arn:aws:kinesis:us-east-1:1:stream/orders"

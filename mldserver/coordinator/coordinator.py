@@ -131,16 +131,12 @@ class Coordinator:
         self.committer = Committer(sink, log=self.log, on_commit=self._committed, metrics=metrics,
                                    late_policy=settings.late_policy, dead_letters=dead_letters)
 
-    @property
-    def sink(self) -> Sink:
-        return self.committer.sink
-
     # -- lifecycle ---------------------------------------------------------------
 
     async def start(self) -> None:
         """Read what the sink committed, replay the spool, then start the committer
         and its tick."""
-        committed = await self.sink.start()
+        committed = await self.committer.sink.start()
         await asyncio.to_thread(self.spill.clear)
         self.shards.floors.update(committed.positions)  # replays at or below are dropped
         if committed.end is not None:
@@ -153,6 +149,8 @@ class Coordinator:
             if self.ledger.done(spooled.shard_id):  # every row committed before a stop (the commit log says):
                 self.forget(spooled.shard_id)       # nothing waits on it, and no window would delete it
                 await self._delete_spool(spooled.shard_id)
+        for shard_id, parents in (await self.lineage.to_come()).items():  # (with ``stream`` set)
+            self.expect(shard_id, parents)
         s = self.settings
         self.committer.start(self.step, tick=min(1.0, s.idle_timeout / 4, s.window / 4))
 
@@ -340,8 +338,9 @@ class Coordinator:
         holder = self.watermarks.holder(self.clock())
         watermark = self.watermarks.value(holder) if holder is not None else math.inf  # the global one
         end = self.ordering.window.end(watermark) if math.isfinite(watermark) else -math.inf
-        return Place(holder, self.watermarks.value(shard_id), end,
-                     self.ordering.holds_children(self.lineage.children_of(shard_id)))
+        children = self.lineage.children_of(shard_id)  # waiting on it: rows held, or not reported yet
+        waited = self.ordering.holds_children(children) or not all(map(self.watermarks.reported, children))
+        return Place(holder, self.watermarks.value(shard_id), end, waited)
 
     # -- the pass --------------------------------------------------------------------
 

@@ -50,6 +50,7 @@ class StreamShards:
         self.region = region
         self.endpoint_url = endpoint_url
         self.dynamodb = ":dynamodb:" in stream and "/stream/" in stream
+        self.closed: set[str] = set()  # the shards the last fetch found closed (an ending sequence number)
 
     async def fetch(self) -> dict[str, tuple[str, ...]]:
         from ..base.aws import client as aws_client  # only a server configured with a stream pays for it
@@ -57,6 +58,7 @@ class StreamShards:
         service = "dynamodbstreams" if self.dynamodb else "kinesis"
         async with aws_client(service, self.region, endpoint_url=self.endpoint_url) as client:
             shards = await (self._dynamodb(client) if self.dynamodb else self._kinesis(client))
+        self.closed = {s["ShardId"] for s in shards if s.get("SequenceNumberRange", {}).get("EndingSequenceNumber")}
         return {
             s["ShardId"]: tuple(p for p in (s.get("ParentShardId"), s.get("AdjacentParentShardId")) if p)
             for s in shards
@@ -136,6 +138,20 @@ class Lineage:
                 self.learn(shard_id, (parent,))
                 if len(self.children[parent]) >= 2:
                     self._ended.remove(parent)
+
+    async def to_come(self) -> dict[str, tuple[str, ...]]:
+        """The shards still to be read, as the stream lists them (``stream`` set): the open
+        ones and the closed parents of open ones (they may hold records not yet read),
+        each with its parents. Empty without ``stream`` or when the lookup fails."""
+        if self.stream is None:
+            return {}
+        await self._refresh()
+        fetched, closed = self._fetched, self.stream.closed
+        open_ = {s for s in fetched if s not in closed}
+        wanted = open_ | {p for s in open_ for p in fetched[s] if p in fetched}
+        for shard_id in wanted:
+            self.learn(shard_id, fetched[shard_id])
+        return {s: fetched[s] for s in sorted(wanted)}
 
     def mark_seen(self, shard_id: str) -> None:
         """A shard known here without starting (replayed from the spool at start-up):

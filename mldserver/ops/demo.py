@@ -135,7 +135,7 @@ async def run(shards: int, records: int, directory: Path, admin: str = "off") ->
     await asyncio.gather(*(s.shutdown_requested() for s in live))  # checkpoints what is committed
     await asyncio.gather(*(s.lease_lost() for s in live))
     await asyncio.gather(*(s.close() for s in [parent, *live]))
-    sink = coordinator.sink
+    sink = coordinator.committer.sink
     await server.shutdown()
 
     output = directory / "output"

@@ -189,6 +189,24 @@ def handler_worst_case(settings: Settings) -> float:
     return settings.execution_timeout * tries + backoff + TIMEOUT_MARGIN_S
 
 
+def with_stream(settings: Settings, path: str | Path) -> Settings:
+    """``mldserver run``: the stream the daemon reads, from its properties, as the server's
+    own ``stream`` (and ``aws_region``, ``aws_endpoint_url`` from ``regionName`` and
+    ``kinesisEndpoint``) where the settings leave them unset, so the coordinator knows the
+    stream's shards and lineage (a file that cannot be read is a ConfigError, as ``read``)::
+
+        with_stream(settings, "app.properties").stream   # "orders": its streamName
+    """
+    if settings.stream:
+        return settings
+    props = read(path)
+    stream = props.value("streamArn") or props.value("streamName")
+    if not stream:
+        return settings
+    return settings.replace(stream=stream, aws_region=settings.aws_region or props.value("regionName"),
+                            aws_endpoint_url=settings.aws_endpoint_url or props.value("kinesisEndpoint"))
+
+
 def check(props: Properties, settings: Settings, *, run: bool = False) -> list[Finding]:
     """Every finding, in line order (file-wide ones first). ``run``: the file is for
     ``mldserver run``, which sets executableName itself."""

@@ -90,6 +90,23 @@ async def test_kinesis_list_shards_gives_split_and_merge_parents(moto_endpoint):
     assert merged[0] in lineage.children_of(s1)
 
 
+async def test_the_shards_still_to_come_are_the_open_ones_and_their_closed_parents(moto_endpoint):
+    kinesis = boto3.client("kinesis", endpoint_url=moto_endpoint, **AWS)
+    kinesis.create_stream(StreamName="orders", ShardCount=2)
+    shards = kinesis.list_shards(StreamName="orders")["Shards"]
+    s0, s1 = shards[0]["ShardId"], shards[1]["ShardId"]
+    low, high = int(shards[0]["HashKeyRange"]["StartingHashKey"]), int(shards[0]["HashKeyRange"]["EndingHashKey"])
+    kinesis.split_shard(StreamName="orders", ShardToSplit=s0, NewStartingHashKey=str((low + high) // 2))
+    children = sorted(s["ShardId"] for s in kinesis.list_shards(StreamName="orders")["Shards"]
+                      if s.get("ParentShardId") == s0)
+
+    lineage = Lineage(StreamShards("orders", region="us-east-1", endpoint_url=moto_endpoint))
+    to_come = await lineage.to_come()
+    assert to_come == {s0: (), s1: (), children[0]: (s0,), children[1]: (s0,)}  # s0 is closed: a parent to read
+    assert sorted(lineage.children_of(s0)) == children
+    assert await Lineage().to_come() == {}  # no stream: nothing known
+
+
 async def test_dynamodb_streams_describe_stream_gives_the_shards(moto_endpoint):
     dynamodb = boto3.client("dynamodb", endpoint_url=moto_endpoint, **AWS)
     table = dynamodb.create_table(

@@ -5,9 +5,13 @@ DuckDB's hopping windows over the same rows, across a restart too."""
 from __future__ import annotations
 
 import random
+import tempfile
+from pathlib import Path
 
 import duckdb
 import orjson
+import uvloop
+from hypothesis import given, settings as hsettings, strategies as st
 
 from mldserver.api.rows import Item, RowBatch
 from mldserver.base.config import Settings
@@ -68,11 +72,11 @@ def stream(seed, shards=3, rows=600):
     return out
 
 
-async def run(directory, batches, clock, stop_after=None, sink=None):
+async def run(directory, batches, clock, stop_after=None, sink=None, size=SIZE, slide=SLIDE):
     """Deliver ``batches`` (shard, rows) in turn; stop (a restart) once ``stop_after``
     windows are committed. Returns what each shard may checkpoint at the stop. The file
     sink, unless another is given."""
-    settings = Settings(window=SIZE / 1000, slide=SLIDE / 1000, idle_timeout=600.0,
+    settings = Settings(window=size / 1000, slide=slide / 1000, idle_timeout=600.0,
                         state_dir=str(directory / "state"), sink=f"file:{directory / 'out'}")
     c = Coordinator(settings, sink or FileSink(directory / "out"), clock=clock)
     await c.start()
@@ -105,14 +109,14 @@ def batches_of(data, seed):
     return out
 
 
-def hopping_by_duckdb(data):
+def hopping_by_duckdb(data, size=SIZE, slide=SLIDE):
     rows = [(t, a) for rows in data.values() for t, _, a in rows]
     con = duckdb.connect()
     con.execute("CREATE TABLE r (t BIGINT, amount DOUBLE)")
     con.executemany("INSERT INTO r VALUES (?, ?)", rows)
-    return {(start, start + SIZE): (n, total) for start, n, total in con.execute(
-        f"SELECT (t // {SLIDE} - k) * {SLIDE} AS start, count(*), round(sum(amount), 2) "
-        f"FROM r CROSS JOIN range({SIZE // SLIDE}) AS k(k) GROUP BY start").fetchall()}
+    return {(start, start + size): (n, total) for start, n, total in con.execute(
+        f"SELECT (t // {slide} - k) * {slide} AS start, count(*), round(sum(amount), 2) "
+        f"FROM r CROSS JOIN range({size // slide}) AS k(k) GROUP BY start").fetchall()}
 
 
 def committed_windows(directory):
@@ -130,3 +134,15 @@ async def test_hopping_windows_equal_duckdbs(tmp_path):
     data = stream(7)
     await run(tmp_path, batches_of(data, 7), FakeClock(1_790_000_000_000))
     assert committed_windows(tmp_path) == hopping_by_duckdb(data)
+
+
+@hsettings(max_examples=25, deadline=None)
+@given(st.integers(0, 10**6), st.sampled_from([(60_000, 20_000), (60_000, 10_000), (30_000, 15_000), (40_000, 5_000)]),
+       st.integers(1, 4))
+def test_hopping_windows_equal_duckdbs_whatever_the_sizes_and_the_delivery(seed, sizes, shards):
+    size, slide = sizes
+    data = stream(seed, shards=shards, rows=200)
+    with tempfile.TemporaryDirectory() as tmp:
+        directory = Path(tmp)
+        uvloop.run(run(directory, batches_of(data, seed), FakeClock(1_790_000_000_000), size=size, slide=slide))
+        assert committed_windows(directory) == hopping_by_duckdb(data, size, slide)
