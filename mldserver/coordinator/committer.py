@@ -91,10 +91,12 @@ class Committer:
 
     # -- the task that runs passes --------------------------------------------------
 
-    def start(self, step: Callable[[], Awaitable[Any]], tick: float) -> None:
-        """Run ``step`` at every ``wake()`` and every ``tick`` seconds."""
+    def start(self, step: Callable[[], Awaitable[Any]], tick: float,
+              first: Callable[[], Awaitable[Any]] | None = None) -> None:
+        """Run ``step`` at every ``wake()`` and every ``tick`` seconds, after ``first``
+        (work that must not hold up the start: a lookup of the stream's shards)."""
         self._tasks = [
-            asyncio.create_task(self._loop(step), name="coordinator-committer"),
+            asyncio.create_task(self._loop(step, first), name="coordinator-committer"),
             asyncio.create_task(self._ticker(tick), name="coordinator-tick"),
         ]
 
@@ -111,7 +113,9 @@ class Committer:
             await asyncio.sleep(tick)
             self._wake.set()
 
-    async def _loop(self, step: Callable[[], Awaitable[Any]]) -> None:
+    async def _loop(self, step: Callable[[], Awaitable[Any]], first: Callable[[], Awaitable[Any]] | None) -> None:
+        if first is not None:
+            await first()
         while True:
             await self._wake.wait()
             self._wake.clear()

@@ -149,10 +149,13 @@ class Coordinator:
             if self.ledger.done(spooled.shard_id):  # every row committed before a stop (the commit log says):
                 self.forget(spooled.shard_id)       # nothing waits on it, and no window would delete it
                 await self._delete_spool(spooled.shard_id)
-        for shard_id, parents in (await self.lineage.to_come()).items():  # (with ``stream`` set)
-            self.expect(shard_id, parents)
         s = self.settings
-        self.committer.start(self.step, tick=min(1.0, s.idle_timeout / 4, s.window / 4))
+        self.committer.start(self.step, tick=min(1.0, s.idle_timeout / 4, s.window / 4), first=self._expect_stream)
+
+    async def _expect_stream(self) -> None:
+        """With ``stream``, each shard the stream still holds is expected (``expect``)."""
+        for shard_id, parents in (await self.lineage.to_come()).items():
+            self.expect(shard_id, parents)
 
     async def stop(self) -> None:
         """Stop committing: a commit in progress finishes (rows still buffered are not
@@ -174,12 +177,11 @@ class Coordinator:
 
     def status(self) -> CoordinatorStatus:
         """What ``/status`` and ``/metrics`` report, at ``clock()``."""
-        ledger = self.ledger
+        ledger, committer = self.ledger, self.committer
         return CoordinatorStatus(
             self.watermarks.minimum(self.clock()), self.ordering.buffered_windows(), ledger.rows, ledger.bytes,
-            ledger.peak_rows, ledger.peak_bytes, self.committer.windows_committed, self.committer.rows_committed,
-            self.ordering.late_rows,
-            self.committer.last_commit, self.watermarks.by_shard())
+            ledger.peak_rows, ledger.peak_bytes, committer.windows_committed, committer.rows_committed,
+            self.ordering.late_rows, committer.last_commit, self.watermarks.by_shard())
 
     def _replay(self, shard_id: str, rows: RowBatch, last: Position | None, parents: list[str]) -> None:
         if parents:
@@ -191,8 +193,7 @@ class Coordinator:
         self.add_batch(shard_id, rows, last, None)
         self.watermarks.ended(shard_id, self.clock())
         entry = self.shards.entry(shard_id)
-        entry.spooled = True
-        entry.gone = True  # no connection serves it here: forgotten once committed
+        entry.spooled = entry.gone = True  # no connection serves it here: forgotten once committed
         self.log.info("spool_replayed", shard_id=shard_id, rows=len(rows))
 
     # -- what shard drivers call -----------------------------------------------------
@@ -214,11 +215,11 @@ class Coordinator:
         self.committer.wake()
 
     def expect(self, shard_id: str, parents: tuple[str, ...]) -> None:
-        """The stream has this shard and this server reads it (``--source`` listed it):
-        its parents are known, and with none of them here it holds the watermark from
-        now, before it opens (its parents, while here, hold for it)."""
+        """The stream has this shard (``--source`` or ``stream`` listed it): its parents
+        are known, and with none of them here it holds the watermark from now, before it
+        opens, until ``idle_timeout`` (its parents, while here, hold for it)."""
         self.lineage.given(shard_id, parents)
-        if not any(map(self.watermarks.tracks, parents)):
+        if not self.watermarks.tracks(shard_id) and not any(map(self.watermarks.tracks, parents)):
             self.watermarks.open(shard_id, self.clock())
 
     def add_batch(self, shard_id: str, rows: RowBatch, last: Position | None, millis_behind: int | None) -> None:
