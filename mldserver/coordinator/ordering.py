@@ -133,7 +133,7 @@ class Ordering:
 
     def drop(self, shard_id: str, high: Position | None) -> int:
         """The shard's lease went to another server: its rows still here (open windows,
-        late, held) go, and it starts afresh should it come back, with ``high`` (what
+        late, held, kept panes) go, and it starts afresh should it come back, with ``high`` (what
         is committed of it) as the position at or below which records are duplicates.
         Returns the rows dropped."""
         late = [(s, rows) for s, rows in self.pending_late if s != shard_id]
@@ -142,6 +142,8 @@ class Ordering:
         state = self.shards.pop(shard_id, None)
         if state is not None:
             dropped += sum(map(len, state.held)) + sum(map(len, state.queue))
+        if self.panes is not None:
+            dropped += self.panes.drop(shard_id)  # its rows in closed panes, still in windows to come
         self.retired.pop(shard_id, None)
         if high is not None:
             self.retired[shard_id] = high

@@ -48,6 +48,16 @@ class Panes:
         self.emitted_until = max(self.emitted_until, committed_end)
         return committed_end - self.size + self.slide
 
+    def drop(self, shard_id: str) -> int:
+        """A shard whose lease went elsewhere: its rows leave the panes kept (the new
+        owner reads them again). Returns how many."""
+        dropped = 0
+        for pane in self.kept:
+            for group in (pane.parts, pane.late):
+                dropped += sum(map(len, group.pop(shard_id, [])))
+            pane.late_rows = sum(map(len, (r for rows in pane.late.values() for r in rows)))
+        return dropped
+
     def assemble(self, closed: list[WindowRows], until: float) -> list[WindowRows]:
         """The windows whose end the watermark ``until`` has passed and that hold rows,
         in order, from the panes closed so far (``closed``: the newest)."""

@@ -54,6 +54,15 @@ def test_a_window_is_handed_over_once_the_watermark_passes_its_end_and_commits_i
     assert not panes.kept and panes.assemble([], until=10**9) == []
 
 
+def test_a_shard_whose_lease_is_lost_leaves_the_panes_kept():
+    panes = Panes(SIZE, SLIDE)
+    panes.assemble([pane(0, {"a": [(1_000, 1, 1.0)], "b": [(5_000, 7, 2.0)]})], until=20_000)
+    assert panes.drop("b") == 1 and panes.drop("b") == 0
+    windows = panes.assemble([], until=60_000)
+    assert [(w.start, w.end) for w in windows] == [(-20_000, 40_000), (0, 60_000)]
+    assert all(list(w.parts) == ["a"] for w in windows) and list(windows[-1].commits) == ["a"]
+
+
 def test_after_a_restart_committed_windows_are_not_handed_over_again_and_their_newer_panes_are_read_again():
     panes = Panes(SIZE, SLIDE)
     assert panes.resume(60_000) == 20_000  # the pane [0, 20_000) was committed; [20_000, ...) comes again
