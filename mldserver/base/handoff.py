@@ -2,8 +2,11 @@
 ``Committed``. Everything ``sinks/`` and ``spark/`` need of the coordinator is here,
 and this module imports nothing of theirs.
 
-A window is [start, end) in epoch milliseconds, tumbling and aligned to the epoch;
-its id names it in the sink. By the time a sink sees it, it is sealed::
+A window is [start, end) in epoch milliseconds, aligned to the epoch: tumbling, or
+hopping (``kind``: windows a slide apart, each row in several; such a window's
+``positions`` are those of the rows it commits, its oldest pane's, see
+``coordinator.panes``); its id names it in the sink. By the time a sink sees it, it is
+sealed::
 
     start = t - t % 60_000        # the window of event time t, for 60 s windows
     Window(start, start + 60_000, rows=JsonLines(...), late_rows=2,
