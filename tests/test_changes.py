@@ -120,6 +120,9 @@ async def test_kinesis_records_give_the_decoded_json_or_the_bytes():
 
 
 async def test_emit_attributes_the_row_to_the_record_and_defaults_to_the_changes_creation_time():
+    """The default is the record's arrival time, which for a DynamoDB change is its
+    creation time: the stream's own clock (a caught-up shard's watermark follows the wall
+    clock, as for arrival times); a change whose record has none gives its creation time."""
     class Emitting(mldserver.ChangeHandler):
         async def on_update(self, doc, meta):
             self.emit({"seq": meta.sequence_number})
@@ -129,10 +132,16 @@ async def test_emit_attributes_the_row_to_the_record_and_defaults_to_the_changes
     batch = batch_of([dynamodb_record(change(1, "INSERT", KEY, KEY)), kinesis(7, b"{}")])
     await Emitting(context()).dispatch(batch)
     assert [(e.record, e.row, e.event_time_ms) for e in batch.rows] == [
-        (batch.records[0], {"seq": "000000000000000000001"}, T),
+        (batch.records[0], {"seq": "000000000000000000001"}, None),  # its arrival time: the creation time
         (batch.records[1], {"seq": "7"}, None),  # the record's arrival time, downstream
         (batch.records[1], {"given": 1}, 5),
     ]
+    assert batch.records[0].approximate_arrival_timestamp == T
+    no_arrival = dynamodb_record(change(2, "INSERT", KEY, KEY))
+    del no_arrival["approximateArrivalTimestamp"]
+    batch = batch_of([no_arrival])
+    await Emitting(context()).dispatch(batch)
+    assert [e.event_time_ms for e in batch.rows] == [T]
     with pytest.raises(RuntimeError, match="inside on_update/on_delete"):
         Emitting(context()).emit({"k": 1})
 

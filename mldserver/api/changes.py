@@ -46,8 +46,8 @@ stream has it, and ``expired`` (a deletion made by TTL).
 
 ``self.emit(row, event_time_ms=None)`` inside a callback emits a row for the record
 being handled (the coordinator and sink as with ``batch.emit``); the event time
-defaults to the change's creation time for a DynamoDB record, else the record's
-arrival time.
+defaults to the record's arrival time, which for a DynamoDB change is its creation time
+(where a record has none, the change's ``ApproximateCreationDateTime`` is given).
 
 A callback that raises is retried for that record alone (``handler_retries`` times,
 with ``handler_backoff``, inside the batch's call and so within its
@@ -278,7 +278,9 @@ class ChangeHandler(Handler):
 
     def emit(self, row: dict[str, Any], event_time_ms: int | None = None) -> None:
         """Emit ``row`` for the record being handled (see ``Batch.emit``); the event
-        time defaults to a DynamoDB change's creation time."""
+        time defaults to the record's arrival time, which for a DynamoDB change is its
+        creation time (the KCL adapter and ``--source`` set it so; where a record has
+        none, the change's ``ApproximateCreationDateTime`` is given)."""
         batch = self._batch
         if batch is None:
             raise RuntimeError(
@@ -289,7 +291,10 @@ class ChangeHandler(Handler):
             batch.discarded()  # no sink: rows are not collected
             return
         meta = self._meta
-        if event_time_ms is None and meta[1] is not None:  # type: ignore[index]  (a DynamoDB change)
+        if event_time_ms is None and meta[1] is not None and meta[0].approximate_arrival_timestamp is None:  # type: ignore[index]
+            # A DynamoDB change's record whose arrival time is not set: its creation time. Where it
+            # is set (the KCL adapter and --source set it from the creation time) it stands in as
+            # the stream's own clock, so a caught-up shard's watermark still follows the wall clock.
             event_time_ms = meta.creation_time_ms  # type: ignore[union-attr]
         rows.add(meta[0], row, event_time_ms)  # type: ignore[index]
 

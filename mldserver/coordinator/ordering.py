@@ -55,29 +55,11 @@ from typing import Callable, Iterable
 from ..base.positions import Position
 from ..api.rows import NO_TIME, RowBatch
 from .panes import Panes
-from .windows import Tumbling
+from .windows import Tumbling, WindowRows
+
+__all__ = ["Ordering", "WindowRows"]
 
 RETIRED = 1024  # forgotten shards whose highest delivered position is kept
-
-
-@dataclass(slots=True)
-class WindowRows:
-    """A closed window's rows as ordering cut them: each shard's, in its order, and the
-    late rows it carries apart (``merge.seal`` puts them first, each shard's before its
-    others, and makes the :class:`~mldserver.base.handoff.Window` a sink gets). A
-    hopping window (``panes``) commits only some of its rows, those of its oldest pane:
-    ``commits``, each shard's (None: all of them)."""
-
-    start: int
-    end: int
-    parts: dict[str, list[RowBatch]] = field(default_factory=dict, repr=False)  # shard -> its rows
-    late_rows: int = 0  # the first ``late_rows`` rows in merged order are late
-    late: dict[str, list[RowBatch]] = field(default_factory=dict, repr=False)  # shard -> its late rows
-    commits: dict[str, list[RowBatch]] | None = field(default=None, repr=False)
-    kind: str = "tumbling"
-
-    def __len__(self) -> int:
-        return sum(len(part) for group in (self.late, self.parts) for parts in group.values() for part in parts)
 
 
 @dataclass(slots=True)

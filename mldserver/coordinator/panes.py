@@ -27,10 +27,8 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from .ordering import WindowRows
+from .windows import WindowRows
 
 
 class Panes:
@@ -61,8 +59,6 @@ class Panes:
     def assemble(self, closed: list[WindowRows], until: float) -> list[WindowRows]:
         """The windows whose end the watermark ``until`` has passed and that hold rows,
         in order, from the panes closed so far (``closed``: the newest)."""
-        from .ordering import WindowRows
-
         self.kept.extend(closed)
         windows = []
         while self.kept:

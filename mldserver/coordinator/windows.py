@@ -1,4 +1,5 @@
-"""Windows: which event-time window a time falls in. Pure arithmetic, no state.
+"""Windows: which event-time window a time falls in (pure arithmetic, no state), and
+what a closed window holds (``WindowRows``).
 
 Windows are tumbling: [start, end) in epoch milliseconds, ``size`` long, back to back
 and aligned to the epoch, so every server cuts the same windows and a window's id
@@ -14,11 +15,18 @@ and aligned to the epoch, so every server cuts the same windows and a window's i
 row before ``start(closed_until)`` is in a window already closed) and how many windows
 hold rows (``buffered_windows``). Times may be int or float (a watermark); the answer
 is an int.
+
+``WindowRows`` is what a closed window holds as ``ordering`` (and, for hopping windows,
+``panes``) hands it over: each shard's rows, its late rows apart, and what it commits.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ..api.rows import RowBatch
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,3 +40,23 @@ class Tumbling:
     def end(self, t: float) -> int:
         """The end of the window holding ``t`` (the next window's start)."""
         return self.start(t) + self.size
+
+
+@dataclass(slots=True)
+class WindowRows:
+    """A closed window's rows as ordering cut them: each shard's, in its order, and the
+    late rows it carries apart (``merge.seal`` puts them first, each shard's before its
+    others, and makes the :class:`~mldserver.base.handoff.Window` a sink gets). A
+    hopping window (``panes``) commits only some of its rows, those of its oldest pane:
+    ``commits``, each shard's (None: all of them)."""
+
+    start: int
+    end: int
+    parts: dict[str, list[RowBatch]] = field(default_factory=dict, repr=False)  # shard -> its rows
+    late_rows: int = 0  # the first ``late_rows`` rows in merged order are late
+    late: dict[str, list[RowBatch]] = field(default_factory=dict, repr=False)  # shard -> its late rows
+    commits: dict[str, list[RowBatch]] | None = field(default=None, repr=False)
+    kind: str = "tumbling"
+
+    def __len__(self) -> int:
+        return sum(len(part) for group in (self.late, self.parts) for parts in group.values() for part in parts)
