@@ -42,7 +42,7 @@ from ..base.handoff import PreparingSink, SharedSink, Sink, Window
 from ..base.logs import EventLogger
 from ..base.positions import Position
 from ..errors import retriable
-from .merge import highest, seal
+from .merge import seal
 from .ordering import WindowRows
 
 
@@ -179,18 +179,14 @@ class Committer:
         row; the rows' JSON is put in that order by the sink)."""
         closed_at = time.perf_counter()
         for rows in closed:
-            dropped: dict[str, list[RowBatch]] = {}
+            dropped: list[RowBatch] = []
             if self.late_policy != "next" and rows.late:  # late rows committed, left out of the output
-                dropped, rows.late, rows.late_rows = rows.late, {}, 0
-            commits_given = rows.commits is not None  # (a hopping window's count its late rows already)
+                dropped = [part for parts in rows.late.values() for part in parts]
+                if rows.commits is None:  # all it holds, its late rows too (a hopping window's say already)
+                    rows.commits = {s: rows.parts.get(s, []) + rows.late.get(s, []) for s in {*rows.parts, *rows.late}}
+                rows.late, rows.late_rows = {}, 0
             window, counts = seal(rows)
-            for shard_id, parts in dropped.items():
-                if not commits_given:
-                    counts[shard_id] = counts.get(shard_id, 0) + sum(map(len, parts))
-                high = max(map(highest, parts))
-                if shard_id not in window.positions or high > window.positions[shard_id]:
-                    window.positions[shard_id] = high
-            self.sealed.append(Sealed(window, counts, watermark, closed_at, [p for ps in dropped.values() for p in ps]))
+            self.sealed.append(Sealed(window, counts, watermark, closed_at, dropped))
 
     def prepare_next(self) -> None:
         """The sink is told the window that commits next, to make it ready while the
@@ -216,11 +212,18 @@ class Committer:
 
     async def _commit(self, closed: Sealed) -> None:
         window = closed.window
-        started = time.perf_counter()
-        attempt = 0
         if closed.dropped:
             await self._late(window, closed.dropped)
-        while len(window) or not closed.dropped:  # (a window of dropped late rows alone writes nothing)
+        if len(window) or not closed.dropped:  # (a window of dropped late rows alone writes nothing)
+            await self._write(closed)
+        await self.on_commit(window, closed.counts)
+
+    async def _write(self, closed: Sealed) -> None:
+        """The window into the sink, retried until it commits, then counted and logged."""
+        window = closed.window
+        started = time.perf_counter()
+        attempt = 0
+        while True:
             try:
                 # Shielded: stopping the committer lets a commit under way finish.
                 self._inflight = asyncio.ensure_future(self.sink.commit(window))
@@ -235,7 +238,7 @@ class Committer:
                 attempt += 1
                 self._failed(window, exc, attempt, delay)
                 await asyncio.sleep(delay)
-        self.windows_committed += bool(len(window) or not closed.dropped)
+        self.windows_committed += 1
         self.rows_committed += len(window)
         duration = time.perf_counter() - started
         if self.metrics is not None:
@@ -251,7 +254,6 @@ class Committer:
             duration_ms=round(duration * 1000, 3),
             latency_ms=round((time.perf_counter() - closed.closed_at) * 1000, 3),  # closed to committed
         )
-        await self.on_commit(window, closed.counts)
 
     async def _late(self, window: Window, dropped: list[RowBatch]) -> None:
         """Late rows left out of ``window`` (``late_policy``): dead-lettered with their
