@@ -52,6 +52,11 @@ def _parser():
     serve.add_argument("--window", type=float, help="window size in seconds (default 60; tumbling unless --slide)")
     serve.add_argument("--slide", type=float,
                        help="hopping windows: a new window every SLIDE seconds (a divisor of --window)")
+    serve.add_argument("--session", dest="session_gap", type=float, metavar="GAP",
+                       help="session windows: a key's rows less than GAP seconds apart are one session "
+                            "(with --session-key)")
+    serve.add_argument("--session-key", metavar="FIELD",
+                       help="session windows: the field of each row that names its session's key")
     serve.add_argument("--late-policy", choices=["next", "drop", "dead-letter"],
                        help="a row whose window has closed: committed with the next window (next, the default), "
                             "dropped and counted (drop), or kept with its data in the dead letters (dead-letter)")

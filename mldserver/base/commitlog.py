@@ -8,7 +8,9 @@ its entry exists; output without an entry is a half-written window, redone.
      "rows": 812, "late": 3, "rows_out": 41, "committed_at": "2026-11-21T10:01:05.120Z",
      "positions": {"shardId-000000000001": ["49590338271490256608559692538361571095921575989136588898", 0]}}
 
-``positions`` holds, per shard, the highest position the window covers, in its JSON
+A session window's entry also has ``output``: per shard, the highest position of the
+rows it handed over (``coordinator.sessions``). ``positions`` holds, per shard, the
+highest position the window covers, in its JSON
 form (``Position.to_json()``: the sequence number's exact digits, the sub-sequence). A shard's committed rows are always a prefix of its rows (windows
 commit in order and a shard's event times never decrease), so the highest position
 over all entries is where its committed rows end: the coordinator filters replays at
@@ -97,6 +99,7 @@ class CommitLog:
         atomic_write(self.directory / COMPACTED, orjson.dumps({
             "end": into.end, "windows": into.windows, "compacted_at": utc_timestamp(),
             "positions": {s: p.to_json() for s, p in into.positions.items()},
+            "output": {s: p.to_json() for s, p in into.output.items()},
         }))
         for entry in folded:
             self.path(entry["window"]).unlink(missing_ok=True)
@@ -111,17 +114,19 @@ class CommitLog:
         if compacted is not None:
             committed.end, committed.windows = compacted["end"], compacted["windows"]
             committed.positions = {s: Position.from_json(v) for s, v in compacted["positions"].items()}
+            committed.output = {s: Position.from_json(v) for s, v in compacted.get("output", {}).items()}
         for entry in entries:
             if compacted is not None and entry["end"] <= compacted["end"]:
                 continue
             committed.windows += 1
             if committed.end is None or entry["end"] > committed.end:
                 committed.end = entry["end"]
-            for shard_id, value in entry["positions"].items():
-                position = Position.from_json(value)
-                known = committed.positions.get(shard_id)
-                if known is None or position > known:
-                    committed.positions[shard_id] = position
+            for field, highest in (("positions", committed.positions), ("output", committed.output)):
+                for shard_id, value in entry.get(field, {}).items():
+                    position = Position.from_json(value)
+                    known = highest.get(shard_id)
+                    if known is None or position > known:
+                        highest[shard_id] = position
         return committed
 
     def _folded(self, window_id: str) -> bool:

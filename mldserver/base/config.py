@@ -259,6 +259,10 @@ class Settings:
     window: float = setting(60.0, low=0.1, high=DAY, unit="seconds")  # event-time windows: their size
     # hopping windows: a new window every `slide` seconds (window a multiple of it); unset: tumbling
     slide: float | None = setting(None, float, low=0.1, high=DAY, unit="seconds")
+    # session windows: a key's rows (its field `session_key`, at the top of each row) less than
+    # `session_gap` seconds apart are one session; unset: tumbling or hopping windows
+    session_gap: float | None = setting(None, float, low=0.1, high=DAY, unit="seconds")
+    session_key: str | None = setting(None, str, empty=False)
     sink: str | None = setting(None, str)  # file:DIR (JSON lines), parquet:DIR (Spark) or iceberg:DIR (a table)
     # a row whose window has closed: "next" (committed with the next window, counted late),
     # "drop" (counted), "dead-letter" (with its data, <state-dir>/dead-letters/rows.jsonl)
@@ -383,6 +387,17 @@ def load(path: str | None = None, **overrides: Any) -> Settings:
         if not settings.sink:
             raise ConfigError(f"slide = {settings.slide:g}: windows collect the rows handlers emit, but no sink "
                               f"keeps them: add --sink parquet:DIR (or file:DIR, iceberg:DIR), or leave slide out")
+    if (settings.session_gap is None) != (settings.session_key is None):
+        given = "session_gap" if settings.session_key is None else "session_key"
+        raise ConfigError(f"{given} is set alone: session windows need both a gap and the field of each row that "
+                          f"names its session (say --session 1800 --session-key user)")
+    if settings.session_gap is not None:
+        if settings.slide is not None:
+            raise ConfigError(f"session_gap = {settings.session_gap:g} and slide = {settings.slide:g}: a pipeline "
+                              f"has one kind of window: leave slide out for session windows, or session_gap out")
+        if not settings.sink:
+            raise ConfigError(f"session_gap = {settings.session_gap:g}: windows collect the rows handlers emit, but "
+                              f"no sink keeps them: add --sink parquet:DIR (or file:DIR), or leave it out")
     if "window" in values and not settings.sink:
         raise ConfigError(f"window = {settings.window:g}: windows collect the rows handlers emit, but no sink keeps "
                           f"them: add --sink parquet:DIR (or file:DIR, iceberg:DIR), or leave window out")
@@ -406,6 +421,10 @@ def load(path: str | None = None, **overrides: Any) -> Settings:
                                   f"tumbling windows only for now (it keeps each row once, and a hopping window's "
                                   f"rows are in several): use --sink parquet:DIR for hopping windows, or leave "
                                   f"slide out")
+            if settings.session_gap is not None:
+                raise ConfigError(f"session_gap = {settings.session_gap:g}: the table sink (--sink {settings.sink}) "
+                                  f"commits tumbling windows only for now: use --sink parquet:DIR for session "
+                                  f"windows, or leave session_gap out")
             if not positions_stream(settings):
                 raise ConfigError(
                     f"--sink {settings.sink}: the table keeps committed positions per stream and shard: "

@@ -5,8 +5,11 @@ and this module imports nothing of theirs.
 A window is [start, end) in epoch milliseconds, aligned to the epoch: tumbling, or
 hopping (``kind``: windows a slide apart, each row in several; such a window's
 ``positions`` are those of the rows it commits, its oldest pane's, see
-``coordinator.panes``); its id names it in the sink. By the time a sink sees it, it is
-sealed::
+``coordinator.panes``); or the sessions that closed together (``kind`` "session": each
+row carries its session's ``window_start`` and ``window_end``, the window's end is the
+watermark it was cut at, and ``output`` says each shard's highest row handed over, see
+``coordinator.sessions``); its id names it in the sink. By the time a sink sees it, it
+is sealed::
 
     start = t - t % 60_000        # the window of event time t, for 60 s windows
     Window(start, start + 60_000, rows=JsonLines(...), late_rows=2,
@@ -170,7 +173,10 @@ class Window:
     # per row, in row order: (shard id, the position of the record it came from);
     # None when whoever built the window did not say (a test's hand-made window)
     sources: Iterable[tuple[str, Position]] | None = field(default=None, repr=False)
-    kind: str = "tumbling"  # or "hopping": windows a slide apart, each row in size/slide of them
+    kind: str = "tumbling"  # or "hopping": windows a slide apart, each row in size/slide of them; or "session"
+    # sessions: each shard's highest row handed over (rows of sessions still open may be
+    # below it, and are read again after a restart; see ``coordinator.sessions``)
+    output: dict[str, Position] = field(default_factory=dict, repr=False)
 
     @property
     def id(self) -> str:
@@ -187,6 +193,7 @@ class Committed:
     positions: dict[str, Position] = field(default_factory=dict)  # shard -> highest committed
     end: int | None = None  # the end of the last committed window
     windows: int = 0
+    output: dict[str, Position] = field(default_factory=dict)  # session windows: shard -> highest row handed over
 
 
 class Sink(Protocol):

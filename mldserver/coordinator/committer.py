@@ -179,12 +179,8 @@ class Committer:
         row; the rows' JSON is put in that order by the sink)."""
         closed_at = time.perf_counter()
         for rows in closed:
-            dropped: list[RowBatch] = []
-            if self.late_policy != "next" and rows.late:  # late rows committed, left out of the output
-                dropped = [part for parts in rows.late.values() for part in parts]
-                if rows.commits is None:  # all it holds, its late rows too (a hopping window's say already)
-                    rows.commits = {s: rows.parts.get(s, []) + rows.late.get(s, []) for s in {*rows.parts, *rows.late}}
-                rows.late, rows.late_rows = {}, 0
+            # late rows committed, left out of the output
+            dropped: list[RowBatch] = rows.drop_late() if self.late_policy != "next" else []
             window, counts = seal(rows)
             self.sealed.append(Sealed(window, counts, watermark, closed_at, dropped))
 

@@ -54,6 +54,8 @@ def seal(closed: WindowRows) -> tuple[Window, dict[str, int]]:
     reads it, off the event loop."""
     import numpy as np
 
+    if closed.sessions is not None:
+        return _seal_sessions(closed)
     for shard_id, late in closed.late.items():  # late rows first: older than the window's start
         closed.parts[shard_id] = late + closed.parts.get(shard_id, [])
     shards = sorted(closed.parts)  # shard ids in the merge key's order
@@ -79,6 +81,62 @@ def seal(closed: WindowRows) -> tuple[Window, dict[str, int]]:
     closed.parts, closed.late = {}, {}
     closed.commits = None
     return window, counts
+
+
+def _seal_sessions(closed: WindowRows) -> tuple[Window, dict[str, int]]:
+    """Sessions handed over together: their rows session by session (late ones first,
+    then by start), each session's in the merge key's order, every row given its
+    session's ``window_start`` and ``window_end``. It commits the panes let go
+    (``commits``); ``output`` is each shard's highest row handed over (what a restart
+    leaves out of the sessions it makes again: ``sessions.Sessions.resume``)."""
+    import numpy as np
+
+    assert closed.sessions is not None and closed.commits is not None
+    given = sorted(closed.sessions.parts, key=lambda part: part[0])  # by shard id, a shard's in pane order
+    parts = [rows for _, rows, _ in given]
+    owners = [shard_id for shard_id, _, _ in given]
+    spans = closed.sessions.spans
+    order = None
+    if parts:
+        shard_ids = sorted(set(owners))
+        shard_no = np.repeat([shard_ids.index(s) for s in owners], [len(rows) for rows in parts])
+        ranks = np.concatenate([(j << 32) | rows.records.astype(np.int64) for j, rows in enumerate(parts)])
+        sessions = np.concatenate([r for _, _, r in given])
+        order = np.lexsort((ranks, shard_no, np.concatenate([rows.times for rows in parts]), sessions))
+        of_row = sessions[order]
+    counts = {s: sum(map(len, rows)) for s, rows in closed.commits.items()}
+    positions = {s: max(map(highest, rows)) for s, rows in closed.commits.items() if rows}
+    output: dict[str, Position] = {}
+    for shard_id, rows in zip(owners, parts):
+        top = highest(rows)
+        if shard_id not in output or top > output[shard_id]:
+            output[shard_id] = top
+    n = sum(map(len, parts))
+    make = partial(_session_lines, parts, order, of_row, spans) if parts else (lambda: (b"", [0]))
+    window = Window(closed.start, closed.end, JsonLines(n, make), closed.late_rows, positions,
+                    RowSources(owners, parts, order), "session", output)
+    closed.sessions, closed.commits = None, None
+    return window, counts
+
+
+def _session_lines(parts: list[RowBatch], order: np.ndarray, of_row: np.ndarray,
+                   spans: list[tuple[int, int, bool]]) -> Made:
+    """The rows in ``order``, each as its JSON object with its session's
+    ``window_start`` and ``window_end`` first."""
+    import numpy as np
+
+    body, offsets = _take(parts, order)
+    view = memoryview(body).cast("B")
+    heads = [b'{"window_start":%d,"window_end":%d' % (start, end) for start, end, _ in spans]
+    lines = []
+    ends = np.asarray(offsets).tolist()
+    for k, session in enumerate(of_row.tolist()):
+        row = view[ends[k] + 1 : ends[k + 1]]  # past its "{", its newline included
+        lines.append(heads[session] + (b"" if row[:1] == b"}" else b",") + row)
+    out = b"".join(lines)
+    made = np.zeros(len(lines) + 1, dtype=np.int64)
+    np.cumsum([len(line) for line in lines], out=made[1:])
+    return out, made
 
 
 def highest(rows: RowBatch) -> Position:

@@ -22,7 +22,8 @@ where Bloop breaks it is decided here, the policy:
   (alone, in the window after the last closed one, once that one is past the
   watermark too), counted in ``late_rows``; never dropped.
 
-Windows are tumbling (``windows.Tumbling``). A shard whose lease went to another
+Windows are tumbling (``windows.Tumbling``); hopping windows are made of tumbling
+panes a slide long (``panes``), session windows of panes a gap long (``sessions``). A shard whose lease went to another
 server is ``drop``-ped: its rows leave the open windows at once, and only what is
 committed of it counts as delivered should it come back. A shard gone from here whose
 rows are all committed is ``forget``-ten; the highest position it delivered is kept a
@@ -55,6 +56,7 @@ from typing import Callable, Iterable
 from ..base.positions import Position
 from ..api.rows import NO_TIME, RowBatch
 from .panes import Panes
+from .sessions import Sessions
 from .windows import Tumbling, WindowRows
 
 __all__ = ["Ordering", "WindowRows"]
@@ -78,13 +80,19 @@ class Ordering:
         *,
         window_ms: int,
         slide_ms: int | None = None,
+        session: tuple[int, str] | None = None,
         blocks: Callable[[str, float], bool],
         parents_of: Callable[[str], Iterable[str]],
     ) -> None:
         # Tumbling, aligned to the epoch; hopping windows (``slide_ms``) are made of tumbling
-        # panes a slide long (``panes``): rows are queued and cut by pane.
-        self.window = Tumbling(slide_ms or window_ms)
-        self.panes = Panes(window_ms, slide_ms) if slide_ms and slide_ms != window_ms else None
+        # panes a slide long (``panes``), session windows (``session``: the gap in ms, the
+        # key's field) of panes a gap long (``sessions``): rows are queued and cut by pane.
+        self.window = Tumbling(session[0] if session else slide_ms or window_ms)
+        self.panes: Panes | Sessions | None = None
+        if session:
+            self.panes = Sessions(*session)
+        elif slide_ms and slide_ms != window_ms:
+            self.panes = Panes(window_ms, slide_ms)
         self.blocks = blocks  # can this (parent) shard still add rows at ``now``?
         self.parents_of = parents_of
         self.shards: dict[str, ShardOrder] = {}
@@ -137,10 +145,15 @@ class Ordering:
         if state.high is None or position > state.high:
             state.high = position
 
-    def resume(self, committed_end: int) -> None:
+    def resume(self, committed_end: int, output: dict[str, Position] | None = None) -> None:
         """Windows up to ``committed_end`` were committed before a restart: rows for
         them are late now, so a window id is never committed twice (for hopping
-        windows, rows of the panes no committed window let go are read again)."""
+        windows, rows of the panes no committed window let go are read again; for
+        sessions, rows of sessions still open then, and ``output`` says which were
+        handed over: ``Sessions.resume``)."""
+        if isinstance(self.panes, Sessions):
+            self.panes.resume(committed_end, output or {})
+            return
         if self.panes is not None:
             committed_end = self.panes.resume(committed_end)
         self.closed_until = max(self.closed_until, committed_end)
@@ -284,6 +297,10 @@ class Ordering:
                 first_window.late.setdefault(shard_id, []).append(rows)
             first_window.late_rows = sum(len(rows) for _, rows in self.pending_late)
             self.pending_late = []
+        if isinstance(self.panes, Sessions):
+            # a session ends once no row before its end can still come: the watermark, or
+            # the oldest row queued, in a pane not closed yet
+            until = min([until] + [int(s.queue[0].times[0]) for s in self.shards.values() if s.queue])
         return windows if self.panes is None else self.panes.assemble(windows, until)
 
     def buffered_windows(self) -> int:

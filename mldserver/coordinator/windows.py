@@ -17,7 +17,8 @@ hold rows (``buffered_windows``). Times may be int or float (a watermark); the a
 is an int.
 
 ``WindowRows`` is what a closed window holds as ``ordering`` (and, for hopping windows,
-``panes``) hands it over: each shard's rows, its late rows apart, and what it commits.
+``panes``; for session windows, ``sessions``) hands it over: each shard's rows, its late
+rows apart, and what it commits.
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    import numpy as np
+
     from ..api.rows import RowBatch
 
 
@@ -57,6 +60,59 @@ class WindowRows:
     late: dict[str, list[RowBatch]] = field(default_factory=dict, repr=False)  # shard -> its late rows
     commits: dict[str, list[RowBatch]] | None = field(default=None, repr=False)
     kind: str = "tumbling"
+    sessions: SessionRows | None = field(default=None, repr=False)  # session windows: the rows, in sessions
 
     def __len__(self) -> int:
-        return sum(len(part) for group in (self.late, self.parts) for parts in group.values() for part in parts)
+        held = sum(len(part) for group in (self.late, self.parts) for parts in group.values() for part in parts)
+        return held + (0 if self.sessions is None else self.sessions.rows())
+
+    def drop_late(self) -> list[RowBatch]:
+        """Its late rows left out (``late_policy`` ``drop`` or ``dead-letter``), still
+        committed: returns them."""
+        if self.sessions is not None:
+            dropped = self.sessions.drop_late()
+        else:
+            dropped = [part for parts in self.late.values() for part in parts]
+            if dropped and self.commits is None:  # all it holds, its late rows too
+                self.commits = {s: self.parts.get(s, []) + self.late.get(s, []) for s in {*self.parts, *self.late}}
+            self.late = {}
+        self.late_rows = 0
+        return dropped
+
+
+@dataclass(slots=True)
+class SessionRows:
+    """The rows of the sessions handed over together (``sessions.Sessions``), copied
+    out of their panes: per part, its shard, its rows, and each row's session (an index
+    into ``spans``, each session's start, end and whether it is late; late ones first)."""
+
+    parts: list[tuple[str, RowBatch, np.ndarray]]
+    spans: list[tuple[int, int, bool]]
+
+    def rows(self) -> int:
+        return sum(len(rows) for _, rows, _ in self.parts)
+
+    def late_rows(self) -> int:
+        late = [i for i, (_, _, is_late) in enumerate(self.spans) if is_late]
+        if not late:
+            return 0
+        import numpy as np
+
+        return sum(int(np.isin(ranks, late).sum()) for _, _, ranks in self.parts)
+
+    def drop_late(self) -> list[RowBatch]:
+        """The late sessions' rows out; returns them."""
+        import numpy as np
+
+        late = [i for i, (_, _, is_late) in enumerate(self.spans) if is_late]
+        if not late:
+            return []
+        dropped, kept = [], []
+        for shard, rows, ranks in self.parts:
+            mask = np.isin(ranks, late)
+            if mask.any():
+                dropped.append(rows.take(np.flatnonzero(mask)))
+            if not mask.all():
+                kept.append((shard, rows.take(np.flatnonzero(~mask)), ranks[~mask]))
+        self.parts = kept
+        return dropped

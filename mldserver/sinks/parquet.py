@@ -109,6 +109,8 @@ class SparkSink:
                 "positions": {shard_id: p.to_json() for shard_id, p in window.positions.items()},
             },
         }
+        if window.output:
+            request["window"]["output"] = {shard_id: p.to_json() for shard_id, p in window.output.items()}
         handed_over = time.perf_counter()
         self._with_spark = True
         try:

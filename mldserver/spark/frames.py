@@ -15,7 +15,7 @@ requests both sides build or read are typed below (``StartRequest``,
 
 from __future__ import annotations
 
-from typing import Any, Literal, TypedDict
+from typing import Any, Literal, NotRequired, TypedDict
 
 from ..base.pipes import encode, read_frame, read_frame_async
 
@@ -44,10 +44,11 @@ class WindowFrame(TypedDict):
     id: str  # "<start>-<end>"
     start: int
     end: int
-    kind: str  # "tumbling" or "hopping"
+    kind: str  # "tumbling", "hopping" or "session"
     rows: int
     late: int  # the first ``late`` rows are late rows
     positions: dict[str, tuple[str, int]]  # shard -> the highest (sequence number, sub-sequence number)
+    output: NotRequired[dict[str, tuple[str, int]]]  # sessions: shard -> the highest row handed over
 
 
 class CommitRequest(TypedDict):
@@ -76,10 +77,11 @@ class CommitEntry(TypedDict):
     late: int
     rows_out: int | None  # None: the format has no row count, or the pipeline wrote its own output
     positions: dict[str, tuple[str, int]]
+    output: NotRequired[dict[str, tuple[str, int]]]
 
 
 def commit_entry(window: WindowFrame, rows_out: int | None) -> CommitEntry:
-    return {
+    entry: CommitEntry = {
         "window": window["id"],
         "start": window["start"],
         "end": window["end"],
@@ -88,3 +90,6 @@ def commit_entry(window: WindowFrame, rows_out: int | None) -> CommitEntry:
         "rows_out": rows_out,
         "positions": window["positions"],
     }
+    if "output" in window:
+        entry["output"] = window["output"]
+    return entry

@@ -26,7 +26,9 @@ class WindowInfo:
     end: int  # epoch ms, exclusive
     rows: int  # rows handed over, late rows included
     late_rows: int  # rows older than a window already committed, handed over with this one
-    kind: str = "tumbling"  # or "hopping": windows --slide apart, each row in window/slide of them
+    # or "hopping": windows --slide apart, each row in window/slide of them; or "session": the
+    # sessions that closed together, each row with its session's window_start and window_end
+    kind: str = "tumbling"
 
     @property
     def late(self) -> bool:
