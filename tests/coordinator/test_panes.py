@@ -87,7 +87,15 @@ async def run(directory, batches, clock, stop_after=None, sink=None, size=SIZE, 
     sink, unless another is given."""
     settings = Settings(window=size / 1000, slide=slide / 1000, idle_timeout=600.0,
                         state_dir=str(directory / "state"), sink=f"file:{directory / 'out'}")
-    c = Coordinator(settings, sink or FileSink(directory / "out"), clock=clock)
+    return await deliver(settings, sink or FileSink(directory / "out"), batches, clock, rows_of, stop_after)
+
+
+async def deliver(settings, sink, batches, clock, rows_of, stop_after=None):
+    """A coordinator on ``settings`` and ``sink`` given ``batches`` (shard, rows: each
+    made a RowBatch by ``rows_of``) in turn, half a second apart; stopped once
+    ``stop_after`` windows are committed, or else once every window has closed (the
+    shards idle). Returns what each shard may checkpoint at the stop."""
+    c = Coordinator(settings, sink, clock=clock)
     await c.start()
     try:
         for shard_id in sorted({s for s, _ in batches}):

@@ -21,13 +21,13 @@ from mldserver.base.commitlog import CommitLog
 from mldserver.base.config import Settings, load
 from mldserver.base.handoff import Committed, Window
 from mldserver.base.positions import Position
-from mldserver.coordinator import Coordinator
 from mldserver.coordinator.sessions import Sessions
 from mldserver.coordinator.windows import WindowRows
 from mldserver.errors import ConfigError
 from mldserver.sinks.file import FileSink
 
 from ..helpers import FakeClock
+from .test_panes import batches_of, deliver
 
 GAP = 30_000
 USERS = ["ann", "bob", "cy", "dee", "eve"]
@@ -99,18 +99,6 @@ def stream(seed, shards=3, rows=400):
     return out
 
 
-def batches_of(data, seed):
-    rng = random.Random(seed)
-    left = {s: list(rows) for s, rows in data.items()}
-    out = []
-    while any(left.values()):
-        s = rng.choice([s for s in left if left[s]])
-        n = rng.randint(1, 25)
-        out.append((s, left[s][:n]))
-        left[s] = left[s][n:]
-    return out
-
-
 def sessions_by_duckdb(data, gap=GAP):
     rows = [(t, seq, u, a) for rows in data.values() for t, seq, u, a in rows]
     con = duckdb.connect()
@@ -144,23 +132,7 @@ async def run(directory, batches, clock, stop_after=None, sink=None, gap=GAP):
     windows are committed. Returns what each shard may checkpoint at the stop."""
     settings = Settings(session_gap=gap / 1000, session_key="user", idle_timeout=600.0,
                         state_dir=str(directory / "state"), sink=f"file:{directory / 'out'}")
-    c = Coordinator(settings, sink or FileSink(directory / "out"), clock=clock)
-    await c.start()
-    try:
-        for shard_id in sorted({s for s, _ in batches}):
-            await c.open_shard(shard_id, None)
-        for shard_id, rows in batches:
-            c.add_batch(shard_id, rows_of(rows), Position(rows[-1][1], 0, str(rows[-1][1])), 0)
-            clock.advance(500)
-            await c.step()
-            if stop_after is not None and c.committer.windows_committed >= stop_after:
-                break
-        else:
-            clock.advance(600_001)  # idle: every session closes
-            await c.step()
-        return {s: c.safe_position(s) for s, _ in batches}
-    finally:
-        await c.stop()
+    return await deliver(settings, sink or FileSink(directory / "out"), batches, clock, rows_of, stop_after)
 
 
 async def test_session_windows_equal_duckdbs(tmp_path):
