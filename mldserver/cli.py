@@ -57,6 +57,9 @@ def _parser():
                             "(with --session-key)")
     serve.add_argument("--session-key", metavar="FIELD",
                        help="session windows: the field of each row that names its session's key")
+    serve.add_argument("--allowed-lateness", type=float, metavar="SECONDS",
+                       help="a closed window takes late rows this long after its end (the sink replaces it, "
+                            "amended); default 0")
     serve.add_argument("--late-policy", choices=["next", "drop", "dead-letter"],
                        help="a row whose window has closed: committed with the next window (next, the default), "
                             "dropped and counted (drop), or kept with its data in the dead letters (dead-letter)")

@@ -9,7 +9,10 @@ its entry exists; output without an entry is a half-written window, redone.
      "positions": {"shardId-000000000001": ["49590338271490256608559692538361571095921575989136588898", 0]}}
 
 A session window's entry also has ``output``: per shard, the highest position of the
-rows it handed over (``coordinator.sessions``). ``positions`` holds, per shard, the
+rows it handed over (``coordinator.sessions``). With ``allowed_lateness`` a window is
+committed again when amended (its entry replaced, ``"version": 2``, ...), and ``final``
+says where the windows final by then end (``coordinator.amends``): a restart resumes
+there. ``positions`` holds, per shard, the
 highest position the window covers, in its JSON
 form (``Position.to_json()``: the sequence number's exact digits, the sub-sequence). A shard's committed rows are always a prefix of its rows (windows
 commit in order and a shard's event times never decrease), so the highest position
@@ -34,6 +37,7 @@ order, so no later commit can be of one.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -100,6 +104,7 @@ class CommitLog:
             "end": into.end, "windows": into.windows, "compacted_at": utc_timestamp(),
             "positions": {s: p.to_json() for s, p in into.positions.items()},
             "output": {s: p.to_json() for s, p in into.output.items()},
+            "final": into.final_until,
         }))
         for entry in folded:
             self.path(entry["window"]).unlink(missing_ok=True)
@@ -115,12 +120,15 @@ class CommitLog:
             committed.end, committed.windows = compacted["end"], compacted["windows"]
             committed.positions = {s: Position.from_json(v) for s, v in compacted["positions"].items()}
             committed.output = {s: Position.from_json(v) for s, v in compacted.get("output", {}).items()}
+            committed.final_until = compacted.get("final")
         for entry in entries:
             if compacted is not None and entry["end"] <= compacted["end"]:
                 continue
             committed.windows += 1
             if committed.end is None or entry["end"] > committed.end:
                 committed.end = entry["end"]
+            if entry.get("final") is not None and (committed.final_until or -math.inf) < entry["final"]:
+                committed.final_until = entry["final"]
             for field, highest in (("positions", committed.positions), ("output", committed.output)):
                 for shard_id, value in entry.get(field, {}).items():
                     position = Position.from_json(value)

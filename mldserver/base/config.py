@@ -267,6 +267,9 @@ class Settings:
     # a row whose window has closed: "next" (committed with the next window, counted late),
     # "drop" (counted), "dead-letter" (with its data, <state-dir>/dead-letters/rows.jsonl)
     late_policy: str = setting("next", choices=("next", "drop", "dead-letter"))
+    # a window stays open to late rows this long after it closes: such a row amends it (the sink
+    # replaces the window); its shards checkpoint past it only then (tumbling windows)
+    allowed_lateness: float = setting(0.0, low=0.0, high=DAY, unit="seconds")
     # watermarks: a caught-up shard stands at the wall clock minus this margin
     watermark_margin: float = setting(5.0, low=0.0, high=DAY, unit="seconds")
     # a shard silent this long stops holding the watermark back
@@ -387,6 +390,14 @@ def load(path: str | None = None, **overrides: Any) -> Settings:
         if not settings.sink:
             raise ConfigError(f"slide = {settings.slide:g}: windows collect the rows handlers emit, but no sink "
                               f"keeps them: add --sink parquet:DIR (or file:DIR, iceberg:DIR), or leave slide out")
+    if settings.allowed_lateness:
+        lateness = f"allowed_lateness = {settings.allowed_lateness:g}"
+        if settings.slide is not None or settings.session_gap is not None:
+            raise ConfigError(f"{lateness}: windows are amended with late rows only when tumbling, for now: leave "
+                              f"slide and session_gap out, or allowed_lateness")
+        if not settings.sink:
+            raise ConfigError(f"{lateness}: windows collect the rows handlers emit, but no sink keeps them: add "
+                              f"--sink parquet:DIR (or file:DIR), or leave it out")
     if (settings.session_gap is None) != (settings.session_key is None):
         given = "session_gap" if settings.session_key is None else "session_key"
         raise ConfigError(f"{given} is set alone: session windows need both a gap and the field of each row that "
@@ -421,6 +432,10 @@ def load(path: str | None = None, **overrides: Any) -> Settings:
                                   f"tumbling windows only for now (it keeps each row once, and a hopping window's "
                                   f"rows are in several): use --sink parquet:DIR for hopping windows, or leave "
                                   f"slide out")
+            if settings.allowed_lateness:
+                raise ConfigError(f"allowed_lateness = {settings.allowed_lateness:g}: the table sink (--sink "
+                                  f"{settings.sink}) does not amend windows yet: use --sink parquet:DIR (or file:DIR) "
+                                  f"with allowed_lateness, or leave it out (late_policy decides a late row)")
             if settings.session_gap is not None:
                 raise ConfigError(f"session_gap = {settings.session_gap:g}: the table sink (--sink {settings.sink}) "
                                   f"commits tumbling windows only for now: use --sink parquet:DIR for session "

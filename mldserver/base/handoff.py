@@ -177,6 +177,11 @@ class Window:
     # sessions: each shard's highest row handed over (rows of sessions still open may be
     # below it, and are read again after a restart; see ``coordinator.sessions``)
     output: dict[str, Position] = field(default_factory=dict, repr=False)
+    # with allowed_lateness: the window may be handed over again, amended (1, 2, ...: the sink
+    # replaces what it wrote of it); 0: handed over once. ``final_until``: windows ending at or
+    # before it are final (their rows are what this commit lets shards checkpoint past)
+    version: int = 0
+    final_until: int | None = None
 
     @property
     def id(self) -> str:
@@ -194,6 +199,7 @@ class Committed:
     end: int | None = None  # the end of the last committed window
     windows: int = 0
     output: dict[str, Position] = field(default_factory=dict)  # session windows: shard -> highest row handed over
+    final_until: int | None = None  # with allowed_lateness: windows ending at or before it are final
 
 
 class Sink(Protocol):

@@ -55,6 +55,7 @@ class Sealed:
     watermark: float  # the global watermark that closed it
     closed_at: float  # perf_counter(): its close-to-commit latency starts here
     dropped: list[RowBatch] = field(default_factory=list)  # late rows left out (late_policy drop, dead-letter)
+    again: int = 0  # an amended window's rows that an earlier version had (allowed_lateness)
 
 
 @dataclass(frozen=True, slots=True)
@@ -181,8 +182,9 @@ class Committer:
         for rows in closed:
             # late rows committed, left out of the output
             dropped: list[RowBatch] = rows.drop_late() if self.late_policy != "next" else []
+            again = rows.again
             window, counts = seal(rows)
-            self.sealed.append(Sealed(window, counts, watermark, closed_at, dropped))
+            self.sealed.append(Sealed(window, counts, watermark, closed_at, dropped, again))
 
     def prepare_next(self) -> None:
         """The sink is told the window that commits next, to make it ready while the
@@ -234,8 +236,8 @@ class Committer:
                 attempt += 1
                 self._failed(window, exc, attempt, delay)
                 await asyncio.sleep(delay)
-        self.windows_committed += 1
-        self.rows_committed += len(window)
+        self.windows_committed += window.version <= 1  # (an amended window is counted once)
+        self.rows_committed += len(window) - closed.again
         duration = time.perf_counter() - started
         if self.metrics is not None:
             self.metrics.window_committed(duration)
@@ -245,6 +247,7 @@ class Committer:
             window=window.id,
             rows=len(window),
             late=window.late_rows,
+            **({"version": window.version} if window.version else {}),  # allowed_lateness: 2 and on, amended
             shards=len(closed.counts),
             watermark=ms(closed.watermark),
             duration_ms=round(duration * 1000, 3),

@@ -120,9 +120,7 @@ class Coordinator:
             idle_timeout_ms=settings.idle_timeout * 1000,
             children_of=self.lineage.children_of,
         )
-        self.ordering = Ordering(window_ms=round(settings.window * 1000), slide_ms=settings.slide and round(
-            settings.slide * 1000), session=settings.session_gap and (round(settings.session_gap * 1000), str(
-                settings.session_key)), blocks=self.watermarks.live, parents_of=self.lineage.parents_of)
+        self.ordering = Ordering.of(settings, blocks=self.watermarks.live, parents_of=self.lineage.parents_of)
         self.ledger = Ledger()
         self.spool = Spool(state_path(settings, "spool"), self.log)
         self.spill = Spill(state_path(settings, "spill"))  # rows past max_buffered_bytes
@@ -141,7 +139,7 @@ class Coordinator:
         await asyncio.to_thread(self.spill.clear)
         self.shards.floors.update(committed.positions)  # replays at or below are dropped
         if committed.end is not None:
-            self.ordering.resume(committed.end, committed.output)
+            self.ordering.resume(committed.end, committed.output, committed.final_until)
             self.log.info(
                 "commit_log_read", windows=committed.windows, shards=len(committed.positions), end=committed.end
             )

@@ -77,7 +77,7 @@ def seal(closed: WindowRows) -> tuple[Window, dict[str, int]]:
     owners = [shard_id for shard_id in shards for _ in closed.parts[shard_id]]
     rows = JsonLines(n, partial(_gather, parts, order), partial(_chunks, parts, order))
     window = Window(closed.start, closed.end, rows, closed.late_rows, positions, RowSources(owners, parts, order),
-                    closed.kind)
+                    closed.kind, version=closed.version, final_until=closed.final_until)
     closed.parts, closed.late = {}, {}
     closed.commits = None
     return window, counts

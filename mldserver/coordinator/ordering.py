@@ -53,8 +53,10 @@ from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
+from ..base.config import Settings
 from ..base.positions import Position
 from ..api.rows import NO_TIME, RowBatch
+from .amends import Amends
 from .panes import Panes
 from .sessions import Sessions
 from .windows import Tumbling, WindowRows
@@ -81,6 +83,8 @@ class Ordering:
         window_ms: int,
         slide_ms: int | None = None,
         session: tuple[int, str] | None = None,
+        lateness_ms: int = 0,
+        keep_late: bool = True,
         blocks: Callable[[str, float], bool],
         parents_of: Callable[[str], Iterable[str]],
     ) -> None:
@@ -88,11 +92,15 @@ class Ordering:
         # panes a slide long (``panes``), session windows (``session``: the gap in ms, the
         # key's field) of panes a gap long (``sessions``): rows are queued and cut by pane.
         self.window = Tumbling(session[0] if session else slide_ms or window_ms)
-        self.panes: Panes | Sessions | None = None
+        # Tumbling windows kept open to late rows for ``lateness_ms`` (allowed_lateness) are
+        # ``amends``' (late rows beyond it in every version of their window, or once: ``keep_late``).
+        self.panes: Panes | Sessions | Amends | None = None
         if session:
             self.panes = Sessions(*session)
         elif slide_ms and slide_ms != window_ms:
             self.panes = Panes(window_ms, slide_ms)
+        elif lateness_ms:
+            self.panes = Amends(window_ms, lateness_ms, keep_late)
         self.blocks = blocks  # can this (parent) shard still add rows at ``now``?
         self.parents_of = parents_of
         self.shards: dict[str, ShardOrder] = {}
@@ -102,6 +110,19 @@ class Ordering:
         self.clamped = 0
         self.duplicates = 0
         self.late_rows = 0
+
+    @classmethod
+    def of(cls, settings: Settings, *, blocks: Callable[[str, float], bool],
+           parents_of: Callable[[str], Iterable[str]]) -> Ordering:
+        """The windows the settings ask for: ``window``, ``slide``, ``session_gap`` and
+        ``session_key``, ``allowed_lateness`` (with ``late_policy``)."""
+        def ms(seconds: float | None) -> int:
+            return round(seconds * 1000) if seconds else 0
+
+        session = (ms(settings.session_gap), str(settings.session_key)) if settings.session_gap else None
+        return cls(window_ms=ms(settings.window), slide_ms=ms(settings.slide) or None, session=session,
+                   lateness_ms=ms(settings.allowed_lateness), keep_late=settings.late_policy == "next",
+                   blocks=blocks, parents_of=parents_of)
 
     def shard(self, shard_id: str) -> ShardOrder:
         state = self.shards.get(shard_id)
@@ -145,7 +166,8 @@ class Ordering:
         if state.high is None or position > state.high:
             state.high = position
 
-    def resume(self, committed_end: int, output: dict[str, Position] | None = None) -> None:
+    def resume(self, committed_end: int, output: dict[str, Position] | None = None,
+               final_until: int | None = None) -> None:
         """Windows up to ``committed_end`` were committed before a restart: rows for
         them are late now, so a window id is never committed twice (for hopping
         windows, rows of the panes no committed window let go are read again; for
@@ -153,6 +175,11 @@ class Ordering:
         handed over: ``Sessions.resume``)."""
         if isinstance(self.panes, Sessions):
             self.panes.resume(committed_end, output or {})
+            return
+        if isinstance(self.panes, Amends):  # windows not final then are handed over again, whole
+            final = self.panes.resume(final_until)
+            if final is not None:
+                self.closed_until = max(self.closed_until, final)
             return
         if self.panes is not None:
             committed_end = self.panes.resume(committed_end)
@@ -263,8 +290,12 @@ class Ordering:
             before = self.window.start(closed)  # a row before this is in a closed window
             if rows.times[0] < before:
                 late = int(np.searchsorted(rows.times, before))
-                self.pending_late.append((shard_id, rows[:late]))
-                self.late_rows += late
+                older = rows[:late]
+                if isinstance(self.panes, Amends):  # those for windows not final amend them
+                    older = self.panes.take(shard_id, older)
+                if len(older):
+                    self.pending_late.append((shard_id, older))
+                    self.late_rows += len(older)
         if late < len(rows):
             self.shards[shard_id].queue.append(rows[late:] if late else rows)
 

@@ -61,6 +61,9 @@ class WindowRows:
     commits: dict[str, list[RowBatch]] | None = field(default=None, repr=False)
     kind: str = "tumbling"
     sessions: SessionRows | None = field(default=None, repr=False)  # session windows: the rows, in sessions
+    version: int = 0  # with allowed_lateness: 1, then 2, ... each time it is handed over (``amends``)
+    again: int = 0  # ... of its rows, those an earlier version had
+    final_until: int | None = None  # with allowed_lateness: windows ending by then are final
 
     def __len__(self) -> int:
         held = sum(len(part) for group in (self.late, self.parts) for parts in group.values() for part in parts)

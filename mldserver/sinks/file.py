@@ -10,6 +10,10 @@ already has a file (the same window closed again after a restart) gets ``.1``, `
 
     DIR/1763719200000-1763719260000.jsonl
     DIR/1763719260000-1763719320000.late.jsonl
+
+With ``allowed_lateness`` a window amended by a late row is handed over again
+(``Window.version`` 2, 3, ...): its files are replaced, each by a rename, with the
+window's rows, the new among them (a late file it no longer has is removed).
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from ..base.durable import atomic_write
 class FileSink:
     def __init__(self, directory: Path) -> None:
         self.directory = directory
+        self.names: dict[str, tuple[int, str]] = {}  # window id -> (its end, the name its files have)
 
     async def start(self) -> Committed:
         return Committed()  # no commit log: a window closed again is written again
@@ -37,12 +42,20 @@ class FileSink:
         blocks): the window is never copied whole. Past the page cache (``base.direct``):
         fsynced at once, nobody reads it from there."""
         self.directory.mkdir(parents=True, exist_ok=True)
-        name = self._free_name(window.id)
+        known = self.names.get(window.id)
+        replacing = known is not None and window.version > 1
+        name = known[1] if known is not None and replacing else self._free_name(window.id)
         rows, late = window.rows, window.late_rows
-        if late:
-            atomic_write(self.directory / f"{name}.late.jsonl", rows.chunks(0, late, blocks=True), direct=True)
-        if len(rows) > late:
-            atomic_write(self.directory / f"{name}.jsonl", rows.chunks(late, blocks=True), direct=True)
+        for suffix, chunks in ((".late.jsonl", rows.chunks(0, late, blocks=True) if late else None),
+                               (".jsonl", rows.chunks(late, blocks=True) if len(rows) > late else None)):
+            if chunks is not None:
+                atomic_write(self.directory / f"{name}{suffix}", chunks, direct=True)
+            elif replacing:  # an earlier version may have had such rows
+                (self.directory / f"{name}{suffix}").unlink(missing_ok=True)
+        if window.version:
+            self.names[window.id] = (window.end, name)
+        if window.final_until is not None:  # final: never amended again
+            self.names = {i: (end, n) for i, (end, n) in self.names.items() if end > window.final_until}
 
     def _free_name(self, base: str) -> str:
         name, n = base, 0

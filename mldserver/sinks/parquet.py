@@ -111,6 +111,10 @@ class SparkSink:
         }
         if window.output:
             request["window"]["output"] = {shard_id: p.to_json() for shard_id, p in window.output.items()}
+        if window.version:
+            request["window"]["version"] = window.version
+        if window.final_until is not None:
+            request["window"]["final"] = window.final_until
         handed_over = time.perf_counter()
         self._with_spark = True
         try:

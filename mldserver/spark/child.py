@@ -87,11 +87,14 @@ class SparkChild:
     def commit(self, request: CommitRequest) -> dict[str, Any]:
         w = request["window"]
         done = self.commit_log.entry(w["id"])
-        if done is not None:
+        if done is not None and not w.get("version"):
             return {"already": True, "rows_out": done.get("rows_out")}
+        # An amended window (allowed_lateness) replaces what was written of it, whole: the
+        # same rows again after a restart, or more.
+        version = (done.get("version", 1) + 1 if done is not None else 1) if w.get("version") else None
         started = time.perf_counter()
         window = WindowInfo(id=w["id"], start=w["start"], end=w["end"], rows=w["rows"], late_rows=w["late"],
-                            kind=w.get("kind", "tumbling"))
+                            kind=w.get("kind", "tumbling"), version=w.get("version", 0))
         out = self.pipeline(self._read(request["path"]), window)
         rows_out = None
         if out is not None:
@@ -101,7 +104,7 @@ class SparkChild:
                     "return a DataFrame to write, or None if it wrote its own output"
                 )
             rows_out = self._publish(out, w["id"])
-        self.commit_log.append(commit_entry(w, rows_out))
+        self.commit_log.append(commit_entry(w, rows_out, version))
         self.commit_log.compact_if_due()  # (the older entries folded into one file, now and then)
         return {"rows_out": rows_out, "spark_ms": round((time.perf_counter() - started) * 1000, 1)}
 
@@ -130,7 +133,7 @@ class SparkChild:
     def write(self, request: dict[str, Any]) -> dict[str, Any]:
         w = request["window"]
         window = WindowInfo(id=w["id"], start=w["start"], end=w["end"], rows=w["rows"], late_rows=w["late"],
-                            kind=w.get("kind", "tumbling"))
+                            kind=w.get("kind", "tumbling"), version=w.get("version", 0))
         out = self.pipeline(self._read(request["path"]), window)
         if out is None or not hasattr(out, "write"):
             raise TypeError(

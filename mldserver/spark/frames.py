@@ -49,6 +49,8 @@ class WindowFrame(TypedDict):
     late: int  # the first ``late`` rows are late rows
     positions: dict[str, tuple[str, int]]  # shard -> the highest (sequence number, sub-sequence number)
     output: NotRequired[dict[str, tuple[str, int]]]  # sessions: shard -> the highest row handed over
+    version: NotRequired[int]  # allowed_lateness: 1, 2, ... this window replaces what was written of it
+    final: NotRequired[int]  # allowed_lateness: windows ending at or before it are final
 
 
 class CommitRequest(TypedDict):
@@ -78,9 +80,11 @@ class CommitEntry(TypedDict):
     rows_out: int | None  # None: the format has no row count, or the pipeline wrote its own output
     positions: dict[str, tuple[str, int]]
     output: NotRequired[dict[str, tuple[str, int]]]
+    version: NotRequired[int]  # its versions committed (amended: replaced)
+    final: NotRequired[int]
 
 
-def commit_entry(window: WindowFrame, rows_out: int | None) -> CommitEntry:
+def commit_entry(window: WindowFrame, rows_out: int | None, version: int | None = None) -> CommitEntry:
     entry: CommitEntry = {
         "window": window["id"],
         "start": window["start"],
@@ -92,4 +96,8 @@ def commit_entry(window: WindowFrame, rows_out: int | None) -> CommitEntry:
     }
     if "output" in window:
         entry["output"] = window["output"]
+    if version is not None:
+        entry["version"] = version
+    if "final" in window:
+        entry["final"] = window["final"]
     return entry

@@ -29,6 +29,7 @@ class WindowInfo:
     # or "hopping": windows --slide apart, each row in window/slide of them; or "session": the
     # sessions that closed together, each row with its session's window_start and window_end
     kind: str = "tumbling"
+    version: int = 0  # with allowed_lateness: 1, then 2, ... once amended (its output replaces the last)
 
     @property
     def late(self) -> bool:
