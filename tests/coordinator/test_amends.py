@@ -20,7 +20,8 @@ from mldserver.coordinator.windows import WindowRows
 from mldserver.errors import ConfigError
 
 from ..helpers import FakeClock
-from .test_coordinator import items, output, position, settings, started  # noqa: F401 (a fixture)
+from .test_coordinator import (a_closes_alone_then_b_comes_back, items, output, position, settings,  # noqa: F401
+                               started)
 
 SIZE = 60_000
 
@@ -92,18 +93,10 @@ async def amended_run(settings, tmp_path, policy="next"):
     clock = FakeClock(1_000)
     c = await started(settings.replace(late_policy=policy, idle_timeout=10.0, allowed_lateness=120.0), tmp_path, clock)
     try:
-        for s in ("A", "B"):
-            await c.open_shard(s, "TRIM_HORIZON")
-        c.add_batch("A", items(1, [10_000]), position(1), 100)
-        clock.advance(5_000)
-        c.add_batch("A", items(2, [61_000]), position(2), 100)
-        clock.advance(5_001)  # B is idle: A alone holds, at 61_000
-        await c.step()
-        assert output(tmp_path / "out") == {"0-60000.jsonl": [1]}
-        assert c.safe_position("A") is None  # handed over, not final: nobody checkpoints past it
-        c.add_batch("B", items(100, [30_000, 130_000]), position(101), 100)
-        c.add_batch("A", items(3, [125_000]), position(3), 100)
-        await c.step()
+        def not_final():  # handed over, not final: nobody checkpoints past it
+            assert c.safe_position("A") is None
+
+        await a_closes_alone_then_b_comes_back(c, clock, tmp_path, not_final)
         assert output(tmp_path / "out") == {"0-60000.jsonl": [1, 100], "60000-120000.jsonl": [2]}  # replaced
         assert c.safe_position("B") is None and c.status().late_rows == 0
         c.add_batch("A", items(4, [300_000]), position(4), 100)

@@ -715,20 +715,27 @@ async def late_run(settings, tmp_path, policy):
     clock = FakeClock(1_000)
     c = await started(settings.replace(late_policy=policy, idle_timeout=10.0), tmp_path, clock)
     try:
-        for s in ("A", "B"):
-            await c.open_shard(s, "TRIM_HORIZON")
-        c.add_batch("A", items(1, [10_000]), position(1), 100)
-        clock.advance(5_000)
-        c.add_batch("A", items(2, [61_000]), position(2), 100)
-        clock.advance(5_001)  # B is idle: A alone holds, at 61_000
-        await c.step()
-        assert output(tmp_path / "out") == {"0-60000.jsonl": [1]}
-        c.add_batch("B", items(100, [30_000, 130_000]), position(101), 100)  # 30_000 is late: its window closed
-        c.add_batch("A", items(3, [125_000]), position(3), 100)
-        await c.step()
+        await a_closes_alone_then_b_comes_back(c, clock, tmp_path)  # 30_000 is late: its window closed
         return c
     finally:
         await c.stop()
+
+
+async def a_closes_alone_then_b_comes_back(c, clock, tmp_path, check=lambda: None):
+    """A closes [0, 60_000) alone (B idle; then ``check``); then B comes back with rows
+    at 30_000 and 130_000, and A goes on to 125_000."""
+    for s in ("A", "B"):
+        await c.open_shard(s, "TRIM_HORIZON")
+    c.add_batch("A", items(1, [10_000]), position(1), 100)
+    clock.advance(5_000)
+    c.add_batch("A", items(2, [61_000]), position(2), 100)
+    clock.advance(5_001)  # B is idle: A alone holds, at 61_000
+    await c.step()
+    assert output(tmp_path / "out") == {"0-60000.jsonl": [1]}
+    check()
+    c.add_batch("B", items(100, [30_000, 130_000]), position(101), 100)
+    c.add_batch("A", items(3, [125_000]), position(3), 100)
+    await c.step()
 
 
 async def test_a_late_row_goes_with_the_next_window_under_next(settings, tmp_path):
