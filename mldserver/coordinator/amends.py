@@ -24,6 +24,9 @@ in each handover that commits, and in the commit log) is where a restart resumes
 for a window before it are late. A window with rows of a shard whose lease went
 elsewhere is handed over again without them (``drop``): its new owner commits them.
 Windows made final while no window is handed over commit with the next handover.
+``ordering`` passes a watermark no further than the largest event time delivered, so a
+stream gone quiet (every shard idle: the watermark past everything) makes no window
+final; new rows do.
 """
 
 from __future__ import annotations

@@ -107,6 +107,7 @@ class Ordering:
         self.retired: OrderedDict[str, Position] = OrderedDict()  # forgotten shard -> its high
         self.pending_late: list[tuple[str, RowBatch]] = []  # rows whose window had closed, for the next to close
         self.closed_until = -math.inf  # end of the last closed window
+        self.latest = -math.inf  # the largest event time delivered, any shard
         self.clamped = 0
         self.duplicates = 0
         self.late_rows = 0
@@ -242,6 +243,7 @@ class Ordering:
         np.maximum.accumulate(times, out=times)
         self.clamped += int(np.count_nonzero((given < times) & (given != NO_TIME)))
         state.floor = int(times[-1])
+        self.latest = max(self.latest, state.floor)
         return rows.with_times(times)
 
     def holds_children(self, children: Iterable[str]) -> bool:
@@ -332,6 +334,11 @@ class Ordering:
             # a session ends once no row before its end can still come: the watermark, or
             # the oldest row queued, in a pane not closed yet
             until = min([until] + [int(s.queue[0].times[0]) for s in self.shards.values() if s.queue])
+        elif isinstance(self.panes, Amends):
+            # a window is final once the watermark passes its end plus the allowed lateness, no
+            # further than the rows have gone: a stream gone quiet (its watermark past
+            # everything) makes no window final, new rows do
+            until = min(until, self.latest)
         return windows if self.panes is None else self.panes.assemble(windows, until)
 
     def buffered_windows(self) -> int:

@@ -1,0 +1,95 @@
+"""Session windows and amended windows as users run them: ``mldserver serve`` (a real
+process, its relay, handler processes) with the file sink, driven by the fake daemon,
+rows given their event times from the data (``tests.handlers:DataTimes``)."""
+
+from __future__ import annotations
+
+import random
+
+import orjson
+
+from mldserver.api.testing import FakeDaemon, make_records
+
+from .coordinator.test_sessions import sessions_by_duckdb
+from .harness import ServerProcess, eventually, relay_command
+
+BASE = 1_700_000_000_000  # event times: a day in 2023, nothing to do with the wall clock
+
+
+def records(first_seq, events):
+    """Daemon records, each event's JSON its data: what DataTimes emits with its own time."""
+    return make_records(first_seq, len(events), data=lambda seq: orjson.dumps(events[seq - first_seq]))
+
+
+def rows_in(out):
+    return [orjson.loads(line) for path in sorted(out.glob("*.jsonl")) for line in path.read_text().splitlines()]
+
+
+async def test_sessions_through_the_cli_equal_duckdbs(tmp_path):
+    rng = random.Random(7)
+    shards = {"shardId-000000000001": [], "shardId-000000000002": []}
+    t = BASE
+    for seq in range(1, 301):
+        t += rng.choice([rng.randrange(0, 5_000)] * 5 + [rng.randrange(40_000, 120_000)])
+        shards[rng.choice(sorted(shards))].append({"carrier": rng.choice("ABCD"), "delay": seq, "t": t})
+    out = tmp_path / "out"
+    server = ServerProcess("tests.handlers:DataTimes", tmp_path, "--session", "30", "--session-key", "carrier",
+                           "--sink", f"file:{out}", "--workers", "2")
+    try:
+        daemon = FakeDaemon(relay_command(server.port))
+        opened = {s: await daemon.shard(s) for s in shards}
+        for shard_id, events in shards.items():
+            for i in range(0, len(events), 25):
+                await opened[shard_id].process_records(records(i + 1, events[i : i + 25]), millis_behind_latest=0)
+        end = [{"carrier": "end", "delay": 0, "t": t + 10**9}]  # far on: every session closes
+        for shard_id, shard in opened.items():
+            await shard.process_records(records(len(shards[shard_id]) + 1, end), millis_behind_latest=0)
+        await eventually(lambda: len([r for r in rows_in(out) if r["carrier"] != "end"]) >= 300, timeout=60,
+                         what="every row in a committed session")
+        for shard in opened.values():
+            await shard.close()
+    finally:
+        assert server.stop() == 0
+    got = [r for r in rows_in(out) if r["carrier"] != "end"]
+    assert len(got) == 300 and len({r["delay"] for r in got}) == 300  # none twice
+    sessions: dict[tuple[str, int, int], list[int]] = {}
+    for r in got:
+        assert r["window_start"] <= r["t"] < r["window_end"]
+        sessions.setdefault((r["carrier"], r["window_start"], r["window_end"]), []).append(r["delay"])
+    data = {s: [(e["t"], e["delay"], e["carrier"], float(e["delay"])) for e in events] for s, events in shards.items()}
+    assert {k: (len(v), float(sum(v))) for k, v in sessions.items()} == sessions_by_duckdb(data)
+
+
+async def test_a_late_row_within_the_allowed_lateness_amends_its_window_through_the_cli(tmp_path):
+    """Shard 2 goes quiet past idle_timeout, so shard 1 alone closes [0, 60 s); shard 2
+    then brings a row for that window: the window's file is replaced, the row in it."""
+    config = tmp_path / "mldserver.toml"
+    config.write_text("idle_timeout = 1.0\ncheckpoint_interval = 0.0\n")
+    out = tmp_path / "out"
+    server = ServerProcess("tests.handlers:DataTimes", tmp_path, "--config", str(config), "--allowed-lateness", "600",
+                           "--sink", f"file:{out}", "--window", "60")
+    try:
+        daemon = FakeDaemon(relay_command(server.port))
+        one = await daemon.shard("shardId-000000000001")
+        two = await daemon.shard("shardId-000000000002")
+        await two.process_records(records(1, [{"carrier": "B", "delay": 1, "t": BASE + 1_000}]), millis_behind_latest=0)
+        await one.process_records(records(1, [{"carrier": "A", "delay": 2, "t": BASE + 2_000},
+                                              {"carrier": "A", "delay": 3, "t": BASE + 70_000}]), millis_behind_latest=0)
+        window = BASE - BASE % 60_000
+        first = out / f"{window}-{window + 60_000}.jsonl"
+        await eventually(lambda: first.exists(), timeout=30, what="the first window, shard 2 idle")
+        assert sorted(orjson.loads(line)["delay"] for line in first.read_text().splitlines()) == [1, 2]
+        await two.process_records(records(2, [{"carrier": "B", "delay": 4, "t": BASE + 30_000}]),
+                                  millis_behind_latest=0)  # late: its window closed; within the lateness
+        await one.process_records(records(3, [{"carrier": "A", "delay": 5, "t": BASE + 130_000}]),
+                                  millis_behind_latest=0)
+        await eventually(lambda: 4 in [orjson.loads(line)["delay"] for line in first.read_text().splitlines()],
+                         timeout=30, what="the window amended with the late row")
+        for shard in (one, two):
+            await shard.close()
+    finally:
+        assert server.stop() == 0
+    assert sorted(orjson.loads(line)["delay"] for line in first.read_text().splitlines()) == [1, 2, 4]
+    assert not list(out.glob("*.late.jsonl")) and len(list(out.glob(f"{window}-*"))) == 1  # replaced, not beside
+    log = [orjson.loads(line) for line in server.log_path.read_text().splitlines()]
+    assert any(e["event"] == "window_committed" and e.get("version") == 2 for e in log)
