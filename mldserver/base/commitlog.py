@@ -37,7 +37,6 @@ order, so no later commit can be of one.
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import Any
 
@@ -127,8 +126,9 @@ class CommitLog:
             committed.windows += 1
             if committed.end is None or entry["end"] > committed.end:
                 committed.end = entry["end"]
-            if entry.get("final") is not None and (committed.final_until or -math.inf) < entry["final"]:
-                committed.final_until = entry["final"]
+            final = entry.get("final")
+            if final is not None and (committed.final_until is None or final > committed.final_until):
+                committed.final_until = final
             for field, highest in (("positions", committed.positions), ("output", committed.output)):
                 for shard_id, value in entry.get(field, {}).items():
                     position = Position.from_json(value)

@@ -214,13 +214,16 @@ class Sessions:
         if not ended:
             return SessionRows(parts, [])
         wanted = np.array(sorted(spans), dtype=np.int64)
+        rank_of = np.array([rank[sid] for sid in wanted.tolist()], dtype=np.int64)  # by wanted's order
+        # (only sessions ending by the last handover before a restart may have been handed over)
+        read_again = bool(self.resumed) and any(end <= self.resumed_end for _, end, _ in spans.values())
         for piece in (p for pane in (*released, *self.kept) for p in pane.pieces):
             index = np.flatnonzero(np.isin(piece.sids, wanted))
-            if len(index) and self.resumed:
+            if len(index) and read_again:
                 index = self._not_handed_over(piece, index, spans)
             if len(index):
-                parts.append((piece.shard, piece.rows.take(index), np.array(
-                    [rank[s] for s in piece.sids[index].tolist()], dtype=np.int64)))
+                ranks = rank_of[np.searchsorted(wanted, piece.sids[index])]
+                parts.append((piece.shard, piece.rows.take(index), ranks))
         return SessionRows(parts, [spans[s.sid] for s in ended])
 
     def _not_handed_over(self, piece: Piece, index: np.ndarray, spans: dict[int, tuple[int, int, bool]]) -> np.ndarray:

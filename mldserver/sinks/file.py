@@ -44,7 +44,7 @@ class FileSink:
         self.directory.mkdir(parents=True, exist_ok=True)
         known = self.names.get(window.id)
         replacing = known is not None and window.version > 1
-        name = known[1] if known is not None and replacing else self._free_name(window.id)
+        name = known[1] if replacing else self._free_name(window.id)
         rows, late = window.rows, window.late_rows
         for suffix, chunks in ((".late.jsonl", rows.chunks(0, late, blocks=True) if late else None),
                                (".jsonl", rows.chunks(late, blocks=True) if len(rows) > late else None)):

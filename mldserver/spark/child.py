@@ -52,7 +52,7 @@ from typing import Any
 from ..base.durable import publish_dir
 from ..base.importer import import_from_string
 from ..base.commitlog import CommitLog
-from .frames import CommitRequest, StartRequest, commit_entry, encode, read_frame
+from .frames import CommitRequest, StartRequest, WindowFrame, commit_entry, encode, read_frame
 from .pipeline import WindowInfo, identity
 
 LOCK_WAIT = 30.0  # seconds: the Spark process of a server that just died may still hold the lock
@@ -93,8 +93,7 @@ class SparkChild:
         # same rows again after a restart, or more.
         version = (done.get("version", 1) + 1 if done is not None else 1) if w.get("version") else None
         started = time.perf_counter()
-        window = WindowInfo(id=w["id"], start=w["start"], end=w["end"], rows=w["rows"], late_rows=w["late"],
-                            kind=w.get("kind", "tumbling"), version=w.get("version", 0))
+        window = window_info(w)
         out = self.pipeline(self._read(request["path"]), window)
         rows_out = None
         if out is not None:
@@ -132,8 +131,7 @@ class SparkChild:
 
     def write(self, request: dict[str, Any]) -> dict[str, Any]:
         w = request["window"]
-        window = WindowInfo(id=w["id"], start=w["start"], end=w["end"], rows=w["rows"], late_rows=w["late"],
-                            kind=w.get("kind", "tumbling"), version=w.get("version", 0))
+        window = window_info(w)
         out = self.pipeline(self._read(request["path"]), window)
         if out is None or not hasattr(out, "write"):
             raise TypeError(
@@ -219,6 +217,12 @@ def _error(exc: BaseException) -> dict[str, Any]:
         "error": text if len(text) < 4000 else text[:4000] + " ...",
         "traceback": "".join(traceback.format_exception(exc)[-8:]),
     }
+
+
+def window_info(w: WindowFrame) -> WindowInfo:
+    """What a pipeline is told of the window a request names."""
+    return WindowInfo(id=w["id"], start=w["start"], end=w["end"], rows=w["rows"], late_rows=w["late"],
+                      kind=w.get("kind", "tumbling"), version=w.get("version", 0))
 
 
 def main() -> None:
