@@ -34,6 +34,7 @@ processes, never load it.
 from __future__ import annotations
 
 import bisect
+import itertools
 import mmap
 import sys
 from array import array
@@ -46,6 +47,7 @@ from ..base.positions import Position, Positions
 if TYPE_CHECKING:
     import numpy as np
 
+_TAGS = itertools.count(1)  # RowBatch.tag: 0 is none
 NO_TIME = -1  # an event time not given: the shard's previous row's (valid times are >= 0)
 # In a handler process's rows (``pool.frames``): no event time given, so the record's
 # arrival time, which the server fills in from its own reading of the line (never read
@@ -76,12 +78,15 @@ class RowBatch:
     record order), so within the batch the merge key's order is the rows' order.
     ``timed``: some row's event time came from the data (``emit``'s ``event_time_ms``),
     not its record's arrival time, so the wall clock says nothing of the times still to
-    come (``coordinator.watermarks``). A slice (``rows[i:j]``) shares every buffer."""
+    come (``coordinator.watermarks``). A slice (``rows[i:j]``) shares every buffer.
+    ``tag``: the coordinator's name for the piece these rows were cut from (``ordering``
+    tags each piece it keeps; slices and copies of it keep the tag), so the ledger knows
+    whose rows a window commits."""
 
-    __slots__ = ("times", "records", "positions", "body", "offsets", "ordered", "timed")
+    __slots__ = ("times", "records", "positions", "body", "offsets", "ordered", "timed", "tag")
 
     def __init__(self, times: np.ndarray, records: np.ndarray, positions: Sequence[Position], body: Any,
-                 offsets: np.ndarray, ordered: bool | None = None, timed: bool = False) -> None:
+                 offsets: np.ndarray, ordered: bool | None = None, timed: bool = False, tag: int = 0) -> None:
         self.times = times
         self.records = records
         self.positions = positions
@@ -89,6 +94,7 @@ class RowBatch:
         self.offsets = offsets
         self.ordered = nondecreasing(records) if ordered is None else ordered
         self.timed = timed
+        self.tag = tag
 
     @classmethod
     def each(cls, times: np.ndarray, positions: list[Position], body: Any, offsets: np.ndarray) -> RowBatch:
@@ -140,15 +146,22 @@ class RowBatch:
     def __len__(self) -> int:
         return len(self.times)
 
+    def tagged(self) -> RowBatch:
+        """These rows given a tag of their own, unless they have one (``tag``)."""
+        if not self.tag:
+            self.tag = next(_TAGS)
+        return self
+
     def __getitem__(self, rows: slice) -> RowBatch:
         start, stop, step = rows.indices(len(self.times))
         assert step == 1, "rows are sliced, never strided"
         stop = max(start, stop)
         return RowBatch(self.times[start:stop], self.records[start:stop], self.positions, self.body,
-                        self.offsets[start : stop + 1], self.ordered, self.timed)
+                        self.offsets[start : stop + 1], self.ordered, self.timed, self.tag)
 
     def with_times(self, times: np.ndarray) -> RowBatch:
-        return RowBatch(times, self.records, self.positions, self.body, self.offsets, self.ordered, self.timed)
+        return RowBatch(times, self.records, self.positions, self.body, self.offsets, self.ordered, self.timed,
+                        self.tag)
 
     def compact(self) -> RowBatch:
         """These rows in buffers of their own, copied::
@@ -238,7 +251,7 @@ class RowBatch:
         offsets = np.zeros(len(lines) + 1, dtype=np.int64)
         np.cumsum([len(line) for line in lines], out=offsets[1:])
         return RowBatch(self.times[indices], self.records[indices], self.positions, b"".join(lines), offsets,
-                        timed=self.timed)
+                        timed=self.timed, tag=self.tag)
 
     def position(self, i: int) -> Position:
         return self.positions[int(self.records[i])]

@@ -174,8 +174,9 @@ class Window:
     # None when whoever built the window did not say (a test's hand-made window)
     sources: Iterable[tuple[str, Position]] | None = field(default=None, repr=False)
     kind: str = "tumbling"  # or "hopping": windows a slide apart, each row in size/slide of them; or "session"
-    # sessions: each shard's highest row handed over (rows of sessions still open may be
-    # below it, and are read again after a restart; see ``coordinator.sessions``)
+    # sessions, and rows out of order (max_out_of_orderness): each shard's highest row handed
+    # over (rows still open may be below it, and are read again after a restart; see
+    # ``coordinator.sessions``, ``coordinator.ordering``)
     output: dict[str, Position] = field(default_factory=dict, repr=False)
     # with allowed_lateness: the window may be handed over again, amended (1, 2, ...: the sink
     # replaces what it wrote of it); 0: handed over once. ``final_until``: windows ending at or
@@ -198,7 +199,7 @@ class Committed:
     positions: dict[str, Position] = field(default_factory=dict)  # shard -> highest committed
     end: int | None = None  # the end of the last committed window
     windows: int = 0
-    output: dict[str, Position] = field(default_factory=dict)  # session windows: shard -> highest row handed over
+    output: dict[str, Position] = field(default_factory=dict)  # sessions, disorder: shard -> highest row handed over
     final_until: int | None = None  # with allowed_lateness: windows ending at or before it are final
 
 

@@ -9,7 +9,7 @@ not a lock read from outside) a batch that closes another window seals it at onc
 the sink is told to make it ready behind the one in front (``PreparingSink.prepare``)::
 
     committer = Committer(sink, log=log, on_commit=coordinator_bookkeeping)
-    committer.seal(ordering.close(watermark), watermark)   # Sealed(window, counts, ...)
+    committer.seal(ordering.close(watermark), watermark)   # Sealed(window, commits, ...)
     async with committer.turn:                              # passes never overlap
         await committer.commit_sealed()                     # 1: window 0-60000 committed
     committer.windows_committed, committer.last_commit      # 1, LastCommit("0-60000", ...)
@@ -20,7 +20,7 @@ counted: ``mldserver_window_commit_failures_total``); its rows stay buffered and
 back-pressure holds (``pressure``). Anything else is a bug: it ends the committer's
 task, and the server, which watches it, logs ``task_crashed`` and shuts down.
 
-Only after ``sink.commit`` returns is ``on_commit(window, counts)`` awaited: the
+Only after ``sink.commit`` returns is ``on_commit(window, commits)`` awaited: the
 coordinator marks the rows committed in its ledger there, and deletes spools that
 commit made needless. Shards waiting in ``admit`` wait on ``progress``, notified after
 every commit and every pass.
@@ -51,7 +51,7 @@ class Sealed:
     """A closed window, sealed, waiting for its commit."""
 
     window: Window
-    counts: dict[str, int]  # each shard's rows it commits (its late rows dropped too)
+    commits: dict[str, list[RowBatch]]  # each shard's rows it commits (its late rows dropped too)
     watermark: float  # the global watermark that closed it
     closed_at: float  # perf_counter(): its close-to-commit latency starts here
     dropped: list[RowBatch] = field(default_factory=list)  # late rows left out (late_policy drop, dead-letter)
@@ -69,7 +69,7 @@ class LastCommit:
 
 
 class Committer:
-    def __init__(self, sink: Sink, *, log: EventLogger, on_commit: Callable[[Window, dict[str, int]], Awaitable[None]],
+    def __init__(self, sink: Sink, *, log: EventLogger, on_commit: Callable[[Window, dict[str, list[RowBatch]]], Awaitable[None]],
                  metrics: Any = None, late_policy: str = "next", dead_letters: DeadLetters | None = None) -> None:
         self.sink = sink
         self.late_policy = late_policy  # what a late row's window does with it: next, drop, dead-letter
@@ -183,8 +183,8 @@ class Committer:
             # late rows committed, left out of the output
             dropped: list[RowBatch] = rows.drop_late() if self.late_policy != "next" else []
             again = rows.again
-            window, counts = seal(rows)
-            self.sealed.append(Sealed(window, counts, watermark, closed_at, dropped, again))
+            window, commits = seal(rows)
+            self.sealed.append(Sealed(window, commits, watermark, closed_at, dropped, again))
 
     def prepare_next(self) -> None:
         """The sink is told the window that commits next, to make it ready while the
@@ -214,7 +214,7 @@ class Committer:
             await self._late(window, closed.dropped)
         if len(window) or not closed.dropped:  # (a window of dropped late rows alone writes nothing)
             await self._write(closed)
-        await self.on_commit(window, closed.counts)
+        await self.on_commit(window, closed.commits)
 
     async def _write(self, closed: Sealed) -> None:
         """The window into the sink, retried until it commits, then counted and logged."""
@@ -248,7 +248,7 @@ class Committer:
             rows=len(window),
             late=window.late_rows,
             **({"version": window.version} if window.version else {}),  # allowed_lateness: 2 and on, amended
-            shards=len(closed.counts),
+            shards=len(closed.commits),
             watermark=ms(closed.watermark),
             duration_ms=round(duration * 1000, 3),
             latency_ms=round((time.perf_counter() - closed.closed_at) * 1000, 3),  # closed to committed

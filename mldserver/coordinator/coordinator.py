@@ -371,14 +371,14 @@ class Coordinator:
         watermark = self.watermarks.minimum(now)
         self.committer.seal(self.ordering.close(watermark), watermark)
 
-    async def _committed(self, window: Window, counts: dict[str, int]) -> None:
+    async def _committed(self, window: Window, commits: dict[str, list[RowBatch]]) -> None:
         """After the sink committed ``window``: its rows are committed in the ledger, and
         the spools it made needless are deleted."""
         for shard_id, position in window.positions.items():
             self.shards.committed_at_least(shard_id, position)
         spooled = []
-        for shard_id, count in counts.items():
-            self.ledger.commit(shard_id, count)
+        for shard_id, rows in commits.items():
+            self.ledger.commit(shard_id, rows)
             entry = self.shards.get(shard_id)
             if entry is not None and entry.spooled and self.ledger.done(shard_id):
                 entry.spooled = False

@@ -4,17 +4,21 @@ shard may checkpoint. Pure bookkeeping, no I/O.
 A shard may checkpoint only up to the highest position such that it and every
 earlier row of that shard are committed (erlmld: "checkpoint at the latest record for
 which it and everything before it is done"). Records a handler emitted no row for are
-done once their batch is processed. A shard's rows commit in its own order (windows
-close in order, a shard's event times never decrease, late rows go to a later
-hand-off), so committing is cutting rows off the front of the shard's pending batches
-(``rows.RowBatch``, shared with ``ordering``: nothing is copied)::
+done once their batch is processed. A processed batch's rows come in pieces
+(``ordering.add``'s, ``rows.RowBatch``, shared with ``ordering``: nothing is copied),
+each with a ``tag``; a window commits some rows of some pieces (slices of them, which
+keep the tag), always the front of each piece: the ledger counts each piece's
+committed rows, and the lowest position of the rows not committed yet bounds the
+checkpoint. A shard's rows commit in time order, so with event times that never
+decrease within a shard that is the shard's own order; with ``max_out_of_orderness``
+a piece's rows are sorted by time, and a later piece may commit before an earlier::
 
     ledger.add("s0", [rows], last=Position(12, 0, "12"))  # a processed batch: rows at 10, 11
     ledger.safe("s0")                  # None: nothing committed yet
     ledger.last_end("s0")              # Position(12, 0, "12"): where the uncommitted rows' batches end
-    ledger.commit("s0", 1)             # the window holding row 10 committed
+    ledger.commit("s0", [rows[:1]])    # the window holding row 10 committed
     ledger.safe("s0")                  # Position(10, 0, "10")
-    ledger.commit("s0", 1)             # row 11 too: the whole batch is done
+    ledger.commit("s0", [rows[1:]])    # row 11 too: the whole batch is done
     ledger.safe("s0")                  # Position(12, 0, "12")
 
 A shard whose lease is lost has its pending rows dropped (``ledger.drop("s0")``): the
@@ -31,12 +35,13 @@ of what it committed::
 
     ledger.add("s0", [rows], last)     # ledger.bytes += rows.held_bytes(): some 4.2 MB for
                                        # 10,000 rows of 340 bytes from a handler process
-    ledger.commit("s0", 9_000)         # the same: the batch's buffers are still held
-    ledger.commit("s0", 1_000)         # ledger.bytes back where it was
+    ledger.commit("s0", [rows[:9_000]])   # the same: the batch's buffers are still held
+    ledger.commit("s0", [rows[9_000:]])   # ledger.bytes back where it was
 """
 
 from __future__ import annotations
 
+import bisect
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Sequence
@@ -45,10 +50,18 @@ from ..base.positions import Position
 from ..api.rows import RowBatch
 
 @dataclass(slots=True)
+class Piece:
+    rows: RowBatch
+    held: int  # the memory it holds, whole, until its last row commits
+    batch: int  # the shard's batches, numbered: a later batch's rows are all above an earlier's
+    done: int = 0  # its first rows, committed
+
+
+@dataclass(slots=True)
 class ShardLedger:
-    pending: deque[RowBatch] = field(default_factory=deque)  # uncommitted rows, in order
-    held: deque[int] = field(default_factory=deque)  # the memory each pending batch holds, whole
+    pending: dict[int, Piece] = field(default_factory=dict)  # tag -> a piece with rows to commit, in order
     ends: deque[Position] = field(default_factory=deque)  # last positions of processed batches
+    batches: int = 0
     safe: Position | None = None
 
 
@@ -61,17 +74,17 @@ class Ledger:
         self.peak_bytes = 0
 
     def add(self, shard_id: str, pieces: Sequence[RowBatch], last: Position | None) -> None:
-        """A processed batch: its kept rows (in pieces, ``ordering.add``'s), and its
-        last record's position."""
+        """A processed batch: its kept rows (in pieces, ``ordering.add``'s, tagged), and
+        its last record's position."""
         state = self.shards.get(shard_id)
         if state is None:
             state = self.shards[shard_id] = ShardLedger()
+        state.batches += 1
         for rows in pieces:
             if not len(rows):
                 continue
             held = rows.held_bytes()
-            state.pending.append(rows)
-            state.held.append(held)
+            state.pending[rows.tagged().tag] = Piece(rows, held, state.batches)
             self.rows += len(rows)
             self.bytes += held
         if last is not None:
@@ -82,28 +95,27 @@ class Ledger:
         if self.bytes > self.peak_bytes:
             self.peak_bytes = self.bytes
 
-    def commit(self, shard_id: str, count: int) -> None:
-        """The sink committed the next ``count`` rows of this shard."""
+    def commit(self, shard_id: str, parts: Sequence[RowBatch]) -> None:
+        """The sink committed these rows of this shard (slices of its pieces)."""
         state = self.shards[shard_id]
         pending = state.pending
-        left, committed = count, None
-        while left:
-            head = pending[0]
-            if len(head) <= left:
-                done = pending.popleft()
-                self.bytes -= state.held.popleft()  # its buffers are let go
-            else:  # the rest still holds the batch's buffers
-                done, pending[0] = head[:left], head[left:]
-            left -= len(done)
-            committed = done.position(-1)
-        self.rows -= count
-        self._advance(state, committed)
+        parts = [part for part in parts if len(part)]
+        for part in parts:
+            piece = pending[part.tag]
+            piece.done += len(part)
+            if piece.done >= len(piece.rows):
+                del pending[part.tag]
+                self.bytes -= piece.held  # its buffers are let go
+            self.rows -= len(part)
+        self._advance(state, parts)
 
-    def _advance(self, state: ShardLedger, committed: Position | None) -> None:
-        head = state.pending[0].position(0) if state.pending else None
+    def _advance(self, state: ShardLedger, committed: Sequence[RowBatch] | None) -> None:
+        head = _lowest(state.pending)
         best = state.safe
-        if committed is not None and (head is None or committed < head):
-            best = _max(best, committed)
+        for part in committed or ():
+            top = _highest_below(part, head)
+            if top is not None:
+                best = _max(best, top)
         ends = state.ends
         while ends and (head is None or ends[0] < head):
             best = _max(best, ends.popleft())
@@ -122,7 +134,8 @@ class Ledger:
 
     def uncommitted(self, shard_id: str) -> RowBatch:
         state = self.shards.get(shard_id)
-        return RowBatch.concat(list(state.pending) if state is not None else [])
+        pending = state.pending.values() if state is not None else ()
+        return RowBatch.concat([p.rows[p.done :] for p in pending])
 
     def drop(self, shard_id: str) -> int:
         """The shard's lease went to another server: its uncommitted rows are let go
@@ -130,11 +143,10 @@ class Ledger:
         state = self.shards.get(shard_id)
         if state is None:
             return 0
-        count = sum(map(len, state.pending))
+        count = sum(len(p.rows) - p.done for p in state.pending.values())
         self.rows -= count
-        self.bytes -= sum(state.held)
+        self.bytes -= sum(p.held for p in state.pending.values())
         state.pending.clear()
-        state.held.clear()
         state.ends.clear()
         return count
 
@@ -146,6 +158,31 @@ class Ledger:
     def done(self, shard_id: str) -> bool:
         state = self.shards.get(shard_id)
         return state is None or not state.pending
+
+
+def _lowest(pending: dict[int, Piece]) -> Position | None:
+    """The lowest position of the rows not committed: the lowest of the first batch's
+    pieces' rows not committed (a later batch's are higher)."""
+    first = next(iter(pending.values()), None)
+    if first is None:
+        return None
+    low = None
+    for piece in pending.values():
+        if piece.batch != first.batch:
+            break
+        p = piece.rows[piece.done :].lowest()
+        if low is None or p < low:
+            low = p
+    return low
+
+
+def _highest_below(rows: RowBatch, head: Position | None) -> Position | None:
+    """The highest position of these rows below ``head`` (None: all count)."""
+    if head is None:
+        return rows.position(-1) if rows.ordered else rows.positions[int(rows.records.max())]
+    below = bisect.bisect_left(rows.positions, head)  # record indexes under it are below it
+    records = rows.records[rows.records < below]
+    return rows.positions[int(records.max())] if len(records) else None
 
 
 def _max(a: Position | None, b: Position) -> Position:

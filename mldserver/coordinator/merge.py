@@ -16,13 +16,13 @@ window, their rows at 1_000 and 3_000 (``s0``, records 7 and 8) and 2_000 (``s1`
 record 4)::
 
     [closed] = ordering.close(until=60_000)   # WindowRows(0, 60000, parts={"s0": [...], "s1": [...]})
-    window, counts = seal(closed)             # Window(0, 60000, rows=JsonLines(3 rows)), {"s0": 2, "s1": 1}
+    window, commits = seal(closed)            # Window(0, 60000, rows=JsonLines(3 rows)), {"s0": [...], "s1": [...]}
     window.positions                          # {"s0": Position(8..), "s1": Position(4..)}: each shard's highest
     list(window.sources)                      # [("s0", Position(7..)), ("s1", Position(4..)), ("s0", Position(8..))]
     bytes(window.rows.buffer())               # s0's first row, s1's, s0's second: gathered here, on first read
 
-``counts`` (each shard's rows in the window) is what the coordinator commits in the
-ledger once the sink has the window. numpy is imported where it is used (pyarrow only
+``commits`` (each shard's rows the window commits, slices of the ledger's pieces) is
+what the coordinator commits in the ledger once the sink has the window. numpy is imported where it is used (pyarrow only
 where ``_gather`` was not built).
 """
 
@@ -46,10 +46,9 @@ if TYPE_CHECKING:
     import numpy as np
 
 
-def seal(closed: WindowRows) -> tuple[Window, dict[str, int]]:
+def seal(closed: WindowRows) -> tuple[Window, dict[str, list[RowBatch]]]:
     """Order a closed window's rows by the merge key: the window a sink gets (its rows
-    as JSON lines, each shard's highest position), and how many rows each shard had in
-    it. Here only the order is decided (a sort of the event times of runs that are
+    as JSON lines, each shard's highest position), and each shard's rows it commits. Here only the order is decided (a sort of the event times of runs that are
     each sorted already); the rows' JSON is copied into that order when the sink first
     reads it, off the event loop."""
     import numpy as np
@@ -60,8 +59,8 @@ def seal(closed: WindowRows) -> tuple[Window, dict[str, int]]:
         closed.parts[shard_id] = late + closed.parts.get(shard_id, [])
     shards = sorted(closed.parts)  # shard ids in the merge key's order
     parts = [rows for shard_id in shards for rows in closed.parts[shard_id]]
-    counts = {shard_id: sum(map(len, closed.parts[shard_id])) for shard_id in shards}
-    n = sum(counts.values())
+    commits = {shard_id: closed.parts[shard_id] for shard_id in shards}
+    n = sum(map(len, parts))
     times = parts[0].times if len(parts) == 1 else np.concatenate([rows.times for rows in parts] or [[]])
     order: np.ndarray | None
     if all(rows.ordered for rows in parts):
@@ -71,19 +70,24 @@ def seal(closed: WindowRows) -> tuple[Window, dict[str, int]]:
         positions = {shard_id: closed.parts[shard_id][-1].position(-1) for shard_id in shards}
     else:
         order, positions = _merge_out_of_order(closed, shards, parts, times)
+    output: dict[str, Position] = {}
     if closed.commits is not None:  # a hopping window commits its oldest pane's rows only
-        counts = {s: sum(map(len, rows)) for s, rows in closed.commits.items()}
-        positions = {s: max(map(highest, rows)) for s, rows in closed.commits.items() if rows}
+        commits = closed.commits
+        positions = {s: max(map(highest, rows)) for s, rows in commits.items() if rows}
+    if closed.below is not None:  # rows out of order (max_out_of_orderness): a shard's rows
+        # at or below ``below`` are committed, and of those above, what ``output`` says
+        output = {s: max(map(highest, rows)) for s, rows in commits.items() if rows}
+        positions = closed.below
     owners = [shard_id for shard_id in shards for _ in closed.parts[shard_id]]
     rows = JsonLines(n, partial(_gather, parts, order), partial(_chunks, parts, order))
     window = Window(closed.start, closed.end, rows, closed.late_rows, positions, RowSources(owners, parts, order),
-                    closed.kind, version=closed.version, final_until=closed.final_until)
+                    closed.kind, output, version=closed.version, final_until=closed.final_until)
     closed.parts, closed.late = {}, {}
     closed.commits = None
-    return window, counts
+    return window, commits
 
 
-def _seal_sessions(closed: WindowRows) -> tuple[Window, dict[str, int]]:
+def _seal_sessions(closed: WindowRows) -> tuple[Window, dict[str, list[RowBatch]]]:
     """Sessions handed over together: their rows session by session (late ones first,
     then by start), each session's in the merge key's order, every row given its
     session's ``window_start`` and ``window_end``. It commits the panes let go
@@ -104,8 +108,8 @@ def _seal_sessions(closed: WindowRows) -> tuple[Window, dict[str, int]]:
         sessions = np.concatenate([r for _, _, r in given])
         order = np.lexsort((ranks, shard_no, np.concatenate([rows.times for rows in parts]), sessions))
         of_row = sessions[order]
-    counts = {s: sum(map(len, rows)) for s, rows in closed.commits.items()}
-    positions = {s: max(map(highest, rows)) for s, rows in closed.commits.items() if rows}
+    commits = closed.commits
+    positions = {s: max(map(highest, rows)) for s, rows in commits.items() if rows}
     output: dict[str, Position] = {}
     for shard_id, rows in zip(owners, parts):
         top = highest(rows)
@@ -116,7 +120,7 @@ def _seal_sessions(closed: WindowRows) -> tuple[Window, dict[str, int]]:
     window = Window(closed.start, closed.end, JsonLines(n, make), closed.late_rows, positions,
                     RowSources(owners, parts, order), "session", output)
     closed.sessions, closed.commits = None, None
-    return window, counts
+    return window, commits
 
 
 def _session_lines(parts: list[RowBatch], order: np.ndarray, of_row: np.ndarray,

@@ -205,6 +205,8 @@ class Ordering:
         pieces = self._pieces(self._clamped(state, rows, now))
         if keep is not None:
             pieces = list(map(keep, pieces))
+        for piece in pieces:  # the ledger's name for it, kept by its slices: whose rows a window commits
+            piece.tagged()
         if state.held or self._blocked(shard_id, now):
             state.held.extend(pieces)
         else:

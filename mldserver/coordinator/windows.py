@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     import numpy as np
 
     from ..api.rows import RowBatch
+    from ..base.positions import Position
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +65,9 @@ class WindowRows:
     version: int = 0  # with allowed_lateness: 1, then 2, ... each time it is handed over (``amends``)
     again: int = 0  # ... of its rows, those an earlier version had
     final_until: int | None = None  # with allowed_lateness: windows ending by then are final
+    # with max_out_of_orderness: per shard, a position at or below which every row is in this
+    # window or an earlier one (the rows above it it hands over are told by ``output``)
+    below: dict[str, Position] | None = field(default=None, repr=False)
 
     def __len__(self) -> int:
         held = sum(len(part) for group in (self.late, self.parts) for parts in group.values() for part in parts)

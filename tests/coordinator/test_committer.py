@@ -43,8 +43,8 @@ class Flaky(FileSink):
 async def made(sink):
     committed = []
 
-    async def on_commit(window, counts):
-        committed.append((window.id, counts))
+    async def on_commit(window, commits):
+        committed.append((window.id, {s: sum(map(len, rows)) for s, rows in commits.items()}))
 
     committer = Committer(sink, log=get_logger("test.committer"), on_commit=on_commit)
     committer.backoff = Backoff(first=0.001, cap=0.001)
