@@ -60,6 +60,9 @@ def _parser():
     serve.add_argument("--allowed-lateness", type=float, metavar="SECONDS",
                        help="a closed window takes late rows this long after its end (the sink replaces it, "
                             "amended); default 0")
+    serve.add_argument("--max-out-of-orderness", type=float, metavar="SECONDS",
+                       help="rows of a shard this much out of event-time order still land in their own window "
+                            "(a shard's watermark is its largest event time minus it); default 0")
     serve.add_argument("--late-policy", choices=["next", "drop", "dead-letter"],
                        help="a row whose window has closed: committed with the next window (next, the default), "
                             "dropped and counted (drop), or kept with its data in the dead letters (dead-letter)")

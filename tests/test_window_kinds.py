@@ -93,3 +93,42 @@ async def test_a_late_row_within_the_allowed_lateness_amends_its_window_through_
     assert not list(out.glob("*.late.jsonl")) and len(list(out.glob(f"{window}-*"))) == 1  # replaced, not beside
     log = [orjson.loads(line) for line in server.log_path.read_text().splitlines()]
     assert any(e["event"] == "window_committed" and e.get("version") == 2 for e in log)
+
+
+async def test_rows_out_of_order_within_max_out_of_orderness_land_in_their_own_windows_through_the_cli(tmp_path):
+    """Each shard's rows come up to 20 s out of event-time order; with
+    --max-out-of-orderness 30 every row is in its own window's file, none late."""
+    rng = random.Random(11)
+    shards = {"shardId-000000000001": [], "shardId-000000000002": []}
+    for shard_id, events in shards.items():
+        t = BASE
+        for seq in range(1, 201):
+            t += rng.randrange(0, 3_000)
+            events.append({"carrier": shard_id[-1], "delay": len(events) + 1000 * int(shard_id[-1]),
+                           "t": t - rng.choice([0, rng.randrange(0, 20_000)])})
+    out = tmp_path / "out"
+    server = ServerProcess("tests.handlers:DataTimes", tmp_path, "--max-out-of-orderness", "30",
+                           "--sink", f"file:{out}", "--window", "60")
+    try:
+        daemon = FakeDaemon(relay_command(server.port))
+        opened = {s: await daemon.shard(s) for s in shards}
+        for i in range(0, 200, 20):
+            for shard_id, events in shards.items():
+                await opened[shard_id].process_records(records(i + 1, events[i : i + 20]), millis_behind_latest=0)
+        end = [{"carrier": "end", "delay": 0, "t": BASE + 10**9}]  # far on: every window closes
+        for shard_id, shard in opened.items():
+            await shard.process_records(records(201, end), millis_behind_latest=0)
+        await eventually(lambda: len([r for r in rows_in(out) if r["carrier"] != "end"]) >= 400, timeout=60,
+                         what="every row in a committed window")
+        for shard in opened.values():
+            await shard.close()
+    finally:
+        assert server.stop() == 0
+    assert not list(out.glob("*.late.jsonl"))
+    got = {}
+    for path in out.glob("*.jsonl"):
+        start, end_ = map(int, path.stem.split("-"))
+        for r in (orjson.loads(line) for line in path.read_text().splitlines()):
+            assert start <= r["t"] < end_ or r["carrier"] == "end"
+            got[r["delay"]] = r["t"]
+    assert sorted(d for d in got if d) == sorted(e["delay"] for events in shards.values() for e in events)

@@ -14,10 +14,14 @@ committed again when amended (its entry replaced, ``"version": 2``, ...), and ``
 says where the windows final by then end (``coordinator.amends``): a restart resumes
 there. ``positions`` holds, per shard, the
 highest position the window covers, in its JSON
-form (``Position.to_json()``: the sequence number's exact digits, the sub-sequence). A shard's committed rows are always a prefix of its rows (windows
-commit in order and a shard's event times never decrease), so the highest position
-over all entries is where its committed rows end: the coordinator filters replays at
-or below it, which makes output exactly once while delivery is at least once.
+form (``Position.to_json()``: the sequence number's exact digits, the sub-sequence). A
+shard's committed rows are a prefix of its rows (windows commit in order and a shard's
+event times never decrease), so the highest position over all entries is where its
+committed rows end: the coordinator filters replays at or below it, which makes output
+exactly once while delivery is at least once. With ``max_out_of_orderness`` a shard's
+rows commit out of its order: ``positions`` is where every row at or below is
+committed, and ``output`` the highest handed over (a row between the two is committed
+if its window ended by the last ``end``: ``coordinator.ordering``).
 
 Pure files, no Spark: the server reads the log at start-up, the Spark process appends.
 

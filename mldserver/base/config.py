@@ -270,6 +270,9 @@ class Settings:
     # a window stays open to late rows this long after it closes: such a row amends it (the sink
     # replaces the window); its shards checkpoint past it only then (tumbling windows)
     allowed_lateness: float = setting(0.0, low=0.0, high=DAY, unit="seconds")
+    # rows of a shard may come this much out of event-time order and still land in their own
+    # window: a shard's watermark is its largest event time minus this (tumbling windows)
+    max_out_of_orderness: float = setting(0.0, low=0.0, high=DAY, unit="seconds")
     # watermarks: a caught-up shard stands at the wall clock minus this margin
     watermark_margin: float = setting(5.0, low=0.0, high=DAY, unit="seconds")
     # a shard silent this long stops holding the watermark back
@@ -398,6 +401,14 @@ def load(path: str | None = None, **overrides: Any) -> Settings:
         if not settings.sink:
             raise ConfigError(f"{lateness}: windows collect the rows handlers emit, but no sink keeps them: add "
                               f"--sink parquet:DIR (or file:DIR), or leave it out")
+    if settings.max_out_of_orderness:
+        disorder = f"max_out_of_orderness = {settings.max_out_of_orderness:g}"
+        if settings.slide is not None or settings.session_gap is not None or settings.allowed_lateness:
+            raise ConfigError(f"{disorder}: rows out of order are taken into tumbling windows only, for now: leave "
+                              f"slide, session_gap and allowed_lateness out, or max_out_of_orderness")
+        if not settings.sink:
+            raise ConfigError(f"{disorder}: windows collect the rows handlers emit, but no sink keeps them: add "
+                              f"--sink parquet:DIR (or file:DIR), or leave it out")
     if (settings.session_gap is None) != (settings.session_key is None):
         given = "session_gap" if settings.session_key is None else "session_key"
         raise ConfigError(f"{given} is set alone: session windows need both a gap and the field of each row that "
@@ -436,6 +447,10 @@ def load(path: str | None = None, **overrides: Any) -> Settings:
                 raise ConfigError(f"allowed_lateness = {settings.allowed_lateness:g}: the table sink (--sink "
                                   f"{settings.sink}) does not amend windows yet: use --sink parquet:DIR (or file:DIR) "
                                   f"with allowed_lateness, or leave it out (late_policy decides a late row)")
+            if settings.max_out_of_orderness:
+                raise ConfigError(f"max_out_of_orderness = {settings.max_out_of_orderness:g}: the table sink (--sink "
+                                  f"{settings.sink}) takes rows in their shard's order only for now: use --sink "
+                                  f"parquet:DIR (or file:DIR) with max_out_of_orderness, or leave it out")
             if settings.session_gap is not None:
                 raise ConfigError(f"session_gap = {settings.session_gap:g}: the table sink (--sink {settings.sink}) "
                                   f"commits tumbling windows only for now: use --sink parquet:DIR for session "

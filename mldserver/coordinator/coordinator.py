@@ -229,7 +229,7 @@ class Coordinator:
                                  self.settings.max_buffered_bytes, self.log)
         pieces = self.ordering.add(shard_id, rows, last, now, keep)
         self.ledger.add(shard_id, pieces, last)
-        last_time = int(pieces[-1].times[-1]) if pieces else None
+        last_time = self.ordering.progress(shard_id, pieces)
         self.watermarks.batch(shard_id, last_time, millis_behind == 0, now, rows.timed)
         if self.ordering.duplicates != dropped:
             self.log.info("duplicates_dropped", shard_id=shard_id, rows=self.ordering.duplicates - dropped)

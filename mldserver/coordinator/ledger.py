@@ -113,7 +113,7 @@ class Ledger:
         head = _lowest(state.pending)
         best = state.safe
         for part in committed or ():
-            top = _highest_below(part, head)
+            top = highest_below(part, head)
             if top is not None:
                 best = _max(best, top)
         ends = state.ends
@@ -176,8 +176,8 @@ def _lowest(pending: dict[int, Piece]) -> Position | None:
     return low
 
 
-def _highest_below(rows: RowBatch, head: Position | None) -> Position | None:
-    """The highest position of these rows below ``head`` (None: all count)."""
+def highest_below(rows: RowBatch, head: Position | None) -> Position | None:
+    """The highest position of these rows below ``head`` (None: all count; None if none is)."""
     if head is None:
         return rows.position(-1) if rows.ordered else rows.positions[int(rows.records.max())]
     below = bisect.bisect_left(rows.positions, head)  # record indexes under it are below it

@@ -12,6 +12,14 @@ where Bloop breaks it is decided here, the policy:
   shard's queue is sorted by time: cutting a window out of it is a binary search
   (``close``), and merging the shards is a stable sort of runs already sorted
   (``merge.seal``);
+- **rows out of order** (``disorder_ms``, ``max_out_of_orderness``): instead of the
+  clamp, each row keeps its own time and a batch's rows are sorted by it (each piece
+  in the queue sorted, cut a binary search each); the shard stands at its largest time
+  minus ``disorder_ms`` (``progress``), so a row out of order by less lands in its own
+  window. Its rows then commit out of the shard's order: each window says, per shard,
+  at or below which position every row is committed (``WindowRows.below``, the commit
+  log's ``positions``), and a restart or a lease coming back leaves out, above it, the
+  rows at or below the highest handed over whose window had committed (``redo``);
 - **duplicates**: a row at or below what its shard already delivered (a daemon
   restart re-delivers from the checkpoint) is dropped and counted;
 - **lineage**: a child shard's rows are held until none of its parents (up to two)
@@ -23,8 +31,8 @@ where Bloop breaks it is decided here, the policy:
   watermark too), counted in ``late_rows``; never dropped.
 
 Windows are tumbling (``windows.Tumbling``); hopping windows are made of tumbling
-panes a slide long (``panes``), session windows of panes a gap long (``sessions``). A shard whose lease went to another
-server is ``drop``-ped: its rows leave the open windows at once, and only what is
+panes a slide long (``panes``), session windows of panes a gap long (``sessions``).
+A shard whose lease went to another server is ``drop``-ped: its rows leave the open windows at once, and only what is
 committed of it counts as delivered should it come back. A shard gone from here whose
 rows are all committed is ``forget``-ten; the highest position it delivered is kept a
 while (the last ``RETIRED`` such shards), so that a shard coming back (its SHARD_END
@@ -48,6 +56,7 @@ event time given), then one at 10 given 61_000, of a shard with no parents::
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
@@ -55,8 +64,9 @@ from typing import Callable, Iterable
 
 from ..base.config import Settings
 from ..base.positions import Position
-from ..api.rows import NO_TIME, RowBatch
+from ..api.rows import NO_TIME, RowBatch, nondecreasing
 from .amends import Amends
+from .ledger import highest_below
 from .panes import Panes
 from .sessions import Sessions
 from .windows import Tumbling, WindowRows
@@ -68,10 +78,13 @@ RETIRED = 1024  # forgotten shards whose highest delivered position is kept
 
 @dataclass(slots=True)
 class ShardOrder:
-    floor: float = -math.inf  # the effective event time of the shard's last row
+    floor: float = -math.inf  # the effective event time of the shard's last row (its largest)
     high: Position | None = None  # the highest position delivered here
     held: list[RowBatch] = field(default_factory=list)  # waiting for parents to finish
-    queue: deque[RowBatch] = field(default_factory=deque)  # in no closed window yet; times never decrease
+    # in no closed window yet; times never decrease (with ``disorder_ms``, within each piece)
+    queue: deque[RowBatch] = field(default_factory=deque)
+    handed: Position | None = None  # with ``disorder_ms``: the highest position handed over
+    last: float = -math.inf  # with ``disorder_ms``: the event time of the shard's last row
 
 
 class Ordering:
@@ -85,6 +98,7 @@ class Ordering:
         session: tuple[int, str] | None = None,
         lateness_ms: int = 0,
         keep_late: bool = True,
+        disorder_ms: int = 0,
         blocks: Callable[[str, float], bool],
         parents_of: Callable[[str], Iterable[str]],
     ) -> None:
@@ -101,6 +115,13 @@ class Ordering:
             self.panes = Panes(window_ms, slide_ms)
         elif lateness_ms:
             self.panes = Amends(window_ms, lateness_ms, keep_late)
+        # max_out_of_orderness: rows keep their own times, each piece sorted by time; a shard
+        # stands at its largest time minus this (``progress``)
+        self.disorder_ms = disorder_ms
+        # with it, rows handed over before a restart or a lost lease, above the position at or
+        # below which all are committed: per shard, the highest handed over and the end of the
+        # windows committed then (a row at or below it and before that end is a duplicate)
+        self.redo: dict[str, tuple[Position, int]] = {}
         self.blocks = blocks  # can this (parent) shard still add rows at ``now``?
         self.parents_of = parents_of
         self.shards: dict[str, ShardOrder] = {}
@@ -123,7 +144,7 @@ class Ordering:
         session = (ms(settings.session_gap), str(settings.session_key)) if settings.session_gap else None
         return cls(window_ms=ms(settings.window), slide_ms=ms(settings.slide) or None, session=session,
                    lateness_ms=ms(settings.allowed_lateness), keep_late=settings.late_policy == "next",
-                   blocks=blocks, parents_of=parents_of)
+                   disorder_ms=ms(settings.max_out_of_orderness), blocks=blocks, parents_of=parents_of)
 
     def shard(self, shard_id: str) -> ShardOrder:
         state = self.shards.get(shard_id)
@@ -154,6 +175,8 @@ class Ordering:
         state = self.shards.pop(shard_id, None)
         if state is not None:
             dropped += sum(map(len, state.held)) + sum(map(len, state.queue))
+            if state.handed is not None and (high is None or state.handed > high):
+                self.redo[shard_id] = (state.handed, int(self.closed_until))
         if self.panes is not None:
             dropped += self.panes.drop(shard_id)  # its rows in closed panes, still in windows to come
         self.retired.pop(shard_id, None)
@@ -184,6 +207,8 @@ class Ordering:
             return
         if self.panes is not None:
             committed_end = self.panes.resume(committed_end)
+        elif self.disorder_ms:
+            self.redo.update((s, (p, committed_end)) for s, p in (output or {}).items())
         self.closed_until = max(self.closed_until, committed_end)
 
     def add(self, shard_id: str, rows: RowBatch, last: Position | None, now: float,
@@ -202,7 +227,12 @@ class Ordering:
             state.high = last
         if not len(rows):
             return []
-        pieces = self._pieces(self._clamped(state, rows, now))
+        rows = self._own_times(state, rows, now) if self.disorder_ms else self._clamped(state, rows, now)
+        if shard_id in self.redo:
+            rows = self._not_handed_over(shard_id, rows)
+            if not len(rows):
+                return []
+        pieces = self._pieces(rows)
         if keep is not None:
             pieces = list(map(keep, pieces))
         for piece in pieces:  # the ledger's name for it, kept by its slices: whose rows a window commits
@@ -247,6 +277,53 @@ class Ordering:
         state.floor = int(times[-1])
         self.latest = max(self.latest, state.floor)
         return rows.with_times(times)
+
+    def _own_times(self, state: ShardOrder, rows: RowBatch, now: float) -> RowBatch:
+        """With ``disorder_ms``: each row keeps its own event time (a row without one takes
+        the previous row's; the shard's first, ``now``), the rows sorted by it (a copy,
+        when they are not in order already)."""
+        import numpy as np
+
+        times = rows.times.astype(np.int64)
+        missing = times == NO_TIME
+        if missing.any():
+            if missing[0]:
+                times[0] = int(now) if state.last == -math.inf else int(state.last)
+            given = np.where(times != NO_TIME, np.arange(len(times)), 0)
+            times = times[np.maximum.accumulate(given)]  # each missing one: the previous given
+        state.last = int(times[-1])
+        if not nondecreasing(times):
+            order = np.argsort(times, kind="stable")
+            rows, times = rows.take(order), times[order]
+        state.floor = max(state.floor, int(times[-1]))
+        self.latest = max(self.latest, state.floor)
+        return rows.with_times(times)
+
+    def _not_handed_over(self, shard_id: str, rows: RowBatch) -> RowBatch:
+        """Rows out of order handed over before a restart or a lost lease (``redo``) left
+        out as duplicates: those at or below the highest handed over whose window was
+        committed then (the others, below it too, were in windows not committed yet)."""
+        import numpy as np
+
+        handed, end = self.redo[shard_id]
+        if rows.positions[int(rows.records.max())] > handed:
+            del self.redo[shard_id]  # the rows after these are new
+        at_or_below = bisect.bisect_right(rows.positions, handed)
+        twice = (rows.records < at_or_below) & (rows.times < end)
+        if not twice.any():
+            return rows
+        self.duplicates += int(twice.sum())
+        return rows.take(np.flatnonzero(~twice))
+
+    def progress(self, shard_id: str, pieces: list[RowBatch]) -> int | None:
+        """How far in event time the shard has got with a batch (its watermark), given
+        the batch's pieces: their last time, or with ``disorder_ms`` the shard's largest
+        time minus it. None: the batch brought no row."""
+        if not pieces:
+            return None
+        if self.disorder_ms:
+            return int(self.shards[shard_id].floor) - self.disorder_ms
+        return int(pieces[-1].times[-1])
 
     def holds_children(self, children: Iterable[str]) -> bool:
         """Are rows of any of these shards held here, waiting for their parents?"""
@@ -308,8 +385,9 @@ class Ordering:
         out of every shard's queue (a binary search each). ``merge.seal`` sorts them."""
         size = self.window.size
         windows = []
+        first_time, cut = (_first, _cut) if not self.disorder_ms else (_first_of_all, _cut_all)
         while True:
-            heads = [(int(s.queue[0].times[0]), shard_id) for shard_id, s in self.shards.items() if s.queue]
+            heads = [(first_time(s.queue), shard_id) for shard_id, s in self.shards.items() if s.queue]
             if not heads:
                 break
             first = min(heads)[0]
@@ -317,7 +395,7 @@ class Ordering:
             end = start + size
             if end > until:
                 break
-            parts = {shard_id: _cut(self.shards[shard_id].queue, end) for t, shard_id in heads if t < end}
+            parts = {shard_id: cut(self.shards[shard_id].queue, end) for t, shard_id in heads if t < end}
             windows.append(WindowRows(start, end, parts))
             self.closed_until = max(self.closed_until, end)
         if self.pending_late and (windows or until >= self.closed_until + size):
@@ -332,6 +410,8 @@ class Ordering:
                 first_window.late.setdefault(shard_id, []).append(rows)
             first_window.late_rows = sum(len(rows) for _, rows in self.pending_late)
             self.pending_late = []
+        if self.disorder_ms and windows:
+            self._below(windows)
         if isinstance(self.panes, Sessions):
             # a session ends once no row before its end can still come: the watermark, or
             # the oldest row queued, in a pane not closed yet
@@ -342,6 +422,32 @@ class Ordering:
             # everything) makes no window final, new rows do
             until = min(until, self.latest)
         return windows if self.panes is None else self.panes.assemble(windows, until)
+
+    def _below(self, windows: list[WindowRows]) -> None:
+        """Rows out of order: for each window and shard, a position at or below which
+        every row of the shard is in that window or an earlier one (``WindowRows.below``:
+        what a restart may leave out as committed), and each shard's highest handed over."""
+        lowest: dict[str, Position] = {}  # of the rows after the window
+        for shard_id, state in self.shards.items():
+            waiting = [rows.lowest() for rows in (*state.held, *state.queue) if len(rows)]
+            if waiting:
+                lowest[shard_id] = min(waiting)
+        for window in reversed(windows):
+            window.below = {}
+            for shard_id in {*window.parts, *window.late}:
+                parts = [rows for rows in (*window.late.get(shard_id, ()), *window.parts.get(shard_id, ())) if len(rows)]
+                if not parts:
+                    continue
+                low = lowest.get(shard_id)
+                below = [p for p in (highest_below(rows, low) for rows in parts) if p is not None]
+                if below:
+                    window.below[shard_id] = max(below)
+                low_here = min(rows.lowest() for rows in parts)
+                lowest[shard_id] = low_here if low is None else min(low, low_here)
+                state = self.shards.get(shard_id)
+                top = max(highest_below(rows, None) for rows in parts)
+                if state is not None and (state.handed is None or top > state.handed):
+                    state.handed = top
 
     def buffered_windows(self) -> int:
         """Windows holding rows, not closed yet."""
@@ -357,6 +463,36 @@ class Ordering:
                     starts.add(start)
                     i = int(np.searchsorted(times, start + window.size))
         return len(starts)
+
+
+def _first(queue: deque[RowBatch]) -> int:
+    """The earliest time in a shard's queue: its first row's (times never decrease)."""
+    return int(queue[0].times[0])
+
+
+def _first_of_all(queue: deque[RowBatch]) -> int:
+    """The earliest time in a shard's queue of pieces each sorted (``disorder_ms``)."""
+    return min(int(rows.times[0]) for rows in queue)
+
+
+def _cut_all(queue: deque[RowBatch], end: int) -> list[RowBatch]:
+    """The rows before ``end`` out of every piece of a shard's queue, each sorted
+    (``disorder_ms``): the front of each."""
+    import numpy as np
+
+    out, kept = [], []
+    for rows in queue:
+        if rows.times[-1] < end:
+            out.append(rows)
+        elif rows.times[0] >= end:
+            kept.append(rows)
+        else:
+            k = int(np.searchsorted(rows.times, end))
+            out.append(rows[:k])
+            kept.append(rows[k:])
+    queue.clear()
+    queue.extend(kept)
+    return out
 
 
 def _cut(queue: deque[RowBatch], end: int) -> list[RowBatch]:

@@ -3,7 +3,9 @@ over the shards that still hold the others back. Pure: the clock is passed in.
 
 A shard's watermark (epoch ms) is::
 
-    the largest event time of its rows so far              (rows are clamped per shard)
+    the largest event time of its rows so far              (rows are clamped per shard;
+                                                            with max_out_of_orderness, minus it:
+                                                            ``Ordering.progress``)
     max(that, now - margin)  after a batch with millisBehindLatest 0 (caught up, empty
                              batches included), while event times are arrival times:
                              nothing older can still arrive
