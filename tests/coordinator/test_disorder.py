@@ -16,7 +16,8 @@ from mldserver.coordinator.ordering import Ordering
 from mldserver.errors import ConfigError
 
 from ..helpers import FakeClock
-from .test_amends import ReplacingSink, rows_of
+from .test_amends import ReplacingSink, expected_windows, rows_of
+from .test_panes import batches_of
 
 SIZE = 60_000
 DISORDER = 20_000
@@ -35,25 +36,6 @@ def stream(seed, shards=3, rows=500):
             late_by = rng.choice([0, 0, rng.randrange(0, DISORDER)])
             out[f"shard-{i}"].append((t - late_by, i * 10**6 + n + 1, round(rng.uniform(1, 100), 2)))
     return out
-
-
-def batches_of(data, seed):
-    rng = random.Random(seed + 100)
-    left = {s: list(r) for s, r in data.items()}
-    out = []
-    while any(left.values()):
-        s = rng.choice([s for s in left if left[s]])
-        n = rng.randint(1, 25)
-        out.append((s, left[s][:n]))
-        left[s] = left[s][n:]
-    return out
-
-
-def expected_windows(data):
-    expected = {}
-    for t, seq, _ in (r for rows in data.values() for r in rows):
-        expected.setdefault((t - t % SIZE, t - t % SIZE + SIZE), []).append(seq)
-    return {w: sorted(seqs) for w, seqs in expected.items()}
 
 
 def written(directory):
@@ -95,8 +77,7 @@ async def deliver(directory, batches, clock, stop_after=None, lose=None):
             if stop_after is not None and c.committer.windows_committed >= stop_after:
                 if lose is None:
                     break
-                c.lease_lost(lose)
-                await c.step()
+                c.lease_lost(lose)  # and taken again at once: no window closes without it meanwhile
                 await c.open_shard(lose, c.safe_position(lose))
                 batches[i:i] = [(s, r) for s, r in batches[:i] if s == lose]  # its rows again, from the start
                 stop_after = None
@@ -154,7 +135,7 @@ async def test_rows_out_of_order_are_committed_once_across_a_restart(tmp_path, s
     assert written(tmp_path / "out") == expected_windows(data)
 
 
-@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("seed", range(8))
 async def test_rows_out_of_order_are_committed_once_when_a_lease_is_lost_and_comes_back(tmp_path, seed):
     data = stream(seed)
     (tmp_path / "out").mkdir()
