@@ -268,7 +268,8 @@ class Settings:
     # "drop" (counted), "dead-letter" (with its data, <state-dir>/dead-letters/rows.jsonl)
     late_policy: str = setting("next", choices=("next", "drop", "dead-letter"))
     # a window stays open to late rows this long after it closes: such a row amends it (the sink
-    # replaces the window); its shards checkpoint past it only then (tumbling windows)
+    # replaces the window; its shards checkpoint past it only then; a table adds the row to the
+    # window where it is). Tumbling windows
     allowed_lateness: float = setting(0.0, low=0.0, high=DAY, unit="seconds")
     # rows of a shard may come this much out of event-time order and still land in their own
     # window: a shard's watermark is its largest event time minus this (tumbling windows)
@@ -443,10 +444,11 @@ def load(path: str | None = None, **overrides: Any) -> Settings:
                                   f"tumbling windows only for now (it keeps each row once, and a hopping window's "
                                   f"rows are in several): use --sink parquet:DIR for hopping windows, or leave "
                                   f"slide out")
-            if settings.allowed_lateness:
-                raise ConfigError(f"allowed_lateness = {settings.allowed_lateness:g}: the table sink (--sink "
-                                  f"{settings.sink}) does not amend windows yet: use --sink parquet:DIR (or file:DIR) "
-                                  f"with allowed_lateness, or leave it out (late_policy decides a late row)")
+            if settings.allowed_lateness and settings.pipeline:
+                raise ConfigError(f"allowed_lateness = {settings.allowed_lateness:g} with --pipeline: the table sink "
+                                  f"(--sink {settings.sink}) amends a window with its late rows where they are, and "
+                                  f"a pipeline's output for the window cannot be made again there yet: use --sink "
+                                  f"parquet:DIR with a pipeline and allowed_lateness, or leave one out")
             if settings.max_out_of_orderness:
                 raise ConfigError(f"max_out_of_orderness = {settings.max_out_of_orderness:g}: the table sink (--sink "
                                   f"{settings.sink}) takes rows in their shard's order only for now: use --sink "

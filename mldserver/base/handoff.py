@@ -183,6 +183,9 @@ class Window:
     # before it are final (their rows are what this commit lets shards checkpoint past)
     version: int = 0
     final_until: int | None = None
+    # into a table with allowed_lateness: the windows amended where they are, in order, and how many
+    # rows of each; those rows follow the ``late_rows`` (a table sink writes them in their own window)
+    amends: list[tuple[str, int]] = field(default_factory=list, repr=False)
 
     @property
     def id(self) -> str:

@@ -247,6 +247,7 @@ class Committer:
             window=window.id,
             rows=len(window),
             late=window.late_rows,
+            **({"amended": sum(n for _, n in window.amends)} if window.amends else {}),  # into a table, in place
             **({"version": window.version} if window.version else {}),  # allowed_lateness: 2 and on, amended
             shards=len(closed.commits),
             watermark=ms(closed.watermark),

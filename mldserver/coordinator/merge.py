@@ -55,8 +55,10 @@ def seal(closed: WindowRows) -> tuple[Window, dict[str, list[RowBatch]]]:
 
     if closed.sessions is not None:
         return _seal_sessions(closed)
-    for shard_id, late in closed.late.items():  # late rows first: older than the window's start
-        closed.parts[shard_id] = late + closed.parts.get(shard_id, [])
+    amends = _amends(closed)
+    for shard_id in {*closed.late, *closed.amending}:  # late rows first: older than the window's start
+        closed.parts[shard_id] = closed.late.get(shard_id, []) + closed.amending.get(shard_id, []) + \
+            closed.parts.get(shard_id, [])
     shards = sorted(closed.parts)  # shard ids in the merge key's order
     parts = [rows for shard_id in shards for rows in closed.parts[shard_id]]
     commits = {shard_id: closed.parts[shard_id] for shard_id in shards}
@@ -81,10 +83,24 @@ def seal(closed: WindowRows) -> tuple[Window, dict[str, list[RowBatch]]]:
     owners = [shard_id for shard_id in shards for _ in closed.parts[shard_id]]
     rows = JsonLines(n, partial(_gather, parts, order), partial(_chunks, parts, order))
     window = Window(closed.start, closed.end, rows, closed.late_rows, positions, RowSources(owners, parts, order),
-                    closed.kind, output, version=closed.version, final_until=closed.final_until)
-    closed.parts, closed.late = {}, {}
+                    closed.kind, output, version=closed.version, final_until=closed.final_until, amends=amends)
+    closed.parts, closed.late, closed.amending = {}, {}, {}
     closed.commits = None
     return window, commits
+
+
+def _amends(closed: WindowRows) -> list[tuple[str, int]]:
+    """The windows the amending rows amend, in order, and how many rows each: in the
+    merged order they follow the late rows (older than them all) and are sorted by
+    time, so by window."""
+    import numpy as np
+
+    parts = [rows for group in closed.amending.values() for rows in group]
+    if not parts:
+        return []
+    size = closed.end - closed.start
+    starts, counts = np.unique(np.concatenate([rows.times for rows in parts]) // size * size, return_counts=True)
+    return [(f"{start}-{start + size}", int(n)) for start, n in zip(starts.tolist(), counts.tolist())]
 
 
 def _seal_sessions(closed: WindowRows) -> tuple[Window, dict[str, list[RowBatch]]]:

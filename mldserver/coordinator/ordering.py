@@ -28,7 +28,10 @@ where Bloop breaks it is decided here, the policy:
   the merge key itself puts parents first);
 - **late rows**: a row whose window has closed goes with the next window to close
   (alone, in the window after the last closed one, once that one is past the
-  watermark too), counted in ``late_rows``; never dropped.
+  watermark too), counted in ``late_rows``; never dropped. Into a table with
+  ``allowed_lateness`` (``amend_ms``), those whose window ended less than that before
+  the watermark amend their windows where they are: they go with the next window too,
+  but as ``WindowRows.amending`` (counted in ``amended_rows``), in their own windows.
 
 Windows are tumbling (``windows.Tumbling``); hopping windows are made of tumbling
 panes a slide long (``panes``), session windows of panes a gap long (``sessions``).
@@ -98,6 +101,7 @@ class Ordering:
         session: tuple[int, str] | None = None,
         lateness_ms: int = 0,
         keep_late: bool = True,
+        in_place: bool = False,
         disorder_ms: int = 0,
         blocks: Callable[[str, float], bool],
         parents_of: Callable[[str], Iterable[str]],
@@ -108,12 +112,15 @@ class Ordering:
         self.window = Tumbling(session[0] if session else slide_ms or window_ms)
         # Tumbling windows kept open to late rows for ``lateness_ms`` (allowed_lateness) are
         # ``amends``' (late rows beyond it in every version of their window, or once: ``keep_late``).
+        # Into a table (``in_place``), a late row within the lateness amends its window where
+        # it is: committed with the next handover, in its own window (``amending``).
         self.panes: Panes | Sessions | Amends | None = None
+        self.amend_ms = lateness_ms if in_place and not (session or slide_ms) else 0
         if session:
             self.panes = Sessions(*session)
         elif slide_ms and slide_ms != window_ms:
             self.panes = Panes(window_ms, slide_ms)
-        elif lateness_ms:
+        elif lateness_ms and not in_place:
             self.panes = Amends(window_ms, lateness_ms, keep_late)
         # max_out_of_orderness: rows keep their own times, each piece sorted by time; a shard
         # stands at its largest time minus this (``progress``)
@@ -132,6 +139,7 @@ class Ordering:
         self.clamped = 0
         self.duplicates = 0
         self.late_rows = 0
+        self.amended_rows = 0  # late rows committed into their own windows (``amend_ms``)
 
     @classmethod
     def of(cls, settings: Settings, *, blocks: Callable[[str, float], bool],
@@ -144,7 +152,7 @@ class Ordering:
         session = (ms(settings.session_gap), str(settings.session_key)) if settings.session_gap else None
         return cls(window_ms=ms(settings.window), slide_ms=ms(settings.slide) or None, session=session,
                    lateness_ms=ms(settings.allowed_lateness), keep_late=settings.late_policy == "next",
-                   disorder_ms=ms(settings.max_out_of_orderness), blocks=blocks, parents_of=parents_of)
+                   in_place=str(settings.sink).startswith("iceberg:"), disorder_ms=ms(settings.max_out_of_orderness), blocks=blocks, parents_of=parents_of)
 
     def shard(self, shard_id: str) -> ShardOrder:
         state = self.shards.get(shard_id)
@@ -169,9 +177,8 @@ class Ordering:
         late, held, kept panes) go, and it starts afresh should it come back, with ``high`` (what
         is committed of it) as the position at or below which records are duplicates.
         Returns the rows dropped."""
-        late = [(s, rows) for s, rows in self.pending_late if s != shard_id]
         dropped = sum(len(rows) for s, rows in self.pending_late if s == shard_id)
-        self.pending_late = late
+        self.pending_late = [(s, rows) for s, rows in self.pending_late if s != shard_id]
         state = self.shards.pop(shard_id, None)
         if state is not None:
             dropped += sum(map(len, state.held)) + sum(map(len, state.queue))
@@ -406,9 +413,18 @@ class Ordering:
                 windows.append(WindowRows(end, end + size))
                 self.closed_until = end + size
             first_window = windows[0]
+            # into a table, those whose window ended less than amend_ms before the watermark amend
+            # it where they are: committed now, in their own window
+            amends_from = self.window.start(until - self.amend_ms) if self.amend_ms and until < math.inf else math.inf
             for shard_id, rows in self.pending_late:
-                first_window.late.setdefault(shard_id, []).append(rows)
-            first_window.late_rows = sum(len(rows) for _, rows in self.pending_late)
+                rows, amending = _split(rows, amends_from)
+                if len(amending):
+                    first_window.amending.setdefault(shard_id, []).append(amending)
+                    self.amended_rows += len(amending)
+                    self.late_rows -= len(amending)
+                if len(rows):
+                    first_window.late.setdefault(shard_id, []).append(rows)
+                    first_window.late_rows += len(rows)
             self.pending_late = []
         if self.disorder_ms and windows:
             self._below(windows)
@@ -463,6 +479,14 @@ class Ordering:
                     starts.add(start)
                     i = int(np.searchsorted(times, start + window.size))
         return len(starts)
+
+
+def _split(rows: RowBatch, at: float) -> tuple[RowBatch, RowBatch]:
+    """Rows sorted by time: those before ``at``, and the rest."""
+    import numpy as np
+
+    k = int(np.searchsorted(rows.times, at))
+    return rows[:k], rows[k:]
 
 
 def _first(queue: deque[RowBatch]) -> int:

@@ -59,6 +59,9 @@ class WindowRows:
     parts: dict[str, list[RowBatch]] = field(default_factory=dict, repr=False)  # shard -> its rows
     late_rows: int = 0  # the first ``late_rows`` rows in merged order are late
     late: dict[str, list[RowBatch]] = field(default_factory=dict, repr=False)  # shard -> its late rows
+    # into a table with allowed_lateness: late rows within it, for the windows they amend (after the
+    # late rows, before the others: ``Window.amends``)
+    amending: dict[str, list[RowBatch]] = field(default_factory=dict, repr=False)
     commits: dict[str, list[RowBatch]] | None = field(default=None, repr=False)
     kind: str = "tumbling"
     sessions: SessionRows | None = field(default=None, repr=False)  # session windows: the rows, in sessions
@@ -70,7 +73,8 @@ class WindowRows:
     below: dict[str, Position] | None = field(default=None, repr=False)
 
     def __len__(self) -> int:
-        held = sum(len(part) for group in (self.late, self.parts) for parts in group.values() for part in parts)
+        held = sum(len(part) for group in (self.late, self.amending, self.parts) for parts in group.values()
+                   for part in parts)
         return held + (0 if self.sessions is None else self.sessions.rows())
 
     def drop_late(self) -> list[RowBatch]:
@@ -81,7 +85,8 @@ class WindowRows:
         else:
             dropped = [part for parts in self.late.values() for part in parts]
             if dropped and self.commits is None:  # all it holds, its late rows too
-                self.commits = {s: self.parts.get(s, []) + self.late.get(s, []) for s in {*self.parts, *self.late}}
+                self.commits = {s: self.parts.get(s, []) + self.late.get(s, []) + self.amending.get(s, [])
+                                for s in {*self.parts, *self.late, *self.amending}}
             self.late = {}
         self.late_rows = 0
         return dropped

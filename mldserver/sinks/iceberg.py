@@ -15,7 +15,8 @@ Many machines: any pyiceberg catalog (REST, Glue, DynamoDB), named in the config
 
 The table holds the rows (the handler's fields, as the ``parquet:`` sink writes them)
 plus ``window`` (``"<start>-<end>"``, the window the rows were committed with, as the
-``parquet:`` sink's ``window=<id>`` folder). Each commit is one Iceberg snapshot, made
+``parquet:`` sink's ``window=<id>`` folder; with ``allowed_lateness``, a late row within it
+is in its own window: a later snapshot amends that window with it, ``window_ids``). Each commit is one Iceberg snapshot, made
 by one transaction that appends the window's rows and raises, in the table's own
 properties, the highest committed position of each of its shards, and the last
 window the committing server committed::
@@ -25,7 +26,7 @@ window the committing server committed::
 
 and whose snapshot summary names it: ``mldserver.server`` (``server_id``, default
 host:pid), ``mldserver.stream``, ``mldserver.window``, ``mldserver.rows``,
-``mldserver.late-rows``, ``mldserver.skipped-rows`` (already committed by another
+``mldserver.late-rows``, ``mldserver.amended-rows``, ``mldserver.skipped-rows`` (already committed by another
 server), ``mldserver.positions``.
 
 **Reading a position back** (``committed_position``, each time a shard is initialized
@@ -143,8 +144,22 @@ def window_table(window: Window, schema: pa.Schema | None) -> tuple[pa.Table, li
         indices = [i for i in range(len(window.rows)) if i not in out]
     else:
         indices = list(range(len(window.rows)))
-    table = table.append_column(WINDOW_COLUMN, pa.array([window.id] * table.num_rows, pa.string()))
+    ids = window_ids(window)
+    table = table.append_column(WINDOW_COLUMN, pa.array([ids[i] for i in indices] if ids else [window.id] * len(indices),
+                                                        pa.string()))
     return table, indices, [(window.rows[i], error) for i, error in rejected]
+
+
+def window_ids(window: Window) -> list[str] | None:
+    """Each row's window where some rows amend earlier windows (``Window.amends``: with
+    ``allowed_lateness``, they follow the late rows); None when every row is the
+    window's own."""
+    if not window.amends:
+        return None
+    ids = [window.id] * window.late_rows
+    for amended, count in window.amends:
+        ids.extend([amended] * count)
+    return ids + [window.id] * (len(window) - len(ids))
 
 
 def fresh_rows(window: Window, floors: dict[str, Position]) -> list[bool] | None:
@@ -358,6 +373,7 @@ class IcebergSink:
             "mldserver.window": window.id,
             "mldserver.rows": str(attempt.kept_rows),
             "mldserver.late-rows": str(window.late_rows),
+            "mldserver.amended-rows": str(sum(count for _, count in window.amends)),
             "mldserver.skipped-rows": str(len(window) - attempt.kept_rows),
             "mldserver.positions": orjson.dumps({s: p.to_json() for s, p in window.positions.items()}).decode(),
         }

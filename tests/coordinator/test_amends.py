@@ -76,14 +76,15 @@ def test_late_rows_beyond_the_lateness_are_in_every_version_under_next_and_in_th
     assert {s: sum(map(len, r)) for s, r in third.commits.items()} == {"A": 1, "B": 1, "C": 1}  # committed all
 
 
-def test_allowed_lateness_is_for_tumbling_windows_with_a_file_or_parquet_sink():
+def test_allowed_lateness_is_for_tumbling_windows_into_a_sink_a_table_without_a_pipeline():
     with pytest.raises(ConfigError, match="only when tumbling"):
         load(None, allowed_lateness=60.0, slide=10.0, sink="file:/tmp/x")
     with pytest.raises(ConfigError, match="no sink keeps them"):
         load(None, allowed_lateness=60.0)
-    with pytest.raises(ConfigError, match="does not amend windows yet"):
-        load(None, allowed_lateness=60.0, sink="iceberg:/tmp/x", stream="s")
+    with pytest.raises(ConfigError, match="cannot be made again there yet"):
+        load(None, allowed_lateness=60.0, sink="iceberg:/tmp/x", stream="s", pipeline="x:y")
     assert load(None, allowed_lateness=60.0, sink="file:/tmp/x").allowed_lateness == 60.0
+    assert load(None, allowed_lateness=60.0, sink="iceberg:/tmp/x", stream="s").allowed_lateness == 60.0
 
 
 async def amended_run(settings, tmp_path, policy="next"):

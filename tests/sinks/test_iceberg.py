@@ -255,3 +255,60 @@ async def test_a_table_that_cannot_be_opened_is_a_config_error_naming_the_sink(t
     s = IcebergSink(settings(tmp_path), tmp_path / "lake", DeadLetters(tmp_path / "dead-letters"))
     with pytest.raises(ConfigError, match=r"--sink iceberg:.*lake: cannot open the table mldserver.windows"):
         await s.start()
+
+
+async def test_a_lease_move_within_the_allowed_lateness_amends_the_windows_where_they_are(tmp_path):
+    """Server x commits shards A and B to the end of window 1; B's lease moves to server
+    y, whose shard C has closed windows 0 to 3 already. B's row for window 2 is late at
+    y: within the allowed lateness it amends window 2 in the table (a later snapshot), in
+    its own window, not in the one y commits next; every row once."""
+    from mldserver.coordinator import Coordinator
+
+    from ..coordinator.test_amends import rows_of
+    from ..helpers import FakeClock
+
+    base = 1_699_999_980_000  # a window start
+    w = [base + k * 60_000 for k in range(7)]
+    clock = FakeClock(1_790_000_000_000)
+
+    async def server(server_id):
+        s = settings(tmp_path, server_id=server_id, window=60.0, allowed_lateness=600.0,
+                     state_dir=str(tmp_path / server_id))
+        c = Coordinator(s, IcebergSink(s, tmp_path / "lake", DeadLetters(tmp_path / server_id / "dl")), clock=clock)
+        await c.start()
+        return c
+
+    async def deliver(c, shard_id, rows):
+        c.add_batch(shard_id, rows_of(rows), Position(rows[-1][1], 0, str(rows[-1][1])), 100)
+        clock.advance(1_000)
+        await c.step()
+
+    x, y = await server("x"), await server("y")
+    try:
+        for c, shard_id in ((x, "A"), (x, "B"), (y, "C")):
+            await c.open_shard(shard_id, None)
+        await deliver(x, "A", [(w[0] + 1_000, 1, 1.0), (w[1] + 1_000, 2, 1.0), (w[2] + 1_000, 3, 1.0),
+                               (w[3] + 1_000, 4, 1.0)])
+        await deliver(x, "B", [(w[0] + 2_000, 101, 1.0), (w[1] + 2_000, 102, 1.0), (w[2] + 2_000, 103, 1.0)])
+        assert x.committer.windows_committed == 2 and x.safe_position("B") == pos(102)
+        await deliver(y, "C", [(w[k] + 3_000, 201 + k, 1.0) for k in range(5)])  # y closes windows 0 to 3
+        assert y.committer.windows_committed == 4
+        x.lease_lost("B")
+        await x.step()
+        await y.open_shard("B", pos(102))  # from x's last checkpoint
+        await deliver(y, "B", [(w[2] + 2_000, 103, 1.0)])  # late here: window 2 is closed
+        await deliver(y, "B", [(w[5] + 2_000, 104, 1.0)])
+        await deliver(y, "C", [(w[5] + 3_000, 206, 1.0)])  # window 4 closes, and 103 goes with it
+        assert y.ordering.amended_rows == 1 and y.ordering.late_rows == 0
+    finally:
+        await x.stop()
+        await y.stop()
+    data = catalog(tmp_path).load_table(TABLE).scan().to_arrow()
+    got = sorted(zip(data.column("seq").to_pylist(), data.column("t").to_pylist(), data.column("window").to_pylist()))
+    assert [seq for seq, _, _ in got] == [1, 2, 3, 101, 102, 103, 201, 202, 203, 204, 205]  # each once (4: open)
+    for seq, t, window_id in got:
+        start = t - t % 60_000
+        assert window_id == f"{start}-{start + 60_000}", f"row {seq} in {window_id}"
+    summaries = commits(tmp_path)
+    assert [c["mldserver.amended-rows"] for c in summaries if c["mldserver.server"] == "y"][-1] == "1"
+    assert {c["mldserver.late-rows"] for c in summaries} == {"0"}
