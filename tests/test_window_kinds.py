@@ -132,3 +132,57 @@ async def test_rows_out_of_order_within_max_out_of_orderness_land_in_their_own_w
             assert start <= r["t"] < end_ or r["carrier"] == "end"
             got[r["delay"]] = r["t"]
     assert sorted(d for d in got if d) == sorted(e["delay"] for events in shards.values() for e in events)
+
+
+async def test_an_amendment_lands_once_across_a_sigkill_between_the_first_commit_and_it(tmp_path):
+    """parquet: (Spark): window [0, 60 s) commits with shard 1's rows alone (shard 2
+    idle), the server is SIGKILLed, a new one reads both shards again from their
+    checkpoints (none past the window: it is not final), and shard 2 brings a row for it
+    within the allowed lateness: the window's output holds each of its rows once."""
+    import pyarrow.dataset as ds
+
+    config = tmp_path / "mldserver.toml"
+    config.write_text("idle_timeout = 1.0\ncheckpoint_interval = 0.0\n")
+    out = tmp_path / "out"
+    args = ("--config", str(config), "--allowed-lateness", "600", "--sink", f"parquet:{out}", "--window", "60")
+    window = BASE - BASE % 60_000
+    entry = out / "_commits" / f"{window}-{window + 60_000}.json"
+    first = {"shardId-000000000001": [{"carrier": "A", "delay": 2, "t": BASE + 2_000},
+                                      {"carrier": "A", "delay": 3, "t": BASE + 70_000}],
+             "shardId-000000000002": [{"carrier": "B", "delay": 1, "t": BASE + 1_000}]}
+    server = ServerProcess("tests.handlers:DataTimes", tmp_path, *args)
+    daemon = FakeDaemon(relay_command(server.port))
+    shards = {s: await daemon.shard(s) for s in sorted(first)}
+    for shard_id in reversed(sorted(first)):
+        await shards[shard_id].process_records(records(1, first[shard_id]), millis_behind_latest=0)
+    await eventually(entry.exists, timeout=120, what="the window's first commit (shard 2 idle)")
+    server.proc.kill()  # SIGKILL
+    server.proc.wait()
+    for shard in shards.values():
+        await shard.child.kill()
+
+    server = ServerProcess("tests.handlers:DataTimes", tmp_path, *args)
+    try:
+        again = FakeDaemon(relay_command(server.port))
+        again.checkpoints.update(daemon.checkpoints)
+        assert not any(isinstance(c, tuple) and int(c[0]) >= 1 for c in again.checkpoints.values()), \
+            "a shard checkpointed past a window not final"
+        shards = {s: await again.shard(s) for s in sorted(first)}
+        for shard_id in sorted(first):  # read again from the start
+            await shards[shard_id].process_records(records(1, first[shard_id]), millis_behind_latest=0)
+        await shards["shardId-000000000002"].process_records(
+            records(2, [{"carrier": "B", "delay": 4, "t": BASE + 30_000}]), millis_behind_latest=0)  # late, within
+        await shards["shardId-000000000001"].process_records(
+            records(3, [{"carrier": "A", "delay": 5, "t": BASE + 130_000}]), millis_behind_latest=0)
+
+        def delays():
+            return sorted(ds.dataset(out / f"window={window}-{window + 60_000}", format="parquet")
+                          .to_table().column("delay").to_pylist())
+
+        await eventually(lambda: 4 in delays(), timeout=120, what="the window amended with the late row")
+        for shard in shards.values():
+            await shard.close()
+    finally:
+        assert server.stop() == 0
+    assert delays() == [1, 2, 4]  # each once
+    assert orjson.loads(entry.read_bytes()).get("version", 1) >= 2
