@@ -73,6 +73,17 @@ def test_a_state_dir_that_cannot_be_written_is_named(tmp_path):
                            "remove it or choose another --state-dir\n")
 
 
+def test_a_sink_that_cannot_be_written_is_named_by_check_and_refused_by_serve(tmp_path):
+    (tmp_path / "out").write_text("not a directory\n")
+    conf = config(tmp_path, f'sink = "file:{tmp_path / "out"}"\n')
+    said = (f"mldserver: --sink file:{tmp_path / 'out'}: exists and is not a directory: remove it or choose "
+            f"another --sink directory\n")
+    done = run("check", "--config", conf)
+    assert (done.returncode, done.stderr) == (2, said)
+    served = run("serve", "--config", conf, "--handler", "tests.handlers:Noop", "--port", "0", "--admin", "off")
+    assert (served.returncode, served.stderr) == (2, said)
+
+
 def test_a_pipeline_and_a_unix_socket_are_reported(tmp_path):
     settings = load(config(tmp_path), pipeline="tests.handlers:Noop", unix=str(tmp_path / "mld.sock"))
     out = io.StringIO()
@@ -80,7 +91,7 @@ def test_a_pipeline_and_a_unix_socket_are_reported(tmp_path):
     found = dict(line.split(None, 1) for line in out.getvalue().splitlines()[:-1])
     assert found["pipeline"] == "tests.handlers:Noop (class)"
     assert found["listen"] == f"unix:{tmp_path / 'mld.sock'}"
-    assert found["sink"] == f"parquet:{tmp_path / 'state' / 'output'}"
+    assert found["sink"] == f"parquet:{tmp_path / 'state' / 'output'} (writable)"
     assert not (tmp_path / "mld.sock").exists()  # check never binds
 
 

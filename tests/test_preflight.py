@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from mldserver.errors import ConfigError
-from mldserver.base.preflight import free_unix_path, probe_path, writable_state_dir
+from mldserver.base.config import Settings
+from mldserver.base.preflight import free_unix_path, probe_path, writable_sink, writable_state_dir
 
 
 def test_a_missing_state_dir_is_created_and_probed_leaving_nothing_behind(tmp_path):
@@ -52,6 +53,20 @@ def test_a_state_dir_that_takes_no_file_is_refused_naming_it(tmp_path):
     probe_path(path).mkdir(parents=True)  # the probe's name is taken by a folder: its write fails
     with pytest.raises(ConfigError, match=rf"^--state-dir {path}: cannot write there \(Is a directory\)"):
         writable_state_dir(path)
+
+
+def test_a_sink_that_cannot_be_written_is_refused_naming_it(tmp_path):
+    out = tmp_path / "out"
+    assert writable_sink(Settings(sink=f"file:{out}")) == out and out.is_dir() and not any(out.iterdir())
+    assert writable_sink(Settings()) is None
+    probe_path(out).mkdir()  # the probe's name is taken by a folder: its write fails
+    for kind in ("file", "parquet", "iceberg"):
+        with pytest.raises(ConfigError, match=rf"^--sink {kind}:{out}: cannot write there \(Is a directory\)"):
+            writable_sink(Settings(sink=f"{kind}:{out}", stream="s"))
+    with pytest.raises(ConfigError, match=r"^--sink file:/proc/out: cannot create it \(.+\): "):
+        writable_sink(Settings(sink="file:/proc/out"))
+    # a table whose catalog is elsewhere keeps its files where the catalog says
+    assert writable_sink(Settings(sink=f"iceberg:{out}", stream="s", table_catalog={"type": "rest"})) is None
 
 
 def test_a_free_unix_path_is_fine_and_a_missing_folder_is_named(tmp_path):

@@ -125,39 +125,52 @@ class Emit(mldserver.Handler):
 
 
 class BuggySink(FileSink):
-    """A sink with a bug: not an error the committer retries."""
+    """A sink with a bug (not an I/O error) until ``fixed``."""
+
+    fixed = False
 
     async def commit(self, window):
-        raise TypeError(f"a bug in the sink, window {window.id}")
+        if not self.fixed:
+            raise TypeError(f"a bug in the sink, window {window.id}")
+        await super().commit(window)
 
 
-async def test_a_committer_killed_by_an_error_it_does_not_retry_logs_task_crashed_and_shuts_down_in_order(
-    tmp_path, caplog
+async def test_a_sink_that_keeps_failing_is_retried_turns_the_server_not_ready_and_once_fixed_commits(
+    tmp_path, caplog, monkeypatch
 ):
+    """Whatever the sink raises, the committer retries it with backoff; the server stays up,
+    /readyz (``not_ready``) and /status say what fails; fixed, the window commits: nothing
+    lost."""
+    from mldserver.server import server as server_module
+    from mldserver.server.admin import status_of
+
+    monkeypatch.setattr(server_module, "SINK_UNREADY_AFTER", 0.5)
     caplog.set_level(logging.INFO, logger="mldserver")
     settings = Settings(handler="test", port=0, state_dir=str(tmp_path / "state"), window=60.0)
     clock = FakeClock(1476889707000 + 3_600_000)  # an hour after the records' time: their window closes
-    server = Server(settings, Emit, clock=clock, sink=BuggySink(tmp_path / "out"))
+    sink = BuggySink(tmp_path / "out")
+    server = Server(settings, Emit, clock=clock, sink=sink)
     serving = asyncio.ensure_future(server.serve())
     await eventually(lambda: server.address or serving.done(), what="the server listening")
     daemon = FakeDaemon(relay_command(server.address[1]))
     shard = await daemon.shard("shardId-1")
     await shard.process_records(make_records(10, 3), millis_behind_latest=0)
-    with pytest.raises(ServerCrashed, match="TypeError: a bug in the sink"):
-        await asyncio.wait_for(serving, 30)
-    assert await shard.child.read_line(5) is None  # the connection was closed by the shutdown
+    await eventually(lambda: (server.not_ready() or "").startswith("the sink has failed window"), timeout=30,
+                     what="/readyz not ready, the sink's error said")
+    assert "TypeError: a bug in the sink" in server.not_ready() and server.unhealthy() is None  # alive
+    failing = status_of(server)["coordinator"]["sink_failing"]
+    assert failing["error"].startswith("TypeError: a bug in the sink") and failing["attempts"] >= 1
+    sink.fixed = True
+    await eventually(lambda: list((tmp_path / "out").glob("*.jsonl")), timeout=60, what="the window committed")
+    await eventually(lambda: server.not_ready() is None, what="ready again")
+    assert status_of(server)["coordinator"]["sink_failing"] is None
     await shard.close()
-    events = [(r.getMessage(), r) for r in caplog.records if r.name.startswith("mldserver")]
-    names = [name for name, _ in events]
-    crashed = next(r for name, r in events if name == "task_crashed")
-    assert crashed.fields["task"] == "coordinator-committer"
-    assert crashed.fields["error"] == "TypeError: a bug in the sink, window 1476889680000-1476889740000"
-    assert crashed.exc_info is not None and crashed.exc_info[0] is TypeError  # the traceback
-    assert "sink_commit_failed" not in names  # not retried
-    assert names.index("task_crashed") < names.index("shutting_down") < names.index("coordinator_stopped")
-    assert names.index("coordinator_stopped") < names.index("stopped")
-    assert names.count("task_crashed") == 1  # coordinator.stop() re-raises the same error: logged once
-    assert not list((tmp_path / "out").glob("*.jsonl"))
+    server.stop()
+    await asyncio.wait_for(serving, 30)
+    names = [r.getMessage() for r in caplog.records if r.name.startswith("mldserver")]
+    assert "task_crashed" not in names and "sink_commit_failed" in names and "sink_recovered" in names
+    rows = [line for path in (tmp_path / "out").glob("*.jsonl") for line in path.read_text().splitlines()]
+    assert len(rows) == 3
 
 
 async def test_serves_a_unix_socket(serve, tmp_path):

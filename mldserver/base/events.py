@@ -201,6 +201,7 @@ EVENTS: dict[str, Event] = {
                                      "`shards`, `duration_ms`."),
         "sink_commit_failed": ("error", "A window's commit failed (the pipeline raised, the sink failed): "
                                         "retried with backoff; no shard checkpoints past it."),
+        "sink_recovered": ("info", "The sink committed a window after failing it: attempts, failed_for_s."),
         "coordinator_stopped": ("info", "The coordinator stopped: what it committed, dropped and clamped, "
                                         "and its peak memory."),
     }),

@@ -5,6 +5,8 @@ one line that names the path and what to do::
     writable_state_dir(Path("/var/lib/mldserver"))   # created if missing, then a probe
         -> ConfigError("--state-dir /var/lib/mldserver: cannot write there (Read-only
                         file system): ...")
+    writable_sink(settings)                          # the same for --sink file:/data/out
+        -> ConfigError("--sink file:/data/out: cannot write there (Permission denied): ...")
     free_unix_path(Path("/run/mldserver.sock"))      # a stale socket is removed
         -> ConfigError("--unix /run/mldserver.sock: another server listens there: ...")
 
@@ -107,11 +109,31 @@ def writable_state_dir(path: Path) -> Path:
     """Create ``path`` (with its parents) and prove it takes a file: write, fsync and
     unlink a probe. The state directory holds the spool, the commit log and the dead
     letters; finding out it is unwritable at the first full batch is too late."""
-    what = f"--state-dir {path}"
+    return writable_dir(path, f"--state-dir {path}", "--state-dir")
+
+
+def writable_sink(settings: "Settings") -> Path | None:
+    """The sink's directory, created and probed as the state directory is (``file:`` and
+    ``parquet:`` write there; ``iceberg:`` keeps its catalog and files there unless
+    ``table_catalog`` names a catalog of its own): a sink that cannot be written is
+    refused at the start, not found out at the first window. None without such a sink."""
+    from .config import SinkSpec
+
+    if not settings.sink:
+        return None
+    spec = SinkSpec.parse(settings.sink)
+    if spec.kind == "iceberg" and settings.table_catalog:
+        return None  # the catalog says where the table's files go
+    return writable_dir(spec.directory, f"--sink {settings.sink}", "--sink directory")
+
+
+def writable_dir(path: Path, what: str, option: str) -> Path:
+    """``path`` created if missing and proven to take a file (a probe written, fsynced and
+    unlinked), or a ConfigError starting with ``what`` that says what to do."""
     try:
         path.mkdir(parents=True, exist_ok=True)
     except FileExistsError:
-        raise ConfigError(f"{what}: exists and is not a directory: remove it or choose another --state-dir") from None
+        raise ConfigError(f"{what}: exists and is not a directory: remove it or choose another {option}") from None
     except OSError as exc:
         raise ConfigError(f"{what}: cannot create it ({_reason(exc)}): {_fix(exc)}") from None
     probe = probe_path(path)

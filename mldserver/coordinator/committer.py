@@ -59,6 +59,17 @@ class Sealed:
 
 
 @dataclass(frozen=True, slots=True)
+class SinkFailing:
+    """The sink has failed the window in front since ``since`` (epoch s), ``attempts``
+    times, the last with ``error``: what ``/readyz``, ``/status`` and the metrics tell."""
+
+    window: str
+    error: str
+    since: float
+    attempts: int
+
+
+@dataclass(frozen=True, slots=True)
 class LastCommit:
     """The window committed last."""
 
@@ -86,6 +97,7 @@ class Committer:
         self.windows_committed = 0
         self.rows_committed = 0
         self.last_commit: LastCommit | None = None
+        self.failing: SinkFailing | None = None  # the window in front keeps failing
         self._inflight: asyncio.Task[None] | None = None  # the sink commit under way
         self._wake = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
@@ -229,13 +241,17 @@ class Committer:
                 break
             except asyncio.CancelledError:
                 raise
-            except Exception as exc:
-                if not retriable(exc):
-                    raise  # a bug, not a failed commit: the committer ends, the server shuts down
+            except Exception as exc:  # whatever the sink raised: retried, the server stays up and says so
                 delay = self.backoff.delay(attempt)
                 attempt += 1
+                since = time.time() if self.failing is None else self.failing.since
+                self.failing = SinkFailing(window.id, f"{type(exc).__name__}: {exc}", since, attempt)
                 self._failed(window, exc, attempt, delay)
                 await asyncio.sleep(delay)
+        if self.failing is not None:
+            self.log.info("sink_recovered", window=window.id, attempts=self.failing.attempts,
+                          failed_for_s=round(time.time() - self.failing.since, 3))
+            self.failing = None
         self.windows_committed += window.version <= 1  # (an amended window is counted once)
         self.rows_committed += len(window) - closed.again
         duration = time.perf_counter() - started
@@ -283,7 +299,9 @@ class Committer:
             error=f"{type(exc).__name__}: {exc}",
             attempt=attempt,
             retry_in_ms=round(delay * 1000),
-            what_to_do="the window is retried; its rows stay buffered and no shard checkpoints past them",
+            what_to_do="the window is retried; its rows stay buffered and no shard checkpoints past them"
+                       + ("" if retriable(exc) else " (not an I/O error: a bug in the sink or the pipeline, or rows "
+                                                    "it cannot take; fix it and reload or restart: nothing is lost)"),
             traceback=remote or None,
             exc_info=attempt == 1 and not remote,
         )

@@ -57,7 +57,7 @@ from ..base.deadletters import DeadLetters
 from ..base.handoff import Sink, Window
 from ..base.logs import EventLogger, get_logger
 from ..base.positions import Position
-from .committer import Committer, LastCommit, ms
+from .committer import Committer, LastCommit, SinkFailing, ms
 from .ledger import Ledger
 from .lineage import Lineage, StreamShards
 from .ordering import Ordering
@@ -89,6 +89,7 @@ class CoordinatorStatus:
     late_rows: int  # rows older than a window already closed, since start
     last_commit: LastCommit | None
     watermarks: Mapping[str, float]  # each shard known here
+    sink_failing: SinkFailing | None = None  # the window in front keeps failing
 
 
 class Coordinator:
@@ -180,7 +181,7 @@ class Coordinator:
         return CoordinatorStatus(
             self.watermarks.minimum(self.clock()), self.ordering.buffered_windows(), ledger.rows, ledger.bytes,
             ledger.peak_rows, ledger.peak_bytes, committer.windows_committed, committer.rows_committed,
-            self.ordering.late_rows, committer.last_commit, self.watermarks.by_shard())
+            self.ordering.late_rows, committer.last_commit, self.watermarks.by_shard(), committer.failing)
 
     def _replay(self, shard_id: str, rows: RowBatch, last: Position | None, parents: list[str]) -> None:
         if parents:

@@ -118,6 +118,8 @@ def admin_token_file(given: Given) -> tuple[str, str] | None:
 
 def sink(given: Given) -> tuple[str, str]:
     preflight.extras(given.settings)  # the sink's (or the pipeline's) extra is installed
+    if preflight.writable_sink(given.settings) is not None:
+        return "sink", f"{given.settings.sink} (writable)"
     return "sink", given.settings.sink or "(none: rows are not collected)"
 
 

@@ -122,6 +122,10 @@ def render(s: dict[str, Any]) -> str:
                      f"buffered {c['buffered_rows']:,} rows / {c['buffered_bytes'] / 1000:,.0f} kB")
         lines.append(f"             committed {c['windows_committed']:,} windows, {c['rows_committed']:,} rows, "
                      f"{c['late_rows']:,} late  last commit {commit}")
+        failing = c.get("sink_failing")
+        if failing:
+            lines.append(f"             SINK FAILING for {failing['for_s']:.0f} s, window {failing['window']}, "
+                         f"{failing['attempts']} attempts: {failing['error']}")
     sp = s.get("spark")
     if sp is not None:
         lines.append(f"spark        {sp['state']}  restarts {sp['restarts']}"

@@ -266,7 +266,8 @@ def status_of(server: Any) -> dict[str, Any]:
                      "handler_process": 41822}, ...],
          "coordinator": {"global_watermark": 1763799995000, "open_windows": 2, "buffered_rows": 4100,
                          "buffered_bytes": 390000, "windows_committed": 12, "late_rows": 0,
-                         "last_commit": {"window": "...", "rows": 5200, "late": 0, "age_s": 3.1}},
+                         "last_commit": {"window": "...", "rows": 5200, "late": 0, "age_s": 3.1},
+                         "sink_failing": null},
          "spark": {"state": "up", "restarts": 0, "last_error": null},
          "sources": [{"source": "kinesis:clicks", "stream": "arn:aws:kinesis:...:stream/clicks",
                       "shards": [{"shard_id": "shardId-000000000001", "lag_ms": 0}],
@@ -324,6 +325,8 @@ def status_of(server: Any) -> dict[str, Any]:
             "late_rows": snapshot.late_rows,
             "last_commit": None if last is None else {"window": last.window, "rows": last.rows, "late": last.late,
                                                       "age_s": round(now - last.at, 3)},
+            "sink_failing": None if (f := snapshot.sink_failing) is None else {
+                "window": f.window, "error": f.error, "attempts": f.attempts, "for_s": round(now - f.since, 3)},
         }
     if server.spark is not None:
         out["spark"] = {"state": server.spark.state, "restarts": server.spark.restarts,

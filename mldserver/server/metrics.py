@@ -218,6 +218,9 @@ class _ServerCollector(Collector):
                                       value=snapshot.rows_committed)
             yield CounterMetricFamily("mldserver_late_rows", "Rows older than a window already closed (they go "
                                       "to the next commit, flagged late)", value=snapshot.late_rows)
+            failing = snapshot.sink_failing
+            yield GaugeMetricFamily("mldserver_sink_failing_seconds", "How long the sink has failed the window in "
+                                    "front (0: it commits)", value=0 if failing is None else time.time() - failing.since)
         spark = server.spark
         if spark is not None:
             yield CounterMetricFamily("mldserver_spark_process_restarts", "Spark processes started again",

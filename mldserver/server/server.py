@@ -61,6 +61,7 @@ import itertools
 import os
 import signal
 import socket
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -94,6 +95,7 @@ log = get_logger("mldserver.server")
 SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 # Past shutdown_timeout: how long drivers get to answer once their calls are cancelled.
 ABORT_WAIT_S = 5.0
+SINK_UNREADY_AFTER = 10.0  # s a window's commits keep failing before /readyz says not ready
 
 
 class Server:
@@ -192,6 +194,7 @@ class Server:
     async def _start(self) -> None:
         s = self.settings
         await asyncio.to_thread(preflight.writable_state_dir, Path(s.state_dir))
+        await asyncio.to_thread(preflight.writable_sink, s)
         if self.admin is not None:
             await self.admin.prepare(Path(s.state_dir))  # its token read (or made) before anything starts
         for source in self.sources:
@@ -350,11 +353,17 @@ class Server:
         return None
 
     def not_ready(self) -> str | None:
-        """What /readyz waits for (listening; Spark up; the commit log read), or None."""
+        """What /readyz waits for (listening; Spark up; the commit log read; a sink that
+        commits: one failing the window in front for ``SINK_UNREADY_AFTER`` seconds is
+        not ready, with its error), or None."""
         if self.spark is not None and self.spark.state != "up":
             return f"the Spark process is {self.spark.state}"
         if not self.listening:
             return "not listening yet" if not self._stop.is_set() else "shutting down"
+        failing = self.coordinator.committer.failing if self.coordinator is not None else None
+        if failing is not None and time.time() - failing.since >= SINK_UNREADY_AFTER:
+            return (f"the sink has failed window {failing.window} for {time.time() - failing.since:.0f} s "
+                    f"({failing.attempts} attempts): {failing.error}")
         return self.unhealthy()
 
     async def shutdown(self) -> None:

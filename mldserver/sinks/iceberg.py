@@ -458,9 +458,21 @@ def open_catalog(settings: Settings, directory: Path) -> "Catalog":
 
 
 def _arrow_schema(table: "Table") -> pa.Schema:
-    schema = table.schema().as_arrow()
-    return pa.schema([pa.field(f.name, pa.string() if f.type == pa.large_string() else f.type, f.nullable)
-                      for f in schema])
+    """The table's schema as rows are parsed with it: pyiceberg's large strings and lists
+    (at any depth) as the plain ones Arrow's JSON reader makes."""
+    return pa.schema([pa.field(f.name, _plain(f.type), f.nullable) for f in table.schema().as_arrow()])
+
+
+def _plain(t: pa.DataType) -> pa.DataType:
+    if pa.types.is_large_string(t):
+        return pa.string()
+    if pa.types.is_large_binary(t):
+        return pa.binary()
+    if pa.types.is_large_list(t) or pa.types.is_list(t):
+        return pa.list_(_plain(t.value_type))
+    if pa.types.is_struct(t):
+        return pa.struct([f.with_type(_plain(f.type)) for f in t])
+    return t
 
 
 def _iceberg_types(schema: pa.Schema) -> pa.Schema:

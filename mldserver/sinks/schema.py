@@ -73,10 +73,10 @@ def rows_to_table(rows: JsonLines, schema: pa.Schema | None) -> tuple[pa.Table, 
     try:
         if schema is not None:
             return _parse_runs(rows, schema), []
-        return _parse(rows.buffer(), schema), []
+        return typed(_parse(rows.buffer(), schema)), []
     except pa.ArrowInvalid:
         if schema is None:  # the rows disagree among themselves: the first one decides
-            schema = _parse(rows.buffer(0, 1), None).schema
+            schema = typed(_parse(rows.buffer(0, 1), None)).schema
     # Slow path, only when something does not fit: find the rows, keep the others.
     rejected, kept = [], []
     for i in range(len(rows)):
@@ -87,6 +87,28 @@ def rows_to_table(rows: JsonLines, schema: pa.Schema | None) -> tuple[pa.Table, 
         except pa.ArrowInvalid as exc:
             rejected.append((i, _explain(rows[i], schema, exc)))
     return (_parse(b"".join(kept), schema) if kept else schema.empty_table()), rejected
+
+
+def typed(table: pa.Table) -> pa.Table:
+    """An inferred table with no column of Arrow's ``null`` type: a field that is null in
+    every row (so far) is a nullable string (at any depth), which every format and table
+    takes (Iceberg has no null type); a later number there does not fit, and is said so.
+    Declare the field's type in ``[schema]`` to choose another::
+
+        typed(table of {"a": 1, "note": null})   # note: string, not null
+    """
+    schema = pa.schema([f.with_type(_no_null(f.type)) for f in table.schema], metadata=table.schema.metadata)
+    return table if schema.equals(table.schema) else table.cast(schema)
+
+
+def _no_null(t: pa.DataType) -> pa.DataType:
+    if pa.types.is_null(t):
+        return pa.string()
+    if pa.types.is_list(t):
+        return pa.list_(_no_null(t.value_type))
+    if pa.types.is_struct(t):
+        return pa.struct([f.with_type(_no_null(f.type)) for f in t])
+    return t
 
 
 def _parse_runs(rows: JsonLines, schema: pa.Schema) -> pa.Table:

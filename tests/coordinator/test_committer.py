@@ -77,13 +77,23 @@ async def test_a_retriable_failure_is_retried_and_committed_once(tmp_path, caplo
     assert sum("sink_commit_failed" in r.getMessage() for r in caplog.records) == 2
 
 
-async def test_a_bug_in_the_sink_ends_the_pass_and_states_no_commit(tmp_path):
-    sink = Flaky(tmp_path / "out", failures=1, error=TypeError("a bug"))
+async def test_a_bug_in_the_sink_is_retried_like_any_failure_and_stated_until_it_commits(tmp_path):
+    sink = Flaky(tmp_path / "out", failures=2, error=TypeError("a bug"))
     committer, committed = await made(sink)
+    states = []
+    log_failed = committer._failed
+
+    def failed(window, exc, attempt, delay):
+        states.append(committer.failing)
+        log_failed(window, exc, attempt, delay)
+
+    committer._failed = failed
     committer.seal([window_rows(0, [1])], watermark=60_000)
-    with pytest.raises(TypeError):
-        await committer.commit_sealed()
-    assert not committer.committing and committed == [] and committer.windows_committed == 0
+    async with committer.turn:
+        assert await committer.commit_sealed() == 1
+    assert [(f.window, f.error, f.attempts) for f in states] == [("0-60000", "TypeError: a bug", 1),
+                                                                 ("0-60000", "TypeError: a bug", 2)]
+    assert committer.failing is None and committed == [("0-60000", {"s": 1})] and committer.windows_committed == 1
 
 
 async def test_a_window_sealed_during_a_commit_commits_in_the_same_pass(tmp_path):

@@ -312,3 +312,22 @@ async def test_a_lease_move_within_the_allowed_lateness_amends_the_windows_where
     summaries = commits(tmp_path)
     assert [c["mldserver.amended-rows"] for c in summaries if c["mldserver.server"] == "y"][-1] == "1"
     assert {c["mldserver.late-rows"] for c in summaries} == {"0"}
+
+
+async def test_a_field_null_in_every_row_of_the_first_window_is_a_string_column(tmp_path):
+    """Arrow infers its ``null`` type, which Iceberg has not: the committer crashed and
+    the server crash-looped on the same rows. It is a nullable string column now, and a
+    later window's text goes into it."""
+    a = await sink(tmp_path)
+
+    def rows(start, notes):
+        lines = [orjson.dumps({"shard_id": "s0", "seq": start + i, "note": note, "tags": [note]})
+                 for i, note in enumerate(notes)]
+        return Window(start, start + 10, JsonLines.of(lines), 0, {"s0": pos(start + len(notes) - 1)},
+                      [("s0", pos(start + i)) for i in range(len(notes))])
+
+    await a.commit(rows(0, [None, None]))
+    await a.commit(rows(10, ["late delivery", None]))
+    data = catalog(tmp_path).load_table(TABLE).scan().to_arrow()
+    assert sorted(zip(data.column("seq").to_pylist(), data.column("note").to_pylist())) == [
+        (0, None), (1, None), (10, "late delivery"), (11, None)]
