@@ -317,6 +317,8 @@ EVENTS: dict[str, Event] = {
                                              "`waited_ms`)."),
         "dead_lettered": ("error", "What could not be processed was written with its data to "
                                    "`<state-dir>/dead-letters/` (`reason`, `path`)."),
+        "batch_bisected": ("warning", "A batch failed whole after its retries: it was split until only the "
+                                      "records that fail alone were left (dead-lettered); the others handled."),
         "dead_letter_failed": ("error", "A dead letter could not be written whole (`path`, `error`)."),
         "failed_records_unknown": ("error", "The handler named failed records its batch does not have (a "
                                             "defect: report it)."),

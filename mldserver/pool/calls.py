@@ -140,7 +140,7 @@ class ProcessCalls(Calls):
 
     async def call(
         self, action: str, arg: Any, checkpointer: Callable[[], Checkpointer], *, collect_rows: bool = False,
-        check: Callable[[], bool] | None = None,
+        check: Callable[[], bool] | None = None, retries: int | None = None, quarantine: bool = False,
     ) -> Outcome:
         if action == "initialize":
             self.shard = arg
@@ -148,13 +148,15 @@ class ProcessCalls(Calls):
             return Outcome(FAILED, "no shard: initialize came first and failed")
         self.running = action
         try:
-            return await self._call(action, arg, checkpointer, collect_rows, check)
+            self._quarantine = quarantine  # (a bisected batch whose calls killed their process)
+            return await self._call(action, arg, checkpointer, collect_rows, check,
+                                    self.retries if retries is None else retries)
         finally:
             self.running = None
 
     async def _call(self, action: str, arg: Any, checkpointer: Callable[[], Checkpointer],
-                    collect_rows: bool, check: Callable[[], bool] | None) -> Outcome:
-        attempts = self.retries + 1
+                    collect_rows: bool, check: Callable[[], bool] | None, retries: int) -> Outcome:
+        attempts = retries + 1
         attempt = redone = 0
         error = ""
         checked: list[bool] = []  # check's answer, once it ran (the call is held until then)
@@ -232,7 +234,7 @@ class ProcessCalls(Calls):
                                retry=retry, traceback=traceback)
                 if retry:
                     await asyncio.sleep(self.backoff.delay(attempt - 1))
-            return Outcome(FAILED, error)
+            return Outcome(FAILED, error, isolate=self._quarantine)
         finally:
             self._acting(None)
             self._quarantine = False

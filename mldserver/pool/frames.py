@@ -187,9 +187,10 @@ def encode_head(message: dict[str, Any], body_size: int) -> bytes:
 
 def encode_records(records: Sequence[Record]) -> bytes:
     """The batch's records as the daemon wrote them (a de-aggregated record carries
-    its user record's data, base64)."""
-    return orjson.dumps([r._raw if r._data is None or r._raw.get("data") is not None else r.to_json()
-                         for r in records])
+    its user record's data, base64; a record of a line read lazily, as a bisected
+    batch's part has, is made a dict)."""
+    return orjson.dumps([r._raw if type(r._raw) is dict and (r._data is None or r._raw.get("data") is not None)
+                         else r.to_json() for r in records])
 
 
 def records_from(body: bytes | memoryview, line: bool = False) -> list[Record]:

@@ -88,6 +88,9 @@ class Outcome(NamedTuple):
     # process_records: the records it gave up on (batch.fail), (index in the batch,
     # error, attempts), for the driver to dead-letter; the call itself is done
     failed: list[tuple[int, str, int]] | None = None
+    # the failure killed its handler process or ran past execution_timeout: the calls that
+    # bisect its batch run in a process of their own (``quarantine``), as its retries did
+    isolate: bool = False
 
     @property
     def ok(self) -> bool:
@@ -227,13 +230,13 @@ class HandlerCalls(Calls):
 
     async def call(
         self, action: str, arg: Any, checkpointer: Callable[[], Checkpointer], *, collect_rows: bool = False,
-        check: Callable[[], bool] | None = None,
+        check: Callable[[], bool] | None = None, retries: int | None = None, quarantine: bool = False,
     ) -> Outcome:
         if self.handler is None:
             return Outcome(FAILED, "no handler (its creation failed)")
         if check is not None and not check():
             return Outcome(SKIPPED)
-        attempts = self.retries + 1
+        attempts = (self.retries if retries is None else retries) + 1
         error = ""
         for attempt in range(attempts):
             if self._aborted is not None:

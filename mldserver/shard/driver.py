@@ -45,7 +45,9 @@ from ..protocol import (
 )
 from ..api.checkpointer import Checkpointer
 from ..api.records import Batch, Record, ShardInfo
+from ..api.rows import RowBatch
 from .batches import INVALID_AGGREGATE, BadRecords, LineRecords, decode_records, encode_rows
+from .bisect import Failed, bisect
 from .calls import SKIPPED, Calls, Outcome
 from .checkpoints import Checkpoints
 from .downstream import Downstream, NoSink
@@ -246,11 +248,12 @@ class ShardDriver:
         if outcome is None:
             return
         last = records[-1].position if records else None
-        if not outcome.ok:
-            await self._dead_letter_all([BadRecords(event.records, "handler failed", outcome.error or "")])
-        elif outcome.failed:  # before any checkpoint can pass them
-            await self.dead_letters.failed_records(self.conn.shard_id, records, outcome.failed, self.log)
-        items, bad = encode_rows(outcome.rows)
+        if not outcome.ok:  # the records that fail alone are found and dead-lettered, the others handled
+            items, bad = await self._bisected(event, records, outcome)
+        else:
+            if outcome.failed:  # before any checkpoint can pass them
+                await self.dead_letters.failed_records(self.conn.shard_id, records, outcome.failed, self.log)
+            items, bad = encode_rows(outcome.rows)
         await self._dead_letter_all(bad)
         assert self.shard is not None
         if await self.downstream.batch(items, last, event.millis_behind_latest, self.wire.release):
@@ -278,6 +281,29 @@ class ShardDriver:
                                     collect_rows=self.downstream.collects_rows, check=check)
         finally:
             progress.batch_done()  # an idle shard holds no batch in memory
+
+    async def _bisected(self, event: ProcessRecords, records: list[Record], failed: Outcome
+                        ) -> tuple[RowBatch, list[BadRecords]]:
+        """A batch that failed whole, bisected (``shard.bisect``): the rows of the records
+        handled, and the bad rows among them. Its parts are called in a process of their
+        own when the batch killed its process or ran too long."""
+        async def call(part: Any) -> Outcome:
+            batch = Batch(list(part), event.millis_behind_latest, self.shard)  # type: ignore[arg-type]
+            return await self._call("process_records", batch, self.checkpoints.for_action("process_records"),
+                                    collect_rows=self.downstream.collects_rows, retries=0,
+                                    quarantine=failed.isolate)
+
+        async def dead_letter(failed: list[Failed]) -> None:
+            await self.dead_letters.failed_records(self.conn.shard_id, records, failed, self.log)
+
+        attempts = self.settings.handler_retries + 1
+        error = failed.error or ""
+        done = await bisect(call, records, error, attempts=attempts, on_failed=dead_letter,
+                            deadline=time.monotonic() + self.settings.execution_timeout)
+        self.log.warning("batch_bisected", records=len(records), failed=len(done.failed), calls=done.calls,
+                         error=error)
+        encoded = [encode_rows(rows) for rows in done.rows]
+        return RowBatch.concat([rows for rows, _ in encoded if len(rows)]), [b for _, bad in encoded for b in bad]
 
     async def _call(self, action: str, arg: Any, checkpointer: Callable[[], Checkpointer],
                     **kwargs: Any) -> Outcome:

@@ -78,8 +78,10 @@ async def test_without_a_sink_a_checkpoint_in_the_batch_stops_short_of_a_failed_
 
 
 async def test_a_records_retries_count_against_the_calls_execution_timeout(tmp_path):
-    # the poisoned record's backoff outlasts the call's time-out: the call fails, and the
-    # whole batch is dead-lettered as a failed call (no record twice, none lost)
+    # the poisoned record's backoff outlasts the call's time-out: the call fails, is
+    # bisected within the time-out's budget (its half without the poisoned record is
+    # handled; past the budget, the half with it is dead-lettered whole: no record
+    # twice, none lost)
     sent = records()
     async with running(tmp_path, **pooled("Changes", sink=False, workers=0, handler_backoff=2.0, execution_timeout=0.3,
                                           handler_retries=1)) as (server, _, daemon):
@@ -88,11 +90,11 @@ async def test_a_records_retries_count_against_the_calls_execution_timeout(tmp_p
         await shard.lease_lost()
         assert await shard.close() == 0
     letters = dead_letters(tmp_path, SHARD)
-    assert [letter["sequence_number"] for letter in letters] == [r["sequenceNumber"] for r in sent]
-    assert {letter["reason"] for letter in letters} == {"handler failed"}
+    assert [letter["sequence_number"] for letter in letters] == [r["sequenceNumber"] for r in sent[:N // 2]]
+    assert POISON < N // 2 and {letter["reason"] for letter in letters} == {"record failed"}
     assert "execution_timeout" in letters[0]["error"]
     assert server.metrics.registry.get_sample_value("mldserver_handler_timeouts_total",
-                                                    {"callback": "process_records"}) == 2
+                                                    {"callback": "process_records"}) >= 3  # and the poisoned half
 
 
 def calls_of(server, callback):

@@ -1,8 +1,8 @@
 """A handler that kills its process (a fault in C, ``os._exit``, a SIGKILL mid-action):
 8 shards through the relay with the strict fake daemon, one poisoned. Every relay stays
 up, the daemon sees no EOF and no second status, the other shards' rows all reach the
-sink, and the poisoned batch is redone in a fresh process, then dead-lettered with its
-data."""
+sink, and the poisoned batch is redone in a fresh process, then bisected there: only its
+poisoned record is dead-lettered with its data."""
 
 from __future__ import annotations
 
@@ -43,7 +43,7 @@ async def test_a_handler_that_kills_its_process_costs_a_respawn_and_a_dead_lette
         finally:
             if kill is not None:
                 kill.cancel()
-        want = expected(SHARDS, BATCHES, skip={POISONED: {1}})
+        want = expected(SHARDS, BATCHES) - {("shardId-000000000003", "2002")}  # the poisoned record alone
         await eventually(lambda: seen(sink) >= want, timeout=20, what="every other row in the sink")
         assert seen(sink) == want
         for shard in shards:  # every relay is still up and the conversation goes on
@@ -54,15 +54,16 @@ async def test_a_handler_that_kills_its_process_costs_a_respawn_and_a_dead_lette
         await eventually(lambda: len(events(caplog, "handler_process_started")) == 1, timeout=20,
                          what="the pool's dead process replaced")
         assert len(server.pool.serving()) == 2
-        # The retries ran in quarantine: one process each, for shard 3 alone.
+        # The retries ran in quarantine, and so did the bisection's calls (its four halves of
+        # halves): one process each, for shard 3 alone.
         quarantined = events(caplog, "handler_process_quarantined")
-        assert [q["shard_id"] for q in quarantined] == ["shardId-000000000003"] * (attempts - 1)
+        assert [q["shard_id"] for q in quarantined] == ["shardId-000000000003"] * (attempts - 1 + 4)
         await eventually(lambda: not server.pool.quarantined, timeout=20, what="quarantine processes stopped")
 
     died = events(caplog, "handler_process_died")
     poisoned = [d for d in died if d["running"] == {"shard_id": "shardId-000000000003", "action": "process_records"}]
-    assert len(poisoned) == attempts
-    assert [d["quarantine"] for d in poisoned] == [False] + [True] * (attempts - 1)
+    assert len(poisoned) == attempts + 2  # and the halves that held the poisoned record: [2, 5), [2, 3)
+    assert [d["quarantine"] for d in poisoned] == [False] + [True] * (attempts + 1)
     assert all(d["shards"] == ["shardId-000000000003"] for d in poisoned[1:])  # nobody else paid for it twice
     first = died[0]
     if how == "segv":
@@ -73,11 +74,10 @@ async def test_a_handler_that_kills_its_process_costs_a_respawn_and_a_dead_lette
         assert first["signal"] == "SIGKILL"
     assert "shardId-000000000003" in first["shards"]
     failed = [f for f in events(caplog, "handler_failed") if f["callback"] == "process_records"]
-    assert len(failed) == attempts and not failed[-1]["retry"]
-    letters = dead_letters(tmp_path, "shardId-000000000003")  # the batch, one record a line, with its data
-    assert [letter["sequence_number"] for letter in letters] == [str(2000 + i) for i in range(5)]
-    assert letters[2]["partition_key"] == "poison" and all(letter["data"] for letter in letters)
-    assert {letter["reason"] for letter in letters} == {"handler failed"}
+    assert len(failed) == attempts + 2 and not failed[-1]["retry"]
+    letters = dead_letters(tmp_path, "shardId-000000000003")  # the poisoned record, with its data
+    assert [letter["sequence_number"] for letter in letters] == ["2002"]
+    assert letters[0]["partition_key"] == "poison" and letters[0]["data"]
     assert all("handler process died" in letter["error"] for letter in letters)
 
 
@@ -113,8 +113,9 @@ async def test_a_process_that_dies_during_a_checkpoint_round_trip_leaves_the_con
             assert await shard.close() == 0
     attempts = server.settings.handler_retries + 1
     asked = [c for c in shards[POISONED].checkpoint_requests if c == ("2002", 0)]
-    assert len(asked) == attempts  # each attempt died with its checkpoint at the daemon
-    assert len(dead_letters(tmp_path, "shardId-000000000003")) == 5
+    assert len(asked) == attempts + 2  # each attempt died with its checkpoint at the daemon, and the two
+    # halves of the bisection that held the poisoned record
+    assert [d["sequence_number"] for d in dead_letters(tmp_path, "shardId-000000000003")] == ["2002"]
     assert all(daemon.checkpoints[s.shard_id] == "SHARD_END" for s in shards)
 
 

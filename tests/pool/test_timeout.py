@@ -51,30 +51,34 @@ async def test_a_call_past_the_execution_timeout_is_stopped_alone_retried_in_qua
         assert all(daemon.checkpoints[s.shard_id] == "SHARD_END" for s in shards)
         survivors = {p.pid for p in server.pool.processes}
 
+    # The batch's attempts, then its bisection in quarantine: [2000, 2002) is handled, and
+    # [2002, 2005), which holds the poisoned record, times out past the bisection's budget
+    # (execution_timeout): it is dead-lettered whole.
     attempts = server.settings.handler_retries + 1
+    calls = attempts + 1
     assert server.metrics.registry.get_sample_value("mldserver_handler_timeouts_total",
-                                                    {"callback": "process_records"}) == attempts
+                                                    {"callback": "process_records"}) == calls
     timed_out = events(caplog, "handler_timed_out")
-    assert [t["stopped"] for t in timed_out] == [stopped] * attempts
+    assert [t["stopped"] for t in timed_out] == [stopped] * calls
     failed = [f for f in events(caplog, "handler_failed") if f["callback"] == "process_records"]
-    assert len(failed) == attempts and f"execution_timeout): {stopped}" in failed[-1]["error"]
+    assert len(failed) == calls and f"execution_timeout): {stopped}" in failed[-1]["error"]
     # Where it was: where it blocked or awaited (its traceback, or faulthandler's stack).
     where = "asyncio.sleep(60)" if stopped == "cancelled" else "misbehave"
     assert all(where in t["stack"] for t in timed_out), [t["stack"] for t in timed_out]
     quarantined = events(caplog, "handler_process_quarantined")
     died = events(caplog, "handler_process_died")
     if stopped == "killed":  # every attempt killed its process: the first shared, then each quarantine
-        assert [d["signal"] for d in died] == ["SIGKILL"] * attempts
+        assert [d["signal"] for d in died] == ["SIGKILL"] * calls
         assert all(d["running"] == {"shard_id": POISONED_ID, "action": "process_records"} for d in died)
-        assert [d["quarantine"] for d in died] == [False] + [True] * (attempts - 1)
-        assert len(quarantined) == attempts - 1
-    else:  # stopped alone: no process died, the one quarantine process served every retry
+        assert [d["quarantine"] for d in died] == [False] + [True] * (calls - 1)
+        assert len(quarantined) == attempts - 1 + 2
+    else:  # stopped alone: no process died, one quarantine process served every retry, one each half
         assert died == [] and survivors == pids
-        assert len(quarantined) == 1 and quarantined[0]["shard_id"] == POISONED_ID
+        assert len(quarantined) == 1 + 2 and {q["shard_id"] for q in quarantined} == {POISONED_ID}
         assert {m["shard_id"] for m in events(caplog, "shard_moved")} <= {POISONED_ID}
     letters = dead_letters(tmp_path, POISONED_ID)
-    assert [letter["sequence_number"] for letter in letters] == [str(2000 + i) for i in range(5)]
-    assert disturbed[POISONED][1] >= timeout * attempts
+    assert [letter["sequence_number"] for letter in letters] == ["2002", "2003", "2004"]
+    assert disturbed[POISONED][1] >= timeout * calls
 
     # The shards of the process that was not stopped or killed kept their pace.
     touched = {shard for d in died for shard in d["shards"]}

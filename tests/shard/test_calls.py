@@ -22,12 +22,12 @@ from ..harness import running
 from .serving import dead_letters
 
 
-async def test_failing_batch_is_retried_then_dead_lettered_with_its_data(tmp_path):
+async def test_failing_batch_is_retried_then_bisected_and_the_record_that_fails_alone_dead_lettered(tmp_path):
     attempts = []
 
     class Flaky(mldserver.Handler):
         async def process_records(self, batch, checkpointer):
-            attempts.append(batch.records[0].sequence_number)
+            attempts.append([r.sequence_number for r in batch.records])
             if batch.records[0].sequence_number == "10":
                 raise ValueError("bad order")
             await checkpointer.checkpoint()
@@ -38,10 +38,10 @@ async def test_failing_batch_is_retried_then_dead_lettered_with_its_data(tmp_pat
         await shard.process_records(make_records(12, 1))
         await shard.lease_lost()
         assert await shard.close() == 0
-    assert attempts == ["10", "10", "10", "12"]
+    assert attempts == [["10", "11"]] * 3 + [["10"], ["11"], ["12"]]  # retried, then each half once
     letters = dead_letters(tmp_path, "shardId-1")
-    assert [(d["sequence_number"], d["partition_key"]) for d in letters] == [("10", "cust-0"), ("11", "cust-1")]
-    assert letters[0]["error"] == "ValueError: bad order" and letters[0]["attempts"] == 3
+    assert [(d["sequence_number"], d["partition_key"]) for d in letters] == [("10", "cust-0")]
+    assert letters[0]["error"] == "ValueError: bad order" and letters[0]["attempts"] == 4
     assert base64.b64decode(letters[0]["data"]) == b"10101010"
     assert daemon.checkpoints["shardId-1"] == ("12", 0)
 
