@@ -42,6 +42,8 @@ EVENTS: dict[str, Event] = {
         "listening_beyond_loopback": ("warning", "`--host` is not loopback: the shard protocol has no "
                                                  "authentication; firewall the port."),
         "connected": ("debug", "A peer (a relay, a source's feed) opened a shard connection."),
+        "shard_refused": ("warning", "A shard connection was closed unserved (`peer`, `reason`): its relay "
+                                     "says so on the daemon's stderr and exits 2."),
         "driver_crashed": ("error", "A bug of ours ended one shard's connection (with the traceback); the "
                                     "other shards go on."),
         "emit_without_sink": ("warning", "The handler emits rows but no `--sink` keeps them: they are "
