@@ -333,15 +333,27 @@ def tune(*, sink: bool) -> None:
     """Configure the process for serving (only the CLI does), once the handler and
     the sink are loaded.
 
+    The soft limit on open files is raised to the hard one.
+
     Fewer, larger young-generation collections: a 10,000-record batch decodes into
     some 60,000 objects; with CPython's default gen0 threshold (700) that is ~90
     collections per batch, each walking the young objects: about a third of the
     decode time. Long-lived start-up objects are frozen out of collection altogether.
     """
     import gc
+    import resource
 
     from .base.malloc import reuse_large_buffers
 
+    # Every shard is a connection (and a relay's pipe to the daemon under `run`): use all
+    # the file handles the hard limit allows, not the soft 1,024 most shells start with.
+    # The admin endpoint keeps to its own cap (mldserver.server.admission) within them.
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or soft < hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        except (ValueError, OSError):  # an unlimited hard limit past the kernel's nr_open: keep the soft one
+            pass
     gc.collect()
     gc.freeze()
     gc.set_threshold(50_000, 20, 100)

@@ -121,6 +121,14 @@ def log_events(path: Path) -> list[dict[str, Any]]:
     return out
 
 
+def _limit_files(n: int) -> Callable[[], None]:
+    def limit() -> None:
+        import resource
+
+        resource.setrlimit(resource.RLIMIT_NOFILE, (n, n))
+    return limit
+
+
 class ServerProcess:
     """``mldserver serve`` in a subprocess, waited for until it logs ``listening``
     (``port``) or exits (``code``).
@@ -135,12 +143,14 @@ class ServerProcess:
     With ``handler`` None, ``extra`` is the whole command line: the server's logs go to
     stderr as on a user's terminal (unless it names a ``--log-file``), and an exit is what
     the test looks at (``code``, ``stderr``). Either way the admin endpoint is on a free
-    port unless ``extra`` names one (never the default port, which another test may hold)."""
+    port unless ``extra`` names one (never the default port, which another test may hold).
+    ``open_files`` is the server's limit on open files, soft and hard (as a unit's
+    ``LimitNOFILE=``)."""
 
     started: list[ServerProcess] = []  # this test's servers, for its failure report (conftest.py)
 
     def __init__(self, handler: str | None, tmp_path: Path, *extra: str, env: dict[str, str] | None = None,
-                 cwd: Path | None = None, timeout: float = 180.0) -> None:
+                 cwd: Path | None = None, timeout: float = 180.0, open_files: int | None = None) -> None:
         ServerProcess.started.append(self)
         args = list(extra)
         if handler is not None:
@@ -165,7 +175,8 @@ class ServerProcess:
         with open(self.stderr_path, "wb") as stderr:
             self.proc = subprocess.Popen([MLDSERVER, "serve", *args], cwd=cwd or ROOT,
                                          env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})},
-                                         stdout=subprocess.DEVNULL, stderr=stderr)
+                                         stdout=subprocess.DEVNULL, stderr=stderr,
+                                         preexec_fn=None if open_files is None else _limit_files(open_files))
         self.port: int | None = None
         self.code: int | None = None  # the exit code if it exited before it listened
         listening = self._wait(timeout)

@@ -127,6 +127,40 @@ async def test_a_server_that_resets_the_connection_is_named_on_stderr(connect):
     server.close()
 
 
+async def test_a_server_that_closes_before_answering_is_a_refusal_named_on_stderr_with_exit_2(connect):
+    """Accepted, then closed with nothing sent while the daemon still talks: the server
+    refused the shard (shutting down, out of file handles), and the daemon's log says so."""
+    async def handle(reader, writer):
+        writer.close()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    child = await connect(f"127.0.0.1:{port}")
+    await child.write(b'{"action":"initialize","shardId":"shardId-1"}\n')
+    assert await child.read_line() is None
+    assert await child.wait_exit(5) == 2
+    await asyncio.wait_for(child._stderr_task, 5)
+    assert child.stderr.decode() == (
+        f"mldserver connect: the mldserver server at 127.0.0.1:{port} closed the connection before answering: it "
+        f"refused this shard (shutting down: its log says shard_refused; or out of file handles: its "
+        f"open_files_limit); the daemon starts the shard again\n")
+    server.close()
+
+
+async def test_a_server_closing_unanswered_after_stdin_eof_is_an_ordinary_end(connect):
+    async def handle(reader, writer):
+        await reader.read()  # the relay's half-close
+        writer.close()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    child = await connect(f"127.0.0.1:{port}")
+    await child.close_stdin()
+    assert await child.wait_exit(5) == 0
+    assert child.stderr == b""
+    server.close()
+
+
 def test_a_splice_that_fails_moves_nothing_and_the_rest_goes_by_plain_copies(monkeypatch):
     """relay.py's copy: splice refused mid-stream (ENOMEM, as under memory pressure)
     after a first chunk; every byte still arrives, in order."""

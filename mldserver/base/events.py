@@ -38,10 +38,12 @@ def _area(area: str, entries: dict[str, tuple[str, str]]) -> dict[str, Event]:
 EVENTS: dict[str, Event] = {
     **_area("server", {
         "listening": ("info", "The server accepts connections: `host` and `port` (or `unix`), the `handler`, "
-                              "the `pid`."),
+                              "the `pid`, the `open_files_limit` it runs under."),
         "listening_beyond_loopback": ("warning", "`--host` is not loopback: the shard protocol has no "
                                                  "authentication; firewall the port."),
         "connected": ("debug", "A peer (a relay, a source's feed) opened a shard connection."),
+        "shard_refused": ("warning", "A shard connection was closed unserved (`peer`, `reason`): its relay "
+                                     "says so on the daemon's stderr and exits 2."),
         "driver_crashed": ("error", "A bug of ours ended one shard's connection (with the traceback); the "
                                     "other shards go on."),
         "emit_without_sink": ("warning", "The handler emits rows but no `--sink` keeps them: they are "
@@ -73,6 +75,10 @@ EVENTS: dict[str, Event] = {
         "admin_token_generated": ("info", "Listening beyond loopback with no `--admin-token-file`: a token "
                                           "was written to `<state-dir>/admin-token` (the file, never the "
                                           "token)."),
+        "admin_busy": ("warning", "The admin endpoint holds its cap of open connections (`open`, `cap`): "
+                                  "those past it are answered 503 and closed, the shards unaffected; at most "
+                                  "once a minute, with `refused` since the last and `timed_out` (headers not "
+                                  "sent within 10 s) in all."),
         "admin_refused": ("warning", "A POST without the admin token, or with another, was refused (401): "
                                      "`method`, `path`, `peer`, `reason`."),
     }),

@@ -170,13 +170,14 @@ static int connect_retrying(const struct target *t, double timeout, char *why, s
 }
 
 /* Copy src to dst until EOF (0) or an error (its errno; EPIPE for a write of 0),
-   with plain reads and writes. */
-static int copy_plain(int src, int dst, char *buf) {
+   with plain reads and writes, adding the bytes read to *moved. */
+static int copy_plain(int src, int dst, char *buf, long long *moved) {
     for (;;) {
         ssize_t n = read(src, buf, READ_CHUNK);
         if (n < 0 && errno == EINTR) continue;
         if (n == 0) return 0;
         if (n < 0) return errno;
+        *moved += n;
         for (ssize_t done = 0; done < n;) {
             ssize_t w = write(dst, buf + done, n - done);
             if (w < 0 && errno == EINTR) continue;
@@ -195,15 +196,19 @@ static void ended(const char *copy, int err) {
    nothing, and the rest goes by plain copies, which wait where splice may fail (memory
    under pressure, a kernel that refuses it). Then half-close so the server sees EOF
    and sends its last bytes. */
+static int stdin_ended;  /* the daemon closed our stdin (or its copy failed): a server's EOF is expected */
+
 static void *upstream(void *unused) {
     (void)unused;
+    long long moved = 0;
     for (;;) {
         ssize_t n = splice(0, NULL, sockfd, NULL, CHUNK, SPLICE_F_MOVE);
         if (n > 0) continue;
         if (n < 0 && errno == EINTR) continue;
-        if (n < 0) ended("daemon-to-server", copy_plain(0, sockfd, upstream_buf));
+        if (n < 0) ended("daemon-to-server", copy_plain(0, sockfd, upstream_buf, &moved));
         break;
     }
+    __atomic_store_n(&stdin_ended, 1, __ATOMIC_SEQ_CST);
     shutdown(sockfd, SHUT_WR);
     return NULL;
 }
@@ -276,6 +281,14 @@ int main(int argc, char **argv) {
         fprintf(stderr, "mldserver connect: cannot start the daemon-to-server copy: %s\n", strerror(rc));
         return 2;
     }
-    ended("server-to-daemon", copy_plain(sockfd, 1, downstream_buf));  /* until the server closes */
+    long long received = 0;
+    int err = copy_plain(sockfd, 1, downstream_buf, &received);  /* until the server closes */
+    ended("server-to-daemon", err);
+    if (!err && !received && !__atomic_load_n(&stdin_ended, __ATOMIC_SEQ_CST)) {
+        fprintf(stderr, "mldserver connect: the mldserver server at %s closed the connection before answering: "
+                        "it refused this shard (shutting down: its log says shard_refused; or out of file handles: its "
+                        "open_files_limit); the daemon starts the shard again\n", args[0]);
+        _exit(2);
+    }
     _exit(0);                               /* without waiting for the daemon-to-server copy */
 }

@@ -33,6 +33,11 @@ a wrong one, a POST is a 401 that changes nothing::
     $ curl -s -XPOST -H "Authorization: Bearer $(cat mldserver-state/admin-token)" 10.0.0.5:7071/pause
     {"paused":true,"changed":true}
 
+Whatever reaches the port cannot hurt the shards: at most 64 connections are open at
+once (one more is answered 503 and closed, logged as ``admin_busy`` at most once a
+minute), a request's headers must arrive within 10 s of the connection (else 408), and
+a keep-alive connection idle for 15 s is closed (mldserver.server.admission).
+
 The token travels in clear text: beyond a private network, put TLS in front. Once bound
 it logs ``admin_listening`` with the address (and ``token_file``, where the POSTs' token
 is: never the token); a port in use is a ConfigError naming ``--admin``.
@@ -57,11 +62,13 @@ from ..errors import ConfigError
 from ..base import admin_token
 from ..base.config import admin_address
 from ..base.logs import get_logger
+from .admission import IDLE_TIMEOUT_S, Admission
 
 log = get_logger("mldserver.admin")
 
 GETS = ("/metrics", "/healthz", "/readyz", "/status")
 POSTS = ("/pause", "/resume", "/reload")
+BACKLOG = 64  # connections the kernel holds before we accept them: not ours to count, but few
 USAGE = f"GET {', '.join(GETS)}; POST {', '.join(POSTS)}"
 
 
@@ -85,6 +92,8 @@ class Admin:
         self.token: admin_token.Token | None = None  # set by prepare(): the POSTs need it
         self.bound: tuple[str, int] | None = None
         self._runner: web.AppRunner | None = None
+        self._listener: asyncio.Server | None = None
+        self.admission: Admission | None = None  # set by start(): its connections, counted and capped
         self._prepared = False
 
     async def prepare(self, state_dir: Path) -> None:
@@ -127,10 +136,15 @@ class Admin:
             web.post("/resume", self.resume),
             web.post("/reload", self.reload),
         ])
-        runner = web.AppRunner(app, handle_signals=False, access_log=None)
+        runner = web.AppRunner(app, handle_signals=False, access_log=None, keepalive_timeout=IDLE_TIMEOUT_S)
         await runner.setup()
+        assert runner.server is not None
+        self.admission = Admission(runner.server)
         try:
-            await web.TCPSite(runner, host, port).start()
+            # Served through Admission, not a TCPSite: its cap and header time-out keep the admin
+            # side's file handles well below the limit the shard listener shares.
+            self._listener = await asyncio.get_running_loop().create_server(
+                self.admission, host, port, backlog=BACKLOG, reuse_address=True)
         except (OSError, socket.gaierror) as exc:
             await runner.cleanup()
             reason = (exc.strerror if isinstance(exc, OSError) else None) or str(exc)
@@ -140,12 +154,15 @@ class Admin:
                                   ) from None
             raise ConfigError(f"--admin {self.value}: cannot listen there ({reason})") from None
         self._runner = runner
-        self.bound = runner.addresses[0][:2]
+        self.bound = self._listener.sockets[0].getsockname()[:2]
         guarded = {} if self.token is None else {"token_file": str(self.token.path)}
         log.info("admin_listening", host=self.bound[0], port=self.bound[1],
                  url=f"http://{_hostport(*self.bound)}/", **guarded)
 
     async def stop(self) -> None:
+        listener, self._listener = self._listener, None
+        if listener is not None:
+            listener.close()  # no new connection; the runner's clean-up closes the open ones
         runner, self._runner = self._runner, None
         if runner is not None:
             await runner.cleanup()

@@ -7,7 +7,8 @@ handler processes, Spark and the coordinator are up::
     listeners = Listeners(accept, settings)    # accept(reader, writer): one connection
     await listeners.bind()                     # ConfigError: "--port 7070: 127.0.0.1:7070 is already in use: ..."
     tasks = await listeners.serve(workers=[4242, 4243])   # the handler processes
-    # {"event": "listening", "host": "127.0.0.1", "port": 7070, "handler": "...", "pid": ..., "workers": [...]}
+    # {"event": "listening", "host": "127.0.0.1", "port": 7070, "handler": "...", "pid": ...,
+    #  "open_files_limit": 65536, "workers": [...]}
     listeners.close()                          # no new connection from here on
     await listeners.wait_closed()              # the socket file this server bound is removed
 
@@ -25,6 +26,7 @@ import asyncio
 import errno
 import ipaddress
 import os
+import resource
 import socket
 from pathlib import Path
 from typing import Any, Callable
@@ -88,7 +90,8 @@ class Listeners:
                     what_to_do="the protocol has no authentication: whoever reaches this port can pose as the "
                     "daemon; bind 127.0.0.1 (the default) or firewall the port",
                 )
-            log.info("listening", host=host, port=port, handler=s.handler, pid=os.getpid(), **logged)
+            log.info("listening", host=host, port=port, handler=s.handler, pid=os.getpid(),
+                     open_files_limit=resource.getrlimit(resource.RLIMIT_NOFILE)[0], **logged)
         return self.tasks
 
     def close(self) -> None:

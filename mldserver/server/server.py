@@ -453,6 +453,8 @@ class Server:
         peer = writer.get_extra_info("peername")
         wlog = log.bind(conn=conn_id)
         if self._refusing:
+            wlog.warning("shard_refused", peer=str(peer) if peer else None, reason="the server is shutting down",
+                         what_to_do="the daemon starts the shard again; it is served once a server listens")
             writer.close()
             return
         driver = self.parts.driver(reader, writer, conn_id)
