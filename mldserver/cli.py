@@ -310,6 +310,7 @@ def _serve(args, logs) -> None:
 
         daemon = Daemon(settings, args.properties)  # no file, no Java, no jars: exit 2 before anything starts
         daemon.report()
+        daemon.clear_leftover()  # before listening: a leftover daemon's next relay would reach this server
         serving.companions.append(daemon)
     tune(sink=serving.coordinator is not None)
     server.run(serving)

@@ -7,7 +7,12 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
+import sys
+import time
+
+from mldserver.ops.tether import started
 
 from .harness import MLDSERVER, ROOT
 
@@ -18,6 +23,20 @@ executableName = some/other/relay \\
 applicationName = quick
 regionName = us-east-1
 shutdownGraceMillis = 1000
+"""
+
+
+# Endpoints where nothing listens: the daemon retries its lease coordinator's start for
+# minutes ("Initializing LeaseCoordinator attempt N"), a daemon that stays up without emulators.
+NOWHERE = """\
+streamName = nowhere
+applicationName = nowhere
+regionName = us-east-1
+AWSCredentialsProvider = DefaultCredentialsProvider
+kinesisEndpoint = http://127.0.0.1:9
+dynamoDBEndpoint = http://127.0.0.1:9
+metricsLevel = NONE
+shutdownGraceMillis = 30000
 """
 
 
@@ -56,7 +75,11 @@ def test_a_daemon_that_exits_by_itself_is_logged_with_why_and_run_exits_1(tmp_pa
     # The daemon ran on a copy of the file with this server's relay as its executableName.
     effective = (tmp_path / "state" / "daemon" / "daemon.properties").read_text()
     assert "# (mldserver run) executableName = some/other/relay \\\n# (mldserver run)     --with args\n" in effective
-    assert effective.endswith(f"executableName = {by['daemon_started']['executable']}\n")
+    worker = by["daemon_started"]["worker_id"]
+    assert effective.endswith(f"executableName = {by['daemon_started']['executable']}\n# This state dir's worker: a "
+                              f"restart resumes its own leases.\nworkerId = {worker}\n")
+    assert (tmp_path / "state" / "daemon" / "worker-id").read_text() == worker + "\n"
+    assert not (tmp_path / "state" / "daemon" / "daemon.pid").exists()  # it exited: nothing left to stop
     assert by["daemon_started"]["executable"].endswith(f" connect 127.0.0.1:{by['listening']['port']}")
     assert "Stream name or Stream Arn is required" in (tmp_path / "state" / "daemon" / "daemon.log").read_text()
 
@@ -153,3 +176,84 @@ def test_the_daemons_log_is_rolled_over_at_whole_lines_and_keeps_its_last_files(
     together = b"".join(kept)
     assert output.endswith(together) and output[-len(together) - 1 : -len(together)] == b"\n"  # from a line's start
     assert len(together) > 20_000
+
+
+def wait(condition, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while not (found := condition()):
+        assert time.monotonic() < deadline, f"{what} not within {timeout} s"
+        time.sleep(0.05)
+    return found
+
+
+def test_a_sigkilled_run_takes_its_daemon_with_it_at_once(tmp_path):
+    """An OOM kill of the server: the daemon (in its own session, so no signal to the
+    group reaches it) is SIGKILLed by the kernel, not left to notice its relays' pipes."""
+    props = tmp_path / "nowhere.properties"
+    props.write_text(NOWHERE)
+    with open(tmp_path / "server.stderr", "wb") as stderr:
+        server = subprocess.Popen(
+            [MLDSERVER, "run", "--handler", "tests.handlers:Noop", "--port", "0", "--state-dir", str(tmp_path / "state"),
+             "--log-file", str(tmp_path / "server.log"), "--admin", "127.0.0.1:0", "--properties", str(props)],
+            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=stderr, start_new_session=True,
+            env={**os.environ, "PYTHONPATH": str(ROOT), "AWS_ACCESS_KEY_ID": "x", "AWS_SECRET_ACCESS_KEY": "x"},
+        )  # fmt: skip
+    try:
+        daemon = wait(lambda: next((e["pid"] for e in events(tmp_path) if e["event"] == "daemon_started"), None)
+                      or server.poll(), 120, "daemon_started")
+        assert server.poll() is None, (tmp_path / "server.stderr").read_text()
+        # The JVM is up (its own log says so), not merely forked.
+        wait(lambda: "LeaseCoordinator" in (tmp_path / "state" / "daemon" / "daemon.log").read_text(), 120,
+             "the daemon running")
+        pidfile = json.loads((tmp_path / "state" / "daemon" / "daemon.pid").read_text())
+        assert pidfile["pid"] == daemon and pidfile["server_pid"] == server.pid
+        server.send_signal(signal.SIGKILL)
+        server.wait()
+        killed = time.monotonic()
+        wait(lambda: started(daemon) is None, 20, f"the daemon (pid {daemon}) gone")
+        print(f"daemon gone {time.monotonic() - killed:.2f} s after the server's SIGKILL")
+    finally:
+        if server.poll() is None:
+            server.kill()
+            server.wait()
+        if started(daemon) is not None:
+            os.kill(daemon, signal.SIGKILL)
+
+
+def test_a_daemon_left_by_an_earlier_run_is_stopped_before_listening_and_its_worker_id_kept(tmp_path):
+    """A daemon the kernel did not tether (an earlier version's), its server gone: the
+    next run of the state dir SIGKILLs it before it listens, and its daemon is the same
+    worker as the earlier one."""
+    props = tmp_path / "quick.properties"
+    props.write_text(NO_STREAM)
+    state = tmp_path / "state" / "daemon"
+    state.mkdir(parents=True)
+    (state / "worker-id").write_text("mldserver-earlier\n")
+    leftover = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"], start_new_session=True)
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    try:
+        (state / "daemon.pid").write_text(json.dumps({"pid": leftover.pid, "started": started(leftover.pid),
+                                                      "server_pid": int(gone.stdout), "server_started": 1}))
+        done = run(tmp_path, "--properties", str(props))
+        assert done.returncode == 1, done.stderr  # (this daemon has no stream: it exits at once)
+        assert leftover.wait(5) == -signal.SIGKILL
+        order = [e["event"] for e in events(tmp_path)]
+        stopped = next(e for e in events(tmp_path) if e["event"] == "daemon_leftover_stopped")
+        assert (stopped["pid"], stopped["gone"], stopped["level"]) == (leftover.pid, True, "warning")
+        assert order.index("daemon_leftover_stopped") < order.index("listening")
+        assert next(e for e in events(tmp_path) if e["event"] == "daemon_started")["worker_id"] == "mldserver-earlier"
+        assert "\nworkerId = mldserver-earlier\n" in (state / "daemon.properties").read_text()
+    finally:
+        if leftover.poll() is None:
+            leftover.kill()
+        leftover.wait()
+
+
+def test_a_worker_id_in_the_properties_file_is_the_users(tmp_path):
+    props = tmp_path / "quick.properties"
+    props.write_text(NO_STREAM + "workerId = theirs\n")
+    done = run(tmp_path, "--properties", str(props))
+    assert done.returncode == 1, done.stderr
+    assert next(e for e in events(tmp_path) if e["event"] == "daemon_started")["worker_id"] == "theirs"
+    assert (tmp_path / "state" / "daemon" / "daemon.properties").read_text().count("workerId") == 1
+    assert not (tmp_path / "state" / "daemon" / "worker-id").exists()

@@ -297,7 +297,9 @@ EVENTS: dict[str, Event] = {
     }),
     **_area("daemon (mldserver run)", {
         "daemon_started": ("info", "The KCL MultiLangDaemon started as the server's child (`pid`, "
-                                   "`properties`, `log`)."),
+                                   "`properties`, `log`, `worker_id`), tethered: it dies with the server."),
+        "daemon_leftover_stopped": ("warning", "At start-up, a daemon an earlier run of this state dir left "
+                                               "running (`pid`) was SIGKILLed before the server listened."),
         "executable_overridden": ("info", "The properties file's `executableName` was replaced by this "
                                           "server's relay."),
         "jaxb_missing": ("warning", "No JAXB jar for the daemon: one malformed KPL aggregate would make it "

@@ -49,7 +49,7 @@ import asyncio
 import math
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import Any, Awaitable, Callable, Mapping
 
 from ..api.rows import RowBatch
 from ..base.config import Settings, state_path
@@ -310,10 +310,10 @@ class Coordinator:
 
     # -- back-pressure ---------------------------------------------------------------
 
-    async def admit(self, shard_id: str) -> None:
+    async def admit(self, shard_id: str, meanwhile: Callable[[], Awaitable[None]] | None = None) -> None:
         """Wait while ``pressure`` says this shard must (a sealed window behind the
         commit under way; memory past the high-water mark while this shard runs ahead).
-        A shard waiting here is not idle: it holds the watermark as it did."""
+        A shard waiting here is not idle: it holds the watermark; ``meanwhile()`` follows each pass."""
         waited = False
         try:
             while (reason := should_wait(shard_id, self._load(), lambda: self._place(shard_id))) is not None:
@@ -326,6 +326,8 @@ class Coordinator:
                                   watermark=ms(self.watermarks.value(shard_id)),
                                   global_watermark=ms(self.watermarks.minimum(now)), holder=self.watermarks.holder(now))
                 await self.committer.wait()
+                if meanwhile is not None:
+                    await meanwhile()
         finally:
             if waited:
                 self.watermarks.release(shard_id, self.clock())

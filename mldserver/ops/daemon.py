@@ -3,14 +3,19 @@
 ::
 
     daemon = Daemon(settings, "mld.properties")   # ConfigError: no file, no Java, no jars
+    daemon.clear_leftover()                      # a daemon an earlier run left: stopped
     server.companions.append(daemon)             # started once listening, stopped first
     await server.serve()
 
 Start: the properties file is copied to ``<state-dir>/daemon/daemon.properties`` with
 ``executableName`` set to this server's relay (``mldserver connect HOST:PORT``, logged
-as ``executable_overridden`` when the file had another), then
+as ``executable_overridden`` when the file had another) and ``workerId`` to this state
+dir's own (``tether.worker_id``: a restart is the same worker and takes its leases back
+at once) unless the file sets one, then
 ``java -cp <kclpy-ext jars>/*:<jaxb-api.jar> ...MultiLangDaemon --properties-file it``
-runs in its own session (a Ctrl-C in the terminal is the server's to handle). Its
+runs in its own session (a Ctrl-C in the terminal is the server's to handle), tethered
+to the server: whatever kills the server, the kernel SIGKILLs the daemon (``tether``),
+and ``<state-dir>/daemon/daemon.pid`` lets a later run stop one left behind. Its
 output goes to ``<state-dir>/daemon/daemon.log``; the lines that matter become events
 in the server's log: ``daemon_lease_taken`` (``leases``), ``daemon_lease_lost``
 (``shard_id``), ``daemon_error`` (``line``).
@@ -36,7 +41,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..base import preflight
-from . import properties
+from . import properties, tether
 from ..base.config import Settings, state_path
 from ..errors import ConfigError, MldserverError
 from ..base.logs import EventLogger, get_logger
@@ -181,6 +186,8 @@ class Daemon:
         self.dir = state_path(settings, "daemon").resolve()
         self.log_path = self.dir / "daemon.log"
         self.properties_path = self.dir / "daemon.properties"
+        self.pidfile = tether.Pidfile(self.dir / "daemon.pid")
+        self.worker_id: str | None = None
         self.grace_s = _grace_s(self.props)
         self.proc: asyncio.subprocess.Process | None = None
         self.task: asyncio.Task[None] | None = None
@@ -193,6 +200,12 @@ class Daemon:
         for f in properties.check(self.props, self.settings, run=True):
             getattr(self.log, f.level)("properties_" + f.level, path=str(self.props.path), line=f.line, key=f.key,
                                        message=f.message)
+
+    def clear_leftover(self) -> None:
+        """Before the server listens: SIGKILL a daemon an earlier run of this state dir
+        left running (logged as ``daemon_leftover_stopped``); ConfigError when the server
+        that started it still runs."""
+        self.pidfile.clear(self.log)
 
     async def start(self, server: "Server") -> None:
         executable = relay(server)
@@ -208,11 +221,14 @@ class Daemon:
                 stderr=asyncio.subprocess.STDOUT,
                 cwd=self.dir,
                 start_new_session=True,  # a Ctrl-C in the terminal is the server's to handle
+                preexec_fn=tether.die_with(os.getpid()),  # forked by the loop's thread, the main one
             )  # fmt: skip
         except OSError as exc:
             raise ConfigError(f"cannot start the KCL MultiLangDaemon with {self.java}: {exc.strerror or exc}") from None
+        await asyncio.to_thread(self.pidfile.write, self.proc.pid)
         self.log.info("daemon_started", pid=self.proc.pid, properties=str(self.properties_path),
-                      log=str(self.log_path), executable=executable, shutdown_grace_ms=round(self.grace_s * 1000))
+                      log=str(self.log_path), executable=executable, worker_id=self.worker_id,
+                      shutdown_grace_ms=round(self.grace_s * 1000))
         self.task = asyncio.create_task(self._watch(), name="kcl-daemon")
 
     def _write_properties(self, executable: str) -> None:
@@ -226,6 +242,10 @@ class Daemon:
         kept = [f"# (mldserver run) {line}" if n in drop else line for n, line in enumerate(lines, 1)]
         text = "\n".join(kept).rstrip("\n") + f"\n\n# Set by mldserver run: this server's relay.\nexecutableName = " \
                                               f"{executable}\n"
+        self.worker_id = self.props.value("workerId") or self.props.value("workerIdentifier")
+        if not self.worker_id:
+            self.worker_id = tether.worker_id(self.dir)
+            text += f"# This state dir's worker: a restart resumes its own leases.\nworkerId = {self.worker_id}\n"
         tmp = self.properties_path.with_suffix(".tmp")
         tmp.write_bytes(text.encode("latin-1", "backslashreplace"))
         tmp.replace(self.properties_path)
@@ -248,6 +268,7 @@ class Daemon:
         if rest:
             self._scan(rest.decode("utf-8", "replace").rstrip("\r"))
         code = await proc.wait()
+        await asyncio.to_thread(self.pidfile.remove)
         if self._stopping:
             return
         why = f"the KCL MultiLangDaemon exited by itself with code {code}" + (

@@ -7,8 +7,10 @@ One interface, two implementations, chosen once per connection by the server::
 
     await downstream.open(shard_id, checkpoint)          # initialize (a Position or None)
     await downstream.ready()                             # before the next batch is read
-    if await downstream.batch(rows, last, millis_behind, release):   # rows: a RowBatch
+    if await downstream.batch(rows, last, millis_behind, release, meanwhile=checkpoint_safe):
         ...                                              # checkpoint what is safe, now
+    #   (rows: a RowBatch; while back-pressure holds its status, checkpoint_safe() is
+    #   awaited at most every interval, after a commit: the daemon hears what committed)
     downstream.safe()                                    # how far a checkpoint may go
     await downstream.shard_ended()                       # before SHARD_END is stored
     downstream.lease_lost()                              # leaseLost / shutdown ZOMBIE
@@ -20,7 +22,9 @@ With the coordinator, every checkpoint waits for the sink (``holds_checkpoints``
 is clamped to what the sink has committed (``safe``), and the server checkpoints that
 itself, at most every ``checkpoint_interval`` on a batch and on ``shutdownRequested``.
 ``batch`` hands the rows over, gives up the shard's in-flight slot (``release``) and
-waits out back-pressure before the batch's status goes back; ``ready`` waits it out
+waits out back-pressure before the batch's status goes back, meanwhile checkpointing
+what commits (at most every ``checkpoint_interval``: a shard held for minutes would
+otherwise store nothing, and a restart would read it all again); ``ready`` waits it out
 again before the next batch is read, for a batch the daemon sent while the buffered
 rows were under the mark stays in the kernel until the shard may go on (else every
 shard adds one more batch past the mark); ``shard_ended`` spools the
@@ -33,7 +37,7 @@ are committed.
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Callable, Protocol
+from typing import TYPE_CHECKING, Awaitable, Callable, Protocol
 
 from ..base.positions import Position
 
@@ -51,7 +55,8 @@ class Downstream(Protocol):
     async def ready(self) -> None: ...
 
     async def batch(
-        self, rows: RowBatch, last: Position | None, millis_behind: int | None, release: Callable[[], None]
+        self, rows: RowBatch, last: Position | None, millis_behind: int | None, release: Callable[[], None],
+        meanwhile: Callable[[], Awaitable[None]] | None = None,
     ) -> bool: ...
 
     def safe(self) -> Position | None: ...
@@ -76,7 +81,8 @@ class NoSink:
         pass
 
     async def batch(
-        self, rows: RowBatch, last: Position | None, millis_behind: int | None, release: Callable[[], None]
+        self, rows: RowBatch, last: Position | None, millis_behind: int | None, release: Callable[[], None],
+        meanwhile: Callable[[], Awaitable[None]] | None = None,
     ) -> bool:
         return False
 
@@ -107,6 +113,7 @@ class CoordinatorLink:
         self.clock = clock
         self._last_checkpoint = clock()
         self._opened: str | None = None  # the shard this connection opened
+        self._held_safe: Position | None = None  # the last safe position checkpointed while held
 
     async def open(self, shard_id: str, checkpoint: Position | None) -> None:
         if self._opened is not None:  # a second initialize on one connection
@@ -121,13 +128,26 @@ class CoordinatorLink:
             await self.coordinator.admit(self._opened)
 
     async def batch(
-        self, rows: RowBatch, last: Position | None, millis_behind: int | None, release: Callable[[], None]
+        self, rows: RowBatch, last: Position | None, millis_behind: int | None, release: Callable[[], None],
+        meanwhile: Callable[[], Awaitable[None]] | None = None,
     ) -> bool:
-        """Hand the rows over, wait out back-pressure; True when a checkpoint is due."""
+        """Hand the rows over, wait out back-pressure (awaiting ``meanwhile`` when a
+        checkpoint falls due during the wait); True when a checkpoint is due."""
         shard_id = self._shard_id()
         self.coordinator.add_batch(shard_id, rows, last, millis_behind)
         release()  # a delayed shard must not hold a slot the watermark's shard needs
-        await self.coordinator.admit(shard_id)
+
+        async def held() -> None:  # after each pass that leaves the shard waiting
+            safe = self.safe()
+            if meanwhile is not None and safe is not None and safe != self._held_safe and self._due():
+                self._held_safe = safe
+                await meanwhile()
+
+        await self.coordinator.admit(shard_id, held)
+        return self._due()
+
+    def _due(self) -> bool:
+        """A checkpoint is due (and counted as made): ``interval`` since the last."""
         now = self.clock()
         if now - self._last_checkpoint < self.interval:
             return False

@@ -256,7 +256,8 @@ class ShardDriver:
             items, bad = encode_rows(outcome.rows)
         await self._dead_letter_all(bad)
         assert self.shard is not None
-        if await self.downstream.batch(items, last, event.millis_behind_latest, self.wire.release):
+        if await self.downstream.batch(items, last, event.millis_behind_latest, self.wire.release,
+                                       meanwhile=self.checkpoints.checkpoint_safe):
             await self.checkpoints.checkpoint_safe()
         self.tally.batch(len(records), event.millis_behind_latest)
         self.metrics.batch(self.shard.shard_id, len(records))

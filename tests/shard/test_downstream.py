@@ -174,3 +174,57 @@ async def test_shards_ahead_wait_below_the_byte_cap_and_the_watermark_shard_neve
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def test_a_shard_held_by_back_pressure_checkpoints_what_commits_meanwhile_every_interval(tmp_path):
+    """A shard far ahead waits for its status over the row cap; a window with some of
+    its rows commits while it still waits: the checkpoint of what committed is made
+    then (once the interval has passed), not only once the shard may go on."""
+    import asyncio
+
+    import orjson
+
+    settings = Settings(window=60.0, idle_timeout=600.0, watermark_margin=5.0, state_dir=str(tmp_path / "state"),
+                        sink=f"file:{tmp_path / 'out'}", max_buffered_rows=3)
+    coordinator = Coordinator(settings, FileSink(tmp_path / "out"), clock=lambda: 1_000)
+    await coordinator.start()
+    clock = Clock()
+    slow, fast = CoordinatorLink(coordinator, interval=10.0, clock=clock), CoordinatorLink(coordinator, interval=10.0,
+                                                                                           clock=clock)
+
+    def rows(first: int, times: list[int]) -> RowBatch:
+        return RowBatch.of(Item(t, Position(first + i, 0, str(first + i)), orjson.dumps({"seq": first + i}))
+                           for i, t in enumerate(times))
+
+    checkpointed: list[Position | None] = []
+
+    async def checkpoint_safe():
+        checkpointed.append(fast.safe())
+
+    try:
+        await slow.open("slow", None)
+        await fast.open("fast", None)
+        assert await slow.batch(rows(1, [1_000]), Position(1, 0, "1"), 100, lambda: None) is False
+        clock.now = 10.0  # a checkpoint is due at the next chance
+        held = asyncio.create_task(fast.batch(rows(100, [1_000, 100_000, 110_000, 130_000]), Position(103, 0, "103"),
+                                              100, lambda: None, meanwhile=checkpoint_safe))
+        await eventually(lambda: coordinator.watermarks.holder(1_000) == "slow", what="the fast shard added")
+        for _ in range(20):
+            await asyncio.sleep(0)
+        assert not held.done() and checkpointed == []  # held; nothing committed yet
+        # The slow shard moves on: [0, 60 s) closes and commits with the fast shard's first
+        # row, and the fast one, still far ahead over the cap, goes on waiting.
+        await slow.batch(rows(2, [70_000]), Position(2, 0, "2"), 100, lambda: None)
+        assert await coordinator.step() == 1
+        await eventually(lambda: checkpointed, what="a checkpoint while held")
+        assert checkpointed == [Position(100, 0, "100")] and not held.done()
+        assert await coordinator.step() == 0  # another pass, the interval not passed again: no checkpoint
+        for _ in range(20):
+            await asyncio.sleep(0)
+        assert checkpointed == [Position(100, 0, "100")] and not held.done()
+        await slow.batch(rows(3, [150_000]), Position(3, 0, "3"), 100, lambda: None)
+        assert await coordinator.step() == 1  # [60 s, 120 s): the fast shard goes on, its checkpoint made a moment ago
+        assert await asyncio.wait_for(held, 2) is False
+    finally:
+        held.cancel()
+        await coordinator.stop()
