@@ -20,8 +20,9 @@ event times never decrease), so the highest position over all entries is where i
 committed rows end: the coordinator filters replays at or below it, which makes output
 exactly once while delivery is at least once. With ``max_out_of_orderness`` a shard's
 rows commit out of its order: ``positions`` is where every row at or below is
-committed, and ``output`` the highest handed over (a row between the two is committed
-if its window ended by the last ``end``: ``coordinator.ordering``).
+committed, and above it a row is committed if some commit handed over a row at or
+above it and its window ended by that commit's ``end``: read back as ``handed``, per
+shard the (highest handed over, end) pairs no later commit outdoes (``coordinator.ordering``).
 
 Pure files, no Spark: the server reads the log at start-up, the Spark process appends.
 
@@ -107,6 +108,7 @@ class CommitLog:
             "end": into.end, "windows": into.windows, "compacted_at": utc_timestamp(),
             "positions": {s: p.to_json() for s, p in into.positions.items()},
             "output": {s: p.to_json() for s, p in into.output.items()},
+            "handed": {s: [[p.to_json(), end] for p, end in pairs] for s, pairs in into.handed.items()},
             "final": into.final_until,
         }))
         for entry in folded:
@@ -124,7 +126,9 @@ class CommitLog:
             committed.positions = {s: Position.from_json(v) for s, v in compacted["positions"].items()}
             committed.output = {s: Position.from_json(v) for s, v in compacted.get("output", {}).items()}
             committed.final_until = compacted.get("final")
-        for entry in entries:
+            committed.handed = {s: [(Position.from_json(p), end) for p, end in pairs]
+                                for s, pairs in compacted.get("handed", {}).items()}
+        for entry in sorted(entries, key=lambda e: e["end"]):
             if compacted is not None and entry["end"] <= compacted["end"]:
                 continue
             committed.windows += 1
@@ -139,6 +143,12 @@ class CommitLog:
                     known = highest.get(shard_id)
                     if known is None or position > known:
                         highest[shard_id] = position
+            for shard_id, value in entry.get("output", {}).items():
+                pairs = committed.handed.setdefault(shard_id, [])
+                position = Position.from_json(value)
+                while pairs and pairs[-1][0] <= position:  # outdone: this one is as high, and later
+                    pairs.pop()
+                pairs.append((position, entry["end"]))
         return committed
 
     def _folded(self, window_id: str) -> bool:

@@ -204,6 +204,9 @@ class Committed:
     windows: int = 0
     output: dict[str, Position] = field(default_factory=dict)  # sessions, disorder: shard -> highest row handed over
     final_until: int | None = None  # with allowed_lateness: windows ending at or before it are final
+    # rows out of order (max_out_of_orderness): per shard, each commit's highest row handed over and
+    # the end of the windows committed by then, those no later commit outdoes (``commitlog``)
+    handed: dict[str, list[tuple[Position, int]]] = field(default_factory=dict)
 
 
 class Sink(Protocol):

@@ -86,8 +86,8 @@ class Amends:
     def drop(self, shard_id: str) -> int:
         """A shard whose lease went elsewhere: its rows leave the windows kept, which are
         handed over again without them. Returns how many."""
-        dropped = 0
-        for start, window in self.kept.items():
+        dropped = sum(map(len, self.commits.pop(shard_id, [])))  # final, waiting for a handover: the ledger
+        for start, window in self.kept.items():                  # let them go too
             rows = [*window.parts.pop(shard_id, []), *window.late.pop(shard_id, []),
                     *self.spent.get(start, {}).pop(shard_id, [])]
             if rows:

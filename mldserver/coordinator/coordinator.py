@@ -140,7 +140,7 @@ class Coordinator:
         await asyncio.to_thread(self.spill.clear)
         self.shards.floors.update(committed.positions)  # replays at or below are dropped
         if committed.end is not None:
-            self.ordering.resume(committed.end, committed.output, committed.final_until)
+            self.ordering.resume(committed.end, committed.output, committed.final_until, committed.handed)
             self.log.info(
                 "commit_log_read", windows=committed.windows, shards=len(committed.positions), end=committed.end
             )

@@ -170,7 +170,8 @@ def _lowest(pending: dict[int, Piece]) -> Position | None:
     for piece in pending.values():
         if piece.batch != first.batch:
             break
-        p = piece.rows[piece.done :].lowest()
+        rows = piece.rows
+        p = rows.position(piece.done) if rows.ordered else rows.positions[int(rows.records[piece.done:].min())]
         if low is None or p < low:
             low = p
     return low
@@ -178,10 +179,17 @@ def _lowest(pending: dict[int, Piece]) -> Position | None:
 
 def highest_below(rows: RowBatch, head: Position | None) -> Position | None:
     """The highest position of these rows below ``head`` (None: all count; None if none is)."""
+    import numpy as np
+
+    if rows.ordered:
+        top = rows.position(-1)
+        if head is None or top < head:
+            return top
+        below = int(np.searchsorted(rows.records, bisect.bisect_left(rows.positions, head)))
+        return rows.position(below - 1) if below else None
     if head is None:
-        return rows.position(-1) if rows.ordered else rows.positions[int(rows.records.max())]
-    below = bisect.bisect_left(rows.positions, head)  # record indexes under it are below it
-    records = rows.records[rows.records < below]
+        return rows.positions[int(rows.records.max())]
+    records = rows.records[rows.records < bisect.bisect_left(rows.positions, head)]
     return rows.positions[int(records.max())] if len(records) else None
 
 

@@ -128,7 +128,7 @@ class Ordering:
         # with it, rows handed over before a restart or a lost lease, above the position at or
         # below which all are committed: per shard, the highest handed over and the end of the
         # windows committed then (a row at or below it and before that end is a duplicate)
-        self.redo: dict[str, tuple[Position, int]] = {}
+        self.redo: dict[str, list[tuple[Position, int]]] = {}
         self.blocks = blocks  # can this (parent) shard still add rows at ``now``?
         self.parents_of = parents_of
         self.shards: dict[str, ShardOrder] = {}
@@ -183,7 +183,7 @@ class Ordering:
         if state is not None:
             dropped += sum(map(len, state.held)) + sum(map(len, state.queue))
             if state.handed is not None and (high is None or state.handed > high):
-                self.redo[shard_id] = (state.handed, int(self.closed_until))
+                self.redo.setdefault(shard_id, []).append((state.handed, int(self.closed_until)))
         if self.panes is not None:
             dropped += self.panes.drop(shard_id)  # its rows in closed panes, still in windows to come
         self.retired.pop(shard_id, None)
@@ -198,12 +198,13 @@ class Ordering:
             state.high = position
 
     def resume(self, committed_end: int, output: dict[str, Position] | None = None,
-               final_until: int | None = None) -> None:
+               final_until: int | None = None, handed: dict[str, list[tuple[Position, int]]] | None = None) -> None:
         """Windows up to ``committed_end`` were committed before a restart: rows for
         them are late now, so a window id is never committed twice (for hopping
         windows, rows of the panes no committed window let go are read again; for
         sessions, rows of sessions still open then, and ``output`` says which were
-        handed over: ``Sessions.resume``)."""
+        handed over: ``Sessions.resume``; for rows out of order, ``handed``: per shard, the
+        highest row each commit handed over, with the end of the windows committed then)."""
         if isinstance(self.panes, Sessions):
             self.panes.resume(committed_end, output or {})
             return
@@ -215,7 +216,8 @@ class Ordering:
         if self.panes is not None:
             committed_end = self.panes.resume(committed_end)
         elif self.disorder_ms:
-            self.redo.update((s, (p, committed_end)) for s, p in (output or {}).items())
+            for shard_id, pairs in (handed or {}).items():
+                self.redo.setdefault(shard_id, []).extend(pairs)
         self.closed_until = max(self.closed_until, committed_end)
 
     def add(self, shard_id: str, rows: RowBatch, last: Position | None, now: float,
@@ -308,16 +310,20 @@ class Ordering:
 
     def _not_handed_over(self, shard_id: str, rows: RowBatch) -> RowBatch:
         """Rows out of order handed over before a restart or a lost lease (``redo``) left
-        out as duplicates: those at or below the highest handed over whose window was
-        committed then (the others, below it too, were in windows not committed yet)."""
+        out as duplicates: those at or below a commit's highest row handed over whose
+        window ended by that commit (the others below it were in windows not committed
+        then; a row late then went with that commit or an earlier one)."""
         import numpy as np
 
-        handed, end = self.redo[shard_id]
-        if rows.positions[int(rows.records.max())] > handed:
-            del self.redo[shard_id]  # the rows after these are new
-        at_or_below = bisect.bisect_right(rows.positions, handed)
-        twice = (rows.records < at_or_below) & (rows.times < end)
-        if not twice.any():
+        lowest = rows.lowest()
+        twice = None
+        for handed, end in self.redo[shard_id]:  # a commit's highest row handed over, its windows' end
+            if lowest > handed:
+                continue
+            at_or_below = bisect.bisect_right(rows.positions, handed)
+            mask = (rows.records < at_or_below) & (rows.times < end)
+            twice = mask if twice is None else twice | mask
+        if twice is None or not twice.any():
             return rows
         self.duplicates += int(twice.sum())
         return rows.take(np.flatnonzero(~twice))
