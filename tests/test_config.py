@@ -141,3 +141,17 @@ def test_a_lease_table_needs_a_source_and_a_table_name(tmp_path):
         load(source=["dynamodb:orders"], lease_table="a/b")
     with pytest.raises(ConfigError, match=r"lease_period = 0.1 is out of range"):
         load(source=["dynamodb:orders"], lease_table="orders-leases", lease_period=0.1)
+
+
+@pytest.mark.parametrize("admin", ["127.0.0.1:99999", ":7071", "7071"])
+def test_an_admin_address_serve_refuses_is_refused_by_load_so_check_agrees(admin):
+    with pytest.raises(ConfigError, match=rf"^--admin {admin}: use HOST:PORT"):
+        load(None, admin=admin)
+    assert load(None, admin="off").admin == "off" and load(None, admin="[::1]:7071").admin == "[::1]:7071"
+
+
+def test_a_config_nested_too_deeply_is_a_config_error_not_a_recursion_error(tmp_path):
+    path = tmp_path / "deep.toml"
+    path.write_text("a = " + "[" * 5000 + "]" * 5000 + "\n")
+    with pytest.raises(ConfigError, match="nests arrays or tables too deeply"):
+        load(str(path))

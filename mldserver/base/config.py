@@ -382,6 +382,8 @@ def load(path: str | None = None, **overrides: Any) -> Settings:
         if value is not None:
             values[name] = RULES[name].check(name, value, f"--{name.replace('_', '-')} (command line)")
     settings = Settings(**values)
+    if settings.admin:
+        admin_address(settings.admin)  # what serve refuses, check refuses: one parse
     if settings.pipeline and not settings.sink:
         settings = settings.replace(sink=f"parquet:{state_path(settings, 'output')}")
     if settings.slide is not None:
@@ -489,6 +491,9 @@ def _read(path: str) -> dict[str, Any]:
         ) from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
+    except RecursionError:
+        raise ConfigError(f"config file {path} nests arrays or tables too deeply to read: no setting takes more "
+                          f"than a few levels") from None
 
 
 def uses_spark(settings: Settings) -> bool:
