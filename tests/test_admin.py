@@ -107,11 +107,11 @@ async def test_metrics_count_records_dead_letters_timeouts_and_windows_of_a_fake
     calls = {(dict(k)["callback"], dict(k)["outcome"]): v for (n, k), v in m.items()
              if n == "mldserver_handler_calls_total"}
     assert calls[("process_records", "success")] == 3
-    assert calls[("process_records", "failure")] == 1
+    assert calls[("process_records", "failure")] == 1 + 6  # the poisoned batch, then its bisection's halves
     assert calls[("process_records", "timeout")] == 1
     assert calls[("initialize", "success")] == 2
-    assert m["mldserver_handler_call_duration_seconds_count", (("callback", "process_records"),)] == 5
-    assert m["mldserver_dead_letters_total", (("kind", "handler_failed"),)] == 5  # 4 poisoned + the slow one
+    assert m["mldserver_handler_call_duration_seconds_count", (("callback", "process_records"),)] == 5 + 6
+    assert m["mldserver_dead_letters_total", (("kind", "record_failed"),)] == 5  # 4 poisoned + the slow one
     assert m["mldserver_windows_committed_total", ()] == server.coordinator.committer.windows_committed
     assert m["mldserver_rows_committed_total", ()] == 10 + 5 + 7
     assert m["mldserver_window_commit_duration_seconds_count", ()] == server.coordinator.committer.windows_committed

@@ -140,7 +140,7 @@ def test_real_daemon_survives_a_handler_faulting_in_c(tmp_path):
         assert [f["retry"] for f in failed] == [True, True, False], failed
         assert all("handler process died" in f["error"] for f in failed), failed
         (lettered,) = [e for e in events if e["event"] == "dead_lettered"]
-        assert lettered["shard_id"] == SHARD0 and lettered["records"] == 1 and lettered["reason"] == "handler failed"
+        assert lettered["shard_id"] == SHARD0 and lettered["records"] == 1 and lettered["reason"] == "record failed"
         assert kinds.index("handler_process_died") < kinds.index("dead_lettered")
         assert max(i for i, k in enumerate(kinds) if k == "handler_process_died") < kinds.index("dead_lettered")
 
@@ -151,7 +151,7 @@ def test_real_daemon_survives_a_handler_faulting_in_c(tmp_path):
         assert (letter["sequence_number"], letter["sub_sequence_number"], letter["partition_key"]) \
             == (marker["SequenceNumber"], 0, "marker")
         assert base64.b64decode(letter["data"]) == FaultOnMarker.MARKER
-        assert letter["reason"] == "handler failed" and "handler process died" in letter["error"]
+        assert letter["reason"] == "record failed" and "handler process died" in letter["error"]
         assert letter["attempts"] == attempts
 
         # Every other record, exactly once; the marker never.
