@@ -99,6 +99,61 @@ def test_publish_dir_replaces_a_half_published_folder(tmp_path):
     assert os.listdir(final) == ["part-0.parquet"] and not staging.exists()
 
 
+def test_publish_dir_swaps_a_window_in_one_step_for_a_reader_listing_it(tmp_path):
+    """A reader listing an amended window's folder over and over never finds it missing,
+    empty or mixing two versions' files. (A listing begun just before a swap may miss
+    files of the version being removed under it, as with any folder being deleted.)"""
+    import threading
+
+    final = tmp_path / "window=w"
+    final.mkdir()
+    (final / "part-0.parquet").write_bytes(b"0")
+    seen, done = [], threading.Event()
+
+    def reader():
+        while not done.is_set():
+            try:
+                seen.append(tuple(sorted(os.listdir(final))))
+            except FileNotFoundError:
+                seen.append(None)
+
+    thread = threading.Thread(target=reader)
+    thread.start()
+    try:
+        for version in range(1, 200):
+            staging = tmp_path / "_staging" / f"w-{version}"
+            staging.mkdir(parents=True)
+            for part in range(3):
+                (staging / f"part-{version}-{part}.parquet").write_bytes(b"x")
+            publish_dir(staging, final)
+            assert not staging.exists()
+    finally:
+        done.set()
+        thread.join()
+    assert seen and None not in seen and () not in seen
+    for listing in set(seen):
+        assert len({name.split("-")[1] for name in listing}) == 1, listing
+    assert sorted(os.listdir(final)) == [f"part-199-{p}.parquet" for p in range(3)]
+    assert os.listdir(tmp_path / "_staging") == []
+
+
+def test_publish_dir_without_an_atomic_swap_renames_the_old_folder_aside(tmp_path, monkeypatch):
+    """A file system with no RENAME_EXCHANGE: the old folder is renamed aside, then
+    removed: the window is briefly absent, never half there."""
+    from mldserver.base import durable
+
+    monkeypatch.setattr(durable, "_exchange", lambda a, b: False)
+    final = tmp_path / "window=w"
+    final.mkdir()
+    (final / "part-old.parquet").write_bytes(b"old")
+    staging = tmp_path / "_staging" / "w-1"
+    staging.mkdir(parents=True)
+    (staging / "part-new.parquet").write_bytes(b"new")
+    publish_dir(staging, final)
+    assert os.listdir(final) == ["part-new.parquet"]
+    assert os.listdir(tmp_path / "_staging") == []
+
+
 def test_utc_timestamp_is_iso_to_the_millisecond():
     assert utc_timestamp(1763719265.125) == "2025-11-21T10:01:05.125Z"
     assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", utc_timestamp())

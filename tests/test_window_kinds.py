@@ -176,8 +176,12 @@ async def test_an_amendment_lands_once_across_a_sigkill_between_the_first_commit
             records(3, [{"carrier": "A", "delay": 5, "t": BASE + 130_000}]), millis_behind_latest=0)
 
         def delays():
-            return sorted(ds.dataset(out / f"window={window}-{window + 60_000}", format="parquet")
-                          .to_table().column("delay").to_pylist())
+            while True:
+                try:
+                    return sorted(ds.dataset(out / f"window={window}-{window + 60_000}", format="parquet")
+                                  .to_table().column("delay").to_pylist())
+                except FileNotFoundError:  # listed just before the amendment swapped the folder: read again
+                    continue
 
         await eventually(lambda: 4 in delays(), timeout=120, what="the window amended with the late row")
         for shard in shards.values():

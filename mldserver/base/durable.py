@@ -13,7 +13,10 @@
   ending in a torn line (a crash mid-write) has that tail cut first. A new file's folder
   is fsynced too.
 - ``publish_dir(staging, final)``: a folder written elsewhere (Spark's output) made
-  durable and renamed into place, replacing a half-published one.
+  durable and put in place of ``final`` in one step (``renameat2`` with
+  ``RENAME_EXCHANGE``): a reader listing ``final`` while a window is amended sees the
+  old files or the new ones, never an empty or half-deleted folder. The old folder
+  leaves under ``staging``'s name (``_``: readers skip it) and is removed after.
 - ``fsync_dir(folder)``: make the names in a folder durable.
 - ``empty_dir(folder)``: a scratch folder emptied at start-up (the Spark sinks' input
   files, the coordinator's spill): what a crash left there goes.
@@ -246,14 +249,44 @@ def empty_dir(path: Path) -> Path:
 
 
 def publish_dir(staging: Path, final: Path) -> Path:
-    """Fsync every file under ``staging``, then rename it to ``final`` (replacing a
-    folder left there by a crash before the publication was recorded) and fsync the
-    folder holding ``final``."""
+    """Fsync every file under ``staging``, put it in place of ``final`` and fsync the
+    folder holding ``final``. A ``final`` already there (an amended window, or one
+    published before a crash but never recorded) is swapped out in one step and then
+    removed; where the file system cannot swap, it is renamed aside first (``final`` is
+    then briefly absent, never half there)."""
     for root, _, files in os.walk(staging):
         for name in files:
             _fsync(os.path.join(root, name))
-    if final.exists():
-        shutil.rmtree(final)
-    os.rename(staging, final)
+    if not final.exists():
+        os.rename(staging, final)
+    elif _exchange(staging, final):
+        shutil.rmtree(staging)  # now the old folder
+    else:
+        aside = staging.with_name(f"{staging.name}.old")
+        os.rename(final, aside)
+        os.rename(staging, final)
+        shutil.rmtree(aside)
     fsync_dir(final.parent)
     return final
+
+
+_RENAME_EXCHANGE = 2
+_AT_FDCWD = -100
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap two names atomically (Linux ``renameat2(RENAME_EXCHANGE)``); False where the
+    C library or the file system has no such call."""
+    import ctypes
+
+    try:
+        renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
+    except (OSError, AttributeError):
+        return False
+    renameat2.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    if renameat2(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0:
+        return True
+    code = ctypes.get_errno()
+    if code in (errno.ENOSYS, errno.EINVAL, errno.ENOTSUP):
+        return False
+    raise OSError(code, os.strerror(code), str(b))
