@@ -58,3 +58,4 @@ async def test_a_chaos_campaign_closes_no_connection_and_loses_no_record(tmp_pat
         failed.append(f"every shard sent its {BATCHES} batches within {BUDGET_S:g} s: "
                       f"{len(report.cut_short)} did not ({'; '.join(report.cut_short[:3])})")
     assert not failed, f"seed {SEED} (MLDSERVER_CHAOS_SEED={SEED} runs it again): " + " | ".join(failed)
+

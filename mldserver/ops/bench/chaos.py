@@ -48,12 +48,20 @@ A campaign against a server of the caller's (as tests/pool/test_chaos.py runs it
     for check in checks(report, handled_dir=handled, state_dir=..., events=log_events):
         print("ok  " if check.ok else "FAIL", check.name, check.detail)
 
+With a sink (``served(..., sink_dir=, outside_faults=)``, ``ChaosRowsHandler``) the
+checks add that every record its shard checkpointed past has its row in the sink or in
+the shard-end spool, once; ``outside.py`` breaks the sink and floods the admin port
+meanwhile and adds that health told the truth; and every run checks that no handler
+process outlives its server.
+
 ``mldserver bench --part chaos [--duration 300] [--seed N]`` runs a server of its own
 (``mldserver serve --workers 2 --execution-timeout 2``, 64 batches in flight) with 24
 shards, three times: undisturbed (no faults, no kills) for a short while; ``chaos``, one
 batch in a thousand poisoned and a handler process SIGKILLed every ~10 s (at full speed
 that is about two faults a second); ``storm``, one batch in twenty poisoned and a kill
-every ~3 s. Each chaos run lasts ``--duration`` seconds. It prints the three side by side
+every ~3 s; ``outside``, ``chaos``'s faults and kills with a file sink (2 s windows, on a
+tmpfs of its own where one can be mounted) while its folder is replaced by a file, its
+disk filled and the admin port flooded, in turn. Each chaos run lasts ``--duration`` seconds. It prints the three side by side
 (actions, faults by kind, outside kills, handler process deaths from the server's
 ``handler_process_died`` events, connections closed, late statuses, normal batches'
 round trips p50/p99/max), then the checks.
@@ -76,6 +84,7 @@ import json
 import os
 import random
 import signal
+import subprocess
 import time
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
@@ -87,8 +96,10 @@ import orjson
 from ...base.durable import safe_filename
 from ...api.handler import Handler
 from ...api.testing import SHARD_END, DaemonExit, FakeDaemon, Shard, relay_command
+from .outside import KINDS as OUTSIDE_FAULTS, disturb, sink_rows, spooled_rows
 
 HANDLER = "mldserver.ops.bench.chaos:ChaosHandler"
+ROWS_HANDLER = "mldserver.ops.bench.chaos:ChaosRowsHandler"
 ENV = "MLDSERVER_CHAOS_DIR"  # where handler processes write what they handled
 FAULTS = ("exit", "segv", "raise", "leak", "sleep", "await")
 SUCCEEDS = frozenset({"leak"})  # the fault that is no failure: handled, never dead-lettered
@@ -141,12 +152,25 @@ class ChaosHandler(Handler):
         stall = 10 * (settings.execution_timeout if settings is not None else 60.0)  # well past it
         for record in batch.records:
             await perform(record.partition_key, stall)
+            self.keep(batch, record)
         if batch.records:
             f = _handled()
             f.write("".join(f"{batch.shard.shard_id} {r.sequence_number}\n" for r in batch.records))
             f.flush()
             last = batch.records[-1]
             await checkpointer.checkpoint(last.sequence_number, last.sub_sequence_number)
+
+
+    def keep(self, batch, record) -> None:
+        """No rows: the server has no sink (``ChaosRowsHandler`` emits one a record)."""
+
+
+class ChaosRowsHandler(ChaosHandler):
+    """``ChaosHandler`` that emits one row a record it handles, ``{"shard", "seq"}``, for
+    a sink: ``checks(..., rows=)`` holds the sink to each exactly once."""
+
+    def keep(self, batch, record) -> None:
+        batch.emit(record, {"shard": batch.shard.shard_id, "seq": record.sequence_number})
 
 
 # -- the campaign -----------------------------------------------------------------------------
@@ -178,6 +202,7 @@ class Report:
     normal: set[tuple[str, str]] = field(default_factory=set)  # (shard id, sequence number) sent
     poisoned: set[Poison] = field(default_factory=set)
     unanswered: set[tuple[str, str]] = field(default_factory=set)  # records of batches closed or late
+    checkpoints: dict[str, Any] = field(default_factory=dict)  # the daemon's at the end: shard -> (seq, sub) or SHARD_END
 
     @property
     def lost(self) -> list[str]:
@@ -330,6 +355,7 @@ async def campaign(
         for shard in children:
             await shard.child.kill()  # whatever is left (a harness error): no relay outlives the campaign
     report.seconds = loop.time() - started
+    report.checkpoints = dict(daemon.checkpoints)
     return report
 
 
@@ -380,10 +406,13 @@ def _some(items: Iterable[Any], n: int = 3) -> str:
 
 
 def checks(report: Report, *, handled_dir: str | os.PathLike, state_dir: str | os.PathLike,
-           events: Iterable[dict]) -> list[Check]:
+           events: Iterable[dict], rows: tuple[Counter, Counter] | None = None) -> list[Check]:
     """What the server promised, held against what the campaign sent and what the
     handler processes, the dead letters and the server's log (``events``: dicts with an
-    ``event`` key) say happened."""
+    ``event`` key) say happened; with ``rows`` (``outside.sink_rows`` and ``spooled_rows``:
+    what a sink fed by ``ChaosRowsHandler`` and the spool hold), that the row of each
+    record its shard checkpointed past is in one or the other, and in neither twice (in
+    both is right: a spool is deleted only after the commit of its rows)."""
     handled = handled_records(handled_dir)
     shard_ids = {s for s, _ in report.normal} | {p.shard_id for p in report.poisoned}
     letters = dead_letters(state_dir, shard_ids)
@@ -438,10 +467,38 @@ def checks(report: Report, *, handled_dir: str | os.PathLike, state_dir: str | o
 
     out.append(Check("shardEnded stored SHARD_END", not report.not_ended, _some(report.not_ended)))
 
+    if rows is not None:
+        # A record's row is committed once its shard checkpointed past it (with a sink,
+        # checkpoints follow commits); a row not committed yet is read again after a
+        # restart, from the checkpoint: not lost (but never twice).
+        kept = {(s, q) for s, q in answered | {(p.shard_id, p.sequence_number) for p in leaks}
+                if _checkpointed(report.checkpoints.get(s), q)}
+        sink, spool = rows
+        absent_rows = kept - sink.keys() - spool.keys()
+        twice = {k: n for counted in rows for k, n in counted.items() if n > 1}
+        stray = (sink.keys() | spool.keys()) - kept - report.normal - report.unanswered - {(p.shard_id, p.sequence_number)
+                                                                          for p in report.poisoned if p.fault in SUCCEEDS}
+        detail = f"{len(kept)} records answered and checkpointed, {sum(sink.values())} rows in the sink, {sum(spool.values())} spooled"
+        if absent_rows:
+            detail += f"; missing: {_some(f'{s} {q}' for s, q in absent_rows)}"
+        if twice:
+            detail += f"; more than once: {_some(f'{s} {q} x{n}' for (s, q), n in twice.items())}"
+        if stray:
+            detail += f"; rows of records never sent or dead-lettered: {_some(f'{s} {q}' for s, q in stray)}"
+        out.append(Check("every checkpointed record's row committed or spooled, once", not absent_rows and not twice
+                         and not stray, detail))
+
     crashed = [e for e in events if e.get("event") in ("driver_crashed", "task_crashed")]
     out.append(Check("no driver_crashed or task_crashed in the log", not crashed,
                      _some(f"{e.get('event')} {e.get('shard_id') or e.get('task')}: {_error(e)}" for e in crashed)))
     return out
+
+
+def _checkpointed(stored: Any, sequence_number: str) -> bool:
+    """Is a record at or before its shard's stored checkpoint?"""
+    if stored == SHARD_END:
+        return True
+    return isinstance(stored, tuple) and int(sequence_number) <= int(stored[0])
 
 
 def _error(event: dict) -> str:
@@ -509,7 +566,15 @@ class Run:
         return sum(1 for e in self.events if e.get("event") == "handler_process_died")
 
 
-async def _served(tmp: str, name: str, seed: int, seconds: float, fault_rate: float, kill_interval: float) -> Run:
+async def served(tmp: str, name: str, seed: int, seconds: float, fault_rate: float, kill_interval: float, *,
+                 sink_dir: str | os.PathLike | None = None, outside_faults: Iterable[str] = (),
+                 shards: int = SHARDS, batches: int | None = None) -> Run:
+    """A campaign against ``mldserver serve`` in its own process, and its checks. With
+    ``sink_dir``, the server commits ``ChaosRowsHandler``'s rows there (``--sink file:``,
+    2 s windows, the admin port on), and ``outside_faults`` (``OUTSIDE_FAULTS``) break the
+    sink and flood the admin port meanwhile: the checks add that every answered
+    record's row was committed once and that health told the truth."""
+    from ..emulators import free_port
     from .common import start_server
 
     state = os.path.join(tmp, f"chaos-{name}")
@@ -519,21 +584,62 @@ async def _served(tmp: str, name: str, seed: int, seconds: float, fault_rate: fl
     config = os.path.join(tmp, "chaos.toml")
     with open(config, "w") as f:
         f.write(f"max_batches_in_flight = {IN_FLIGHT}\n")
+    extra: tuple[str, ...] = ()
+    admin = None
+    if sink_dir is not None:
+        Path(sink_dir).mkdir(parents=True, exist_ok=True)
+        admin = ("127.0.0.1", free_port())
+        extra = ("--sink", f"file:{sink_dir}", "--window", "2", "--log-level", "info")
     server, port = await start_server(state, "--execution-timeout", "2", "--config", config, "--log-file", log,
-                                      handler=HANDLER, env={ENV: handled}, workers=2)
+                                      *extra, handler=HANDLER if sink_dir is None else ROWS_HANDLER,
+                                      env={ENV: handled}, workers=2,
+                                      admin="off" if admin is None else f"{admin[0]}:{admin[1]}")
+    seen_pids: set[int] = set()
+
+    def pids() -> list[int]:
+        live = handler_pids(server.pid)
+        seen_pids.update(live)
+        return live
+
+    stop = asyncio.Event()
+    disturbing = None
     try:
-        report = await campaign(seed=seed, shards=SHARDS, duration=seconds, fault_rate=fault_rate,
-                                kill_interval=kill_interval, server_address=("127.0.0.1", port),
-                                pids=lambda: handler_pids(server.pid), handled_dir=handled, state_dir=state)
+        if admin is not None and outside_faults:
+            disturbing = asyncio.ensure_future(disturb(seed=seed, admin=admin, sink_dir=Path(sink_dir),
+                                                               stop=stop, kinds=outside_faults))
+        try:
+            report = await campaign(seed=seed, shards=shards, batches=batches, duration=seconds,
+                                    fault_rate=fault_rate, kill_interval=kill_interval,
+                                    server_address=("127.0.0.1", port), pids=pids, handled_dir=handled,
+                                    state_dir=state)
+        finally:
+            stop.set()
+            disturbance = await disturbing if disturbing is not None else None  # every fault mended
     finally:
         server.terminate()
-        await asyncio.to_thread(server.wait, 60)
+        await asyncio.to_thread(server.wait, 120)
     events = read_log(log)
-    return Run(name, report, checks(report, handled_dir=handled, state_dir=state, events=events), events)
+    rows = (sink_rows(Path(sink_dir)), spooled_rows(Path(state))) if sink_dir is not None else None
+    results = checks(report, handled_dir=handled, state_dir=state, events=events, rows=rows)
+    if disturbance is not None:
+        results += disturbance.checks(events)
+    left = sorted(pid for pid in seen_pids if _alive(pid))
+    results.append(Check("no handler process left running once the server stopped", not left,
+                         f"{len(seen_pids)} seen" + (f"; left: {left[:5]}" if left else "")))
+    return Run(name, report, results, events)
+
+
+def _alive(pid: int) -> bool:
+    """A process that runs (not a zombie waiting for its parent to read its status)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rpartition(")")[2].split()[0] != "Z"
+    except OSError:
+        return False
 
 
 def _table(runs: list[Run]) -> list[str]:
-    width = max(len(c.name) for c in runs[0].results) + 2
+    width = max(len(c.name) for r in runs for c in r.results) + 2
 
     def row(label: str, values: Iterable[Any]) -> str:
         return f"  {label:{width}}" + "".join(f"{v:>14}" for v in values)
@@ -553,8 +659,10 @@ def _table(runs: list[Run]) -> list[str]:
               row("round trip p99 (ms)", (f"{r.percentile(0.99) * 1000:.0f}" for r in reports)),
               row("round trip max (ms)", (f"{max(r.round_trips, default=0) * 1000:.0f}" for r in reports))]
     lines.append("  checks")
-    for i, check in enumerate(runs[0].results):
-        lines.append(row(f"  {check.name}", ("ok" if r.results[i].ok else "FAIL" for r in runs)))
+    names = list(dict.fromkeys(c.name for r in runs for c in r.results))
+    for check_name in names:
+        got = [{c.name: c.ok for c in r.results}.get(check_name) for r in runs]
+        lines.append(row(f"  {check_name}", ("-" if ok is None else "ok" if ok else "FAIL" for ok in got)))
     for r in runs:
         for check in r.results:
             if not check.ok:
@@ -571,8 +679,31 @@ async def run(args, tmp: str) -> None:
     print(f"  undisturbed for {calm:g} s, then {duration:g} s of each: "
           + "; ".join(f"{name}: {rate:.1%} of batches poisoned ({', '.join(FAULTS)}) and a handler process "
                       f"SIGKILLed every ~{kills:g} s" for name, rate, kills in CAMPAIGNS), flush=True)
-    runs = [await _served(tmp, "undisturbed", seed, calm, 0.0, 0.0)]
+    sink_dir, kinds, note = _sink_of_its_own(tmp)
+    name, rate, kills = CAMPAIGNS[0]
+    print(f"  outside: {name}'s faults and kills, rows committed into --sink file: (2 s windows), and "
+          f"{', '.join(kinds)} in turn (outside.py){note}", flush=True)
+    runs = [await served(tmp, "undisturbed", seed, calm, 0.0, 0.0)]
     for name, rate, kills in CAMPAIGNS:
-        runs.append(await _served(tmp, name, seed, duration, rate, kills))
+        runs.append(await served(tmp, name, seed, duration, rate, kills))
+    try:
+        runs.append(await served(tmp, "outside", seed, duration, CAMPAIGNS[0][1], CAMPAIGNS[0][2],
+                                 sink_dir=sink_dir, outside_faults=kinds))
+    finally:
+        if "full" in kinds:
+            subprocess.run(["umount", "-l", str(sink_dir.parent)], capture_output=True)
     for line in _table(runs):
         print(line)
+
+
+def _sink_of_its_own(tmp: str) -> tuple[Path, tuple[str, ...], str]:
+    """The outside run's sink folder, on a 1 GiB tmpfs of its own where one can be
+    mounted (root), so that ``full`` fills it and nothing else; else without ``full``."""
+    disk = Path(tmp) / "sink-disk"
+    disk.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1g", "tmpfs", str(disk)], capture_output=True,
+                          text=True)
+    if done.returncode == 0:
+        return disk / "out", OUTSIDE_FAULTS, ""
+    return disk / "out", tuple(k for k in OUTSIDE_FAULTS if k != "full"), \
+        f" (no disk full: a tmpfs cannot be mounted here: {done.stderr.strip()[:100]})"
