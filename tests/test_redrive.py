@@ -95,9 +95,12 @@ async def test_a_dead_letter_fails_again_until_the_fix_is_reloaded_then_is_redri
     [redriven] = [r for r in committed if r["seq"] == "1057"]
     assert redriven["fixed"] is True and redriven["shard"].startswith("redrive-")
     assert redriven["shard"].endswith(f":{SHARD}")
-    [event] = [e for e in server.events() if e["event"] == "redriven"]
+    events = server.events()
+    [event] = [e for e in events if e["event"] == "redriven"]
     assert (event["shard_id"], event["records"], event["dead_letters"], event["redrive_shard"]) == \
         (SHARD, 1, 1, redriven["shard"])
+    started = max(i for i, e in enumerate(events) if e["event"] == "redrive_started")
+    assert any(e["event"] == "window_committed" for e in events[started:events.index(event)])  # removed once committed
 
     # nothing left to redrive: nothing happens, exit 0
     done = await asyncio.to_thread(cli, "redrive", "--admin", admin, "--state-dir", state, "--json")

@@ -186,8 +186,9 @@ class Redrive:
             for letters in found:
                 feeds.append(await self._send(letters))
             outcomes = [(letters, self._failed(collected, letters)) for letters, _, collected in feeds]
-            committed = await self._committed([(f.shard_id, feed.delivered) for f, feed, _ in feeds], timeout)
-            for (letters, failed), redrive_id, done in zip(outcomes, [f.shard_id for _, f, _ in feeds], committed):
+            committed = await self._committed([(feed.shard_id, feed.delivered) for _, feed, _ in feeds], timeout)
+            for (letters, failed), redrive_id, done in zip(outcomes, [feed.shard_id for _, feed, _ in feeds],
+                                                           committed):
                 await self._settle(letters, redrive_id, failed, done, timeout)
         finally:
             for _, feed, _ in feeds:
