@@ -1,6 +1,6 @@
 """The command line: ``mldserver serve``, ``mldserver run``, ``mldserver check``, ``mldserver connect``,
-``mldserver bench``, ``mldserver demo``, ``mldserver positions`` (a source's saved positions), and ``mldserver status|pause|resume|reload``
-(clients of the admin endpoint). The only module that exits the process or
+``mldserver bench``, ``mldserver demo``, ``mldserver positions`` (a source's saved positions), and ``mldserver
+status|pause|resume|reload|redrive`` (clients of the admin endpoint). The only module that exits the process or
 configures logging. A mistake in the arguments or the settings is one line on stderr
 and exit status 2.
 
@@ -111,6 +111,21 @@ def _parser():
         if name == "status":
             admin.add_argument("--watch", action="store_true", help="redraw every --interval seconds")
             admin.add_argument("--interval", type=float, default=1.0, help="seconds between redraws (default 1)")
+
+    redrive = sub.add_parser("redrive", help="send the dead-lettered records through the server's current handler, "
+                                              "into its sink (POST /redrive): redriven N, failed again M, left K")
+    redrive.add_argument("--admin", help="the admin endpoint's URL (default: --config's admin, else "
+                                         "http://127.0.0.1:7071)")
+    redrive.add_argument("--state-dir", help="the server's state directory, where it wrote admin-token (default: "
+                                             "--config's state_dir, else ./mldserver-state)")
+    redrive.add_argument("--admin-token-file", help="the file holding the server's admin token (default: --config's "
+                                                    "admin_token_file, else the state directory's admin-token)")
+    redrive.add_argument("--config", help="the server's TOML file of settings: its admin, state_dir and "
+                                          "admin_token_file, for what the flags do not give")
+    redrive.add_argument("--timeout", type=float, default=300.0,
+                         help="seconds the server waits for the redriven rows to be committed (default 300; "
+                              "more than the window and its watermark margin)")
+    redrive.add_argument("--json", action="store_true", help="print the server's whole answer, as JSON")
 
     positions = sub.add_parser("positions", help="where each shard of a --source resumes: its saved positions "
                                                  "(<state-dir>/sources/), one line a shard")
@@ -223,6 +238,8 @@ def _main(argv: list[str]) -> None:
         except ConfigError as exc:  # a token file that cannot be read
             sys.stderr.write(f"mldserver {args.command}: {exc}\n")
             sys.exit(2)
+    if args.command == "redrive":
+        sys.exit(_redrive(args))
     try:
         if args.command in ("serve", "run"):
             _serve(args, logs)
@@ -260,6 +277,32 @@ def _main(argv: list[str]) -> None:
         sys.exit(1)
     except KeyboardInterrupt:
         sys.exit(130)
+
+
+def _redrive(args) -> int:
+    """``mldserver redrive``: its exit status (one line on stderr and 2 when it cannot run)."""
+    from .base.config import admin_address, load
+    from .errors import ConfigError
+    from .ops import redrive, status
+
+    try:
+        if not 0 < args.timeout <= 86_400:
+            raise ConfigError(f"--timeout {args.timeout:g}: seconds, more than 0 and at most 86400")
+        admin, state_dir, token_file = args.admin, args.state_dir, args.admin_token_file
+        if args.config:
+            settings = load(args.config)
+            if admin is None and settings.admin is not None:
+                if admin_address(settings.admin) is None:
+                    raise ConfigError(f"{args.config}: admin = {settings.admin!r}: the server has no admin endpoint "
+                                      f"to redrive through: give it one (admin = \"127.0.0.1:7071\"), restart it")
+                admin = settings.admin
+            state_dir = state_dir or settings.state_dir
+            token_file = token_file or settings.admin_token_file
+        target = redrive.Target(admin, state_dir or "./mldserver-state", token_file)
+        return redrive.run(target, args.timeout, sys.stdout, sys.stderr, as_json=args.json)
+    except (redrive.Failed, status.Unreachable, ConfigError) as exc:
+        sys.stderr.write(f"mldserver redrive: {exc}\n")
+        return 2
 
 
 def _settings(args, need_handler: bool = True):

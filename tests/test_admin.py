@@ -209,7 +209,8 @@ async def test_a_wrong_path_or_method_is_named_with_what_exists(tmp_path):
     assert status == 404 and "POST /nosuch: no such path" in text and "POST /pause, /resume, /reload" in text
     status, text = await get(server, "/")  # what exists, from the root
     assert status == 200 and set(json.loads(text)["endpoints"]) == {
-        "GET /metrics", "GET /healthz", "GET /readyz", "GET /status", "POST /pause", "POST /resume", "POST /reload"}
+        "GET /metrics", "GET /healthz", "GET /readyz", "GET /status", "POST /pause", "POST /resume", "POST /reload",
+        "POST /redrive"}
     status, text = await get(server, "/pause")
     assert status == 405 and "GET /pause: use POST /pause" in text
     status, text = await get(server, "/reload", "POST")

@@ -11,7 +11,7 @@ from mldserver import __version__
 
 from .harness import MLDSERVER
 
-COMMANDS = ["serve", "run", "check", "connect", "bench", "demo", "status", "pause", "resume", "reload",
+COMMANDS = ["serve", "run", "check", "connect", "bench", "demo", "status", "pause", "resume", "reload", "redrive",
             "positions"]
 
 

@@ -31,6 +31,23 @@ as it arrives, to a file of its own, published by a rename once the line has end
 
 Its bytes are read to the line's end even when the file cannot be written
 (``dead_letter_failed``): the conversation goes on.
+
+``mldserver redrive`` (mldserver.server.redrive) sends a shard file's records back
+through the handler. Which entries it takes (``redrivable``): a record's, with its
+``data`` and a position, for a reason a handler fix can cure (``record failed``,
+``bad row``, ``handler failed``); the others stay where they are (a malformed record,
+an invalid KPL aggregate, a daemon line, rows a sink rejected, timers)::
+
+    redrivable({"shard_id": "shardId-000000000001", "reason": "record failed", "data": "bWVvdw==",
+                "sequence_number": "4959...", "sub_sequence_number": 0, ...})
+        -> Position(4959..., 0, "4959...")
+    await dead_letters.remove(path, {line, ...})   # those lines gone, whatever was appended meanwhile
+
+A redriven record's lines are removed (not marked) once its rows are committed; a
+file left empty is deleted. ``remove`` rewrites the file beside it and renames it
+into place under the lock every append to that file takes, so an append that
+arrives meanwhile is never lost. ``Collected`` keeps a redrive's failures in memory:
+a record that fails again stays in its original file, unchanged.
 """
 
 from __future__ import annotations
@@ -45,11 +62,16 @@ from typing import Any, AsyncIterator, Iterable
 
 import orjson
 
-from .durable import append_fsync, safe_filename, until_written, utc_timestamp
+from .durable import append_fsync, fsync_dir, safe_filename, until_written, utc_timestamp
 from .logs import EventLogger, get_logger
+from .positions import Position
 
 LINE_TOO_LONG = "line too long"
 RECORD_FAILED = "record failed"  # batch.fail: one record the handler gave up on (metrics kind "record_failed")
+# What a fixed handler may take (``redrivable``): "bad row" is a row the handler emitted that
+# would not encode, "handler failed" the reason of older servers' whole batches.
+REDRIVABLE = frozenset({RECORD_FAILED, "bad row", "handler failed"})
+NOT_SHARD_FILES = ("rows.jsonl", "_timers.jsonl")  # rows a sink rejected or late, timers: not records
 
 
 class DeadLetters:
@@ -57,6 +79,30 @@ class DeadLetters:
         self.directory = directory
         self.log = log or get_logger("mldserver.deadletters")
         self.metrics = metrics  # the server's Metrics: entries counted by kind once written
+        self._locks: dict[Path, asyncio.Lock] = {}  # a shard file's appends and removals, one at a time
+
+    def _lock(self, path: Path) -> asyncio.Lock:
+        lock = self._locks.get(path)
+        if lock is None:
+            lock = self._locks[path] = asyncio.Lock()
+        return lock
+
+    def files(self) -> tuple[list[Path], list[Path]]:
+        """The shard files (``<shard_id>.jsonl``), where record dead letters are, and the
+        others (rows, timers, overlong lines)."""
+        try:
+            paths = sorted(p for p in self.directory.iterdir() if p.suffix == ".jsonl" and p.is_file())
+        except FileNotFoundError:
+            return [], []
+        others = [p for p in paths if p.name in NOT_SHARD_FILES or ".overlong-" in p.name]
+        return [p for p in paths if p not in others], others
+
+    async def remove(self, path: Path, lines: set[bytes]) -> int:
+        """Remove these whole lines (as read, newline excluded) from ``path``; lines
+        appended since they were read stay (each line has its own time stamp). The file is rewritten beside itself,
+        fsynced and renamed into place (deleted when nothing is left). How many went."""
+        async with self._lock(path):
+            return await until_written(lambda: _without(path, lines), path, self.log, what="dead letter")
 
     def path_for(self, shard_id: str | None) -> Path:
         return self.directory / f"{safe_filename(shard_id or 'unknown-shard')}.jsonl"
@@ -195,9 +241,65 @@ class DeadLetters:
     async def _append(self, shard_id: str | None, entries: list[dict[str, Any]]) -> Path:
         path = self.path_for(shard_id)
         data = b"".join(orjson.dumps(e, default=str) + b"\n" for e in entries)
-        return await until_written(
-            lambda: append_fsync(path, data), path, self.log, what="dead letter", shard_id=shard_id
-        )
+        async with self._lock(path):
+            return await until_written(
+                lambda: append_fsync(path, data), path, self.log, what="dead letter", shard_id=shard_id
+            )
+
+
+class Collected(DeadLetters):
+    """A redrive's dead letters: its records that fail again, kept in memory
+    (``entries``), never written: each is still in its original file (``path``, what
+    the ``dead_lettered`` line names), which the redrive leaves as it was."""
+
+    def __init__(self, path: Path, log: EventLogger | None = None) -> None:
+        super().__init__(path.parent, log)
+        self.path = path
+        self.entries: list[dict[str, Any]] = []
+
+    def path_for(self, shard_id: str | None) -> Path:
+        return self.path
+
+    async def _append(self, shard_id: str | None, entries: list[dict[str, Any]]) -> Path:
+        self.entries.extend(entries)
+        return self.path
+
+
+def redrivable(entry: Any) -> Position | None:
+    """The position of a dead letter ``mldserver redrive`` may send again (see the
+    module), or None: not a record's, no data, or a reason no handler fix cures."""
+    if type(entry) is not dict or entry.get("reason") not in REDRIVABLE or type(entry.get("data")) is not str:
+        return None
+    if type(entry.get("shard_id")) is not str:
+        return None
+    return Position.parse(entry.get("sequence_number"), entry.get("sub_sequence_number") or 0)
+
+
+def _without(path: Path, lines: set[bytes]) -> int:
+    """``remove``'s write, in a thread."""
+    try:
+        kept = path.read_bytes().split(b"\n")
+    except FileNotFoundError:
+        return 0
+    tail = kept.pop() if kept and kept[-1] else None  # a torn last line (a crash mid-append) is kept as is
+    if kept and not kept[-1]:
+        kept.pop()
+    left = [line for line in kept if line not in lines]
+    removed = len(kept) - len(left)
+    if not removed:
+        return 0
+    data = b"".join(line + b"\n" for line in left) + (tail or b"")
+    if not data:
+        path.unlink()
+    else:
+        temp = path.with_name(path.name + ".tmp")
+        with open(temp, "wb") as out:
+            out.write(data)
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(temp, path)
+    fsync_dir(path.parent)
+    return removed
 
 
 def _record_entry(ts: str, shard_id: str | None, reason: str, error: str, r: dict[str, Any],

@@ -82,6 +82,21 @@ EVENTS: dict[str, Event] = {
         "admin_refused": ("warning", "A POST without the admin token, or with another, was refused (401): "
                                      "`method`, `path`, `peer`, `reason`."),
     }),
+    **_area("redrive", {
+        "redrive_started": ("info", "`mldserver redrive` (`POST /redrive`) began run `run`: the redrivable dead "
+                                    "letters (`dead_letters`, of `records` in `shards` files) go through the "
+                                    "current handler; `left` others stay."),
+        "redriven": ("info", "A shard file's redriven records (`records`) have their rows committed under "
+                             "`redrive_shard` (the commit log's name for them): their `dead_letters` were "
+                             "removed from `path`."),
+        "redrive_failed_again": ("warning", "Redriven records of `shard_id` failed again (`records`, the first "
+                                            "`sequence_numbers`, `error`): their dead letters are kept."),
+        "redrive_not_committed": ("warning", "A redrive's rows were not committed within its time-out: their "
+                                             "dead letters are kept (a later redrive may send them again: a "
+                                             "duplicate at worst)."),
+        "redrive_finished": ("info", "A redrive ended: `redriven`, `failed_again`, `left` dead letters, "
+                                     "`not_committed` of them, `duration_ms`."),
+    }),
     **_area("shard", {
         "initialize": ("info", "A shard's connection initialized: its `shard_id`, starting position and "
                                "protocol `dialect`."),

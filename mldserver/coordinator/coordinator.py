@@ -11,6 +11,8 @@ What the shard driver calls, per shard (all on the event loop)::
     await coordinator.shard_ended(shard_id)                # spools, before SHARD_END
     coordinator.lease_lost(shard_id)                       # leaseLost / shutdown ZOMBIE
     coordinator.shard_closed(shard_id)                     # its connection ended
+    coordinator.shards.connected(redrive_id)               # mldserver redrive: dead letters
+    coordinator.add_batch(redrive_id, rows, last, 0, redriven=True)   # sent again, no watermark held
 
 It is a facade over pieces that each do one job: ``ordering`` (queues, windows, late
 rows), ``watermarks``, ``lineage``, ``ledger`` (what is committed, what is buffered),
@@ -205,9 +207,7 @@ class Coordinator:
             self.ordering.delivered(shard_id, position)
             self.shards.committed_at_least(shard_id, position)
         await self.lineage.started(shard_id, checkpoint)
-        entry = self.shards.entry(shard_id)  # after the awaits: a pass may have forgotten it meanwhile
-        entry.connections += 1
-        entry.gone = False
+        self.shards.connected(shard_id)  # after the awaits: a pass may have forgotten it meanwhile
         self.watermarks.open(shard_id, self.clock())
         parents = self.lineage.parents_of(shard_id)
         if parents:
@@ -222,7 +222,8 @@ class Coordinator:
         if not self.watermarks.tracks(shard_id) and not any(map(self.watermarks.tracks, parents)):
             self.watermarks.open(shard_id, self.clock())
 
-    def add_batch(self, shard_id: str, rows: RowBatch, last: Position | None, millis_behind: int | None) -> None:
+    def add_batch(self, shard_id: str, rows: RowBatch, last: Position | None, millis_behind: int | None, *,
+                  redriven: bool = False) -> None:  # redriven: dead letters sent again, holding no watermark
         now = self.clock()
         self.shards.entry(shard_id)  # (its committed position first: what is at or below it is a duplicate)
         dropped, clamped = self.ordering.duplicates, self.ordering.clamped
@@ -230,8 +231,8 @@ class Coordinator:
                                  self.settings.max_buffered_bytes, self.log)
         pieces = self.ordering.add(shard_id, rows, last, now, keep)
         self.ledger.add(shard_id, pieces, last)
-        last_time = self.ordering.progress(shard_id, pieces)
-        self.watermarks.batch(shard_id, last_time, millis_behind == 0, now, rows.timed)
+        if not redriven:
+            self.watermarks.batch(shard_id, self.ordering.progress(shard_id, pieces), millis_behind == 0, now, rows.timed)
         if self.ordering.duplicates != dropped:
             self.log.info("duplicates_dropped", shard_id=shard_id, rows=self.ordering.duplicates - dropped)
         if self.ordering.clamped != clamped:

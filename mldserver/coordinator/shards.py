@@ -72,6 +72,13 @@ class Shards:
                 self.on_floor(shard_id, committed)
         return entry
 
+    def connected(self, shard_id: str) -> ShardEntry:
+        """A connection opened the shard: it is here (not gone) until its last closes."""
+        entry = self.entry(shard_id)
+        entry.connections += 1
+        entry.gone = False
+        return entry
+
     def committed(self, shard_id: str) -> Position | None:
         """The highest position known committed of the shard, kept or not."""
         entry = self.entries.get(shard_id)

@@ -46,13 +46,14 @@ def base_url(admin: str | None) -> str:
     return url if "://" in url else f"http://{url}"
 
 
-def request(admin: str | None, method: str, path: str, token: str | None = None) -> tuple[int, Any]:
+def request(admin: str | None, method: str, path: str, token: str | None = None,
+            timeout: float = TIMEOUT_S) -> tuple[int, Any]:
     """(HTTP status, the decoded JSON answer) or Unreachable."""
     url = base_url(admin) + path
     headers = {} if token is None else {"Authorization": f"Bearer {token}"}
     req = urllib.request.Request(url, method=method, data=b"" if method == "POST" else None, headers=headers)
     try:
-        with urllib.request.urlopen(req, timeout=TIMEOUT_S) as resp:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
             return resp.status, json.loads(resp.read())
     except urllib.error.HTTPError as exc:
         body = exc.read()

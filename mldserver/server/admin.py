@@ -14,6 +14,10 @@ embedded ``Server`` has none unless ``Settings.admin`` names one)::
     POST /resume    every shard goes on from exactly where it stopped
     POST /reload    what SIGHUP does (``Server.reload()``): 200 once the new code serves, 500 if it
                     failed to import (the old code keeps serving), 409 with ``--workers 0``
+    POST /redrive   the dead-lettered records through the current handler, into the sink
+                    (mldserver.server.redrive): 200 once their rows are committed (or
+                    ``?timeout=SECONDS``, default 300, has passed), with what was redriven,
+                    what failed again and what is left; 409 while paused or during another
 
     $ curl -s 127.0.0.1:7071/readyz
     ready
@@ -21,7 +25,7 @@ embedded ``Server`` has none unless ``Settings.admin`` names one)::
     {"paused":true,"changed":true}
 
 The GETs are always open (Prometheus scrapes /metrics with no credentials). The POSTs
-need the admin token (``Authorization: Bearer TOKEN``; mldserver.base.admin_token) when
+(``/redrive`` too) need the admin token (``Authorization: Bearer TOKEN``; mldserver.base.admin_token) when
 there is one: ``--admin-token-file FILE`` always makes one; an endpoint that listens
 beyond loopback (``--admin 0.0.0.0:7071``) always has one, the state directory's
 ``admin-token`` (generated at its first start, mode 0600) unless a file is given. A
@@ -62,12 +66,15 @@ from ..errors import ConfigError
 from ..base import admin_token
 from ..base.config import admin_address
 from ..base.logs import get_logger
+from ..sources.feed import FeedClosed
 from .admission import IDLE_TIMEOUT_S, Admission
 
 log = get_logger("mldserver.admin")
 
 GETS = ("/metrics", "/healthz", "/readyz", "/status")
-POSTS = ("/pause", "/resume", "/reload")
+POSTS = ("/pause", "/resume", "/reload", "/redrive")
+DEFAULT_REDRIVE_TIMEOUT = 300.0  # s POST /redrive waits for its rows to be committed
+MAX_REDRIVE_TIMEOUT = 86_400.0
 BACKLOG = 64  # connections the kernel holds before we accept them: not ours to count, but few
 USAGE = f"GET {', '.join(GETS)}; POST {', '.join(POSTS)}"
 
@@ -80,6 +87,7 @@ ENDPOINTS = {
     "POST /pause": "hold every shard before its next handler call",
     "POST /resume": "go on from where each shard stopped",
     "POST /reload": "import the handler module afresh (SIGHUP)",
+    "POST /redrive": "send the dead-lettered records through the current handler, into the sink (?timeout=SECONDS)",
 }
 
 
@@ -116,7 +124,7 @@ class Admin:
             if self.token.generated:
                 log.info("admin_token_generated", file=str(self.token.path),
                          what_to_do="POST /pause, /resume and /reload need it (Authorization: Bearer TOKEN, the "
-                                    "file's content); mldserver pause|resume|reload read it from the state "
+                                    "file's content); mldserver pause|resume|reload|redrive read it from the state "
                                     "directory on this machine (--state-dir)")
 
     async def start(self) -> None:
@@ -135,6 +143,7 @@ class Admin:
             web.post("/pause", self.pause),
             web.post("/resume", self.resume),
             web.post("/reload", self.reload),
+            web.post("/redrive", self.redrive),
         ])
         runner = web.AppRunner(app, handle_signals=False, access_log=None, keepalive_timeout=IDLE_TIMEOUT_S)
         await runner.setup()
@@ -183,7 +192,7 @@ class Admin:
             f"{request.method} {request.path} needs the admin token"
         return _json({"error": f"{what}: send Authorization: Bearer TOKEN, TOKEN being the content of the server's "
                                f"--admin-token-file, or of admin-token in its state directory (mldserver "
-                               f"pause|resume|reload on the server's machine read it: --state-dir DIR or "
+                               f"pause|resume|reload|redrive on the server's machine read it: --state-dir DIR or "
                                f"--admin-token-file FILE)"},
                      status=401, headers={"WWW-Authenticate": challenge})
 
@@ -230,6 +239,27 @@ class Admin:
                                                       "server's log has the importer's error); the running code "
                                                       "keeps serving"}, status=500)
         return _json({"reloaded": True})
+
+
+    async def redrive(self, request: web.Request) -> web.Response:
+        from .redrive import Busy
+
+        try:
+            timeout = float(request.query.get("timeout", DEFAULT_REDRIVE_TIMEOUT))
+        except ValueError:
+            timeout = math.nan
+        if not 0 < timeout <= MAX_REDRIVE_TIMEOUT:
+            return _json({"error": f"timeout={request.query.get('timeout')}: seconds, more than 0 and at most "
+                                   f"{MAX_REDRIVE_TIMEOUT:g}"}, status=400)
+        try:
+            # shielded: a client that goes away does not stop a redrive half-way (it finishes, and logs)
+            result = await asyncio.shield(self.server.redrive(timeout))
+        except Busy as exc:
+            return _json({"error": str(exc)}, status=409)
+        except FeedClosed as exc:
+            return _json({"error": f"the server closed the redrive's connection ({exc}): it is shutting down; "
+                                   f"nothing was removed"}, status=503)
+        return _json(result.answer())
 
 
 @web.middleware

@@ -46,7 +46,7 @@ from .metrics import Metrics
 from ..base.pausing import Pause
 from ..pool import HandlerPool, ProcessCalls
 from ..pool.firing import PoolFiring
-from ..shard import CoordinatorLink, NoSink, ShardDriver
+from ..shard import CoordinatorLink, NoSink, RedriveLink, ShardDriver
 from ..shard.calls import Calls, HandlerCalls
 from ..shard.slots import Slots
 from ..spark.process import SparkProcess
@@ -70,19 +70,27 @@ class Parts:
     calls: CallPolicy  # every shard's handler calls: retries, time-out, backoff
     emits: bool  # the handler in this loop calls batch.emit (the pool's processes say so once started)
 
-    def driver(self, reader: Any, writer: asyncio.StreamWriter, conn_id: int) -> ShardDriver:
-        """The driver of one accepted connection (its shard known at ``initialize``)."""
+    def driver(self, reader: Any, writer: asyncio.StreamWriter, conn_id: int,
+               redrive: DeadLetters | None = None) -> ShardDriver:
+        """The driver of one accepted connection (its shard known at ``initialize``).
+        ``redrive``: the connection is a redrive's (mldserver.server.redrive), whose
+        records that fail again go there, not to the dead letters."""
         log = get_logger("mldserver.shard").bind(conn=conn_id)
+        if self.coordinator is None:
+            downstream: Any = NoSink()
+        elif redrive is not None:
+            downstream = RedriveLink(self.coordinator)
+        else:
+            downstream = CoordinatorLink(self.coordinator, interval=self.settings.checkpoint_interval)
         return ShardDriver(
             reader,
             writer,
             calls=self._calls(log),
             settings=self.settings,
-            dead_letters=self.dead_letters,
+            dead_letters=self.dead_letters if redrive is None else redrive,
             log=log,
             slots=self.slots,
-            downstream=NoSink() if self.coordinator is None
-            else CoordinatorLink(self.coordinator, interval=self.settings.checkpoint_interval),
+            downstream=downstream,
             metrics=self.metrics,
             pause=self.pause,
             conn_id=conn_id,

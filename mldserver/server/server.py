@@ -57,6 +57,7 @@ systemd restarts it::
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import os
 import signal
@@ -80,6 +81,8 @@ from ..timers import api as timers_api
 
 if TYPE_CHECKING:
     from .admin import Admin
+    from .redrive import Result as RedriveResult
+    from ..base.deadletters import DeadLetters
     from ..api.context import Context
     from ..coordinator import Coordinator
     from .metrics import Metrics
@@ -137,6 +140,7 @@ class Server:
         self._emits = self.parts.emits
         self._ids = itertools.count(1)
         self._reloads: set[asyncio.Task[Any]] = set()
+        self._redriving: asyncio.Task[Any] | None = None  # POST /redrive's run, one at a time
         self._stop = asyncio.Event()
         self._shut = False  # shutdown() ran
         self._refusing = False  # from the start of shutdown, once the companions are stopped
@@ -317,6 +321,18 @@ class Server:
         task.add_done_callback(self._reloads.discard)
         return task
 
+    def redrive(self, timeout: float) -> "asyncio.Task[RedriveResult]":
+        """Send the dead-lettered records through the current handler (``POST /redrive``,
+        mldserver.server.redrive); the task's result says what was redriven, or it
+        raises ``Busy`` (paused, shutting down, or a redrive already under way)."""
+        from .redrive import Busy, redrive
+
+        if self._redriving is not None and not self._redriving.done():
+            raise Busy("a redrive is under way: wait for its answer, then redrive again")
+        task = asyncio.get_running_loop().create_task(redrive(self, timeout), name="redrive")
+        self._redriving = task
+        return task
+
     def stop(self) -> None:
         self._stop.set()
 
@@ -380,6 +396,11 @@ class Server:
             await self._stopped(companion.stop())
         for source in self.sources:
             await self._stopped(source.stop())  # each shard: its action answered, shutdownRequested, closed
+        if self._redriving is not None and not self._redriving.done():
+            self._redriving.cancel()  # nothing is removed before it is committed: sent again next time
+            await asyncio.wait([self._redriving])
+            if not self._redriving.cancelled():
+                self._redriving.exception()  # retrieved: the admin endpoint's answer has it
         self._refusing = True
         self.listeners.close()
         self.listening = False
@@ -443,12 +464,15 @@ class Server:
 
     # -- connections -----------------------------------------------------------
 
-    async def attach(self, sock: socket.socket) -> None:
+    async def attach(self, sock: socket.socket, redrive: "DeadLetters | None" = None) -> None:
         """Serve one end of a socket pair as an accepted connection: a source's shard
-        (mldserver.sources), the other end spoken by its feed as the daemon would."""
-        await pieces.serve_socket(self._accept, sock, STREAM_LIMIT)
+        (mldserver.sources), the other end spoken by its feed as the daemon would; with
+        ``redrive``, a redrive's (mldserver.server.redrive: what fails again goes there)."""
+        accept = self._accept if redrive is None else functools.partial(self._accept, redrive=redrive)
+        await pieces.serve_socket(accept, sock, STREAM_LIMIT)
 
-    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                      redrive: "DeadLetters | None" = None) -> None:
         conn_id = next(self._ids)
         peer = writer.get_extra_info("peername")
         wlog = log.bind(conn=conn_id)
@@ -457,7 +481,7 @@ class Server:
                          what_to_do="the daemon starts the shard again; it is served once a server listens")
             writer.close()
             return
-        driver = self.parts.driver(reader, writer, conn_id)
+        driver = self.parts.driver(reader, writer, conn_id, redrive)
         task = asyncio.current_task()
         assert task is not None
         self.drivers[task] = driver

@@ -4,6 +4,8 @@ One interface, two implementations, chosen once per connection by the server::
     NoSink()                                  # no --sink: rows are not collected, and
                                               # what the handler checkpoints is sent as is
     CoordinatorLink(coordinator, interval=10.0)
+    RedriveLink(coordinator)                  # mldserver redrive's connection: its rows
+                                              # never hold the watermark nor wait
 
     await downstream.open(shard_id, checkpoint)          # initialize (a Position or None)
     await downstream.ready()                             # before the next batch is read
@@ -174,3 +176,34 @@ class CoordinatorLink:
         shard_id, self._opened = self._opened, None
         if shard_id is not None:
             self.coordinator.shard_closed(shard_id)
+
+
+class RedriveLink(CoordinatorLink):
+    """The coordinator, as a redrive's connection sees it (``server.redrive``): its
+    records are dead letters sent again, under a shard id of the redrive's own. Their
+    rows are added without a watermark (nothing waits for that shard, which reads no
+    stream), and without back-pressure (a redrive is a bounded batch an operator
+    started); what is committed of them is ``safe()``, as for any shard."""
+
+    def __init__(self, coordinator: Coordinator) -> None:
+        super().__init__(coordinator, interval=0.0)
+
+    async def open(self, shard_id: str, checkpoint: Position | None) -> None:
+        if self._opened is not None:
+            self.close()
+        self.coordinator.shards.connected(shard_id)  # no lineage, no watermark: it reads no stream
+        self._opened = shard_id
+
+    async def ready(self) -> None:
+        pass
+
+    async def batch(
+        self, rows: RowBatch, last: Position | None, millis_behind: int | None, release: Callable[[], None],
+        meanwhile: Callable[[], Awaitable[None]] | None = None,
+    ) -> bool:
+        self.coordinator.add_batch(self._shard_id(), rows, last, millis_behind, redriven=True)
+        release()
+        return False
+
+    async def shard_ended(self) -> None:
+        pass  # (a redrive never ends its shard: its connection closes once its rows are committed)
