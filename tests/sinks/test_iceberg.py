@@ -331,3 +331,24 @@ async def test_a_field_null_in_every_row_of_the_first_window_is_a_string_column(
     data = catalog(tmp_path).load_table(TABLE).scan().to_arrow()
     assert sorted(zip(data.column("seq").to_pylist(), data.column("note").to_pylist())) == [
         (0, None), (1, None), (10, "late delivery"), (11, None)]
+
+
+async def test_a_catalog_that_cannot_be_written_fails_the_commit_and_the_retry_adds_the_window_once(tmp_path):
+    """The catalog unavailable (its database locked by another writer, as a catalog
+    server down or a lock held too long would be): the commit raises, the sink stays
+    usable, and the same window retried once the catalog is back is in the table once."""
+    import sqlite3
+
+    a = await sink(tmp_path)
+    await a.commit(window(0, {"s0": [1, 2]}))
+    blocker = sqlite3.connect(tmp_path / "lake" / "catalog.db", timeout=0)
+    blocker.execute("BEGIN EXCLUSIVE")  # no one else reads or writes the catalog meanwhile
+    try:
+        with pytest.raises(Exception) as failed:
+            await a.commit(window(10, {"s0": [3, 4]}))
+        assert "locked" in str(failed.value)
+    finally:
+        blocker.rollback()
+        blocker.close()
+    await a.commit(window(10, {"s0": [3, 4]}))
+    assert table_rows(tmp_path) == [("s0", 1), ("s0", 2), ("s0", 3), ("s0", 4)]
