@@ -136,7 +136,7 @@ EVENTS: dict[str, Event] = {
         "record_failed": ("error", "A change handler's callback failed every attempt for one record: it is "
                                    "dead-lettered and the batch goes on."),
         "handler_output": ("info", "A line an amazon_kclpy processor printed (`stream`: stdout or stderr, "
-                                   "`line`)."),
+                                   "`line`); from a thread it started, that thread's name (`thread`)."),
     }),
     **_area("handler processes", {
         "handler_process_died": ("error", "A handler process died (`exit_code` or `signal`, `shards`, "
