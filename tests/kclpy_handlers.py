@@ -187,3 +187,19 @@ class ThreadPrints(Base):
         self.done.get(timeout=10)
         self.done.get(timeout=10)
         process_records_input.checkpointer.checkpoint()
+
+
+class FailsInitialize(Base):
+    """``initialize`` raises until the file ``MLDSERVER_KCLPY_SEEN`` + ``.ready`` exists
+    (a database that is not up yet); batches are checkpointed."""
+
+    def initialize(self, initialize_input):
+        seen(event="initialize", shard_id=initialize_input.shard_id, sequence_number=initialize_input.sequence_number)
+        if not os.path.exists(os.environ["MLDSERVER_KCLPY_SEEN"] + ".ready"):
+            raise ConnectionError("the database is not up")
+        super().initialize(initialize_input)
+
+    def process_records(self, process_records_input):
+        records = process_records_input.records
+        seen(event="records", shard_id=self.shard_id, sequence_numbers=[r.sequence_number for r in records])
+        process_records_input.checkpointer.checkpoint()

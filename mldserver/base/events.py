@@ -125,6 +125,12 @@ EVENTS: dict[str, Event] = {
         "resumed_action": ("info", "A shard's action held at the pause goes on."),
     }),
     **_area("handler calls", {
+        "initialize_failed": ("error", "A shard's handler failed `initialize` every attempt (or could not be made): "
+                                       "until an initialize tried again before each later action (`callback`) "
+                                       "succeeds, its batches are dead-lettered whole (reason `initialize failed`) "
+                                       "and no other callback is called; the connection stays open."),
+        "initialized_again": ("info", "A shard's handler whose `initialize` had failed was made and initialized "
+                                      "afresh before `before`: its actions are called again."),
         "handler_create_failed": ("error", "The handler factory raised when called for a shard (`factory(context)`)."),
         "handler_failed": ("error", "A handler call raised: `attempt` of `attempts`, retried after "
                                     "`handler_backoff`, then dead-lettered."),
