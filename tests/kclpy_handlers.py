@@ -144,3 +144,62 @@ class Emits(Base):
 
         for record in process_records_input.records:
             emit(record, {"key": record.partition_key, "size": len(record.binary_data)})
+
+
+class ThreadPrints(Base):
+    """Starts a thread of its own in ``__init__`` and one in ``initialize``, as processors
+    that upload in the background do; each prints (and writes to ``sys.stderr`` without a
+    newline, then flushes) when a batch asks it to, and the batch waits for it."""
+
+    def __init__(self):
+        import queue
+
+        self.asks = queue.SimpleQueue()
+        self.done = queue.SimpleQueue()
+        threading.Thread(target=self._work, args=("made",), name="uploader", daemon=True).start()
+
+    def initialize(self, initialize_input):
+        import queue
+
+        super().initialize(initialize_input)
+        self.later = queue.SimpleQueue()
+        threading.Thread(target=self._later, name="flusher", daemon=True).start()
+
+    def _work(self, name):
+        import sys
+
+        while True:
+            size = self.asks.get()
+            print(f"uploaded {size} records", name)
+            sys.stderr.write("partial ")
+            sys.stderr.write("line")
+            sys.stderr.flush()
+            self.done.put(size)
+
+    def _later(self):
+        while True:
+            print("flushed", self.later.get())
+            self.done.put(None)
+
+    def process_records(self, process_records_input):
+        self.asks.put(len(process_records_input.records))
+        self.later.put(len(process_records_input.records))
+        self.done.get(timeout=10)
+        self.done.get(timeout=10)
+        process_records_input.checkpointer.checkpoint()
+
+
+class FailsInitialize(Base):
+    """``initialize`` raises until the file ``MLDSERVER_KCLPY_SEEN`` + ``.ready`` exists
+    (a database that is not up yet); batches are checkpointed."""
+
+    def initialize(self, initialize_input):
+        seen(event="initialize", shard_id=initialize_input.shard_id, sequence_number=initialize_input.sequence_number)
+        if not os.path.exists(os.environ["MLDSERVER_KCLPY_SEEN"] + ".ready"):
+            raise ConnectionError("the database is not up")
+        super().initialize(initialize_input)
+
+    def process_records(self, process_records_input):
+        records = process_records_input.records
+        seen(event="records", shard_id=self.shard_id, sequence_numbers=[r.sequence_number for r in records])
+        process_records_input.checkpointer.checkpoint()

@@ -119,8 +119,11 @@ EVENTS: dict[str, Event] = {
                                              "ours); the other steps still ran."),
         "unexpected_line": ("error", "The daemon broke the protocol (a line its state does not allow): "
                                      "the connection is closed."),
-        "bad_line": ("error", "A line from the daemon that does not parse: answered, kept in the dead "
-                              "letters."),
+        "bad_line": ("error", "A line from the daemon that does not parse: answered when its first bytes name "
+                              "an action, kept in the dead letters."),
+        "bad_line_unanswerable": ("error", "A line that names no action (not JSON, no `action`): no status can "
+                                           "answer it, so the connection is closed rather than leave the daemon "
+                                           "waiting for ever; look at what sent it."),
         "kpl_aggregate_invalid": ("error", "A KPL aggregate record that does not decode: its batch is "
                                            "dead-lettered whole."),
         "action_failed_internally": ("error", "A failure of ours inside one action: it is answered, its "
@@ -137,6 +140,12 @@ EVENTS: dict[str, Event] = {
         "resumed_action": ("info", "A shard's action held at the pause goes on."),
     }),
     **_area("handler calls", {
+        "initialize_failed": ("error", "A shard's handler failed `initialize` every attempt (or could not be made): "
+                                       "until an initialize tried again before each later action (`callback`) "
+                                       "succeeds, its batches are dead-lettered whole (reason `initialize failed`) "
+                                       "and no other callback is called; the connection stays open."),
+        "initialized_again": ("info", "A shard's handler whose `initialize` had failed was made and initialized "
+                                      "afresh before `before`: its actions are called again."),
         "handler_create_failed": ("error", "The handler factory raised when called for a shard (`factory(context)`)."),
         "handler_failed": ("error", "A handler call raised: `attempt` of `attempts`, retried after "
                                     "`handler_backoff`, then dead-lettered."),
@@ -151,7 +160,7 @@ EVENTS: dict[str, Event] = {
         "record_failed": ("error", "A change handler's callback failed every attempt for one record: it is "
                                    "dead-lettered and the batch goes on."),
         "handler_output": ("info", "A line an amazon_kclpy processor printed (`stream`: stdout or stderr, "
-                                   "`line`)."),
+                                   "`line`); from a thread it started, that thread's name (`thread`)."),
     }),
     **_area("handler processes", {
         "handler_process_died": ("error", "A handler process died (`exit_code` or `signal`, `shards`, "

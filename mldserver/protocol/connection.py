@@ -12,9 +12,10 @@ read from the daemon and writes what it returns::
 
 ``next_event()`` returns an event, ``NEED_DATA`` until a whole line is buffered, or
 ``ConnectionClosed`` after end of input. It raises RemoteProtocolError for a line it
-cannot accept (state unchanged; see :mod:`.errors` for the owed status). A line over
-``max_line_size`` is one of those, owed a status when its first bytes name a daemon
-action; ``overflow()`` then hands out the whole line in pieces as it arrives. While a
+cannot accept (state unchanged; see :mod:`.errors` for the owed status). A line that is
+not JSON, or is over ``max_line_size``, is owed a status when its first bytes name a
+daemon action; one that names none at all (``names_no_action``) can be answered by no
+status; ``overflow()`` then hands out the whole line in pieces as it arrives. While a
 checkpoint is outstanding, a line that cannot be read is its reply, malformed: a
 ``CheckpointReply`` with ``error=MALFORMED_REPLY``, and the checkpoint failed. Only a
 daemon action is ever owed a status (never ``checkpoint`` or ``status``). ``send()``
@@ -28,6 +29,7 @@ import re
 
 from .errors import LocalProtocolError, RemoteProtocolError
 from .events import (
+    DAEMON_ACTIONS,
     Action,
     Checkpoint,
     CheckpointReply,
@@ -59,6 +61,9 @@ NEED_DATA = _NeedData()
 
 # The action name in a line's first bytes (the daemon writes "action" first).
 _ACTION = re.compile(rb'"action"\s*:\s*"([A-Za-z0-9_:]{1,64})"')
+# How far into a line that does not parse its action is looked for (a record's own
+# "action":"record" comes later).
+NAMED_WITHIN = 256
 
 
 def action_in(prefix: bytes) -> str | None:
@@ -115,9 +120,10 @@ class Connection:
         except LineTooLong as exc:
             if self.state is State.CHECKPOINTING:  # the rest of it is skipped
                 return self._settle(CheckpointReply(None, None, MALFORMED_REPLY, str(exc)))
-            action = action_in(exc.prefix)
+            action = action_in(exc.prefix[:NAMED_WITHIN])
             self._owe(action)
-            raise RemoteProtocolError(str(exc), line=exc.prefix, action=self._stray, too_long=True) from None
+            raise RemoteProtocolError(str(exc), line=exc.prefix, action=self._stray, too_long=True,
+                                      names_no_action=action is None) from None
         if line is None:
             if self._lines.eof:
                 self.state = State.CLOSED
@@ -128,6 +134,12 @@ class Connection:
         except RemoteProtocolError as exc:
             if self.state is State.CHECKPOINTING and (exc.action is None or exc.action in NEVER_OWED):
                 return self._settle(CheckpointReply(None, None, MALFORMED_REPLY, str(exc)))
+            if exc.action is None:  # not JSON (cut short, garbled): the daemon action its first bytes name
+                named = action_in(line[:NAMED_WITHIN])
+                if named in DAEMON_ACTIONS or named in NEVER_OWED:
+                    exc.action = named
+                else:
+                    exc.names_no_action = True
             self._owe(exc.action)  # a malformed action still waits for its status
             exc.action = self._stray
             raise

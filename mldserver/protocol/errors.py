@@ -6,6 +6,9 @@ unchanged. When the offending line was a daemon action (never a checkpoint reply
 ``action`` names it: the daemon is
 now waiting for a status for it, and the connection lets exactly one
 ``Status(response_for=action)`` through so the daemon neither hangs nor exits.
+``names_no_action``: the line names no action at all (not JSON and no ``"action"`` in
+its first bytes, not an object, an object without a string ``action``): no status can
+answer it, and the daemon, if it sent it, waits for one.
 
 ``LocalProtocolError``: our side tried something the daemon would not accept (a
 second status, a checkpoint between a status and the next action, ...). Nothing is
@@ -23,11 +26,12 @@ class ProtocolError(MldserverError):
 
 class RemoteProtocolError(ProtocolError):
     def __init__(self, message: str, *, line: bytes = b"", action: str | None = None,
-                 too_long: bool = False) -> None:
+                 too_long: bool = False, names_no_action: bool = False) -> None:
         super().__init__(message)
         self.line = line
         self.action = action
         self.too_long = too_long  # over max_line_size: ``line`` is its first bytes only
+        self.names_no_action = names_no_action
 
 
 class LocalProtocolError(ProtocolError):

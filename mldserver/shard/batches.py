@@ -58,6 +58,10 @@ BAD_ROW = "bad row"
 if TYPE_CHECKING:
     import numpy as np
 
+# A batch whose shard's handler could not be initialized: dead-lettered whole, not called.
+INITIALIZE_FAILED = "initialize failed"
+
+
 class BadRecords(NamedTuple):
     """Records to dead-letter, as the daemon sent them, and why."""
 

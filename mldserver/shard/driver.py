@@ -21,9 +21,11 @@ dead-lettered with its data before the status. ``status()`` is what ``/status`` 
 Every action read is answered, whatever the handler, the disk or the conversation did
 (invariant 1): a bug of ours inside an action is logged (``action_failed_internally``),
 its batch dead-lettered and the action answered; a bad line (not JSON, out of order,
-over ``max_line_size``) is logged with what arrived and answered if it named an action,
-so the daemon neither hangs nor exits. Only the end of input, a peer gone
-(``disconnected``) or the server's shutdown end a connection; nothing here touches another.
+over ``max_line_size``) is logged with what arrived and answered when its first bytes
+name an action, so the daemon neither hangs nor exits. Only the end of input, a peer gone
+(``disconnected``), a line that names no action at all (``bad_line_unanswerable``: no
+status can answer it, so the connection closes rather than leave the daemon waiting for
+ever) or the server's shutdown end a connection; nothing here touches another.
 """
 
 from __future__ import annotations
@@ -46,7 +48,7 @@ from ..protocol import (
 from ..api.checkpointer import Checkpointer
 from ..api.records import Batch, Record, ShardInfo
 from ..api.rows import RowBatch
-from .batches import INVALID_AGGREGATE, BadRecords, LineRecords, decode_records, encode_rows
+from .batches import INITIALIZE_FAILED, INVALID_AGGREGATE, BadRecords, LineRecords, decode_records, encode_rows
 from .bisect import Failed, bisect
 from .calls import SKIPPED, Calls, Outcome
 from .checkpoints import Checkpoints
@@ -74,6 +76,7 @@ class ShardDriver:
         self.checkpoints = Checkpoints(self.conn, self.wire, settings=settings, downstream=self.downstream,
                                        metrics=metrics, log=log)
         self.shard: ShardInfo | None = None
+        self.initialized: str | None = "initialize not received"  # None: the handler is initialized; else why not
         self.tally = Tally(conn_id)
 
     @property
@@ -189,6 +192,12 @@ class ShardDriver:
             self.log.error("dead_lettered", reason="bad line", path=str(path))
         if await self.checkpoints.answered_in_roundtrip(exc.action):
             return
+        if exc.names_no_action:  # no status answers it: waiting would leave the daemon waiting for ever
+            self.log.error("bad_line_unanswerable", error=str(exc), state=self.conn.state.name,
+                           what_to_do="a line that names no action (not JSON, no \"action\") cannot be answered: "
+                                      "the connection is closed so the daemon does not wait for a status for ever "
+                                      "(its child exits); look at what sent it")
+            raise Lost(f"a line that names no action cannot be answered: {exc}")
         if exc.action is not None:
             self.tally.owed = exc.action
             await self._answer(exc.action)
@@ -206,7 +215,8 @@ class ShardDriver:
         elif isinstance(event, ProcessRecords):
             await self._process_records(event)
         elif isinstance(event, ShutdownRequested):
-            await self._call("shutdown_requested", None, self.checkpoints.for_action("shutdown_requested"))
+            if await self._ready("shutdown_requested"):
+                await self._call("shutdown_requested", None, self.checkpoints.for_action("shutdown_requested"))
             if self.downstream.holds_checkpoints:
                 await self.checkpoints.checkpoint_safe()
         elif isinstance(event, ShardEnded) or (isinstance(event, Shutdown) and event.is_shard_end):
@@ -214,7 +224,8 @@ class ShardDriver:
         elif isinstance(event, (LeaseLost, Shutdown)):
             self.log.info("lease_lost", action=event.action)
             self.downstream.lease_lost()  # its uncommitted rows go: the new owner reads them again
-            await self._call("lease_lost", None, self.checkpoints.for_action("lease_lost"))
+            if await self._ready("lease_lost"):
+                await self._call("lease_lost", None, self.checkpoints.for_action("lease_lost"))
         if isinstance(event, Action):
             await self._answer(event.action)
 
@@ -225,15 +236,54 @@ class ShardDriver:
         self.calls.log = self.wire.log = self.checkpoints.log = log  # every part of the shard logs its id
         log.info("initialize", sequence_number=event.sequence_number, sub_sequence_number=event.sub_sequence_number,
                  dialect=self.conn.dialect.name)
-        if self.calls.create() is not None:
+        if (error := self.calls.create()) is not None:
+            self._not_initialized(error, "initialize")
             return
         checkpoint = Position.parse(event.sequence_number, event.sub_sequence_number)  # None: TRIM_HORIZON...
         self.checkpoints.progress.initialized(checkpoint)
-        await self._call("initialize", shard, self.checkpoints.for_action("initialize"))
+        outcome = await self._call("initialize", shard, self.checkpoints.for_action("initialize"))
+        if outcome.ok:
+            self.initialized = None
+        else:
+            self._not_initialized(outcome.error or "", "initialize")
         await self.downstream.open(shard.shard_id, checkpoint)
+
+    async def _ready(self, callback: str) -> bool:
+        """Is the shard's handler initialized? One whose ``initialize`` failed (every
+        attempt) is made and initialized afresh before each later action, at the
+        checkpoint stored since (a database that was down may be up); while that fails
+        too, no other callback of it is called (``initialize_failed``)."""
+        if self.initialized is None:
+            return True
+        if self.shard is None:
+            return False  # (initialize never arrived: an out-of-order action is answered without a call)
+        error = self.calls.create()
+        if error is None:
+            stored = self.checkpoints.progress.stored
+            shard = self.shard if stored is None else ShardInfo(self.shard.shard_id, stored.text, stored.sub)
+            outcome = await self._call("initialize", shard, self.checkpoints.for_action("initialize"))
+            if outcome.ok:
+                self.initialized = None
+                self.log.info("initialized_again", before=callback)
+                return True
+            error = outcome.error or ""
+        self._not_initialized(error, callback)
+        return False
+
+    def _not_initialized(self, error: str, callback: str) -> None:
+        self.initialized = error
+        self.log.error("initialize_failed", error=error, callback=callback,
+                       what_to_do="the handler's initialize failed every attempt: its shard's batches are "
+                                  "dead-lettered whole (reason \"initialize failed\") and no other callback is called "
+                                  "until an initialize, tried again before each action, succeeds; the connection "
+                                  "stays open (a status the daemon does not get ends every shard of its worker)")
 
     async def _process_records(self, event: ProcessRecords) -> None:
         started = time.perf_counter()
+        if not await self._ready("process_records"):  # the handler cannot take it: kept whole, its data with it
+            if event.records:
+                await self._dead_letter_all([BadRecords(event.records, INITIALIZE_FAILED, self.initialized or "")])
+            return
         mode = self.settings.deaggregate
         kpl = mode == "always" or (mode == "auto" and self.conn.dialect is Dialect.V1)
         collect = self.downstream.collects_rows
@@ -329,7 +379,8 @@ class ShardDriver:
             await self.downstream.shard_ended()  # spooled before SHARD_END
         cp = self.checkpoints.for_shard_end()
         try:
-            await self._call("shard_ended", None, lambda: cp)
+            if await self._ready("shard_ended"):
+                await self._call("shard_ended", None, lambda: cp)
         except Exception as exc:  # SHARD_END is stored whatever the call did
             self.log.error("action_failed_internally", action="shardEnded", error=f"{type(exc).__name__}: {exc}",
                            exc_info=exc, what_to_do="a bug in mldserver: SHARD_END is stored all the same")

@@ -119,3 +119,31 @@ async def test_a_logging_handler_that_writes_to_sys_stderr_does_not_loop(logged)
     assert lines(logged) == [("shardId-a", "stdout", "once")]
     assert stderr.getvalue() == "handler_output\n"  # the handler's own line, straight through
     thread.close()
+
+
+async def test_threads_a_shard_thread_starts_write_lines_of_their_own_with_its_shard_id(logged):
+    def background(name):
+        print("from", name)
+        sys.stdout.write("held until flushed")
+        sys.stdout.flush()
+        if name == "child":  # and the threads it starts, in turn
+            grandchild = threading.Thread(target=background, args=("grandchild",), name="grandchild")
+            grandchild.start()
+            grandchild.join()
+
+    def start():
+        child = threading.Thread(target=background, args=("child",), name="child")
+        child.start()
+        child.join()
+
+    with streams() as (stdout, _):
+        thread = ShardThread("shardId-a", get_logger("test.kclpy.output"))
+        await thread.run(start)
+        other = threading.Thread(target=print, args=("not a shard's",))  # started by the loop's thread
+        other.start()
+        other.join()
+    assert [(f["shard_id"], f.get("thread"), f["line"]) for event, f in logged if event == "handler_output"] == [
+        ("shardId-a", "child", "from child"), ("shardId-a", "child", "held until flushed"),
+        ("shardId-a", "grandchild", "from grandchild"), ("shardId-a", "grandchild", "held until flushed")]
+    assert stdout.getvalue() == "not a shard's\n"
+    thread.close()

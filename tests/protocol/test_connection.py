@@ -354,3 +354,29 @@ def test_an_over_long_line_naming_no_action_owes_nothing():
     with pytest.raises(RemoteProtocolError) as caught:
         conn.next_event()
     assert caught.value.action is None and conn.owes_status is None
+
+
+# -- issue 52: a line that does not parse is answered when it names its action, flagged when it names none
+
+
+@pytest.mark.parametrize("line, owed", [
+    (b'{"action":"processRecords","records":[{"data":"eA=="} cut short', "processRecords"),
+    (b'{"action": "leaseLost"', "leaseLost"),
+    (b'{"action":"checkpoint","sequenceNumber":"5"', None),  # a reply is never owed a status
+    (b'{"records":[{"data":"eA==","action":"record"}]', None),  # a record's "action" is not the line's
+    (b"this is not json", None),
+    (b"[1,2]", None),
+    (b'{"action":5}', None),
+], ids=["batch_cut_short", "lease_lost_cut_short", "reply_cut_short", "record_action", "junk", "array", "number"])
+def test_a_line_that_does_not_parse_owes_the_status_of_the_action_it_names(line, owed):
+    conn = Connection()
+    conn.receive_data(INIT)
+    conn.send(conn.next_event().reply())
+    conn.receive_data(line + b"\n")
+    with pytest.raises(RemoteProtocolError) as caught:
+        conn.next_event()
+    assert caught.value.action == owed and conn.owes_status == owed and conn.state is State.READY
+    assert caught.value.names_no_action == (owed is None and b'"checkpoint"' not in line)
+    if owed is not None:
+        assert conn.send(Status(owed)) == b'{"action":"status","responseFor":"%s"}\n' % owed.encode()
+        assert conn.owes_status is None

@@ -12,7 +12,7 @@ import pytest
 import mldserver
 from mldserver.base.config import Settings
 from mldserver.server.server import Server
-from mldserver.api.testing import SHARD_END, Child, FakeDaemon, errors_in_order, make_records
+from mldserver.api.testing import SHARD_END, Child, DaemonExit, FakeDaemon, errors_in_order, make_records
 
 from ..handlers import Noop
 from ..harness import eventually, relay_command, running
@@ -62,7 +62,9 @@ async def test_bad_lines_are_logged_dead_lettered_and_the_conversation_goes_on(t
     Rec, calls = recorder()
     async with running(tmp_path, Rec) as (_, _, daemon):
         shard = await daemon.shard("s")
-        await shard.child.write(b"this is not json\n")
+        await shard.child.write(b'{"action":"processRecords","records":[{"data":"eA=="} cut short\n')
+        reply = await shard.child.read_message()  # not JSON, but its first bytes name its action
+        assert reply == {"action": "status", "responseFor": "processRecords"}
         await shard.child.write(b'{"action":"processRecords","records":{"not":"a list"}}\n')
         reply = await shard.child.read_message()
         assert reply == {"action": "status", "responseFor": "processRecords"}
@@ -72,10 +74,31 @@ async def test_bad_lines_are_logged_dead_lettered_and_the_conversation_goes_on(t
         await shard.lease_lost()
         await shard.close()
     letters = dead_letters(tmp_path, "s")
-    assert letters[0]["line"] == "this is not json"
+    assert letters[0]["line"] == '{"action":"processRecords","records":[{"data":"eA=="} cut short'
     assert '"not":"a list"' in letters[1]["line"]
     assert letters[2]["reason"] == "malformed records" and letters[2]["data"] == "eA=="
     assert [c[0] for c in calls] == ["initialize", "process_records", "lease_lost"]
+
+
+@pytest.mark.parametrize("line", [b"this is not json", b"[1,2]", b'{"records":[]}', b'{"action":5}', b"null",
+                                  b'\x00\xff{"data":"eA==","action":"record"}'])
+async def test_a_line_that_names_no_action_closes_its_connection_so_the_daemon_never_waits_for_ever(
+        tmp_path, caplog, line):
+    Rec, calls = recorder()
+    async with running(tmp_path, Rec) as (_, _, daemon):
+        shard, other = await daemon.shard("s"), await daemon.shard("other")
+        await shard.process_records(make_records(1, 2))
+        await shard.child.write(line + b"\n")
+        with pytest.raises(DaemonExit):  # no status could answer it: the child exits, it does not hang
+            await shard.child.read_message()
+        await shard.child.wait_exit()
+        await other.process_records(make_records(1, 2))  # the other connection goes on
+        await other.lease_lost()
+        assert await other.close() == 0
+    unanswerable = [r for r in caplog.records if r.getMessage() == "bad_line_unanswerable"]
+    assert [r.fields["shard_id"] for r in unanswerable] == ["s"]
+    assert "no action" in unanswerable[0].fields["what_to_do"]
+    assert dead_letters(tmp_path, "s")[-1]["line"] == line.decode("utf-8", "replace")
 
 
 async def test_out_of_order_actions_are_answered_so_the_daemon_survives(tmp_path):
@@ -113,10 +136,9 @@ async def test_one_broken_connection_does_not_affect_another(tmp_path):
         for i in range(5):
             await asyncio.gather(good.process_records(make_records(10 * i + 1, 3)),
                                  bad.process_records(make_records(10 * i + 1, 3)))
-            await bad.child.write(b"\x00\xff garbage\n")
-        # every line reached the server before the bad child dies mid-conversation
-        await eventually(lambda: len(dead_letters(tmp_path, "bad")) == 5 * 3 + 5, what="the garbage dead-lettered")
-        await bad.child.kill()
+            await bad.child.write(b'{"action":"processRecords"\x00\xff garbage\n')
+            assert (await bad.child.read_message())["responseFor"] == "processRecords"
+        await bad.child.kill()  # the bad child dies mid-conversation
         await good.process_records(make_records(100, 1))
         await good.shard_ended()
         assert await good.close() == 0

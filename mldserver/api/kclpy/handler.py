@@ -21,7 +21,8 @@ What differs from KCLProcess, on purpose (``docs/kclpy.md``):
 - the calls run in the shard's thread (``thread.py``), taking turns with the other
   shards of the process while they compute (``turns.py``); past ``execution_timeout``
   they are stopped (``ProcessorStopped`` raised in them);
-- ``print()`` and ``sys.stderr`` become ``handler_output`` events (``output.py``);
+- ``print()`` and ``sys.stderr`` become ``handler_output`` events (``output.py``), its
+  own threads' too (with the thread's name);
 - whatever the processor does at a shard end, the server stores ``SHARD_END``.
 """
 
@@ -39,6 +40,7 @@ from ..handler import Handler
 from ..records import Batch, ShardInfo
 from .emitting import batch as emitting_to
 from .inputs import Checkpointer, records_of
+from .output import Lines, bind, install
 from .thread import ShardThread
 from .turns import TURNS
 
@@ -68,7 +70,16 @@ class KclpyHandler(Handler):
 
     def __init__(self, context: Any) -> None:
         super().__init__(context)
-        self.processor = self.processor_class()  # as amazon_kclpy's script makes it: no arguments
+        # What it prints, and the threads it starts, as it is made: the shard's output
+        # (its id known at initialize).
+        self.output = Lines(log)
+        install()
+        bind(self.output)
+        try:
+            self.processor = self.processor_class()  # as amazon_kclpy's script makes it: no arguments
+        finally:
+            self.output.flush()
+            bind(None)
         # What KCLProcess calls: the v3 API, amazon_kclpy's adapters in front of v2 and v1.
         target: Any = self.processor
         if self.api_version == 1:
@@ -81,7 +92,8 @@ class KclpyHandler(Handler):
 
     async def initialize(self, shard: ShardInfo) -> None:
         if self.thread is None:
-            self.thread = ShardThread(shard.shard_id, log)
+            self.output.log = log.bind(shard_id=shard.shard_id)
+            self.thread = ShardThread(shard.shard_id, log, self.output)
             weakref.finalize(self, self.thread.close)  # the shard's instance dropped: its thread ends
             self.checkpointer = Checkpointer(self.thread)
         await self._dispatch(messages.InitializeInput({

@@ -16,8 +16,8 @@ a call blocked in C (``time.sleep``, a socket read) ends only when that returns;
 server then kills the handler process after a grace, as for any call that does not
 stop (``pool/calls.py``). A stop that arrives after the call has ended is dropped.
 
-Writes to ``sys.stdout`` and ``sys.stderr`` from the thread become ``handler_output``
-log events with the shard id (``output.py``).
+Writes to ``sys.stdout`` and ``sys.stderr`` from the thread, and from the threads it
+starts, become ``handler_output`` log events with the shard id (``output.py``).
 """
 
 from __future__ import annotations
@@ -48,14 +48,16 @@ class ProcessorStopped(ExecutionTimeout):
 
 
 class ShardThread:
-    def __init__(self, shard_id: str, log: EventLogger) -> None:
+    def __init__(self, shard_id: str, log: EventLogger, lines: Lines | None = None) -> None:
+        """``lines``: the shard's output (``output.Lines``; by default one logging to ``log``
+        with the shard's id)."""
         self.shard_id = shard_id
         self.loop = asyncio.get_running_loop()
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._running: concurrent.futures.Future[Any] | None = None  # the call the thread is in
         install()
-        self._thread = threading.Thread(target=self._serve, args=(Lines(log.bind(shard_id=shard_id)),),
+        self._thread = threading.Thread(target=self._serve, args=(lines or Lines(log.bind(shard_id=shard_id)),),
                                         name=f"kclpy {shard_id}", daemon=True)
         self._thread.start()
 
