@@ -66,7 +66,12 @@ def _parser():
     serve.add_argument("--late-policy", choices=["next", "drop", "dead-letter"],
                        help="a row whose window has closed: committed with the next window (next, the default), "
                             "dropped and counted (drop), or kept with its data in the dead letters (dead-letter)")
-    serve.add_argument("--sink", help="file:DIR, parquet:DIR or iceberg:DIR")
+    serve.add_argument("--sink", help="file:DIR, parquet:DIR or iceberg:DIR (iceberg: alone when [table_catalog] "
+                                      "names the warehouse)")
+    serve.add_argument("--stream", help="the stream every position is keyed by (the Kinesis stream name or ARN, "
+                                        "the DynamoDB stream ARN): the same on every server sharing a table")
+    serve.add_argument("--server-id", help="this server's name in the table's commits (default: host and state "
+                                           "dir, stable across restarts)")
     serve.add_argument("--pipeline", help="Spark pipeline, MODULE:ATTR")
     serve.add_argument("--spark-master", help="Spark master URL (default local[*])")
     serve.add_argument("--spark-remote", help="Spark Connect URL sc://host:port")
@@ -225,6 +230,7 @@ def _nearest(message: str, parser) -> str:
 def _main(argv: list[str]) -> None:
     args = _parser().parse_args(argv)
     from .base import logs
+    from .base.secrets import scrub
     from .errors import ConfigError, ServerCrashed
 
     if args.command in ("status", "pause", "resume", "reload"):
@@ -233,10 +239,10 @@ def _main(argv: list[str]) -> None:
         try:
             sys.exit(status.main(args))
         except status.Unreachable as exc:
-            sys.stderr.write(f"mldserver {args.command}: {exc}\n")
+            sys.stderr.write(f"mldserver {args.command}: {scrub(str(exc))}\n")
             sys.exit(1)
         except ConfigError as exc:  # a token file that cannot be read
-            sys.stderr.write(f"mldserver {args.command}: {exc}\n")
+            sys.stderr.write(f"mldserver {args.command}: {scrub(str(exc))}\n")
             sys.exit(2)
     if args.command == "redrive":
         sys.exit(_redrive(args))
@@ -270,10 +276,10 @@ def _main(argv: list[str]) -> None:
             logs.configure("console", "warning")
             demo.main(args)
     except ConfigError as exc:
-        sys.stderr.write(f"mldserver: {exc}\n")
+        sys.stderr.write(f"mldserver: {scrub(str(exc))}\n")
         sys.exit(2)
     except ServerCrashed as exc:  # logged (task_crashed) and shut down in order
-        sys.stderr.write(f"mldserver: {exc}\n")
+        sys.stderr.write(f"mldserver: {scrub(str(exc))}\n")
         sys.exit(1)
     except KeyboardInterrupt:
         sys.exit(130)

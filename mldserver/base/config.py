@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import Any, Literal, Mapping, NamedTuple
 
 from ..errors import ConfigError
+from . import secrets
 from ..protocol.framing import DEFAULT_MAX_LINE_SIZE
 
 
@@ -52,7 +53,7 @@ class SinkSpec(NamedTuple):
     ``iceberg:DIR`` (an Iceberg table several servers share; DIR is its warehouse)."""
 
     kind: Literal["file", "parquet", "iceberg"]
-    directory: Path  # absolute
+    directory: Path | None  # absolute; None for ``iceberg:`` whose [table_catalog] names its warehouse
 
     @classmethod
     def parse(cls, spec: str) -> "SinkSpec":
@@ -62,6 +63,8 @@ class SinkSpec(NamedTuple):
                 f"--sink {spec!r}: use file:DIR (JSON lines), parquet:DIR (Spark) or iceberg:DIR (a table)"
             )
         if not where:
+            if kind == "iceberg":  # the catalog ([table_catalog]) names the warehouse: config.load checks
+                return cls(kind, None)
             raise ConfigError(f"--sink {spec!r}: give a directory, as in {kind}:./out")
         return cls(kind, Path(where).resolve())  # type: ignore[arg-type]
 
@@ -299,8 +302,9 @@ class Settings:
     sink_format: str = setting("parquet", empty=False)  # what Spark writes per window: parquet, json, orc, csv
     schema: dict | None = setting(None, dict)  # row schema, field = Arrow type name; default: inferred, then fixed
     # the table sink (--sink iceberg:DIR): the table, NAMESPACE.NAME; its catalog, pyiceberg's
-    # properties ({type = "rest", uri = "..."}, glue, dynamodb; default: SQLite in DIR/catalog.db);
-    # the name each commit carries (default: host:pid)
+    # properties ({type = "rest", uri = "..."}, sql, glue, dynamodb; default: SQLite in DIR/catalog.db;
+    # its name = "..." is the catalog's name, default "mldserver"); the name each commit carries
+    # (--server-id; default: the host's name and its state dir's, stable across restarts)
     table: str = setting("mldserver.windows", empty=False)
     table_catalog: dict | None = setting(None, dict)
     server_id: str | None = setting(None, str, empty=False)
@@ -377,11 +381,14 @@ def load(path: str | None = None, **overrides: Any) -> Settings:
                 near = difflib.get_close_matches(name, sorted(RULES), n=1, cutoff=0.6)
                 hint = f"did you mean {near[0]!r}?" if near else "the settings are the fields of mldserver.base.config.Settings"
                 raise ConfigError(f"{path}: unknown setting {key!r}: {hint}")
+            if isinstance(value, dict):  # [table_catalog], [spark_conf]: before any error could quote them
+                secrets.learn_values(secrets.values_in(value))
             values[name] = RULES[name].check(name, value, path)
     for name, value in overrides.items():
         if value is not None:
             values[name] = RULES[name].check(name, value, f"--{name.replace('_', '-')} (command line)")
     settings = Settings(**values)
+    secrets.learn(settings)
     if settings.admin:
         admin_address(settings.admin)  # what serve refuses, check refuses: one parse
     if settings.pipeline and not settings.sink:
@@ -465,6 +472,9 @@ def load(path: str | None = None, **overrides: Any) -> Settings:
                     "set stream (the Kinesis stream name or ARN, or the DynamoDB stream ARN, the same on every server), "
                     "or read the stream with --source"
                 )
+            if SinkSpec.parse(settings.sink).directory is None and not (settings.table_catalog or {}).get("warehouse"):
+                raise ConfigError(f"--sink {settings.sink}: no folder, and [table_catalog] names no warehouse: give "
+                                  f"one (iceberg:/data/lake, or warehouse = \"s3://bucket/lake\" in [table_catalog])")
             namespace, _, name = settings.table.rpartition(".")
             if not namespace or not name:
                 raise ConfigError(f"table = {settings.table!r}: name the table as NAMESPACE.NAME (mldserver.windows)")

@@ -31,6 +31,7 @@ from typing import Any, Iterator, TextIO
 import orjson
 
 from .durable import utc_timestamp
+from .secrets import scrub
 from ..errors import ConfigError
 
 _LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
@@ -109,9 +110,10 @@ class JsonFormatter(logging.Formatter):
         if record.exc_info:
             entry["traceback"] = self.formatException(record.exc_info)
         try:
-            return orjson.dumps(entry, default=str).decode()
+            line = orjson.dumps(entry, default=str).decode()
         except TypeError:  # orjson refuses what JSON allows: an int past 64 bits, a non-str key
-            return orjson.dumps(_encodable(entry), default=str).decode()
+            line = orjson.dumps(_encodable(entry), default=str).decode()
+        return scrub(line)  # no password or key a catalog's error quoted
 
 
 _INT64 = range(-(1 << 63), 1 << 64)  # what orjson encodes as a number
@@ -135,7 +137,7 @@ class ConsoleFormatter(logging.Formatter):
         line = f"{utc_timestamp(record.created)} {record.levelname.lower():7} {record.getMessage():24} {fields}".rstrip()
         if record.exc_info:
             line += "\n" + self.formatException(record.exc_info)
-        return line
+        return scrub(line)
 
 
 def configure(fmt: str = "json", level: str = "info", file: str | None = None, stream: TextIO | None = None) -> None:

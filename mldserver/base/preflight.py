@@ -124,6 +124,7 @@ def writable_sink(settings: "Settings") -> Path | None:
     spec = SinkSpec.parse(settings.sink)
     if spec.kind == "iceberg" and settings.table_catalog:
         return None  # the catalog says where the table's files go
+    assert spec.directory is not None  # (only iceberg: goes without, and only with a catalog: above)
     return writable_dir(spec.directory, f"--sink {settings.sink}", "--sink directory")
 
 

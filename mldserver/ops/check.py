@@ -39,7 +39,8 @@ from typing import Any, Callable, TextIO
 
 from ..base import admin_token, kcl_keys, logs, preflight
 from . import properties as daemon_properties
-from ..base.config import Settings
+from ..base.config import Settings, SinkSpec
+from ..base.secrets import scrub
 from ..api.context import Context
 from ..api.checks import check_handler, emits
 from ..api.loading import load_handler
@@ -118,6 +119,12 @@ def admin_token_file(given: Given) -> tuple[str, str] | None:
 
 def sink(given: Given) -> tuple[str, str]:
     preflight.extras(given.settings)  # the sink's (or the pipeline's) extra is installed
+    spec = SinkSpec.parse(given.settings.sink) if given.settings.sink else None
+    if spec is not None and spec.kind == "iceberg":
+        from ..sinks.iceberg import probe
+
+        preflight.writable_sink(given.settings)
+        return "sink", f"{given.settings.sink} ({probe(given.settings, spec.directory)})"
     if preflight.writable_sink(given.settings) is not None:
         return "sink", f"{given.settings.sink} (writable)"
     return "sink", given.settings.sink or "(none: rows are not collected)"
@@ -144,7 +151,7 @@ def run(given: Given, out: TextIO) -> int:
     for check in CHECKS:
         found = check(given)
         if found is not None:
-            out.write(f"{found[0]:<11} {found[1]}\n")
+            out.write(scrub(f"{found[0]:<11} {found[1]}\n"))  # (the config line shows [table_catalog])
     for finding in given.findings:
         out.write(finding.render(given.properties or "") + "\n")
     errors = sum(f.level == "error" for f in given.findings)

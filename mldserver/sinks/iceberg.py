@@ -24,8 +24,8 @@ window the committing server committed::
     mldserver.position/orders/shardId-000000000001 = ["49590338271490256608559692538361571095921575989136588898", 0]
     mldserver.server/worker-1 = {"stream": "orders", "window": "1763719200000-1763719260000", "end": 1763719260000}
 
-and whose snapshot summary names it: ``mldserver.server`` (``server_id``, default
-host:pid), ``mldserver.stream``, ``mldserver.window``, ``mldserver.rows``,
+and whose snapshot summary names it: ``mldserver.server`` (``server_id``, default the
+host's name and a digest of the state dir: ``server_id``), ``mldserver.stream``, ``mldserver.window``, ``mldserver.rows``,
 ``mldserver.late-rows``, ``mldserver.amended-rows``, ``mldserver.skipped-rows`` (already committed by another
 server), ``mldserver.positions``.
 
@@ -65,6 +65,7 @@ files (``add_files``, no second copy). All of it runs in a thread: pyiceberg blo
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import os
 import random
 import socket
@@ -84,6 +85,7 @@ from ..base.handoff import Committed, Window
 from ..errors import ConfigError, MldserverError
 from ..base.logs import get_logger
 from ..base.positions import Position
+from ..base.secrets import redacted, scrub
 from .schema import declared, rows_to_table
 from ..spark.frames import WriteRequest
 
@@ -195,7 +197,7 @@ class IcebergSink:
     def __init__(
         self,
         settings: Settings,
-        directory: Path,
+        directory: Path | None,
         dead_letters: "DeadLetters",
         *,
         spark: "SparkProcess | None" = None,
@@ -208,7 +210,7 @@ class IcebergSink:
         self.dead_letters = dead_letters
         self.spark = spark if settings.pipeline else None
         self.stream = stream
-        self.server_id = settings.server_id or f"{socket.gethostname()}:{os.getpid()}"
+        self.server_id = server_id(settings)
         namespace, _, name = settings.table.rpartition(".")
         self.identifier = (namespace, name)
         self.catalog = catalog
@@ -225,10 +227,10 @@ class IcebergSink:
         try:
             await asyncio.to_thread(self._start)
         except Exception as exc:  # before the server binds: one line, exit 2
-            where = self.settings.table_catalog or f"sqlite:///{self.directory}/catalog.db"
             raise ConfigError(
                 f"--sink {self.settings.sink}: cannot open the table {'.'.join(self.identifier)} "
-                f"(catalog {where}): {type(exc).__name__}: {exc}; check the folder (writable?) or table_catalog"
+                f"(catalog {catalog_text(self.settings, self.directory)}): {type(exc).__name__}: {scrub(str(exc))}; "
+                f"check the folder (writable?) or table_catalog"
             ) from exc
         return Committed()  # positions are read per shard, when it is initialized here
 
@@ -421,7 +423,7 @@ class IcebergSink:
         assert self.spark is not None
         path = self.inputs / f"{window.id}.parquet"
         await asyncio.to_thread(_write_parquet, self._rows(attempt).drop_columns([WINDOW_COLUMN]), path)
-        base = attempt.base.location() if attempt.base is not None else f"file://{self.directory}"
+        base = attempt.base.location() if attempt.base is not None else warehouse(self.settings, self.directory)
         out = f"{base.removeprefix('file://')}/data/spark-{window.id}-{uuid.uuid4().hex[:12]}"
         request: WriteRequest = {
             "op": "write",
@@ -435,16 +437,86 @@ class IcebergSink:
         return list(reply["files"])
 
 
-def open_catalog(settings: Settings, directory: Path) -> "Catalog":
-    """The catalog ``table_catalog`` names (pyiceberg's ``load_catalog`` properties),
-    else SQLite in ``DIR/catalog.db`` with DIR as the warehouse."""
+CATALOG_NAME = "mldserver"  # the catalog's name unless [table_catalog] gives name = "..."
+
+
+def server_id(settings: Settings) -> str:
+    """This server's name in the table's commits: ``--server-id``, else its host's name
+    and a digest of its state dir (stable across restarts, apart between servers)."""
+    if settings.server_id:
+        return settings.server_id
+    state = os.path.abspath(settings.state_dir)
+    return f"{socket.gethostname()}:{hashlib.sha256(state.encode()).hexdigest()[:8]}"
+
+
+def warehouse(settings: Settings, directory: Path | None) -> str:
+    """Where new tables' files go: ``[table_catalog]``'s ``warehouse``, else DIR."""
+    named = (settings.table_catalog or {}).get("warehouse")
+    if named:
+        return str(named)
+    assert directory is not None, "config.load refuses iceberg: with no folder and no warehouse"
+    return f"file://{directory}"
+
+
+def catalog_text(settings: Settings, directory: Path | None) -> str:
+    """The catalog, fit to print (passwords and keys starred)."""
+    if settings.table_catalog:
+        return str(redacted(settings.table_catalog))
+    return f"sqlite:///{directory}/catalog.db"
+
+
+def probe(settings: Settings, directory: Path | None) -> str:
+    """What ``mldserver check`` says of the table sink: the catalog reached, the table
+    found (or to be made at the first window), the warehouse written to (a probe file
+    put and deleted); else a ConfigError naming what failed, in one line."""
+    what = f"--sink {settings.sink}"
+    try:
+        catalog = open_catalog(settings, directory)
+    except Exception as exc:
+        raise ConfigError(f"{what}: cannot reach the catalog {catalog_text(settings, directory)}: "
+                          f"{type(exc).__name__}: {scrub(str(exc))}; check [table_catalog] (its uri, its "
+                          f"driver: pip install 'mldserver[iceberg]')") from None
+    namespace, _, name = settings.table.rpartition(".")
+    try:
+        table = catalog.load_table((namespace, name))
+    except Exception as exc:
+        from pyiceberg.exceptions import NoSuchNamespaceError, NoSuchTableError
+
+        if not isinstance(exc, (NoSuchTableError, NoSuchNamespaceError)):
+            raise ConfigError(f"{what}: the catalog answers but the table {settings.table} cannot be read: "
+                              f"{type(exc).__name__}: {scrub(str(exc))}") from None
+        table = None
+    location = table.location() if table is not None else warehouse(settings, directory)
+    try:
+        from pyiceberg.io import load_file_io
+
+        io = load_file_io({**catalog.properties, **(table.io.properties if table is not None else {})}, location)
+        path = f"{location.rstrip('/')}/_mldserver-check-{uuid.uuid4().hex[:12]}"
+        with io.new_output(path).create(overwrite=True) as out:
+            out.write(b"mldserver check: this warehouse takes a file\n")
+        io.delete(path)
+    except Exception as exc:
+        raise ConfigError(f"{what}: the warehouse {scrub(location)} cannot be written: {type(exc).__name__}: "
+                          f"{scrub(str(exc))}; check its path or bucket and the credentials in [table_catalog]") from None
+    found = (f"table {settings.table}, {len(table.snapshots())} snapshots" if table is not None
+             else f"table {settings.table} made at the first window")
+    return f"catalog reached, {found}, warehouse {scrub(location)} writable"
+
+
+def open_catalog(settings: Settings, directory: Path | None) -> "Catalog":
+    """The catalog ``table_catalog`` names (pyiceberg's ``load_catalog`` properties; its
+    ``name``, default ``mldserver``, is the catalog's name, the one other engines give to
+    find the same tables), else SQLite in ``DIR/catalog.db`` with DIR as the warehouse."""
     if settings.table_catalog:
         from pyiceberg.catalog import load_catalog
 
         properties = {str(k): str(v) for k, v in settings.table_catalog.items()}
-        properties.setdefault("warehouse", f"file://{directory}")
-        return load_catalog("mldserver", **properties)
+        name = properties.pop("name", CATALOG_NAME)
+        properties["warehouse"] = warehouse(settings, directory)
+        return load_catalog(name, **properties)
     from pyiceberg.catalog.sql import SqlCatalog
+
+    assert directory is not None
 
     directory.mkdir(parents=True, exist_ok=True)
     for attempt in range(3):  # two servers creating the catalog's own tables at once
