@@ -117,6 +117,19 @@ def _parser():
             admin.add_argument("--watch", action="store_true", help="redraw every --interval seconds")
             admin.add_argument("--interval", type=float, default=1.0, help="seconds between redraws (default 1)")
 
+    maintain = sub.add_parser("table", help="the Iceberg table sink's table: maintain (expire snapshots past "
+                                             "table_snapshots_kept, remove files no snapshot names, older than "
+                                             "table_orphan_age)")
+    maintain.add_argument("table_command", choices=["maintain"], metavar="maintain",
+                          help="expire old snapshots and remove orphan files")
+    maintain.add_argument("--config", help="the servers' TOML file (sink, table, [table_catalog])")
+    maintain.add_argument("--sink", help="iceberg:DIR (or iceberg: with a [table_catalog] warehouse)")
+    maintain.add_argument("--stream", help="as the servers have it (default: --config's)")
+    maintain.add_argument("--older-than", dest="table_orphan_age", type=float, metavar="SECONDS",
+                          help="a file named by nothing goes once this old (default 3600: a commit under way is "
+                               "never that old)")
+    maintain.add_argument("--dry-run", action="store_true", help="list what would go, change nothing")
+
     redrive = sub.add_parser("redrive", help="send the dead-lettered records through the server's current handler, "
                                               "into its sink (POST /redrive): redriven N, failed again M, left K")
     redrive.add_argument("--admin", help="the admin endpoint's URL (default: --config's admin, else "
@@ -259,6 +272,11 @@ def _main(argv: list[str]) -> None:
             _importable_cwd()
             if check.run(check.Given(settings, args.config, args.properties), sys.stdout):
                 sys.exit(1)
+        elif args.command == "table":
+            from .ops import table
+
+            logs.configure("console", "warning")
+            sys.exit(table.main(_settings(args, need_handler=False), args.dry_run, sys.stdout))
         elif args.command == "positions":
             from .base.config import Settings
             from .ops import positions

@@ -310,6 +310,10 @@ class Settings:
     server_id: str | None = setting(None, str, empty=False)
     # snapshots a commit keeps (older ones expire: the metadata read back stays small)
     table_snapshots_kept: int = setting(16, low=1, high=1_000_000)
+    # table maintenance (sinks/maintenance.py): how often a server runs it (0: never; `mldserver
+    # table maintain` runs it by hand), and how old a file named by nothing must be to go
+    table_maintenance_interval: float = setting(3600.0, low=0.0, high=7 * DAY, unit="seconds")
+    table_orphan_age: float = setting(3600.0, low=60.0, high=365 * DAY, unit="seconds")
     # the admin endpoint (metrics, health, status, pause/resume/reload): HOST:PORT or "off";
     # `mldserver serve` uses DEFAULT_ADMIN when unset, an embedded Server none
     admin: str | None = setting(None, str, empty=False)

@@ -243,6 +243,13 @@ EVENTS: dict[str, Event] = {
         "schema_inferred": ("info", "The row schema was inferred from the first window, and fixed."),
         "table_created": ("info", "The Iceberg table was created (`table`, `location`, `schema`)."),
         "table_opened": ("info", "The Iceberg table was opened (`table`, `exists`, `server`, `stream`)."),
+        "table_maintained": ("info", "Table maintenance ran (`table`, `expired` snapshots, `orphans` files named by "
+                                     "nothing removed, their `orphan_bytes`, `young` ones kept for now, "
+                                     "`duration_ms`): every `table_maintenance_interval`, or `mldserver table "
+                                     "maintain`."),
+        "table_maintenance_failed": ("warning", "Table maintenance failed (`table`, `error`): nothing is lost (it "
+                                                "only removes what nothing names); it runs again at the next "
+                                                "interval."),
         "table_commit_conflict": ("info", "Another server committed to the table first: the commit reads "
                                           "the new base and filters again."),
         "rows_already_committed": ("info", "Rows of a window were left out: another server had already "

@@ -51,7 +51,7 @@ that far back), and keeps ``previous-versions-max`` metadata files.
 So no row is added twice: a row lands only in a commit whose base says its shard's
 committed rows end below it, and that commit raises the position past it. A crash
 between writing data files and committing them leaves files no snapshot names
-(invisible to readers; a table maintenance job's orphan-file clean-up removes them);
+(invisible to readers; table maintenance removes them: ``maintenance.py``);
 the retry writes its own. A commit that landed although its caller never heard
 (a crash just after) is found in step 2: nothing left to add.
 
@@ -90,6 +90,7 @@ from .schema import declared, rows_to_table
 from ..spark.frames import WriteRequest
 
 if TYPE_CHECKING:
+    from .maintenance import Report
     from pyiceberg.catalog import Catalog
     from pyiceberg.table import Table
 
@@ -218,6 +219,8 @@ class IcebergSink:
         self.inputs = state_path(settings, "spark", "windows").resolve()
         self.conflicts = 0
         self.rows_out = 0
+        self._maintained_at = time.monotonic()  # the first maintenance one interval after the start
+        self._maintaining: asyncio.Future | None = None
         # the window being committed, parsed with this schema: its Arrow rows, their indices
         self._prepared: tuple[str, pa.Schema | None, pa.Table, list[int]] | None = None
 
@@ -255,6 +258,40 @@ class IcebergSink:
         else:
             raise TableConflict(f"window {window.id}: {CONFLICT_RETRIES} commits in a row lost to other servers")
         self._prepared = None
+        self._maybe_maintain()
+
+    def _maybe_maintain(self) -> None:
+        """Every ``table_maintenance_interval`` seconds (after a commit), maintenance in a
+        thread (``maintenance.py``), one at a time; a failure is logged, never raised."""
+        interval = self.settings.table_maintenance_interval
+        if not interval or time.monotonic() - self._maintained_at < interval:
+            return
+        if self._maintaining is not None and not self._maintaining.done():
+            return
+        self._maintained_at = time.monotonic()
+        self._maintaining = asyncio.ensure_future(asyncio.to_thread(self.maintain))
+        self._maintaining.add_done_callback(lambda f: f.cancelled() or f.exception())
+
+    def maintain(self, dry_run: bool = False) -> "Report | None":
+        """Maintenance of the table now (in a thread): logged ``table_maintained``, or
+        ``table_maintenance_failed`` and None."""
+        from .maintenance import maintain
+
+        started = time.perf_counter()
+        name = ".".join(self.identifier)
+        try:
+            table = self._load(self._catalog())
+            if table is None:
+                return None
+            report = maintain(table, keep=self.settings.table_snapshots_kept,
+                                          older_than=self.settings.table_orphan_age, dry_run=dry_run)
+        except Exception as exc:
+            log.warning("table_maintenance_failed", table=name, error=f"{type(exc).__name__}: {scrub(str(exc))}")
+            return None
+        log.info("table_maintained", table=name, expired=report.expired, orphans=report.orphans,
+                 orphan_bytes=report.orphan_bytes, young=report.young, dry_run=dry_run,
+                 duration_ms=round((time.perf_counter() - started) * 1000, 1))
+        return report
 
     async def _reject(self, window: Window, rejected: list[tuple[bytes, str]]) -> None:
         await self.dead_letters.rejected_rows(window.id, rejected, "row does not fit the table's schema", log)
