@@ -38,12 +38,12 @@ The checks (``Killed.checks``):
 - every record put has its row in the sink. The file sink keeps no commit log, so a
   record committed but not yet checkpointed at a kill is read again by the restart and
   committed again (at least once: mldserver/sinks/file.py, docs/sources.md); so a
-  record may have rows of two runs, but never two of one run, and none of a run after
-  a kill at which its shard's stored checkpoint covered it;
+  record may have rows of several runs, but never two of one run, and none of a run
+  after a kill at which its shard's stored checkpoint covered it;
 - the daemon and every process of a killed run gone within ``GONE_WITHIN`` s of the
   SIGKILL (``ops.tether``, the handler process's parent-death signal, the relays' pipes),
   and nothing started by any run (its environment, or a command line naming the state
-  dir or the properties file) left running after the final stop;
+  dir or the properties file) left running after the final stop, which exits 0;
 - ``/readyz`` (polled every ``POLL`` s throughout) never 200 from a kill until the
   restart listened, and 200 at every poll from the restart serving records until the
   next kill or the final stop. (Readiness is the server's: it says ready once it
@@ -591,7 +591,8 @@ async def lines(args, tmp: str, seed: int) -> list[str]:
     """The phase for ``bench --part chaos``: 3 kills (1 with ``--quick``), its table;
     one line saying why not when the emulators or the daemon are not installed."""
     kills = 1 if args.quick else 3
-    head = f"\nkilled: mldserver run SIGKILLed {kills} time{'s' * (kills > 1)} at seeded moments and run again"
+    head = (f"\nkilled: mldserver run SIGKILLed {kills} time{'s' * (kills > 1)}, each at a seeded moment, and "
+            f"run again on its state dir")
     try:
         killed = await run_phase(tmp, seed=seed, kills=kills)
     except ConfigError as exc:
