@@ -12,7 +12,8 @@ process, PSS sampling, the coordinator and Spark parts' batches)::
     mldserver bench --part kclpy         # kclpy.py: amazon_kclpy's sample processor behind mldserver vs
                                          #   under amazon_kclpy's KCLProcess: records/s, CPU, memory
     mldserver bench --part chaos         # chaos.py: poisoned batches and SIGKILLed handler processes
-                                         #   vs an undisturbed run, and the checks (--duration 300, --seed N)
+                                         #   vs an undisturbed run, and the checks (--duration 300, --seed N);
+                                         #   then killed.py: mldserver run SIGKILLed (the real daemon)
     mldserver bench --part source        # source.py: serve --source kinesis: vs the KCL daemon + relay on
                                          #   kinesis-local: records/s, CPU per record, put to handler
     mldserver bench                      # every part but chaos (which runs for --duration) and source

@@ -64,7 +64,8 @@ tmpfs of its own where one can be mounted) while its folder is replaced by a fil
 disk filled and the admin port flooded, in turn. Each chaos run lasts ``--duration`` seconds. It prints the three side by side
 (actions, faults by kind, outside kills, handler process deaths from the server's
 ``handler_process_died`` events, connections closed, late statuses, normal batches'
-round trips p50/p99/max), then the checks.
+round trips p50/p99/max), then the checks. Last, ``killed.py``'s phase: ``mldserver run``
+with the real KCL daemon SIGKILLed and run again (3 times, once with ``--quick``).
 
 What a bystander sees: a shard whose handler process dies has its call redone in another
 (milliseconds); a shard whose call waits in a process whose loop another call blocks
@@ -96,6 +97,7 @@ import orjson
 from ...base.durable import safe_filename
 from ...api.handler import Handler
 from ...api.testing import SHARD_END, DaemonExit, FakeDaemon, Shard, relay_command
+from .killed import lines as killed_lines
 from .outside import KINDS as OUTSIDE_FAULTS, disturb, sink_rows, spooled_rows
 
 HANDLER = "mldserver.ops.bench.chaos:ChaosHandler"
@@ -694,6 +696,8 @@ async def run(args, tmp: str) -> None:
             subprocess.run(["umount", "-l", str(sink_dir.parent)], capture_output=True)
     for line in _table(runs):
         print(line)
+    for line in await killed_lines(args, tmp, seed):  # killed.py: mldserver run SIGKILLed, the real daemon
+        print(line, flush=True)
 
 
 def _sink_of_its_own(tmp: str) -> tuple[Path, tuple[str, ...], str]:
