@@ -197,7 +197,7 @@ async def test_readyz_is_503_until_the_spark_process_is_up(tmp_path):
     await eventually(lambda: server.address, timeout=240, what="Spark up and the server listening")
     assert await get(server, "/readyz") == (200, "ready\n")
     status, text = await get(server, "/status")
-    assert '"spark":{"state":"up","restarts":0,"last_error":null}' in text
+    assert '"spark":{"state":"up","restarts":0,"last_error":null,"executors":null,"executors_lost":0}' in text
     server.stop()
     await asyncio.wait_for(serving, 60)
 

@@ -259,6 +259,11 @@ EVENTS: dict[str, Event] = {
     **_area("spark", {
         "spark_started": ("info", "The Spark process is up (`pid`, `master` or `remote`, "
                                   "`spark_version`, `log`)."),
+        "spark_executors": ("info", "The Spark cluster's live executors, first told (`executors`, `hosts`): a "
+                                    "cluster master only (local[*] runs none)."),
+        "spark_executor_lost": ("warning", "A Spark executor left the cluster (`executor`, `executors` left): a "
+                                          "worker died or was stopped; Spark runs its tasks again on the others."),
+        "spark_executor_added": ("info", "A Spark executor joined the cluster (`executor`, `executors`)."),
         "spark_process_exited": ("error", "The Spark process exited: restarted with backoff, the window in "
                                           "flight handed over again."),
         "spark_restart_failed": ("error", "The Spark process could not be started again: the server shuts "

@@ -315,7 +315,7 @@ def status_of(server: Any) -> dict[str, Any]:
                          "buffered_bytes": 390000, "windows_committed": 12, "late_rows": 0,
                          "last_commit": {"window": "...", "rows": 5200, "late": 0, "age_s": 3.1},
                          "sink_failing": null},
-         "spark": {"state": "up", "restarts": 0, "last_error": null},
+         "spark": {"state": "up", "restarts": 0, "last_error": null, "executors": null, "executors_lost": 0},
          "sources": [{"source": "kinesis:clicks", "stream": "arn:aws:kinesis:...:stream/clicks",
                       "shards": [{"shard_id": "shardId-000000000001", "lag_ms": 0}],
                       "lease": "holding", "holder": "host-a:4242:9f2c1e07", "table": "clicks-leases"}]}
@@ -377,5 +377,6 @@ def status_of(server: Any) -> dict[str, Any]:
         }
     if server.spark is not None:
         out["spark"] = {"state": server.spark.state, "restarts": server.spark.restarts,
-                        "last_error": server.spark.last_error}
+                        "last_error": server.spark.last_error, "executors": server.spark.executors,
+                        "executors_lost": server.spark.executors_lost}
     return out

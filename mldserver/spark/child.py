@@ -42,12 +42,13 @@ import os
 import shutil
 import signal
 import sys
+import threading
 import time
 import traceback
 import uuid
 from itertools import islice
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from ..base.durable import publish_dir
 from ..base.importer import import_from_string
@@ -55,6 +56,7 @@ from ..base.commitlog import CommitLog
 from .frames import CommitRequest, StartRequest, WindowFrame, commit_entry, encode, read_frame
 from .pipeline import WindowInfo, identity
 
+EXECUTOR_POLL_S = 2.0  # how often the live executors are read (a lost worker is told within this)
 LOCK_WAIT = 30.0  # seconds: the Spark process of a server that just died may still hold the lock
 
 
@@ -81,6 +83,39 @@ class SparkChild:
 
     def ready(self) -> dict[str, Any]:
         return {"spark_version": self.spark.version, "classic": self.classic}
+
+    def executors(self) -> list[str] | None:
+        """The cluster's live executors' ids (the driver left out), or None where Spark
+        does not say (Spark Connect)."""
+        if not self.classic:
+            return None
+        ids = str(self.spark.sparkContext._jsc.sc().getExecutorIds().mkString(","))
+        return sorted(filter(None, ids.split(",")), key=lambda i: (len(i), i))
+
+    def watch_executors(self, tell: Callable[[dict[str, Any]], None], every: float = EXECUTOR_POLL_S) -> None:
+        """In a thread of its own: each change in the live executors told to the server
+        (``{"event": "executors", "executors": [...], "lost": [...], "added": [...]}``),
+        whatever request the main thread is running (a job that loses a worker goes
+        on: Spark runs its tasks again elsewhere; the server logs the loss)."""
+        def run() -> None:
+            known: list[str] | None = None
+            while True:
+                try:
+                    now = self.executors()
+                except Exception:  # the session going away: the process is stopping
+                    return
+                if now is None:
+                    return
+                if known is not None and now != known:
+                    tell({"event": "executors", "executors": now, "lost": sorted(set(known) - set(now)),
+                          "added": sorted(set(now) - set(known))})
+                elif known is None:
+                    tell({"event": "executors", "executors": now, "lost": [], "added": []})
+                known = now
+                time.sleep(every)
+
+        if not self.local and self.classic:
+            threading.Thread(target=run, name="executors", daemon=True).start()
 
     # -- commits ---------------------------------------------------------------------
 
@@ -234,9 +269,12 @@ def main() -> None:
     os.dup2(2, 1)  # stray prints (JVM, user code) go to the log, never into the frames
     sys.stdout = sys.stderr
 
+    writing = threading.Lock()  # replies, and what the executors' watcher tells
+
     def reply(message: dict[str, Any]) -> None:
-        replies.write(encode(message))
-        replies.flush()
+        with writing:
+            replies.write(encode(message))
+            replies.flush()
 
     frame = read_frame(requests)
     if frame is None:
@@ -249,6 +287,7 @@ def main() -> None:
         reply({"id": options["id"], **_error(exc)})
         raise SystemExit(1) from None
     reply({"id": options["id"], "ok": True, **child.ready()})
+    child.watch_executors(reply)
     ops = {"commit": child.commit, "write": child.write, "sql_fetch": child.sql_fetch, "sql_close": child.sql_close}
     while (frame := read_frame(requests)) is not None:
         request, _ = frame

@@ -67,6 +67,8 @@ class SparkProcess:
         self._gone: Exception | None = None  # why the supervisor gave up
         self._closed = False  # stop() has run: no request will be answered again
         self.last_error: str | None = None  # for /status: the last exit or failed restart
+        self.executors: list[str] | None = None  # a cluster's live executors (None: local or not told)
+        self.executors_lost = 0
         self.task: asyncio.Task[None] | None = None  # the supervisor, watched by the server
 
     # -- lifecycle -----------------------------------------------------------------
@@ -179,6 +181,9 @@ class SparkProcess:
             proc = self._proc
             assert proc is not None and proc.stdout is not None
             frame = await read_frame_async(proc.stdout)
+            if frame is not None and frame[0].get("event") == "executors":
+                self._executors(frame[0])
+                continue
             if frame is not None:
                 future = self._pending.pop(frame[0].get("id"), None)
                 if future is not None and not future.done():
@@ -194,6 +199,22 @@ class SparkProcess:
                 return
             self.last_error = f"the Spark process exited (code {code})"
             await self._restart(code)
+
+    def _executors(self, told: dict[str, Any]) -> None:
+        """The Spark process told a change in the cluster's live executors (a cluster
+        master: local[*] has none, Spark Connect does not say)."""
+        first = self.executors is None
+        self.executors = list(told.get("executors") or [])
+        if first:
+            self.log.info("spark_executors", executors=len(self.executors), hosts=self.executors)
+            return
+        for lost in told.get("lost") or []:
+            self.executors_lost += 1
+            self.log.warning("spark_executor_lost", executor=lost, executors=len(self.executors),
+                             what_to_do="Spark runs the lost executor's tasks again on the others; a window being "
+                                        "committed goes on. If it does not come back, see the worker's log")
+        for added in told.get("added") or []:
+            self.log.info("spark_executor_added", executor=added, executors=len(self.executors))
 
     async def _restart(self, code: int) -> None:
         attempt = 0
