@@ -70,8 +70,9 @@ class Parts:
     calls: CallPolicy  # every shard's handler calls: retries, time-out, backoff
     emits: bool  # the handler in this loop calls batch.emit (the pool's processes say so once started)
 
-    def driver(self, reader: Any, writer: asyncio.StreamWriter, conn_id: int) -> ShardDriver:
-        """The driver of one accepted connection (its shard known at ``initialize``)."""
+    def driver(self, reader: Any, writer: asyncio.StreamWriter, conn_id: int, *, source: bool = False) -> ShardDriver:
+        """The driver of one accepted connection (its shard known at ``initialize``);
+        ``source``: a shard a ``--source`` reader feeds, checkpointed at each commit."""
         log = get_logger("mldserver.shard").bind(conn=conn_id)
         return ShardDriver(
             reader,
@@ -82,7 +83,7 @@ class Parts:
             log=log,
             slots=self.slots,
             downstream=NoSink() if self.coordinator is None
-            else CoordinatorLink(self.coordinator, interval=self.settings.checkpoint_interval),
+            else CoordinatorLink(self.coordinator, interval=self.settings.checkpoint_interval, on_commit=source),
             metrics=self.metrics,
             pause=self.pause,
             conn_id=conn_id,

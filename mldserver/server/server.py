@@ -445,10 +445,16 @@ class Server:
 
     async def attach(self, sock: socket.socket) -> None:
         """Serve one end of a socket pair as an accepted connection: a source's shard
-        (mldserver.sources), the other end spoken by its feed as the daemon would."""
-        await pieces.serve_socket(self._accept, sock, STREAM_LIMIT)
+        (mldserver.sources), the other end spoken by its feed as the daemon would. Its
+        checkpoints are stored locally (a file, or the source's lease item), so the
+        server checkpoints each commit, not every ``checkpoint_interval``."""
+        await pieces.serve_socket(self._accept_source, sock, STREAM_LIMIT)
 
-    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _accept_source(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await self._accept(reader, writer, source=True)
+
+    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, *,
+                      source: bool = False) -> None:
         conn_id = next(self._ids)
         peer = writer.get_extra_info("peername")
         wlog = log.bind(conn=conn_id)
@@ -457,7 +463,7 @@ class Server:
                          what_to_do="the daemon starts the shard again; it is served once a server listens")
             writer.close()
             return
-        driver = self.parts.driver(reader, writer, conn_id)
+        driver = self.parts.driver(reader, writer, conn_id, source=source)
         task = asyncio.current_task()
         assert task is not None
         self.drivers[task] = driver
