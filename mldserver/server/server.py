@@ -131,7 +131,8 @@ class Server:
 
             coordinator = self.coordinator
             self.sources = readers(settings, attach=self.attach, empty_batches=coordinator is not None,
-                                   lineage=coordinator.expect if coordinator is not None else None)
+                                   lineage=coordinator.expect if coordinator is not None else None,
+                                   restart=coordinator.restart_shard if coordinator is not None else None)
         self.crashed: BaseException | None = None  # what ended a task the server owns
         self.listening = False
         self._emits = self.parts.emits
@@ -254,6 +255,8 @@ class Server:
             else:  # (a failed start() has stopped what it started)
                 with errors_only():
                     await self.shutdown()
+        if isinstance(self.crashed, ConfigError):  # found once running (a source's position): logged where found
+            raise self.crashed
         if self.crashed is not None:
             raise ServerCrashed(f"{_describe(self.crashed)} (logged as task_crashed)") from self.crashed
 
@@ -290,6 +293,8 @@ class Server:
         if exc is self.crashed:
             return  # a stop() re-raising the crash that started the shutdown
         self.crashed = self.crashed or exc
+        if isinstance(exc, ConfigError):
+            return  # what to do is logged where it was found (source_position_invalid); stderr has it, exit 2
         log.error(
             "task_crashed",
             task=name,
