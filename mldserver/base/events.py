@@ -217,6 +217,9 @@ EVENTS: dict[str, Event] = {
         "event_time_clamped": ("info", "Event times that went backwards within a shard were clamped."),
         "lease_lost_rows_dropped": ("info", "A shard's lease was lost: its uncommitted rows left the "
                                             "coordinator; the new owner reads them again."),
+        "shard_restarted": ("warning", "A `--source` stream was deleted and created again while read: the shard "
+                                       "id names a new shard; the old one's uncommitted rows (`rows`) and "
+                                       "positions are dropped."),
         "backpressure": ("info", "Shards get their status late: a closed window waits behind the one "
                                  "committing (`reason` `sink_behind`: every shard), or the rows buffered "
                                  "passed three quarters of a cap (`buffered_cap`: shards running ahead)."),
@@ -295,9 +298,18 @@ EVENTS: dict[str, Event] = {
                                    "`saved_shards`."),
         "source_stream_replaced": ("warning", "The table's stream was replaced: the saved positions name the "
                                               "old stream's shards."),
-        "source_stream_recreated": ("warning", "The Kinesis stream was deleted and created again under its name "
-                                               "(its creation time changed): the saved positions were the old "
-                                               "stream's and are dropped."),
+        "source_stream_recreated": ("warning", "The stream was deleted and created again under its name (a "
+                                               "Kinesis stream's creation time changed; with `running`, a table's "
+                                               "latest stream too, noticed while read): the saved positions were "
+                                               "the old stream's and are dropped; while running, the new stream is "
+                                               "read from its trim horizon."),
+        "source_stream_deleted": ("warning", "The stream (or the table's stream) is gone while read: its shards "
+                                             "are not read until it is created again (then from its trim horizon)."),
+        "source_shard_gone": ("info", "A shard being read is gone from the stream (trimmed away): it ends here."),
+        "source_position_invalid": ("error", "A shard's position is not in the stream (past its end, not its "
+                                             "shard's: the service's ResourceNotFound, InvalidArgument or "
+                                             "Validation answer): the server stops with one line (exit 2); "
+                                             "`--reset-positions` deletes the positions."),
         "source_list_failed": ("warning", "Listing a source's shards failed: retried at the next "
                                           "discovery."),
         "source_lease_waiting": ("info", "Another server holds the source's lease (`--lease-table`): this one "

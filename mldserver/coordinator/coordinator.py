@@ -95,16 +95,8 @@ class CoordinatorStatus:
 
 
 class Coordinator:
-    def __init__(
-        self,
-        settings: Settings,
-        sink: Sink,
-        *,
-        clock: Callable[[], float] = wall_clock_ms,
-        log: EventLogger | None = None,
-        metrics: Any = None,
-        dead_letters: DeadLetters | None = None,
-    ) -> None:
+    def __init__(self, settings: Settings, sink: Sink, *, clock: Callable[[], float] = wall_clock_ms,
+                 log: EventLogger | None = None, metrics: Any = None, dead_letters: DeadLetters | None = None) -> None:
         # The rows' columns (numpy) and the gather of a window whose shards interleave
         # (pyarrow): loaded here, before the loop serves. Left to the first batch and the
         # first such window, the imports (half a second) stalled the loop and that commit.
@@ -260,14 +252,22 @@ class Coordinator:
             return
         self._drop(shard_id)
 
+    def restart_shard(self, shard_id: str) -> None:
+        """A ``--source`` stream created again while read: the id names a new shard (``shard_restarted``)."""
+        self.shards.entry(shard_id).restarted = True
+        self.lease_lost(shard_id)
+
     def _drop(self, shard_id: str) -> None:
-        known = [p for p in (self.ledger.safe(shard_id), self.shards.committed(shard_id)) if p is not None]
-        floor = max(known, default=None)  # at or below it, records coming back are duplicates
-        rows = self.ledger.drop(shard_id)
-        self.ordering.drop(shard_id, floor)
+        restarted = self.shards.restarted(shard_id)  # (then nothing of the old shard counts as committed)
+        known = () if restarted else (self.ledger.safe(shard_id), self.shards.committed(shard_id))
+        floor = max((p for p in known if p is not None), default=None)  # at or below: duplicates if back
+        rows = self.ledger.drop(shard_id, forget=restarted)
+        self.ordering.drop(shard_id, floor, forget=restarted)
         self.watermarks.forget(shard_id)
-        self.log.info("lease_lost_rows_dropped", shard_id=shard_id, rows=rows,
-                      committed=floor.to_json() if floor is not None else None)
+        if restarted:
+            self.log.warning("shard_restarted", shard_id=shard_id, rows=rows)
+        else:
+            self.log.info("lease_lost_rows_dropped", shard_id=shard_id, rows=rows, committed=floor and floor.to_json())
         self.committer.wake()
 
     def safe_position(self, shard_id: str) -> Position | None:

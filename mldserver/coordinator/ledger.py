@@ -137,10 +137,11 @@ class Ledger:
         pending = state.pending.values() if state is not None else ()
         return RowBatch.concat([p.rows[p.done :] for p in pending])
 
-    def drop(self, shard_id: str) -> int:
+    def drop(self, shard_id: str, forget: bool = False) -> int:
         """The shard's lease went to another server: its uncommitted rows are let go
-        (the new owner reads them again); what is safe stays safe. Returns their count."""
-        state = self.shards.get(shard_id)
+        (the new owner reads them again); what is safe stays safe, unless ``forget``
+        (the id names another shard now). Returns their count."""
+        state = self.shards.pop(shard_id, None) if forget else self.shards.get(shard_id)
         if state is None:
             return 0
         count = sum(len(p.rows) - p.done for p in state.pending.values())

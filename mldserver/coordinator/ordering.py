@@ -172,21 +172,24 @@ class Ordering:
             while len(self.retired) > RETIRED:
                 self.retired.popitem(last=False)
 
-    def drop(self, shard_id: str, high: Position | None) -> int:
+    def drop(self, shard_id: str, high: Position | None, forget: bool = False) -> int:
         """The shard's lease went to another server: its rows still here (open windows,
         late, held, kept panes) go, and it starts afresh should it come back, with ``high`` (what
-        is committed of it) as the position at or below which records are duplicates.
+        is committed of it) as the position at or below which records are duplicates;
+        ``forget``: the id names another shard now, nothing of this one is kept.
         Returns the rows dropped."""
         dropped = sum(len(rows) for s, rows in self.pending_late if s == shard_id)
         self.pending_late = [(s, rows) for s, rows in self.pending_late if s != shard_id]
         state = self.shards.pop(shard_id, None)
         if state is not None:
             dropped += sum(map(len, state.held)) + sum(map(len, state.queue))
-            if state.handed is not None and (high is None or state.handed > high):
+            if state.handed is not None and (high is None or state.handed > high) and not forget:
                 self.redo.setdefault(shard_id, []).append((state.handed, int(self.closed_until)))
         if self.panes is not None:
             dropped += self.panes.drop(shard_id)  # its rows in closed panes, still in windows to come
         self.retired.pop(shard_id, None)
+        if forget:
+            self.redo.pop(shard_id, None)
         if high is not None:
             self.retired[shard_id] = high
         return dropped

@@ -37,6 +37,7 @@ class ShardEntry:
     spooled: bool = False  # its uncommitted rows are in the spool
     gone: bool = False  # no connection serves it here: forgotten once done (``Coordinator.step``)
     lost: bool = False  # its lease was lost during a commit: dropped once that pass's windows commit
+    restarted: bool = False  # its stream was created again: dropped with nothing of it committed (no floor)
 
 
 class Shards:
@@ -88,6 +89,15 @@ class Shards:
         entry = self.entry(shard_id)
         if entry.committed is None or position > entry.committed:
             entry.committed = position
+
+    def restarted(self, shard_id: str) -> bool:
+        """Was the shard's stream created again (``restarted`` set)? If so the flag goes,
+        and so does its committed position: the id names a new shard."""
+        entry = self.entries.get(shard_id)
+        if entry is None or not entry.restarted:
+            return False
+        entry.restarted, entry.committed = False, None
+        return True
 
     def flagged(self, flag: str) -> list[str]:
         """The shards whose entry has ``flag`` (``gone``, ``lost``) set."""

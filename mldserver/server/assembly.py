@@ -71,17 +71,19 @@ class Parts:
     emits: bool  # the handler in this loop calls batch.emit (the pool's processes say so once started)
 
     def driver(self, reader: Any, writer: asyncio.StreamWriter, conn_id: int,
-               redrive: DeadLetters | None = None) -> ShardDriver:
+               redrive: DeadLetters | None = None, *, source: bool = False) -> ShardDriver:
         """The driver of one accepted connection (its shard known at ``initialize``).
         ``redrive``: the connection is a redrive's (mldserver.server.redrive), whose
-        records that fail again go there, not to the dead letters."""
+        records that fail again go there, not to the dead letters; ``source``: a shard a
+        ``--source`` reader feeds, checkpointed at each commit."""
         log = get_logger("mldserver.shard").bind(conn=conn_id)
         if self.coordinator is None:
             downstream: Any = NoSink()
         elif redrive is not None:
             downstream = RedriveLink(self.coordinator)
         else:
-            downstream = CoordinatorLink(self.coordinator, interval=self.settings.checkpoint_interval)
+            downstream = CoordinatorLink(self.coordinator, interval=self.settings.checkpoint_interval,
+                                         on_commit=source)
         return ShardDriver(
             reader,
             writer,

@@ -134,7 +134,8 @@ class Server:
 
             coordinator = self.coordinator
             self.sources = readers(settings, attach=self.attach, empty_batches=coordinator is not None,
-                                   lineage=coordinator.expect if coordinator is not None else None)
+                                   lineage=coordinator.expect if coordinator is not None else None,
+                                   restart=coordinator.restart_shard if coordinator is not None else None)
         self.crashed: BaseException | None = None  # what ended a task the server owns
         self.listening = False
         self._emits = self.parts.emits
@@ -258,6 +259,8 @@ class Server:
             else:  # (a failed start() has stopped what it started)
                 with errors_only():
                     await self.shutdown()
+        if isinstance(self.crashed, ConfigError):  # found once running (a source's position): logged where found
+            raise self.crashed
         if self.crashed is not None:
             raise ServerCrashed(f"{_describe(self.crashed)} (logged as task_crashed)") from self.crashed
 
@@ -294,6 +297,8 @@ class Server:
         if exc is self.crashed:
             return  # a stop() re-raising the crash that started the shutdown
         self.crashed = self.crashed or exc
+        if isinstance(exc, ConfigError):
+            return  # what to do is logged where it was found (source_position_invalid); stderr has it, exit 2
         log.error(
             "task_crashed",
             task=name,
@@ -466,13 +471,16 @@ class Server:
 
     async def attach(self, sock: socket.socket, redrive: "DeadLetters | None" = None) -> None:
         """Serve one end of a socket pair as an accepted connection: a source's shard
-        (mldserver.sources), the other end spoken by its feed as the daemon would; with
+        (mldserver.sources), the other end spoken by its feed as the daemon would. Its
+        checkpoints are stored locally (a file, or the source's lease item), so the
+        server checkpoints each commit, not every ``checkpoint_interval``. With
         ``redrive``, a redrive's (mldserver.server.redrive: what fails again goes there)."""
-        accept = self._accept if redrive is None else functools.partial(self._accept, redrive=redrive)
+        accept = (functools.partial(self._accept, source=True) if redrive is None
+                  else functools.partial(self._accept, redrive=redrive))
         await pieces.serve_socket(accept, sock, STREAM_LIMIT)
 
-    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                      redrive: "DeadLetters | None" = None) -> None:
+    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, *,
+                      source: bool = False, redrive: "DeadLetters | None" = None) -> None:
         conn_id = next(self._ids)
         peer = writer.get_extra_info("peername")
         wlog = log.bind(conn=conn_id)
@@ -481,7 +489,7 @@ class Server:
                          what_to_do="the daemon starts the shard again; it is served once a server listens")
             writer.close()
             return
-        driver = self.parts.driver(reader, writer, conn_id, redrive)
+        driver = self.parts.driver(reader, writer, conn_id, redrive, source=source)
         task = asyncio.current_task()
         assert task is not None
         self.drivers[task] = driver

@@ -4,6 +4,7 @@ One interface, two implementations, chosen once per connection by the server::
     NoSink()                                  # no --sink: rows are not collected, and
                                               # what the handler checkpoints is sent as is
     CoordinatorLink(coordinator, interval=10.0)
+    CoordinatorLink(coordinator, interval=10.0, on_commit=True)   # a --source shard
     RedriveLink(coordinator)                  # mldserver redrive's connection: its rows
                                               # never hold the watermark nor wait
 
@@ -34,6 +35,13 @@ shard's uncommitted rows, so SHARD_END may be stored before they commit; ``lease
 drops them (the new owner reads them again) so they hold nothing back; ``close``
 tells the coordinator the connection is gone, so it can forget the shard once its rows
 are committed.
+
+A shard a ``--source`` reader feeds (``on_commit``) is checkpointed whenever what is
+safe has moved, not on the interval: its checkpoint is a local write (the positions
+file, or the source's lease item), and a position stored with each commit is what
+bounds a restart after SIGKILL to one window's records read again. A window committed
+at 10:00:01.2 is stored at the shard's next action (its next batch, an empty one
+when caught up, within ``source_poll_interval``), not at 10:00:10.
 """
 
 from __future__ import annotations
@@ -108,12 +116,15 @@ class CoordinatorLink:
     holds_checkpoints = True
 
     def __init__(
-        self, coordinator: Coordinator, *, interval: float, clock: Callable[[], float] = time.monotonic
+        self, coordinator: Coordinator, *, interval: float, on_commit: bool = False,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.coordinator = coordinator
         self.interval = interval
+        self.on_commit = on_commit  # due whenever safe moved (a --source shard), not on the interval
         self.clock = clock
         self._last_checkpoint = clock()
+        self._checkpointed: Position | None = None  # on_commit: the safe position last checkpointed
         self._opened: str | None = None  # the shard this connection opened
         self._held_safe: Position | None = None  # the last safe position checkpointed while held
 
@@ -149,7 +160,14 @@ class CoordinatorLink:
         return self._due()
 
     def _due(self) -> bool:
-        """A checkpoint is due (and counted as made): ``interval`` since the last."""
+        """A checkpoint is due (and counted as made): ``interval`` since the last; with
+        ``on_commit``, what is safe has moved since the last."""
+        if self.on_commit:
+            safe = self.safe()
+            if safe is None or safe == self._checkpointed:
+                return False
+            self._checkpointed = safe
+            return True
         now = self.clock()
         if now - self._last_checkpoint < self.interval:
             return False

@@ -46,13 +46,15 @@ __all__ = ["SourceReader", "readers", "reset_positions"]
 
 
 def readers(settings: Settings, *, attach: Callable[[socket.socket], Awaitable[None]],
-            empty_batches: bool, lineage: Callable[[str, tuple[str, ...]], None] | None = None
-            ) -> list[SourceReader]:
+            empty_batches: bool, lineage: Callable[[str, tuple[str, ...]], None] | None = None,
+            restart: Callable[[str], None] | None = None) -> list[SourceReader]:
     """A reader per ``--source`` (none without one); a mistake is a ConfigError.
-    ``lineage`` is told each shard's parents before the shard starts."""
+    ``lineage`` is told each shard's parents before the shard starts; ``restart``, each
+    shard id of a stream deleted and created again while read."""
     specs, start = parse_sources(settings.source, settings.source_from)
     return [SourceReader(spec, start, settings, attach=attach, empty_batches=empty_batches, qualify=len(specs) > 1,
-                         given_from=settings.source_from is not None, lineage=lineage) for spec in specs]
+                         given_from=settings.source_from is not None, lineage=lineage, restart=restart)
+            for spec in specs]
 
 
 def reset_positions(settings: Settings) -> list[str]:

@@ -84,6 +84,27 @@ class DynamoDBStreams(OpenClient):
         self._arn = arn
         return arn
 
+    async def identity(self) -> tuple[str, int | None] | None:
+        """The table's latest stream now (None: the table or its stream gone); a stream
+        ARN given is the stream for good."""
+        if self.name.startswith("arn:"):
+            return self.name, None
+        try:
+            async with client("dynamodb", self.region, endpoint_url=self._table_endpoint) as dynamodb:
+                table = (await dynamodb.describe_table(TableName=self.name))["Table"]
+        except service_errors() as exc:
+            if error_code(exc) == "ResourceNotFoundException":
+                return None
+            raise Unreachable(f"DescribeTable {self.name}: {describe(exc)}") from None
+        arn = table.get("LatestStreamArn")
+        if not arn or not (table.get("StreamSpecification") or {}).get("StreamEnabled"):
+            return None
+        return arn, None
+
+    def follow(self, arn: str, created: int | None) -> None:
+        """Read the table's new stream (``identity``'s) from now on."""
+        self._arn = arn
+
     async def shards(self) -> list[ShardInfo]:
         """Every shard the stream lists (DescribeStream, page after page)."""
         arn = await self.stream_arn()

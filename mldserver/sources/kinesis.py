@@ -90,6 +90,22 @@ class KinesisStreams(OpenClient):
         self.created = _epoch_ms(summary["StreamCreationTimestamp"])
         return self._arn
 
+    async def identity(self) -> tuple[str, int | None] | None:
+        """DescribeStreamSummary again: (ARN, creation time), None once deleted."""
+        try:
+            summary = (await self._client.describe_stream_summary(StreamName=self.name))["StreamDescriptionSummary"]
+        except service_errors() as exc:
+            if error_code(exc) == "ResourceNotFoundException":
+                return None
+            raise Unreachable(f"DescribeStreamSummary {self.name}: {describe(exc)}") from None
+        if summary.get("StreamStatus") == "DELETING":
+            return None
+        return summary["StreamARN"], _epoch_ms(summary["StreamCreationTimestamp"])
+
+    def follow(self, arn: str, created: int | None) -> None:
+        """Read the stream created again (``identity``'s) from now on."""
+        self._arn, self.created = arn, created
+
     async def shards(self) -> list[ShardInfo]:
         """Every shard the stream lists (ListShards, page after page: a NextToken alone
         asks for the next page)."""

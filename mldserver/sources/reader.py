@@ -40,7 +40,24 @@ A shard:
   between which positions): starts again at the trim horizon; the service unreachable
   (``source_read_failed``): retried with backoff, logged once until it recovers;
 - ends when the stream closes it and it is read to its end: ``shardEnded``, whose
-  ``SHARD_END`` checkpoint is saved (``source_shard_ended``), and the stream is listed again.
+  ``SHARD_END`` checkpoint is saved (``source_shard_ended``), and the stream is listed again;
+- whose position the stream does not have (the service's ``ResourceNotFoundException``,
+  ``InvalidArgumentException``, ``ValidationException``: a sequence number past the
+  shard's end, or another shard's) stops the server with one line, exit 2, never a retry
+  for ever (``source_position_invalid``)::
+
+    mldserver: --source kinesis:clicks: the saved position of shardId-000000000000 (after 4968...,
+    in state/sources/kinesis_3aclicks.json) is not in the stream (...): ... pass --reset-positions ...
+
+  (a shard gone from the stream meanwhile just ends, ``source_shard_gone``; records
+  trimmed away are the cursor's ``source_records_trimmed``).
+
+The stream itself is asked for again at each listing (``identity``): deleted, its shards
+wait for it (``source_stream_deleted``); created again under its name (a Kinesis stream's
+creation time, a table's latest stream), every shard's reading stops (``shutdownRequested``),
+the coordinator forgets the old shards (``restart``: the same ids name new shards), the
+old positions are dropped and the new stream is read from its trim horizon
+(``source_stream_recreated`` with ``running``).
 
 With ``--lease-table`` (``lease``) the reader reads only while this server holds the
 source's lease: it waits for it (``source_lease_waiting``), reads from the positions
@@ -69,7 +86,7 @@ from ..errors import ConfigError
 from .dynamodb import DynamoDBStreams
 from .kinesis import KinesisStreams
 from .cursor import UNREACHABLE, ShardCursor, sleep
-from .service import Service, ShardInfo, Throttled, Unreachable
+from .service import Invalid, NotFound, Service, ShardInfo, Throttled, Unreachable
 from .feed import LINE_LIMIT, CheckpointRefused, Feed, FeedClosed
 from .lease import LeaseLost, SourceLease
 from .positions import SHARD_END, SavedPositions
@@ -82,13 +99,16 @@ class SourceReader:
     def __init__(self, spec: SourceSpec, start: Start, settings: Settings, *,
                  attach: Callable[[socket.socket], Awaitable[None]], empty_batches: bool = False,
                  qualify: bool = False, given_from: bool = False,
-                 lineage: Callable[[str, tuple[str, ...]], None] | None = None) -> None:
+                 lineage: Callable[[str, tuple[str, ...]], None] | None = None,
+                 restart: Callable[[str], None] | None = None) -> None:
         """``attach`` serves a socket as an accepted connection (``Server.attach``);
         ``empty_batches``: hand caught-up empty pages over (a sink's watermarks);
         ``qualify``: shard ids as ``NAME/shardId`` (several sources in one server);
         ``given_from``: ``--from`` was given (refused where positions are saved);
         ``lineage``: told each shard's parents before the shard starts (the
-        coordinator's ``Lineage.given``: no parent guessed)."""
+        coordinator's ``Lineage.given``: no parent guessed); ``restart``: told each
+        shard id of a stream deleted and created again while read (the coordinator's
+        ``restart_shard``: the id names a new shard)."""
         self.spec = spec
         self.start_at = start
         self.settings = settings
@@ -97,6 +117,7 @@ class SourceReader:
         self.qualify = qualify
         self.given_from = given_from
         self.lineage = lineage
+        self.restart = restart
         self.log: EventLogger = get_logger("mldserver.sources").bind(source=spec.text)
         self.saved: SavedPositions | None = None
         self.streams: Service | None = None
@@ -106,6 +127,9 @@ class SourceReader:
         self.feeds: dict[str, Feed] = {}
         self.cursors: dict[str, ShardCursor] = {}  # the shards being read
         self.stream: str | None = None  # the stream's ARN, once found
+        self.created: int | None = None  # its creation time, where the ARN does not say (Kinesis)
+        self._renewed = False  # the stream was created again while read: its shards from TRIM_HORIZON
+        self._deleted_logged = False
         self.lease: SourceLease | None = None  # --lease-table
         self._stop = asyncio.Event()  # reading stops: the reader's stop, or the lease lost
         self._closing = asyncio.Event()  # the reader's stop
@@ -139,7 +163,7 @@ class SourceReader:
         except Unreachable as exc:
             raise ConfigError(f"--source {self.spec.text}: {exc}: check the region, the credentials and the "
                               f"endpoint ({self.streams.endpoint_hint})") from None
-        self.stream = arn
+        self.stream, self.created = arn, self.streams.created
         if s.lease_table:
             await self._open_lease()
             self.task = asyncio.create_task(self._lead(), name=f"source {self.spec.text}")
@@ -165,6 +189,7 @@ class SourceReader:
                                         "from the old stream are not read again)")
             await saved.restart(arn, created)
         await saved.set_stream(arn, created)
+        self.created = created
         self.log.info("source_started", stream=arn, start=self.start_at.kind, saved_shards=len(self.saved))
 
     async def stop(self) -> None:
@@ -302,8 +327,10 @@ class SourceReader:
         while not self._stop.is_set():
             self._wake.clear()
             try:
+                if not await self._same_stream():
+                    continue
                 shards = await self.streams.shards()
-            except (Throttled, Unreachable) as exc:
+            except (Throttled, Unreachable, NotFound, Invalid) as exc:
                 if failures == 0:
                     self.log.warning("source_list_failed", error=str(exc),
                                      what_to_do="retried with backoff; check the endpoint, region and credentials")
@@ -326,6 +353,48 @@ class SourceReader:
                 if shard_id not in self.listed or self.saved.ended(shard_id):
                     del self.reading[shard_id]  # never read again: not kept (shards roll over for months)
             await self._sleep(self.settings.source_discovery_interval, wake=True)
+
+    async def _same_stream(self) -> bool:
+        """Is the stream still the one being read? Deleted: wait for it (logged once);
+        created again under its name (Kinesis: its creation time; a table: its latest
+        stream): every shard's reading stops, the old positions are dropped, and the new
+        stream's shards are read from their trim horizon."""
+        assert self.streams is not None and self.saved is not None
+        now = await self.streams.identity()
+        if now == (self.stream, self.created):
+            self._deleted_logged = False
+            return True
+        if now is None:
+            if not self._deleted_logged:
+                self.log.warning("source_stream_deleted", stream=self.stream,
+                                 what_to_do="the stream (or the table's stream) is gone: its shards are not read; "
+                                            "once it is created again, it is read from its trim horizon")
+                self._deleted_logged = True
+            await self._sleep(self.settings.source_discovery_interval, wake=True)
+            return False
+        arn, created = now
+        self._stop.set()  # every shard's reading stops: its action finished, shutdownRequested
+        await self._finish(list(self.reading.values()))
+        if self._closing.is_set() or (self.lease is not None and self.lease.state != "holding"):
+            return False  # (stop stays set: the reader stops, or its lease went)
+        old = set(self.reading) | set(self.saved.shard_ids())
+        self.reading, self.listed, self.feeds, self.cursors = {}, {}, {}, {}
+        if self.restart is not None:
+            for shard_id in sorted(old):
+                self.restart(self._name(shard_id))
+        self.log.warning("source_stream_recreated", stream=arn, was=self.stream, was_created=self.created,
+                         created=created, shards=len(old), running=True,
+                         what_to_do="the stream was deleted and created again while read: the old positions are "
+                                    "dropped and the new stream is read from its trim horizon")
+        await self.saved.restart(arn, created)
+        self.streams.follow(arn, created)
+        self.stream, self.created, self._renewed, self._deleted_logged = arn, created, True, False
+        self._stop.clear()
+        return False
+
+    def _name(self, shard_id: str) -> str:
+        """The shard's id as the server knows it (``NAME/shardId`` with several sources)."""
+        return f"{self.spec.name}/{shard_id}" if self.qualify else shard_id
 
     def _may_start(self, shard: ShardInfo) -> bool:
         assert self.saved is not None
@@ -368,7 +437,7 @@ class SourceReader:
                 log.info("source_shard_ended", position=feed.delivered.text if feed.delivered else None,
                          children=list(cursor.children if cursor is not None else ()))
 
-        name = (lambda s: f"{self.spec.name}/{s}") if self.qualify else (lambda s: s)
+        name = self._name
         if self.lineage is not None:
             self.lineage(name(shard_id), tuple(map(name, shard.parents)))
         feed = Feed(reader, writer, name(shard_id), store=store, stored=saved)
@@ -379,12 +448,15 @@ class SourceReader:
                 first: tuple[str, str | None] = (self.streams.resume, saved.text)
                 await feed.initialize(saved.text, saved.sub)
             else:
-                from_parent = any(p in self.listed for p in shard.parents)
+                from_parent = self._renewed or any(p in self.listed for p in shard.parents)
                 kind = first_iterator(self.start_at, from_parent=from_parent,
                                       at_timestamp=self.streams.at_timestamp)
                 first = (kind, None)
                 await feed.initialize(kind)
-            children = await self._pump(shard, feed, first, log)
+            try:
+                children = await self._pump(shard, feed, first, log)
+            except (NotFound, Invalid) as exc:
+                children = await self._not_found(shard, saved, exc, log)
             ended = children is not None
             if not ended and self._lost:
                 await feed.lease_lost()  # another server reads it now: the handler lets go
@@ -409,6 +481,40 @@ class SourceReader:
                       what_to_do="the handler's shard_ended did not checkpoint SHARD_END (checkpoint() with no "
                                  "sequence number): the shard's children are not read until a restart reads it "
                                  "to its end again and SHARD_END is stored")
+
+    async def _not_found(self, shard: ShardInfo, saved: Any, exc: Exception, log: EventLogger) -> None:
+        """The service says what was asked of the shard does not exist: the stream is
+        gone or was created again (discovery sees to it: this shard waits for its stop),
+        the shard is gone (trimmed: it ends here), or the position the shard resumes
+        after is not in it: ``source_position_invalid`` and a ConfigError (the server
+        stops; ``--reset-positions`` is the way on), never a retry for ever."""
+        assert self.streams is not None
+        cursor = self.cursors.get(shard.shard_id)
+        position = cursor.last if cursor is not None else None
+        try:
+            same = await self.streams.identity() == (self.stream, self.created)
+            listed = same and shard.shard_id in {s.shard_id for s in await self.streams.shards()}
+        except (Throttled, Unreachable, NotFound, Invalid):
+            same = listed = False  # not known now: discovery finds out
+        if not same:
+            self._wake.set()
+            await self._stop.wait()  # discovery stops the shards of a stream gone or created again
+            return None
+        if not listed:
+            log.info("source_shard_gone", position=position.text if position is not None else None, error=str(exc))
+            return None
+        if position is None:
+            raise exc  # (no position asked for: nothing a user can do; task_crashed says what)
+        where = (f"the lease table {self.settings.lease_table}" if self.settings.lease_table
+                 else str(self.saved.path if self.saved is not None else "the state dir"))
+        whose = "saved position" if position == saved else "position"
+        what_to_do = (f"the positions of {self.spec.text} are not this stream's (another stream's, or edited): "
+                      f"pass --reset-positions to delete them and read from --from (records of the stream handled "
+                      f"before may be handled again), or repair {where}")
+        log.error("source_position_invalid", position=position.text, sub=position.sub, where=where, error=str(exc),
+                  what_to_do=what_to_do)
+        raise ConfigError(f"--source {self.spec.text}: the {whose} of {shard.shard_id} (after {position.text}, in "
+                          f"{where}) is not in the stream ({exc}): {what_to_do}")
 
     async def _pump(self, shard: ShardInfo, feed: Feed, first: tuple[str, str | None],
                     log: EventLogger) -> tuple[str, ...] | None:

@@ -22,6 +22,13 @@ fails is one of:
   minutes, Kinesis's 5): a fresh iterator after the last position;
 - ``Trimmed`` (``TrimmedDataAccessException``): the position is older than the stream
   keeps: start again at the trim horizon, and say what was lost;
+- ``NotFound`` (``ResourceNotFoundException``): the stream or the shard is gone, or
+  (Kinesis) the shard has no record at the sequence number asked for;
+- ``Invalid`` (``InvalidArgumentException``, ``ValidationException``, a parameter
+  botocore refuses, such as a DynamoDB sequence number shorter than 21 digits): what was
+  asked cannot be answered, however often it is asked. These two are never retried:
+  the reader finds out which it is (the stream gone or created again, the shard gone,
+  or a saved position the stream does not have: ``reader``);
 - ``Unreachable``: anything else the service or the network says (retried, logged).
 
 A service also says how it is read (``Service``): how many records a page holds at
@@ -60,12 +67,24 @@ class Unreachable(StreamsError):
     pass
 
 
+class NotFound(StreamsError):
+    retriable = False
+
+
+class Invalid(StreamsError):
+    retriable = False
+
+
 ERRORS = {
     "LimitExceededException": Throttled,
     "ProvisionedThroughputExceededException": Throttled,
     "ThrottlingException": Throttled,
     "ExpiredIteratorException": IteratorExpired,
     "TrimmedDataAccessException": Trimmed,
+    "ResourceNotFoundException": NotFound,
+    "InvalidArgumentException": Invalid,
+    "ValidationException": Invalid,
+    "ParamValidationError": Invalid,  # botocore's, before anything is sent
 }
 
 
@@ -125,6 +144,15 @@ class Service(Protocol):
 
     async def stream_arn(self) -> str: ...
 
+    async def identity(self) -> tuple[str, int | None] | None:
+        """The stream as it is now, asked again: (ARN, creation time) or None when it is
+        gone (a table's stream: its latest). Differs from ``stream_arn``'s once the
+        stream is deleted and created again."""
+        ...
+
+    def follow(self, arn: str, created: int | None) -> None:
+        """Read the stream ``identity`` found (created again) from now on."""
+
     async def shards(self) -> list[ShardInfo]: ...
 
     async def iterator(self, shard_id: str, kind: str, sequence_number: str | None = None,
@@ -138,7 +166,7 @@ async def call(client: Any, method: str, **args: Any) -> Any:
     try:
         return await getattr(client, method)(**args)
     except service_errors() as exc:
-        kind = ERRORS.get(error_code(exc) or "", Unreachable)
+        kind = ERRORS.get(error_code(exc) or type(exc).__name__, Unreachable)
         raise kind(f"{api_name(method)}: {describe(exc)}") from None
 
 
@@ -158,7 +186,8 @@ def error_code(exc: BaseException) -> str | None:
 
 
 def describe(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {exc}"
+    """One line (botocore's parameter errors span several)."""
+    return " ".join(f"{type(exc).__name__}: {exc}".split())
 
 
 def api_name(method: str) -> str:

@@ -96,6 +96,26 @@ async def test_the_coordinator_gets_the_rows_and_a_checkpoint_is_due_at_most_eve
     assert await link.batch(RowBatch.empty(), Position(9, 0, "9"), 1000, lambda: None) is False
 
 
+async def test_a_source_shard_is_checkpointed_as_soon_as_a_commit_moves_what_is_safe(tmp_path):
+    """``on_commit`` (a --source shard): no interval to wait out; due each time what is
+    safe has moved, and only then."""
+    settings = Settings(state_dir=str(tmp_path / "state"), sink=f"file:{tmp_path / 'out'}", window=1.0)
+    clock = Clock()  # the coordinator's, in epoch ms
+    clock.now = 1000.0
+    coordinator = Coordinator(settings, FileSink(tmp_path / "out"), clock=clock)
+    await coordinator.start()
+    link = CoordinatorLink(coordinator, interval=3600.0, on_commit=True, clock=lambda: 0.0)
+    await link.open("s", None)
+    seven, eight, nine = Position(7, 0, "7"), Position(8, 0, "8"), Position(9, 0, "9")
+    assert await link.batch(RowBatch.of([Item(1000, seven, b'{"k":1}')]), seven, 100, lambda: None) is False
+    assert await link.batch(RowBatch.of([Item(5000, eight, b'{"k":2}')]), eight, 100, lambda: None) is False
+    assert await coordinator.step() == 1  # the window [1000, 2000) is committed: row 7 is safe
+    assert link.safe() == seven
+    assert await link.batch(RowBatch.empty(), nine, 100, lambda: None) is True  # at once, not in an hour
+    assert await link.batch(RowBatch.empty(), nine, 100, lambda: None) is False  # nothing new is safe
+    await coordinator.stop()
+
+
 async def test_a_connection_that_ends_tells_the_coordinator_once_and_only_if_it_opened_its_shard(tmp_path):
     settings = Settings(state_dir=str(tmp_path / "state"), sink=f"file:{tmp_path / 'out'}", window=3600.0)
     coordinator = Coordinator(settings, FileSink(tmp_path / "out"))
