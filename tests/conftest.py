@@ -116,3 +116,30 @@ def aws(dynamodb, monkeypatch):
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", AWS["aws_secret_access_key"])
     monkeypatch.setenv("AWS_REGION", AWS["region_name"])
     return dynamodb
+
+
+# -- what servers on many machines share: PostgreSQL (an Iceberg SQL catalog) and an S3 server --
+
+@pytest.fixture(scope="module")
+def postgresql():
+    """A PostgreSQL server of this test module's own, on loopback, with the database
+    ``lake`` and the user ``mldserver``, whose password (``.password``) is fresh and
+    random, so a test can look for it in every output (``integration/components.py``)."""
+    import secrets
+
+    from .integration.components import PostgreSQL
+
+    db = PostgreSQL(user="mldserver", password=f"pg-{secrets.token_hex(12)}", database="lake")
+    try:
+        yield db
+    finally:
+        db.stop()
+
+
+@pytest.fixture(scope="module")
+def moto_s3(tmp_path_factory):
+    """moto's server of this test module's own, on loopback, with the bucket ``lake``
+    (``integration/components.py``); it answers Kinesis too."""
+    from .integration.components import MotoS3
+
+    yield from _running(lambda tmp: MotoS3(tmp, "lake"), tmp_path_factory.mktemp("moto-s3"))

@@ -11,7 +11,7 @@ run it from any machine with the servers' config::
 
     $ mldserver table maintain --config /etc/mldserver.toml --dry-run
     table mldserver.windows: 1,204 files, 16 orphans would be removed (2.0 MiB), 1 newer than 3600 s kept
-      s3://lake/warehouse/mldserver.db/windows/data/00000-0-5d1c....parquet
+      s3://lake/warehouse/mldserver/windows/data/00000-0-5d1c....parquet
       ...
 
 Exit 0 when it ran (or there is no table yet), 1 when maintenance failed (nothing is

@@ -58,6 +58,8 @@ def maintain(table: "Table", *, keep: int, older_than: float, dry_run: bool = Fa
     named = {_key(location) for location in referenced(table)}
     cutoff = (time.time() if now is None else now) - older_than
     fs, root = _filesystem(table)
+    scheme = urlparse(table.location()).scheme
+    prefix = f"{scheme}://" if len(scheme) > 1 and scheme != "file" else ""  # s3://bucket/key, as the table names it
     from pyarrow.fs import FileSelector, FileType
 
     for info in fs.get_file_info(FileSelector(root, recursive=True, allow_not_found=True)):
@@ -72,7 +74,7 @@ def maintain(table: "Table", *, keep: int, older_than: float, dry_run: bool = Fa
         report.orphans += 1
         report.orphan_bytes += info.size or 0
         if len(report.deleted) < 100:
-            report.deleted.append(info.path)
+            report.deleted.append(prefix + info.path)
         if not dry_run:
             fs.delete_file(info.path)
     return report
