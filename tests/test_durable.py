@@ -99,41 +99,40 @@ def test_publish_dir_replaces_a_half_published_folder(tmp_path):
     assert os.listdir(final) == ["part-0.parquet"] and not staging.exists()
 
 
-def test_publish_dir_swaps_a_window_in_one_step_for_a_reader_listing_it(tmp_path):
-    """A reader listing an amended window's folder over and over never finds it missing,
-    empty or mixing two versions' files. (A listing begun just before a swap may miss
-    files of the version being removed under it, as with any folder being deleted.)"""
-    import threading
+def test_publish_dir_swaps_a_window_in_one_step_so_its_folder_is_never_missing_or_partial(tmp_path, monkeypatch):
+    """An amended window's folder, looked at before and after every step publish_dir
+    takes (each rename, swap and removal), is always there and always one version
+    whole: a reader finds the old files or the new ones, never none, never a mix."""
+    from mldserver.base import durable
 
     final = tmp_path / "window=w"
     final.mkdir()
     (final / "part-0.parquet").write_bytes(b"0")
-    seen, done = [], threading.Event()
+    seen: list = []
 
-    def reader():
-        while not done.is_set():
-            try:
-                seen.append(tuple(sorted(os.listdir(final))))
-            except FileNotFoundError:
-                seen.append(None)
+    def look() -> None:
+        seen.append(tuple(sorted(os.listdir(final))) if final.exists() else None)
 
-    thread = threading.Thread(target=reader)
-    thread.start()
-    try:
-        for version in range(1, 200):
-            staging = tmp_path / "_staging" / f"w-{version}"
-            staging.mkdir(parents=True)
-            for part in range(3):
-                (staging / f"part-{version}-{part}.parquet").write_bytes(b"x")
-            publish_dir(staging, final)
-            assert not staging.exists()
-    finally:
-        done.set()
-        thread.join()
-    assert seen and None not in seen and () not in seen
-    for listing in set(seen):
-        assert len({name.split("-")[1] for name in listing}) == 1, listing
-    assert sorted(os.listdir(final)) == [f"part-199-{p}.parquet" for p in range(3)]
+    def watched(step):
+        def run(*args, **kwargs):
+            look()
+            result = step(*args, **kwargs)
+            look()
+            return result
+        return run
+
+    monkeypatch.setattr(durable.os, "rename", watched(os.rename))
+    monkeypatch.setattr(durable.shutil, "rmtree", watched(durable.shutil.rmtree))
+    monkeypatch.setattr(durable, "_exchange", watched(durable._exchange))
+    for version in range(1, 4):
+        staging = tmp_path / "_staging" / f"w-{version}"
+        staging.mkdir(parents=True)
+        for part in range(3):
+            (staging / f"part-{version}-{part}.parquet").write_bytes(b"x")
+        publish_dir(staging, final)
+        assert not staging.exists()
+    whole = {("part-0.parquet",)} | {tuple(f"part-{v}-{p}.parquet" for p in range(3)) for v in range(1, 4)}
+    assert seen and set(seen) <= whole, [s for s in seen if s not in whole]
     assert os.listdir(tmp_path / "_staging") == []
 
 

@@ -121,9 +121,9 @@ EVENTS: dict[str, Event] = {
                                      "the connection is closed."),
         "bad_line": ("error", "A line from the daemon that does not parse: answered when its first bytes name "
                               "an action, kept in the dead letters."),
-        "bad_line_unanswerable": ("error", "A line that names no action (not JSON, no `action`): no status can "
-                                           "answer it, so the connection is closed rather than leave the daemon "
-                                           "waiting for ever; look at what sent it."),
+        "bad_line_unanswerable": ("error", "A line that names no action (not JSON, no `action`): it owes no "
+                                           "status and gets none; dead-lettered, and the connection goes on (the "
+                                           "real daemon never sends one): look at what sent it."),
         "kpl_aggregate_invalid": ("error", "A KPL aggregate record that does not decode: its batch is "
                                            "dead-lettered whole."),
         "action_failed_internally": ("error", "A failure of ours inside one action: it is answered, its "

@@ -23,9 +23,9 @@ Every action read is answered, whatever the handler, the disk or the conversatio
 its batch dead-lettered and the action answered; a bad line (not JSON, out of order,
 over ``max_line_size``) is logged with what arrived and answered when its first bytes
 name an action, so the daemon neither hangs nor exits. Only the end of input, a peer gone
-(``disconnected``), a line that names no action at all (``bad_line_unanswerable``: no
-status can answer it, so the connection closes rather than leave the daemon waiting for
-ever) or the server's shutdown end a connection; nothing here touches another.
+(``disconnected``) or the server's shutdown end a connection; a line that names no action
+at all (``bad_line_unanswerable``) owes no status and gets none: it is dead-lettered and
+the conversation goes on. Nothing here touches another connection.
 """
 
 from __future__ import annotations
@@ -192,12 +192,11 @@ class ShardDriver:
             self.log.error("dead_lettered", reason="bad line", path=str(path))
         if await self.checkpoints.answered_in_roundtrip(exc.action):
             return
-        if exc.names_no_action:  # no status answers it: waiting would leave the daemon waiting for ever
+        if exc.names_no_action:  # no status answers it, and none is owed: the conversation goes on
             self.log.error("bad_line_unanswerable", error=str(exc), state=self.conn.state.name,
-                           what_to_do="a line that names no action (not JSON, no \"action\") cannot be answered: "
-                                      "the connection is closed so the daemon does not wait for a status for ever "
-                                      "(its child exits); look at what sent it")
-            raise Lost(f"a line that names no action cannot be answered: {exc}")
+                           what_to_do="a line that names no action (not JSON, no \"action\") owes no status and "
+                                      "gets none; it is dead-lettered and the connection goes on (the real daemon "
+                                      "never sends one): look at what sent it")
         if exc.action is not None:
             self.tally.owed = exc.action
             await self._answer(exc.action)
