@@ -16,12 +16,9 @@ from pathlib import Path
 import pyspark
 import pytest
 
-from mldserver.api.testing import FakeDaemon
-
-from ..harness import eventually, relay_command
-from ..test_pipeline import Stream
+from ..harness import eventually
 from .test_connect import free_port
-from .test_sink import PASSTHROUGH, committed_rows, config_file, put_keys
+from .test_sink import PASSTHROUGH, committed_once, config_file
 
 pytestmark = pytest.mark.spark
 
@@ -108,13 +105,4 @@ async def test_a_workers_sigkill_is_logged_and_shown_and_every_record_committed_
                      what="the executor's loss logged")
     assert len(status(server)["spark"]["executors"]) == 1 and status(server)["spark"]["executors_lost"] == 1
 
-    model = Stream()
-    ids = sorted(model.records)[1:3]
-    daemon = FakeDaemon(relay_command(server.port))
-    shards = {i: await daemon.shard(i) for i in ids}
-    await model.finish(shards)
-    put = put_keys(model, ids)
-    await eventually(lambda: put <= set(committed_rows(out)), timeout=180, interval=0.25, what="every record committed")
-    counts = committed_rows(out)
-    assert set(counts) == put and max(counts.values()) == 1
-    await model.shut_down(daemon, shards)
+    await committed_once(server, out)

@@ -12,11 +12,7 @@ from pathlib import Path
 import pyspark
 import pytest
 
-from mldserver.api.testing import FakeDaemon
-
-from ..harness import eventually, relay_command
-from ..test_pipeline import Stream
-from .test_sink import PASSTHROUGH, committed_rows, config_file, put_keys
+from .test_sink import PASSTHROUGH, committed_once, config_file
 
 pytestmark = pytest.mark.spark
 
@@ -72,13 +68,4 @@ async def test_windows_are_committed_once_through_spark_connect(serve, tmp_path,
     )  # fmt: skip
     [started] = [e for e in server.events() if e["event"] == "spark_started"]
     assert started["remote"] == spark_connect and started["master"] is None
-    model = Stream()
-    ids = sorted(model.records)[1:3]
-    daemon = FakeDaemon(relay_command(server.port))
-    shards = {i: await daemon.shard(i) for i in ids}
-    await model.finish(shards)
-    put = put_keys(model, ids)
-    await eventually(lambda: put <= set(committed_rows(out)), timeout=120, interval=0.25, what="every record committed")
-    counts = committed_rows(out)
-    assert set(counts) == put and max(counts.values()) == 1
-    await model.shut_down(daemon, shards)
+    await committed_once(server, out)

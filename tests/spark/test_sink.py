@@ -44,6 +44,21 @@ def put_keys(model: Stream, shard_ids=None) -> set[tuple[str, str]]:
     }
 
 
+async def committed_once(server, out) -> None:
+    """Two shards of the pipeline tests' stream through ``server``: every record of
+    theirs in the committed output, once."""
+    model = Stream()
+    ids = sorted(model.records)[1:3]
+    daemon = FakeDaemon(relay_command(server.port))
+    shards = {i: await daemon.shard(i) for i in ids}
+    await model.finish(shards)
+    put = put_keys(model, ids)
+    await eventually(lambda: put <= set(committed_rows(out)), timeout=180, interval=0.25, what="every record committed")
+    counts = committed_rows(out)
+    assert set(counts) == put and max(counts.values()) == 1
+    await model.shut_down(daemon, shards)
+
+
 def config_file(tmp_path, checkpoint_interval: float | None = None) -> str:
     path = tmp_path / "mldserver.toml"
     config = CONFIG

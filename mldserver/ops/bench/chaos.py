@@ -97,6 +97,7 @@ import orjson
 from ...base.durable import safe_filename
 from ...api.handler import Handler
 from ...api.testing import SHARD_END, DaemonExit, FakeDaemon, Shard, relay_command
+from .common import handled_file
 from .killed import lines as killed_lines
 from .outside import KINDS as OUTSIDE_FAULTS, disturb, sink_rows, spooled_rows
 
@@ -113,18 +114,11 @@ READ_TIMEOUT = 60.0  # seconds the fake daemon waits for a status before it give
 # -- the handler (runs in handler processes) -------------------------------------------------
 
 _leaked: list[bytes] = []
-_handled_file: Any = None
 
 
 def _handled() -> Any:
     """This process's file of handled records (opened once, appended to)."""
-    global _handled_file
-    if _handled_file is None:
-        directory = os.environ.get(ENV)
-        if not directory:
-            raise RuntimeError(f"{ENV} is not set: the chaos handler writes what it handled there")
-        _handled_file = open(os.path.join(directory, f"{os.getpid()}.handled"), "a")
-    return _handled_file
+    return handled_file(ENV)
 
 
 async def perform(fault: str | None, stall: float) -> None:

@@ -29,6 +29,20 @@ PASSTHROUGH = "mldserver.examples.passthrough:Passthrough"
 RECORDS, SIZE = 10_000, 100  # the coordinator and Spark parts' batches
 
 
+_handled_files: dict[str, Any] = {}
+
+
+def handled_file(env: str) -> Any:
+    """A handler process's file of what it handled, ``$<env>/<pid>.handled`` (opened once,
+    appended to): the chaos campaign's and the killed phase's handlers write there."""
+    if env not in _handled_files:
+        directory = os.environ.get(env)
+        if not directory:
+            raise RuntimeError(f"{env} is not set: the bench's handler writes what it handled there")
+        _handled_files[env] = open(os.path.join(directory, f"{os.getpid()}.handled"), "a")
+    return _handled_files[env]
+
+
 def _proc_kb(pid: int, file: str, key: str) -> int:
     """One ``Key: N kB`` figure from /proc/<pid>/<file> (0 if the process is gone)."""
     try:

@@ -80,6 +80,7 @@ import orjson
 from ...api.handler import Handler
 from ...errors import ConfigError
 from ..tether import Pidfile, started
+from .common import handled_file
 from .outside import Check, get
 
 HANDLER = "mldserver.ops.bench.killed:Kept"
@@ -98,17 +99,11 @@ CONFIG = "watermark_margin = 1.0\ncheckpoint_interval = 2.0\n"
 
 # -- the handler (runs in the handler process) ---------------------------------------------------
 
-_handled_file: Any = None
 
 
 def _handled() -> Any:
-    global _handled_file
-    if _handled_file is None:
-        directory = os.environ.get(ENV)
-        if not directory:
-            raise RuntimeError(f"{ENV} is not set: the killed phase's handler writes what it handled there")
-        _handled_file = open(os.path.join(directory, f"{os.getpid()}.handled"), "a")
-    return _handled_file
+    """This process's file of handled records (opened once, appended to)."""
+    return handled_file(ENV)
 
 
 class Kept(Handler):
