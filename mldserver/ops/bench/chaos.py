@@ -97,7 +97,7 @@ import orjson
 from ...base.durable import safe_filename
 from ...api.handler import Handler
 from ...api.testing import SHARD_END, DaemonExit, FakeDaemon, Shard, relay_command
-from .common import handled_file
+from .common import Check, alive, handled_file, some
 from .killed import lines as killed_lines
 from .outside import KINDS as OUTSIDE_FAULTS, disturb, sink_rows, spooled_rows
 
@@ -358,12 +358,6 @@ async def campaign(
 # -- the checks -------------------------------------------------------------------------------
 
 
-class Check(NamedTuple):
-    name: str
-    ok: bool
-    detail: str
-
-
 def handled_records(handled_dir: str | os.PathLike) -> set[tuple[str, str]]:
     """(shard id, sequence number) of every record the handler processes handled."""
     out = set()
@@ -395,12 +389,6 @@ def read_log(path: str | os.PathLike) -> list[dict]:
     return [json.loads(line) for line in Path(path).read_text().splitlines() if line.startswith("{")]
 
 
-def _some(items: Iterable[Any], n: int = 3) -> str:
-    items = sorted(items)
-    more = f" (and {len(items) - n} more)" if len(items) > n else ""
-    return "; ".join(str(i) for i in items[:n]) + more
-
-
 def checks(report: Report, *, handled_dir: str | os.PathLike, state_dir: str | os.PathLike,
            events: Iterable[dict], rows: tuple[Counter, Counter] | None = None) -> list[Check]:
     """What the server promised, held against what the campaign sent and what the
@@ -413,16 +401,16 @@ def checks(report: Report, *, handled_dir: str | os.PathLike, state_dir: str | o
     shard_ids = {s for s, _ in report.normal} | {p.shard_id for p in report.poisoned}
     letters = dead_letters(state_dir, shard_ids)
     out = [Check("no connection closed", not report.closed,
-                 f"{len(report.closed)} closed: {_some(report.closed)}" if report.closed else ""),
+                 f"{len(report.closed)} closed: {some(report.closed)}" if report.closed else ""),
            Check("no status late", not report.late,
-                 f"{len(report.late)} late: {_some(report.late)}" if report.late else "")]
+                 f"{len(report.late)} late: {some(report.late)}" if report.late else "")]
 
     ok = report.statuses == report.actions and not report.leftovers
     detail = f"{report.actions} actions, {report.statuses} statuses"
     if report.lost:
         detail += f" ({len(report.lost)} shards given up on: above)"
     if report.leftovers:
-        detail += f"; lines after the last status: {_some(report.leftovers)}"
+        detail += f"; lines after the last status: {some(report.leftovers)}"
     out.append(Check("every action answered exactly once", ok, detail))
 
     answered = report.normal - report.unanswered
@@ -433,9 +421,9 @@ def checks(report: Report, *, handled_dir: str | os.PathLike, state_dir: str | o
     if missing:
         lettered = {k: letters[k][-1].get("error") for k in missing if k in letters}
         detail += (f"; {len(missing)} not handled: {len(lettered)} dead-lettered "
-                   f"({_some({f'{s} {q}: {e}' for (s, q), e in lettered.items()})}), "
+                   f"({some({f'{s} {q}: {e}' for (s, q), e in lettered.items()})}), "
                    f"{len(missing) - len(lettered)} neither handled nor dead-lettered "
-                   f"({_some(f'{s} {q}' for s, q in missing - lettered.keys())})")
+                   f"({some(f'{s} {q}' for s, q in missing - lettered.keys())})")
     out.append(Check("every normal record handled", not missing, detail))
 
     failing = [p for p in report.poisoned
@@ -445,9 +433,9 @@ def checks(report: Report, *, handled_dir: str | os.PathLike, state_dir: str | o
              and not any(e.get("data") == p.data for e in letters[(p.shard_id, p.sequence_number)])]
     detail = f"{len(failing)} poisoned records"
     if absent:
-        detail += f"; not dead-lettered: {_some(f'{p.shard_id} {p.sequence_number} ({p.fault})' for p in absent)}"
+        detail += f"; not dead-lettered: {some(f'{p.shard_id} {p.sequence_number} ({p.fault})' for p in absent)}"
     if wrong:
-        detail += f"; dead-lettered without their data: {_some(f'{p.shard_id} {p.sequence_number}' for p in wrong)}"
+        detail += f"; dead-lettered without their data: {some(f'{p.shard_id} {p.sequence_number}' for p in wrong)}"
     out.append(Check("every poisoned record dead-lettered with its data", not absent and not wrong, detail))
 
     leaks = [p for p in report.poisoned
@@ -456,12 +444,12 @@ def checks(report: Report, *, handled_dir: str | os.PathLike, state_dir: str | o
     lettered = [p for p in leaks if (p.shard_id, p.sequence_number) in letters]
     detail = f"{len(leaks)} leak records"
     if unhandled:
-        detail += f"; not handled: {_some(f'{p.shard_id} {p.sequence_number}' for p in unhandled)}"
+        detail += f"; not handled: {some(f'{p.shard_id} {p.sequence_number}' for p in unhandled)}"
     if lettered:
-        detail += f"; dead-lettered: {_some(f'{p.shard_id} {p.sequence_number}' for p in lettered)}"
+        detail += f"; dead-lettered: {some(f'{p.shard_id} {p.sequence_number}' for p in lettered)}"
     out.append(Check("every leak record handled, none dead-lettered", not unhandled and not lettered, detail))
 
-    out.append(Check("shardEnded stored SHARD_END", not report.not_ended, _some(report.not_ended)))
+    out.append(Check("shardEnded stored SHARD_END", not report.not_ended, some(report.not_ended)))
 
     if rows is not None:
         # A record's row is committed once its shard checkpointed past it (with a sink,
@@ -476,17 +464,17 @@ def checks(report: Report, *, handled_dir: str | os.PathLike, state_dir: str | o
                                                                           for p in report.poisoned if p.fault in SUCCEEDS}
         detail = f"{len(kept)} records answered and checkpointed, {sum(sink.values())} rows in the sink, {sum(spool.values())} spooled"
         if absent_rows:
-            detail += f"; missing: {_some(f'{s} {q}' for s, q in absent_rows)}"
+            detail += f"; missing: {some(f'{s} {q}' for s, q in absent_rows)}"
         if twice:
-            detail += f"; more than once: {_some(f'{s} {q} x{n}' for (s, q), n in twice.items())}"
+            detail += f"; more than once: {some(f'{s} {q} x{n}' for (s, q), n in twice.items())}"
         if stray:
-            detail += f"; rows of records never sent or dead-lettered: {_some(f'{s} {q}' for s, q in stray)}"
+            detail += f"; rows of records never sent or dead-lettered: {some(f'{s} {q}' for s, q in stray)}"
         out.append(Check("every checkpointed record's row committed or spooled, once", not absent_rows and not twice
                          and not stray, detail))
 
     crashed = [e for e in events if e.get("event") in ("driver_crashed", "task_crashed")]
     out.append(Check("no driver_crashed or task_crashed in the log", not crashed,
-                     _some(f"{e.get('event')} {e.get('shard_id') or e.get('task')}: {_error(e)}" for e in crashed)))
+                     some(f"{e.get('event')} {e.get('shard_id') or e.get('task')}: {_error(e)}" for e in crashed)))
     return out
 
 
@@ -542,11 +530,9 @@ def handler_pids(server_pid: int) -> list[int]:
             try:
                 with open(f"/proc/{pid}/cmdline", "rb") as f:
                     cmdline = f.read()
-                with open(f"/proc/{pid}/stat") as f:
-                    state = f.read().rpartition(")")[2].split()[0]
             except OSError:
                 continue
-            if b"mldserver.pool.child" in cmdline and state != "Z":
+            if b"mldserver.pool.child" in cmdline and alive(pid):
                 out.append(pid)
     return out
 
@@ -619,19 +605,10 @@ async def served(tmp: str, name: str, seed: int, seconds: float, fault_rate: flo
     results = checks(report, handled_dir=handled, state_dir=state, events=events, rows=rows)
     if disturbance is not None:
         results += disturbance.checks(events)
-    left = sorted(pid for pid in seen_pids if _alive(pid))
+    left = sorted(pid for pid in seen_pids if alive(pid))
     results.append(Check("no handler process left running once the server stopped", not left,
                          f"{len(seen_pids)} seen" + (f"; left: {left[:5]}" if left else "")))
     return Run(name, report, results, events)
-
-
-def _alive(pid: int) -> bool:
-    """A process that runs (not a zombie waiting for its parent to read its status)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rpartition(")")[2].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def _table(runs: list[Run]) -> list[str]:

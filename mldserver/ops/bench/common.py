@@ -18,7 +18,7 @@ import subprocess
 import sys
 import time
 
-from typing import Any
+from typing import Any, Iterable, NamedTuple
 
 import orjson
 
@@ -27,6 +27,30 @@ from ..emulators import STARTS, free_port, listens
 # One row per record with everything the record carries (shipped with the package).
 PASSTHROUGH = "mldserver.examples.passthrough:Passthrough"
 RECORDS, SIZE = 10_000, 100  # the coordinator and Spark parts' batches
+
+
+class Check(NamedTuple):
+    """One promise a campaign holds the server to (chaos, outside, killed): ok or not, and why."""
+
+    name: str
+    ok: bool
+    detail: str
+
+
+def some(items: Iterable[Any], n: int = 3) -> str:
+    """The first ``n`` of ``items``, sorted, and how many more: for a check's detail."""
+    items = sorted(items)
+    more = f" (and {len(items) - n} more)" if len(items) > n else ""
+    return "; ".join(str(i) for i in items[:n]) + more
+
+
+def alive(pid: int) -> bool:
+    """A process that runs (not a zombie waiting for its parent to read its status)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rpartition(")")[2].split()[0] != "Z"
+    except OSError:
+        return False
 
 
 _handled_files: dict[str, Any] = {}

@@ -80,8 +80,8 @@ import orjson
 from ...api.handler import Handler
 from ...errors import ConfigError
 from ..tether import Pidfile, started
-from .common import handled_file
-from .outside import Check, get
+from .common import Check, handled_file, some
+from .outside import get
 
 HANDLER = "mldserver.ops.bench.killed:Kept"
 ENV, RUN = "MLDSERVER_KILLED_DIR", "MLDSERVER_KILLED_RUN"
@@ -195,9 +195,9 @@ class Killed:
         covered = sum(len(k.covered) for k in self.kills)
         detail = f"{len(self.kills)} restarts, {covered} records covered by a checkpoint at a kill"
         if moved:
-            detail += f"; resumed elsewhere: {_some(moved)}"
+            detail += f"; resumed elsewhere: {some(moved)}"
         if reread:
-            detail += f"; handled again: {_some(f'{s} {q}' for s, q in reread)}"
+            detail += f"; handled again: {some(f'{s} {q}' for s, q in reread)}"
         out.append(Check("every shard resumed at its checkpoint, nothing checkpointed read again",
                          bool(self.kills) and not moved and not reread and not self.problem,
                          detail + (f"; {self.problem}" if self.problem else "")))
@@ -212,19 +212,19 @@ class Killed:
                   f"records committed by two runs (committed, not yet checkpointed at a kill: the file sink's "
                   f"at least once)")
         if missing:
-            detail += f"; no row: {_some(f'{s} {q}' for s, q in missing)}"
+            detail += f"; no row: {some(f'{s} {q}' for s, q in missing)}"
         if stray:
-            detail += f"; rows of records never put: {_some(f'{s} {q}' for s, q in stray)}"
+            detail += f"; rows of records never put: {some(f'{s} {q}' for s, q in stray)}"
         if doubled:
-            detail += f"; twice by one run: {_some(f'{s} {q} run {r} x{n}' for (s, q, r), n in doubled.items())}"
+            detail += f"; twice by one run: {some(f'{s} {q} run {r} x{n}' for (s, q, r), n in doubled.items())}"
         if again:
             detail += (f"; committed again though checkpointed at a kill: "
-                       f"{_some(f'{s} {q} by run {r}' for s, q, r in again)}")
+                       f"{some(f'{s} {q} by run {r}' for s, q, r in again)}")
         out.append(Check("every record's row in the sink, none again once checkpointed",
                          not missing and not stray and not doubled and not again, detail))
 
         slow = [f"kill {i}: daemon {_s(k.daemon_gone_s)}, run {_s(k.run_gone_s)}"
-                + (f" ({_some(k.left)})" if k.left else "")
+                + (f" ({some(k.left)})" if k.left else "")
                 for i, k in enumerate(self.kills, 1) if k.run_gone_s is None or k.daemon_gone_s is None]
         detail = (f"daemon gone {_span(k.daemon_gone_s for k in self.kills)}, the killed run's processes "
                   f"{_span(k.run_gone_s for k in self.kills)}; final stop exit {self.exit_code}; "
@@ -232,7 +232,7 @@ class Killed:
         if slow:
             detail += f"; not within {GONE_WITHIN:g} s: {'; '.join(slow)}"
         if self.left:
-            detail += f"; left after the final stop: {_some(self.left)}"
+            detail += f"; left after the final stop: {some(self.left)}"
         out.append(Check(f"nothing left running (a killed run's within {GONE_WITHIN:g} s, all after the stop)",
                          not slow and not self.left and self.exit_code == 0, detail))
 
@@ -253,7 +253,7 @@ class Killed:
         unserved = [i for i, k in enumerate(self.kills, 1) if k.served_at is None]
         detail = f"{down} polls while down (none 200), {up} while serving again (each 200)"
         if lies:
-            detail += f"; {len(lies)} wrong: {_some(lies)}"
+            detail += f"; {len(lies)} wrong: {some(lies)}"
         if unserved:
             detail += f"; restarts that never served: {unserved}"
         out.append(Check("/readyz told the truth: not ready until the restart listened, ready once it served",
@@ -303,11 +303,6 @@ def _s(seconds: float | None) -> str:
 def _span(values) -> str:
     seen = [v for v in values if v is not None]
     return "-" if not seen else f"{min(seen):.2f}-{max(seen):.2f} s"
-
-
-def _some(items, n: int = 3) -> str:
-    items = sorted(items)
-    return "; ".join(str(i) for i in items[:n]) + (f" (and {len(items) - n} more)" if len(items) > n else "")
 
 
 def sink_rows(sink_dir: Path) -> Counter:

@@ -39,9 +39,11 @@ import random
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable, NamedTuple
+from typing import Iterable
 
 import orjson
+
+from .common import Check
 
 SINK_FAULTS = ("file", "full")
 KINDS = (*SINK_FAULTS, "flood")
@@ -50,12 +52,6 @@ READY_WITHIN = 60.0  # s: a mended sink's next commit succeeds and /readyz is re
 FLOOD_HOLD = 3.0  # s a flood's connections are held
 FLOOD = 300  # connections a flood opens (the admin port's cap is 64)
 POLL = 0.25
-
-
-class Check(NamedTuple):
-    name: str
-    ok: bool
-    detail: str
 
 
 @dataclass
@@ -177,7 +173,8 @@ def _fill(sink_dir: Path) -> Path:
     ballast = sink_dir.with_name(f"_{sink_dir.name}.ballast")
     fd = os.open(ballast, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     try:
-        free = os.statvfs(fd).f_bavail * os.statvfs(fd).f_frsize
+        disk = os.statvfs(fd)
+        free = disk.f_bavail * disk.f_frsize
         try:
             os.posix_fallocate(fd, 0, max(free, 1))
         except OSError as exc:
