@@ -257,3 +257,48 @@ def test_a_worker_id_in_the_properties_file_is_the_users(tmp_path):
     assert next(e for e in events(tmp_path) if e["event"] == "daemon_started")["worker_id"] == "theirs"
     assert (tmp_path / "state" / "daemon" / "daemon.properties").read_text().count("workerId") == 1
     assert not (tmp_path / "state" / "daemon" / "worker-id").exists()
+
+
+async def test_a_lease_the_daemon_takes_holds_its_shards_windows_open_before_its_first_batch(tmp_path):
+    """Two servers on a stream: shard 1's lease moves here while shard 0's rows have run
+    ahead. From the daemon's own log line the shard holds the watermark, so the window it
+    has rows for is not committed before they come (they would be late)."""
+    import orjson
+
+    from mldserver.api.rows import Item, RowBatch
+    from mldserver.base.config import Settings
+    from mldserver.base.positions import Position
+    from mldserver.coordinator import Coordinator
+    from mldserver.ops.daemon import Daemon
+    from mldserver.sinks.file import FileSink
+
+    from .helpers import FakeClock
+
+    def rows(shard, seq, t):
+        return RowBatch.of([Item(t, Position(seq, 0, str(seq)), orjson.dumps({"shard": shard, "seq": seq}))])
+
+    props = tmp_path / "app.properties"
+    props.write_text(NOWHERE)
+    settings = Settings(window=60.0, idle_timeout=600.0, state_dir=str(tmp_path / "state"), sink=f"file:{tmp_path / 'out'}")
+    clock = FakeClock(1_000)
+    coordinator = Coordinator(settings, FileSink(tmp_path / "out"), clock=clock)
+    await coordinator.start()
+    daemon = Daemon(settings, props)
+    daemon.taken = coordinator.expect  # as start(server) sets it
+    try:
+        await coordinator.open_shard("shardId-000000000000", None)
+        coordinator.add_batch("shardId-000000000000", rows(0, 1, 10_000), Position(1, 0, "1"), 100)
+        daemon._scan("2026-11-27 18:50:40,585 [LeaseCoordinator-0002] INFO  s.a.k.l.d.DynamoDBLeaseDiscoverer [NONE] - "
+                     "New leases assigned to worker : fc92, count : 1, leases : [shardId-000000000001] ")
+        coordinator.add_batch("shardId-000000000000", rows(0, 2, 70_000), Position(2, 0, "2"), 100)
+        assert await coordinator.step() == 0  # shard 1 holds [0, 60 s): its lease is here, its rows to come
+        assert coordinator.status().watermarks["shardId-000000000001"] == float("-inf")
+        await coordinator.open_shard("shardId-000000000001", None)
+        coordinator.add_batch("shardId-000000000001", rows(1, 5, 20_000), Position(5, 0, "5"), 100)
+        coordinator.add_batch("shardId-000000000001", rows(1, 6, 65_000), Position(6, 0, "6"), 100)
+        assert await coordinator.step() == 1
+        window = [orjson.loads(line) for line in (tmp_path / "out" / "0-60000.jsonl").read_text().splitlines()]
+        assert window == [{"shard": 0, "seq": 1}, {"shard": 1, "seq": 5}]  # on time, in its own window
+        assert coordinator.ordering.late_rows == 0
+    finally:
+        await coordinator.stop()

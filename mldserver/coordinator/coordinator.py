@@ -206,13 +206,14 @@ class Coordinator:
             self.log.info("lineage", shard_id=shard_id, parents=list(parents))
         self.committer.wake()
 
-    def expect(self, shard_id: str, parents: tuple[str, ...]) -> None:
-        """The stream has this shard (``--source`` or ``stream`` listed it): its parents
-        are known, and with none of them here it holds the watermark from now, before it
-        opens, until ``idle_timeout`` (its parents, while here, hold for it)."""
-        self.lineage.given(shard_id, parents)
-        if not self.watermarks.tracks(shard_id) and not any(map(self.watermarks.tracks, parents)):
-            self.watermarks.open(shard_id, self.clock())
+    def expect(self, shard_id: str, parents: tuple[str, ...] | None = None) -> None:
+        """The shard is to be read here: listed with its ``parents`` (``--source``, ``stream``)
+        or its lease taken (``mldserver run``; None: as lineage knows). With no parent here to
+        hold for it, it holds from now until it reports or idles (``Watermarks.expect``)."""
+        if parents is not None:
+            self.lineage.given(shard_id, parents)
+        if not any(map(self.watermarks.tracks, self.lineage.parents_of(shard_id))):
+            self.watermarks.expect(shard_id, self.clock())
 
     def add_batch(self, shard_id: str, rows: RowBatch, last: Position | None, millis_behind: int | None, *,
                   redriven: bool = False) -> None:  # redriven: dead letters sent again, holding no watermark

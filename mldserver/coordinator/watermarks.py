@@ -29,6 +29,7 @@ time until each of its children has reported a watermark (or, with no child ever
 seen here, until the idle timeout)::
 
     wm = Watermarks(margin_ms=5_000, idle_timeout_ms=60_000, children_of=lineage.children)
+    wm.expect("s1", now)   # s1 is about to be read here (its lease taken): it holds from now
     wm.open("s0", now); wm.batch("s0", last_time=1_000, caught_up=False, now=now)
     wm.minimum(now)   # 1_000; +inf when no shard holds (everything may close)
     wm.batch("s0", last_time=2_000, caught_up=True, now=now, timed=True)
@@ -79,6 +80,14 @@ class Watermarks:
         mark = self.shards.setdefault(shard_id, ShardMark())
         mark.last_active = now
         mark.ended = False
+
+    def expect(self, shard_id: str, now: float) -> None:
+        """The shard is about to be read here (listed by the stream, its lease taken): it
+        holds from now, unless it holds already or ended here. One that went quiet here
+        (its lease elsewhere meanwhile) holds again, from its own watermark."""
+        mark = self.shards.get(shard_id)
+        if mark is None or not (mark.ended or self.holds(shard_id, now)):
+            self.open(shard_id, now)
 
     def batch(self, shard_id: str, last_time: float | None, caught_up: bool, now: float, timed: bool = False) -> None:
         """A batch was processed; ``last_time`` is the event time of its last row (None:

@@ -18,7 +18,9 @@ to the server: whatever kills the server, the kernel SIGKILLs the daemon (``teth
 and ``<state-dir>/daemon/daemon.pid`` lets a later run stop one left behind. Its
 output goes to ``<state-dir>/daemon/daemon.log``; the lines that matter become events
 in the server's log: ``daemon_lease_taken`` (``leases``), ``daemon_lease_lost``
-(``shard_id``), ``daemon_error`` (``line``).
+(``shard_id``), ``daemon_error`` (``line``). A lease taken is also told to the
+coordinator (``Coordinator.expect``): the shard holds the watermark from that moment,
+before the daemon starts it, so the windows it has rows for stay open.
 
 Stop (SIGTERM/SIGINT to the server, or a crash): the daemon goes first. It gets
 SIGTERM, so each shard gets ``shutdownRequested`` (with ``shutdownGraceMillis`` > 0)
@@ -38,7 +40,7 @@ import re
 import signal
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 from ..base import preflight
 from . import properties, tether
@@ -190,6 +192,8 @@ class Daemon:
         self.worker_id: str | None = None
         self.grace_s = _grace_s(self.props)
         self.proc: asyncio.subprocess.Process | None = None
+        # told each shard whose lease the daemon took here, before it starts it (the coordinator's expect)
+        self.taken: Callable[[str], None] | None = None
         self.task: asyncio.Task[None] | None = None
         self.last_error: str | None = None
         self._stopping = False
@@ -209,6 +213,8 @@ class Daemon:
 
     async def start(self, server: "Server") -> None:
         executable = relay(server)
+        if server.coordinator is not None:
+            self.taken = server.coordinator.expect
         await asyncio.to_thread(self._write_properties, executable)
         with open(self.log_path, "ab"):
             pass
@@ -286,6 +292,9 @@ class Daemon:
             if event == "daemon_error":
                 self.last_error = line[:500]
             getattr(self.log, level)(event, **fields)
+            if event == "daemon_lease_taken" and self.taken is not None:
+                for key in fields["leases"]:  # multi-stream leases are "account:stream:epoch:shardId"
+                    self.taken(key.rpartition(":")[2])
 
     async def stop(self) -> None:
         """SIGTERM to the JVM, wait for it to exit (its graceful shutdown: every shard

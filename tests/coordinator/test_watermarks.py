@@ -158,3 +158,20 @@ def test_arrival_times_keep_a_caught_up_empty_shard_at_the_clock_and_holding():
     for now in range(0, 200_000, 1_000):
         wm.batch("A", None, caught_up=True, now=now)
     assert wm.holds("A", 199_000) and wm.value("A") == 194_000
+
+
+def test_a_shard_expected_here_holds_from_then_and_one_gone_quiet_holds_again():
+    wm = marks({"P": ["C"]})
+    wm.batch("A", 50_000, caught_up=False, now=0)
+    wm.expect("B", 1_000)  # B's lease taken here: it holds before its first batch
+    assert wm.minimum(1_000) == -math.inf and wm.holder(1_000) == "B"
+    wm.batch("B", 40_000, caught_up=False, now=2_000)
+    wm.expect("B", 3_000)  # already holding: nothing changes
+    assert wm.minimum(3_000) == 40_000
+    assert wm.minimum(70_000) == math.inf  # both quiet past the idle timeout
+    wm.expect("B", 70_000)  # its lease taken here again: it holds again, from its own watermark
+    assert wm.holding("B", 70_000) and wm.minimum(70_000) == 40_000
+    wm.batch("P", 10_000, caught_up=False, now=70_000)
+    wm.ended("P", 70_000)
+    wm.expect("P", 70_001)  # an ended shard is not made to hold again
+    assert wm.shards["P"].ended
