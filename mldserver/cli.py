@@ -178,7 +178,7 @@ def _parser():
     bench.add_argument("--workers", type=int, nargs="+", default=None,
                        help="handler processes of the servers measured, side by side (default: the default and 0)")
     bench.add_argument("--part", choices=["all", "relay", "coordinator", "spark", "changes", "timers", "table",
-                                          "kclpy", "chaos", "source"],
+                                          "kclpy", "chaos", "source", "scale"],
                        default="all",
                        help="relay: against amazon_kclpy; kclpy: amazon_kclpy's sample processor behind "
                             "mldserver against the same class under KCLProcess; "
@@ -192,7 +192,11 @@ def _parser():
                             "checks (no connection closed, every record handled or dead-lettered); "
                             "source (not part of all): a Kinesis stream on kinesis-local read by serve --source "
                             "against the real KCL daemon through the relay (mldserver run): records/s, CPU per "
-                            "record, put to handler p50/p99 (needs scripts/setup --test's emulators)")
+                            "record, put to handler p50/p99 (needs scripts/setup --test's emulators); "
+                            "scale (not part of all): mldserver run servers with their real KCL daemons joining "
+                            "and dying on one stream into one Iceberg table: time to balance, rows/s per server, "
+                            "commit conflicts and latency, every record once (the leader's death left out with "
+                            "--quick)")
     bench.add_argument("--commits", type=int, default=None,
                        help="table part: commits in the table a position is read back from (default 10,000)")
     bench.add_argument("--duration", type=float, default=None, metavar="SECONDS",
@@ -336,7 +340,12 @@ def _settings(args, need_handler: bool = True):
     from .errors import ConfigError
 
     flags = {name: getattr(args, name) for name in config.RULES if hasattr(args, name)}
-    settings = config.load(args.config, **flags)
+    defaults = None
+    if getattr(args, "properties", None):  # run, check: the daemon's stream, unless set here
+        from .ops.properties import stream_settings
+
+        defaults = stream_settings(args.properties)
+    settings = config.load(args.config, defaults=defaults, **flags)
     if need_handler and not settings.handler:
         raise ConfigError("no handler: pass --handler MODULE:ATTR (or set handler in --config)")
     return settings
@@ -367,10 +376,6 @@ def _serve(args, logs) -> None:
     _importable_cwd()
     if args.reset_positions:
         _reset_positions(settings, logs)
-    if args.command == "run":
-        from .ops.properties import with_stream
-
-        settings = with_stream(settings, args.properties)  # the coordinator knows the stream's shards
     serving = server.Server(settings)
     if args.command == "run":
         from .ops.daemon import Daemon

@@ -164,15 +164,40 @@ def test_the_committed_key_list_is_what_the_jars_give():
 
 
 def test_run_takes_the_stream_its_daemon_reads_where_the_settings_leave_it_unset(tmp_path):
-    from mldserver.base.config import Settings
-    from mldserver.ops.properties import with_stream
+    from mldserver.base.config import load
+    from mldserver.ops.properties import stream_settings
 
     path = tmp_path / "app.properties"
     path.write_text("streamName = orders\nregionName = eu-west-1\nkinesisEndpoint = http://127.0.0.1:4567\n"
                     "executableName = mldserver connect 127.0.0.1:7070\n")
-    s = with_stream(Settings(), path)
+    s = load(defaults=stream_settings(path))
     assert (s.stream, s.aws_region, s.aws_endpoint_url) == ("orders", "eu-west-1", "http://127.0.0.1:4567")
-    given = Settings(stream="arn:aws:kinesis:us-east-1:1:stream/clicks", aws_region="us-east-1")
-    assert with_stream(given, path) == given  # the server's own setting wins
+    config = tmp_path / "mldserver.toml"
+    config.write_text('stream = "arn:aws:kinesis:us-east-1:1:stream/clicks"\naws_region = "us-east-1"\n')
+    s = load(str(config), defaults=stream_settings(path))
+    assert (s.stream, s.aws_region) == ("arn:aws:kinesis:us-east-1:1:stream/clicks", "us-east-1")  # the server's own
+    assert load(str(config), defaults=stream_settings(path), aws_region="us-west-2").aws_region == "us-west-2"
     path.write_text("streamArn = arn:aws:kinesis:us-east-1:1:stream/orders\n")
-    assert with_stream(Settings(aws_region="us-east-1"), path).stream == "arn:aws:kinesis:us-east-1:1:stream/orders"
+    assert load(defaults=stream_settings(path)).stream == "arn:aws:kinesis:us-east-1:1:stream/orders"
+
+
+def test_run_and_check_with_the_table_sink_take_its_stream_from_the_properties_not_only_the_config(tmp_path):
+    """The table sink keys positions by stream: under run it is the daemon's, so neither
+    run nor check asks for ``stream`` again (both once refused, exit 2, before the server
+    read the properties)."""
+    path = tmp_path / "app.properties"
+    path.write_text("streamName = orders\napplicationName = orders-app\nregionName = us-east-1\n"
+                    "executableName = mldserver connect 127.0.0.1:7070\n")
+    env = {k: v for k, v in os.environ.items() if k != "JAVA_HOME"}
+    env.update(PYTHONPATH=str(ROOT), PATH=str(tmp_path))  # run stops at "no Java", after its settings
+    config = tmp_path / "mldserver.toml"
+    config.write_text(f'sink = "iceberg:{tmp_path / "lake"}"\nstate_dir = "{tmp_path / "state"}"\n')
+    for command in ("check", "run"):
+        done = subprocess.run(
+            [MLDSERVER, command, "--properties", str(path), "--handler", "tests.handlers:Noop", "--config", str(config)],
+            cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+        assert "set stream" not in done.stdout + done.stderr, (command, done.stdout, done.stderr)
+        if command == "run":
+            assert "needs Java 17 or later" in done.stderr, done.stderr
+        else:
+            assert done.returncode != 2, done.stdout + done.stderr

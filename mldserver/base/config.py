@@ -374,10 +374,12 @@ def admin_address(value: str) -> tuple[str, int] | None:
     return host, int(port)
 
 
-def load(path: str | None = None, **overrides: Any) -> Settings:
-    """Defaults, then the TOML file at ``path``, then ``overrides`` (the command line's
-    flags; None means unset), each value checked against its Rule."""
-    values: dict[str, Any] = {}
+def load(path: str | None = None, *, defaults: dict[str, Any] | None = None, **overrides: Any) -> Settings:
+    """Settings' own defaults, then ``defaults`` (what ``mldserver run`` reads from the
+    daemon's properties), then the TOML file at ``path``, then ``overrides`` (the command
+    line's flags; None means unset), each value checked against its Rule."""
+    values: dict[str, Any] = {name: RULES[name].check(name, value, "the daemon's properties file")
+                              for name, value in (defaults or {}).items()}
     if path:
         for key, value in _read(path).items():
             name = key.replace("-", "_")

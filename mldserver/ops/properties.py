@@ -189,22 +189,20 @@ def handler_worst_case(settings: Settings) -> float:
     return settings.execution_timeout * tries + backoff + TIMEOUT_MARGIN_S
 
 
-def with_stream(settings: Settings, path: str | Path) -> Settings:
-    """``mldserver run``: the stream the daemon reads, from its properties, as the server's
-    own ``stream`` (and ``aws_region``, ``aws_endpoint_url`` from ``regionName`` and
-    ``kinesisEndpoint``) where the settings leave them unset, so the coordinator knows the
-    stream's shards and lineage (a file that cannot be read is a ConfigError, as ``read``)::
+def stream_settings(path: str | Path) -> dict[str, str]:
+    """``mldserver run`` (and ``check --properties``): the stream the daemon reads, from its
+    properties, as settings beneath the config file and the flags (``config.load``'s
+    ``defaults``): ``stream`` from ``streamArn`` or ``streamName``, ``aws_region`` from
+    ``regionName``, ``aws_endpoint_url`` from ``kinesisEndpoint``. So the coordinator
+    knows the stream's shards and lineage, and the table sink its positions' stream,
+    with nothing set twice (a file that cannot be read is a ConfigError, as ``read``)::
 
-        with_stream(settings, "app.properties").stream   # "orders": its streamName
+        stream_settings("app.properties")   # {"stream": "orders", "aws_region": "us-east-1"}
     """
-    if settings.stream:
-        return settings
     props = read(path)
-    stream = props.value("streamArn") or props.value("streamName")
-    if not stream:
-        return settings
-    return settings.replace(stream=stream, aws_region=settings.aws_region or props.value("regionName"),
-                            aws_endpoint_url=settings.aws_endpoint_url or props.value("kinesisEndpoint"))
+    found = {"stream": props.value("streamArn") or props.value("streamName"),
+             "aws_region": props.value("regionName"), "aws_endpoint_url": props.value("kinesisEndpoint")}
+    return {k: v for k, v in found.items() if v} if found["stream"] else {}
 
 
 def check(props: Properties, settings: Settings, *, run: bool = False) -> list[Finding]:
