@@ -1,6 +1,6 @@
 """``mldserver bench``: what mldserver costs, measured against what it replaces, in one run.
 
-Nine parts, each in its own module, all sharing ``common.py`` (a server in its own
+Ten parts, each in its own module, all sharing ``common.py`` (a server in its own
 process, PSS sampling, the coordinator and Spark parts' batches)::
 
     mldserver bench --part relay         # relay.py: throughput, latency, memory vs amazon_kclpy
@@ -16,7 +16,9 @@ process, PSS sampling, the coordinator and Spark parts' batches)::
                                          #   then killed.py: mldserver run SIGKILLed (the real daemon)
     mldserver bench --part source        # source.py: serve --source kinesis: vs the KCL daemon + relay on
                                          #   kinesis-local: records/s, CPU per record, put to handler
-    mldserver bench                      # every part but chaos (which runs for --duration) and source
+    mldserver bench --part scale         # scale.py: mldserver run servers joining and dying on one stream,
+                                         #   one Iceberg table: balance times, rows/s, conflicts, once each
+    mldserver bench                      # every part but chaos (which runs for --duration), source and scale
     mldserver bench --workers 2 0        # servers with 2 handler processes and with none, side by side
 
 The bare hand-off runs Spark in this process, through ``mldserver.spark.bench``: only
@@ -79,6 +81,10 @@ async def amain(args) -> None:
             from . import source
 
             await source.run(args, tmp)
+        if args.part == "scale":
+            from . import scale
+
+            await scale.run(args, tmp)
 
 
 def main(args) -> None:
