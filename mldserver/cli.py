@@ -88,11 +88,11 @@ def _parser():
     serve.add_argument("--reset-positions", action="store_true",
                        help="delete the saved positions of every --source before starting (then --from applies)")
     serve.add_argument("--lease-table",
-                       help="one reader per --source, the others standing by: a DynamoDB table (created if absent) "
-                            "of the sources' leases, which also keeps their positions")
+                       help="spread each --source's shards over the servers sharing it: a DynamoDB table (created "
+                            "if absent) of the shards' leases, which also keeps their positions")
     serve.add_argument("--lease-period", type=float,
-                       help="seconds a source's lease lasts unrenewed (default 10): a standby takes a dead "
-                            "reader's source over after about one")
+                       help="seconds a shard's lease lasts unrenewed (default 10): the other servers take a dead "
+                            "server's shards over after about one")
     serve.add_argument("--admin", help="admin endpoint HOST:PORT: /metrics, /healthz, /readyz, /status, "
                                        "POST /pause /resume /reload (default 127.0.0.1:7071; off disables it)")
     serve.add_argument("--admin-token-file",
