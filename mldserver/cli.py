@@ -151,6 +151,8 @@ def _parser():
                            help="dynamodb:TABLE, dynamodb:STREAM_ARN, kinesis:STREAM or kinesis:STREAM_ARN, as "
                                 "given to serve (repeatable)")
     positions.add_argument("--state-dir", help="the server's state directory (default ./mldserver-state)")
+    positions.add_argument("--lease-table", help="read the positions from this lease table (serve --lease-table), "
+                                                 "each shard with the server leasing it")
     positions.add_argument("--json", action="store_true", help="one JSON object per source")
 
     check = sub.add_parser("check", help="load the settings, the handler and the pipeline as serve would, "
@@ -282,7 +284,8 @@ def _main(argv: list[str]) -> None:
             from .ops import positions
 
             state_dir = args.state_dir or Settings().state_dir
-            sys.exit(positions.main(args.source, state_dir, args.json, sys.stdout, sys.stderr))
+            sys.exit(positions.main(args.source, state_dir, args.json, sys.stdout, sys.stderr,
+                                    lease_table=args.lease_table))
         elif args.command == "bench":
             from .ops import bench
 

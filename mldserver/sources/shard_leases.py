@@ -112,6 +112,7 @@ class ShardLeases(OpenClient):
         self._ended: set[str] = set()  # SHARD_END stored here (before the next read shows it)
         self._migrated: dict[str, Saved] = {}  # the old per-source item's positions
         self._poke = asyncio.Event()
+        self._streams: dict[str, str | None] = {}  # each item's stream, as last read
         self.draining = False  # the server stops: leases renewed, none taken
 
     def __repr__(self) -> str:
@@ -341,6 +342,7 @@ class ShardLeases(OpenClient):
         for item in items:
             shard_id = item["leaseKey"]["S"]
             lease = self.leases[shard_id] = _lease(item, self.stream, self.created)
+            self._streams[shard_id] = item.get("stream", {}).get("S")
             if self._seen.get(shard_id, (None,))[0] != lease.counter:
                 self._seen[shard_id] = (lease.counter, now)
 
@@ -402,6 +404,14 @@ class ShardLeases(OpenClient):
             self.held[shard_id] = sent
             self.leases[shard_id] = _lease(got, self.stream, self.created)
         return got
+
+    async def snapshot(self) -> dict[str, tuple[Saved | None, str | None, str | None]]:
+        """Each shard's (position, owner, stream) as the table holds it now, for
+        ``mldserver positions``: ``{"shardId-000000000001": (Position(...), "host-a:...", "arn:...")}``."""
+        self.stream = None
+        await self._read()
+        return {shard_id: (lease.checkpoint, lease.owner, self._streams.get(shard_id))
+                for shard_id, lease in sorted(self.leases.items())}
 
     # -- --reset-positions, and the reader's stream bookkeeping --------------------------
 

@@ -3,7 +3,7 @@ steals its share one a cycle, a stolen lease is lost at the next renewal and its
 position write refused, a dead server's leases are taken after a period, a released
 one at once; children are leased only once their parents are read to their end; the
 old per-source item's positions are taken as starting points once; --reset-positions
-is refused while a lease is live."""
+is refused while a lease is live; `mldserver positions --lease-table` reads the items."""
 
 from __future__ import annotations
 
@@ -11,6 +11,8 @@ import asyncio
 import itertools
 import json
 import logging
+import os
+import subprocess
 
 import pytest
 
@@ -20,7 +22,7 @@ from mldserver.sources.positions import SHARD_END
 from mldserver.sources.service import ShardInfo
 from mldserver.sources.shard_leases import LeaseLost, ShardLeases
 
-from ..harness import eventually
+from ..harness import MLDSERVER, ROOT, eventually
 
 PERIOD = 2.0
 SOURCE = "kinesis:clicks"
@@ -157,3 +159,30 @@ async def test_reset_positions_is_refused_while_a_lease_is_live(aws, servers):
         assert await other.reset_positions()
         assert not await other.reset_positions()
     assert "checkpoint" not in item(aws, servers.table, "shardId-000000000001")
+
+
+async def test_mldserver_positions_reads_the_lease_table(aws, servers):
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+
+    [a] = await servers(1)
+    await a.cycle()
+    await a.store("shardId-000000000001", Position.parse("000000000000000000017", 2))
+    await a.store("shardId-000000000000", SHARD_END)
+    args = [MLDSERVER, "positions", "--source", SOURCE, "--lease-table", servers.table]
+    done = await asyncio.to_thread(subprocess.run, args, capture_output=True, text=True, timeout=60, env=env)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == [
+        f"{SOURCE}  stream {ARN}  (lease table {servers.table})",
+        "  shardId-000000000000  SHARD_END (read to its end)",
+        f"  shardId-000000000001  after 000000000000000000017 sub 2  (leased by {a.owner})",
+        f"  shardId-000000000002  (no position yet)  (leased by {a.owner})",
+        f"  shardId-000000000003  (no position yet)  (leased by {a.owner})"]
+    done = await asyncio.to_thread(subprocess.run, [*args, "--json"], capture_output=True, text=True, timeout=60,
+                                   env=env)
+    doc = json.loads(done.stdout)
+    assert doc["shards"]["shardId-000000000001"] == ["000000000000000000017", 2]
+    assert doc["owners"]["shardId-000000000000"] is None and doc["table"] == servers.table
+    other = await asyncio.to_thread(subprocess.run, [MLDSERVER, "positions", "--source", "kinesis:nothing",
+                                                     "--lease-table", servers.table],
+                                    capture_output=True, text=True, timeout=60, env=env)
+    assert other.returncode == 1 and "no shard lease of kinesis:nothing" in other.stderr
