@@ -325,7 +325,8 @@ def status_of(server: Any) -> dict[str, Any]:
     the shard's head the last page read was (Kinesis's MillisBehindLatest; DynamoDB, the
     age of the last change read; null before the first page); with ``--lease-table``
     the shard leases this server holds (``held``), of the shards that may be read now,
-    and how many live servers share them (``lease`` null without one).
+    and how many servers hold live leases of them, this one included (``lease`` null
+    without one).
     """
     now = time.time()
     coordinator = server.coordinator

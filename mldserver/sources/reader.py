@@ -230,7 +230,8 @@ class SourceReader:
                        "held": ["shardId-..."], "shards": 4, "servers": 2}}
 
         (``lease``: the shards' leases held here, of ``shards`` that may be read now, and
-        the live servers sharing them; null without ``--lease-table``)."""
+        the servers holding live leases of them, this one included; null without
+        ``--lease-table``)."""
         out: dict[str, Any] = {"source": self.spec.text, "stream": self.stream,
                                "shards": [{"shard_id": shard_id, "lag_ms": lag}
                                           for shard_id, lag in sorted(self.lags().items())],
@@ -347,16 +348,18 @@ class SourceReader:
             gone = [s for s in self.saved.shard_ids() if s not in self.listed]
             if gone:
                 await self.saved.forget(gone)
-            for shard in shards:
-                if shard.shard_id not in self.reading and self._may_start(shard) and self._held(shard.shard_id):
-                    self._start_shard(shard)
             for shard_id, task in list(self.reading.items()):
                 if not task.done():
                     continue
                 if not task.cancelled() and task.exception() is not None:
                     raise task.exception()  # type: ignore[misc]
-                if shard_id not in self.listed or self.saved.ended(shard_id) or not self._held(shard_id):
-                    del self.reading[shard_id]  # never read again: not kept (shards roll over for months)
+                # ended or gone: never read again, not kept (shards roll over for months); with
+                # leases, a shard let go may be taken again, and is then read again at once
+                if shard_id not in self.listed or self.saved.ended(shard_id) or self.leases is not None:
+                    del self.reading[shard_id]
+            for shard in shards:
+                if shard.shard_id not in self.reading and self._may_start(shard) and self._held(shard.shard_id):
+                    self._start_shard(shard)
             await self._sleep(self.settings.source_discovery_interval, wake=True)
 
     async def _same_stream(self) -> bool:

@@ -129,7 +129,8 @@ class ShardLeases(OpenClient):
 
     def status(self) -> dict[str, Any]:
         """What /status shows: ``{"table": "clicks-leases", "owner": "host-a:...", "held":
-        ["shardId-000000000001"], "shards": 4, "servers": 2}`` (shards: those that may be read now)."""
+        ["shardId-000000000001"], "shards": 4, "servers": 2}`` (shards: those that may be read now; servers: this one and those
+        holding a live lease of them)."""
         return {"table": self.table, "owner": self.owner, "held": sorted(self.held),
                 "shards": len(self._ready()), "servers": self.servers}
 
@@ -440,7 +441,23 @@ class ShardLeases(OpenClient):
         return reset or old is not None
 
     async def forget(self, shard_ids: list[str]) -> None:
-        """Shards gone from the stream: their items stay (nothing reads them again)."""
+        """Shards gone from the stream (trimmed away; their children wait on them no
+        more): their items are deleted, unless another server holds one (a scan of the
+        table costs what it holds, and DynamoDB's shards roll over every few hours)."""
+        for shard_id in shard_ids:
+            try:
+                await self._client.delete_item(
+                    TableName=self.table, Key=self._key(shard_id),
+                    ConditionExpression="attribute_not_exists(#leaseOwner) OR #leaseOwner = :me",
+                    ExpressionAttributeNames={"#leaseOwner": "leaseOwner"},
+                    ExpressionAttributeValues={":me": {"S": self.owner}})
+            except self._client.exceptions.ConditionalCheckFailedException:
+                continue
+            except service_errors():
+                return  # (the next listing tries again)
+            self.leases.pop(shard_id, None)
+            self._ended.discard(shard_id)
+            self.held.pop(shard_id, None)
 
     async def restart(self, stream: str, created: int | None) -> None:
         """The stream was created again under its name: no position kept is its."""

@@ -11,12 +11,15 @@ and, the taker silent, takes it back after a period and reads on from the positi
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 import time
 import urllib.request
 import uuid
 
 import pytest
 
+from ..harness import MLDSERVER, ROOT
 from .components import AWS, wait_for
 from .test_dynamodb_changes import make_table, seen
 from .test_dynamodb_source import kill, put, stream_sequence_numbers
@@ -96,6 +99,10 @@ def test_the_standby_takes_over_a_killed_reader_within_a_lease_period_and_nothin
     put(dynamodb.client, table, 5)
     a, b = two_servers(dynamodb, tmp_path, serve, config, table, leases)
     assert len(held(a)) == 1 and held(b) == []
+    shown = subprocess.run([MLDSERVER, "status", "--admin", a.admin_url], capture_output=True, text=True, timeout=60,
+                           env={**os.environ, "PYTHONPATH": str(ROOT)})
+    [line] = [line for line in shown.stdout.splitlines() if line.startswith("source ")]
+    assert f"leases 1 of 1 shards in {leases}, 1 servers: {held(a)[0]}" in line, shown.stdout
     first = wait_for(lambda: len(s := stream_sequence_numbers(dynamodb, arn)) == 5 and s, 30, "5 records")
     wait_for(lambda: [first[-1], 0] in kept_positions(dynamodb, leases, table).values(), 60,
              "the 5th change's position kept in the lease table")

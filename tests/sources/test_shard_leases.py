@@ -186,3 +186,15 @@ async def test_mldserver_positions_reads_the_lease_table(aws, servers):
                                                      "--lease-table", servers.table],
                                     capture_output=True, text=True, timeout=60, env=env)
     assert other.returncode == 1 and "no shard lease of kinesis:nothing" in other.stderr
+
+
+async def test_the_items_of_shards_gone_from_the_stream_are_deleted_unless_another_server_holds_one(aws, servers):
+    a, b = await servers(2)
+    for leases in (a, b, a):
+        await leases.cycle()
+    mine, theirs = sorted(a.held)[0], sorted(b.held)[0]
+    await a.store(mine, Position.parse("000000000000000000017"))
+    await b.store(theirs, Position.parse("000000000000000000018"))
+    await a.forget([mine, theirs])
+    assert item(aws, servers.table, mine) == {} and mine not in a.held
+    assert item(aws, servers.table, theirs)["leaseOwner"]["S"] == b.owner
