@@ -5,7 +5,9 @@ in one shared folder) the exactly-once output. Two servers read two shards each 
 ``/status``); a third joins and takes a share (2, 1, 1); one SIGKILLed, its shards are
 taken by the others after about a lease period, from the positions in the lease
 items; every record put is in the table exactly once. A clean stop hands the shards
-over at once (``source_shard_lease_released``)."""
+over at once (``source_shard_lease_released``). A shard split while two servers read
+the stream: its children are read (on either server) only after the parent's
+``SHARD_END`` is stored, and every record is in the table once."""
 
 from __future__ import annotations
 
@@ -134,3 +136,41 @@ def test_shards_spread_over_servers_rebalance_as_one_joins_and_one_dies_and_each
     assert released and released[-1]["count"] == 2
     wait_for(lambda: reading(second) == shards, 30, "the stopped server's shards taken at once by the last one")
     assert second.stop() == 0
+
+
+def test_a_split_parent_read_on_one_server_is_ended_before_its_children_are_read_on_any(
+        kinesis, dynamodb, tmp_path, serve, config):
+    name, leases, lake = f"split-{uuid.uuid4().hex[:8]}", f"leases-{uuid.uuid4().hex[:8]}", tmp_path / "lake"
+    kinesis.create_stream(name, 2)
+    [parent, _] = sorted(kinesis.shards(name))
+    half = 2 * QUARTER
+    expected = put(kinesis, name, 20, "before")
+
+    def start(who: str):
+        return serve(HANDLER, "--source", f"kinesis:{name}", "--lease-table", leases, "--lease-period", str(PERIOD),
+                     "--sink", f"iceberg:{lake}", "--config", config, "--state-dir", str(tmp_path / f"state-{who}"),
+                     "--server-id", who, env=env(kinesis, dynamodb))
+
+    a, b = start("a"), start("b")
+    wait_for(lambda: len(reading(a)) == 1 and len(reading(b)) == 1, 120, "one shard read by each server")
+    kinesis.client.split_shard(StreamName=name, ShardToSplit=parent, NewStartingHashKey=str(QUARTER))
+    wait_for(lambda: len(kinesis.shards(name)) == 4, 60, "the split")
+    children = sorted(set(kinesis.shards(name)) - set(s for s, _ in expected))
+    for i in range(20):  # into both children (and the other first shard)
+        r = kinesis.client.put_record(StreamName=name, Data=f"after-{i}".encode(), PartitionKey=f"after-{i}",
+                                      ExplicitHashKey=str([QUARTER // 2, QUARTER + 1, half + 1][i % 3] + i))
+        expected.add((r["ShardId"], r["SequenceNumber"]))
+    assert {s for s, _ in expected} >= set(children)
+
+    rows = wait_for(lambda: set(c := committed(lake)) >= expected and c, 180, "every record committed")
+    assert set(rows) == expected and set(rows.values()) == {1}, "each record exactly once"
+    events = [e for s in (a, b) for e in s.events()]
+    [ended] = [e for e in events if e["event"] == "source_shard_ended" and e["shard_id"] == parent]
+    started = [e for e in events if e["event"] == "source_shard_started" and e["shard_id"] in children]
+    assert {e["shard_id"] for e in started} == set(children)
+    assert all(e["ts"] >= ended["ts"] for e in started), (ended, started)  # parents first, across servers
+    for child in children:  # first read from its trim horizon (a later move: from its stored position)
+        assert min((e for e in started if e["shard_id"] == child), key=lambda e: e["ts"])["start"] == "TRIM_HORIZON"
+    wait_for(lambda: reading(a) | reading(b) == {*children, sorted(kinesis.shards(name))[1]}, 30,
+             "the children and the other first shard leased, the parent no more")
+    assert a.stop() == 0 and b.stop() == 0
