@@ -128,9 +128,13 @@ class ShardLeases(OpenClient):
         return self
 
     def status(self) -> dict[str, Any]:
-        """What /status shows: ``{"table": "clicks-leases", "owner": "host-a:...", "held":
-        ["shardId-000000000001"], "shards": 4, "servers": 2}`` (shards: those that may be read now; servers: this one and those
-        holding a live lease of them)."""
+        """What /status shows::
+
+            {"table": "clicks-leases", "owner": "host-a:...", "held": ["shardId-000000000001"],
+             "shards": 4, "servers": 2}
+
+        (``shards``: those that may be read now; ``servers``: this one and those holding a
+        live lease of them)."""
         return {"table": self.table, "owner": self.owner, "held": sorted(self.held),
                 "shards": len(self._ready()), "servers": self.servers}
 
