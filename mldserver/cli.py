@@ -88,11 +88,11 @@ def _parser():
     serve.add_argument("--reset-positions", action="store_true",
                        help="delete the saved positions of every --source before starting (then --from applies)")
     serve.add_argument("--lease-table",
-                       help="one reader per --source, the others standing by: a DynamoDB table (created if absent) "
-                            "of the sources' leases, which also keeps their positions")
+                       help="spread each --source's shards over the servers sharing it: a DynamoDB table (created "
+                            "if absent) of the shards' leases, which also keeps their positions")
     serve.add_argument("--lease-period", type=float,
-                       help="seconds a source's lease lasts unrenewed (default 10): a standby takes a dead "
-                            "reader's source over after about one")
+                       help="seconds a shard's lease lasts unrenewed (default 10): the other servers take a dead "
+                            "server's shards over after about one")
     serve.add_argument("--admin", help="admin endpoint HOST:PORT: /metrics, /healthz, /readyz, /status, "
                                        "POST /pause /resume /reload (default 127.0.0.1:7071; off disables it)")
     serve.add_argument("--admin-token-file",
@@ -151,6 +151,8 @@ def _parser():
                            help="dynamodb:TABLE, dynamodb:STREAM_ARN, kinesis:STREAM or kinesis:STREAM_ARN, as "
                                 "given to serve (repeatable)")
     positions.add_argument("--state-dir", help="the server's state directory (default ./mldserver-state)")
+    positions.add_argument("--lease-table", help="read the positions from this lease table (serve --lease-table), "
+                                                 "each shard with the server leasing it")
     positions.add_argument("--json", action="store_true", help="one JSON object per source")
 
     check = sub.add_parser("check", help="load the settings, the handler and the pipeline as serve would, "
@@ -286,7 +288,8 @@ def _main(argv: list[str]) -> None:
             from .ops import positions
 
             state_dir = args.state_dir or Settings().state_dir
-            sys.exit(positions.main(args.source, state_dir, args.json, sys.stdout, sys.stderr))
+            sys.exit(positions.main(args.source, state_dir, args.json, sys.stdout, sys.stderr,
+                                    lease_table=args.lease_table))
         elif args.command == "bench":
             from .ops import bench
 

@@ -336,9 +336,9 @@ class Settings:
     source_from: str | None = setting(None, str, empty=False)
     source_poll_interval: float = setting(1.0, low=0.01, high=MINUTE, unit="seconds")
     source_discovery_interval: float = setting(60.0, low=0.1, high=DAY, unit="seconds")
-    # one reader per source, a standby beside it (mldserver.sources.lease): the DynamoDB table of the
-    # sources' leases, which also keeps their positions (created if absent); the lease period, renewed
-    # every third of it: a standby takes a dead reader's source over after about one period
+    # a source's shards spread over the servers sharing it (mldserver.sources.shard_leases): the DynamoDB
+    # table of the shards' leases, which also keeps their positions (created if absent); the lease period,
+    # renewed every third of it: the others take a dead server's shards over after about one period
     lease_table: str | None = setting(None, str, empty=False)
     lease_period: float = setting(10.0, low=1.0, high=HOUR, unit="seconds")
 

@@ -312,22 +312,22 @@ EVENTS: dict[str, Event] = {
                                              "`--reset-positions` deletes the positions."),
         "source_list_failed": ("warning", "Listing a source's shards failed: retried at the next "
                                           "discovery."),
-        "source_lease_waiting": ("info", "Another server holds the source's lease (`--lease-table`): this one "
-                                         "stands by (`holder`) and takes it over once it expires."),
-        "source_lease_acquired": ("info", "This server took the source's lease and reads the source (`owner`)."),
-        "source_lease_unreachable": ("warning", "The lease table could not be read or written: retried with "
-                                                "backoff; check the endpoint, region and credentials."),
-        "source_lease_renew_failed": ("warning", "Renewing the source's lease failed: retried; past a lease "
-                                                 "period the lease counts as lost."),
-        "source_lease_lost": ("warning", "The source's lease was lost (taken over, or not renewed within a "
-                                         "period, `reason`): reading stopped at once, the server waits for it again."),
-        "source_lease_released": ("info", "At a clean stop the source's lease was released for the standby."),
-        "source_lease_release_failed": ("warning", "Releasing the lease failed: the standby takes it over once it "
+        "source_shard_lease_taken": ("info", "This server took shard leases (`--lease-table`): free, expired or "
+                                             "stolen from a server over its share (`shards`, `stolen`, `was`, "
+                                             "`held`, `servers`, `target`); it reads them from their stored "
+                                             "positions."),
+        "source_shard_lease_lost": ("info warning", "A shard's lease was lost (warning: stolen by a peer, or not "
+                                                    "renewed within a period, `reason`; info: the shard's reading "
+                                                    "then stopped and its handler got `leaseLost`, `position` the "
+                                                    "last stored)."),
+        "source_shard_lease_released": ("info", "At a clean stop this server released its shard leases "
+                                                "(`shards`, `count`): peers take them at their next cycle."),
+        "source_lease_unreachable": ("warning", "The lease table could not be read or written: retried; a lease "
+                                                "not renewed for a period is lost and its shard stops."),
+        "source_lease_release_failed": ("warning", "Releasing a shard's lease failed: a peer takes it over once it "
                                                    "expires."),
-        "source_positions_write_failed": ("warning", "Writing the source's positions into the lease item failed: "
-                                                     "retried; the checkpoint's reply waits."),
-        "source_shard_lease_lost": ("info", "A source's shard stopped with the lease lost: its handler got "
-                                            "`leaseLost` (`position`: the last stored)."),
+        "source_positions_write_failed": ("warning", "Writing a shard's position into its lease item failed: "
+                                                     "retried while the lease lasts; the checkpoint's reply waits."),
         "source_shard_started": ("info", "A source's shard began to be read (`start`, `position`, "
                                          "`parents`)."),
         "source_shard_ended": ("info", "A source's shard was read to its end (`children`)."),

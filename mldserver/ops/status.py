@@ -132,8 +132,10 @@ def render(s: dict[str, Any]) -> str:
         lines.append(f"spark        {sp['state']}  restarts {sp['restarts']}"
                      + (f"  last error: {sp['last_error']}" if sp["last_error"] else ""))
     for src in s.get("sources") or ():
-        lease = "" if src["lease"] is None else f"  lease {src['lease']} in {src['table']}" + (
-            f" (held by {src['holder']})" if src["lease"] != "holding" and src["holder"] else "")
+        held = src["lease"]
+        lease = "" if held is None else (f"  leases {len(held['held'])} of {held['shards']} shards in "
+                                         f"{held['table']}, {held['servers']} servers"
+                                         + (f": {', '.join(held['held'])}" if held["held"] else ""))
         lines.append(f"source       {src['source']}  {len(src['shards'])} shards read{lease}")
     header = ("SHARD", "CONN", "STATE", "LAST ACTION (AGE)", "RECORDS", "BEHIND MS", "WATERMARK", "CHECKPOINT",
               "PROCESS")

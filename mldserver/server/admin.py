@@ -318,13 +318,15 @@ def status_of(server: Any) -> dict[str, Any]:
          "spark": {"state": "up", "restarts": 0, "last_error": null, "executors": null, "executors_lost": 0},
          "sources": [{"source": "kinesis:clicks", "stream": "arn:aws:kinesis:...:stream/clicks",
                       "shards": [{"shard_id": "shardId-000000000001", "lag_ms": 0}],
-                      "lease": "holding", "holder": "host-a:4242:9f2c1e07", "table": "clicks-leases"}]}
+                      "lease": {"table": "clicks-leases", "owner": "host-a:4242:9f2c1e07",
+                                "held": ["shardId-000000000001"], "shards": 4, "servers": 2}}]}
 
     ``sources``: each ``--source`` and its shards being read, ``lag_ms`` how far behind
     the shard's head the last page read was (Kinesis's MillisBehindLatest; DynamoDB, the
     age of the last change read; null before the first page); with ``--lease-table``
-    whether this server holds the source's lease or waits for it, and who holds it
-    (``lease`` null without one).
+    the shard leases this server holds (``held``), of the shards that may be read now,
+    and how many servers hold live leases of them, this one included (``lease`` null
+    without one).
     """
     now = time.time()
     coordinator = server.coordinator

@@ -14,8 +14,9 @@ job each:
 - ``feed``: the daemon's side of one shard's conversation (checkpoints checked as the
   KCL checks them, and saved);
 - ``positions``: a source's saved positions, ``<state-dir>/sources/<source>.json``;
-- ``lease``: with ``--lease-table``, one reader per source and a standby beside it (a
-  DynamoDB lease, which also keeps the source's positions);
+- ``balance``: which shard leases a server takes or steals (a pure rule);
+- ``shard_leases``: with ``--lease-table``, a source's shards spread over the servers
+  sharing the table (a DynamoDB lease per shard, which also keeps its position);
 - ``cursor``: one shard read page after page (iterators, throttling, expiry, trimming);
 - ``reader``: a source's shards listed, read parents first, polled, fed;
 - ``stream``: the same reading for scripts, ``mldserver.open_stream`` (no server).
@@ -37,7 +38,7 @@ from typing import Awaitable, Callable
 
 from ..base.config import Settings
 from ..errors import ConfigError
-from .lease import SourceLease
+from .shard_leases import ShardLeases
 from .positions import SavedPositions
 from .reader import SourceReader
 from .spec import parse_sources
@@ -59,8 +60,8 @@ def readers(settings: Settings, *, attach: Callable[[socket.socket], Awaitable[N
 
 def reset_positions(settings: Settings) -> list[str]:
     """``--reset-positions``: delete the saved positions of every ``--source`` (with
-    ``--lease-table``, those in the lease table: refused while a live server reads the
-    source); the sources that had some."""
+    ``--lease-table``, those in the lease table: refused while a live server holds one
+    of the source's shard leases); the sources that had some."""
     specs, _ = parse_sources(settings.source, settings.source_from)
     if settings.lease_table:
         return asyncio.run(_reset_leased(settings, [spec.text for spec in specs]))
@@ -72,8 +73,8 @@ async def _reset_leased(settings: Settings, sources: list[str]) -> list[str]:
     reset = []
     for source in sources:
         try:
-            async with SourceLease(settings.lease_table, source, region=settings.aws_region) as lease:
-                if await lease.reset_positions():
+            async with ShardLeases(settings.lease_table, source, region=settings.aws_region) as leases:
+                if await leases.reset_positions():
                     reset.append(source)
         except ConfigError:
             raise

@@ -19,11 +19,11 @@ time says the positions are the old stream's (``reader`` then drops them: ``rest
     await saved.set_stream(arn, created)     # the stream they belong to (written if new)
     await saved.restart(arn, created)        # the stream was created again: every position goes
 
-With ``--lease-table`` the same document lives in the source's lease item instead
-(``lease``), where a standby on another machine finds it: ``write`` is the lease's
-``write_positions``, and ``decode`` reads what it holds::
+With ``--lease-table`` the positions are not here: each shard's lives in its own lease
+item (``shard_leases``, which answers ``get``, ``ended`` and ``store`` as this does).
+``decode`` and ``write`` read and write the document elsewhere than the file::
 
-    saved = SavedPositions.decode("dynamodb:orders", await lease.acquire(stopping), write=lease.write_positions)
+    saved = SavedPositions.decode("dynamodb:orders", data, write=put_somewhere)
 
 A position is what the server checkpointed: with a sink, what the sink has committed;
 without one, what the handler checkpointed. A restart resumes after it. ``SHARD_END``

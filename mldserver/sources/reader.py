@@ -59,12 +59,16 @@ the coordinator forgets the old shards (``restart``: the same ids name new shard
 old positions are dropped and the new stream is read from its trim horizon
 (``source_stream_recreated`` with ``running``).
 
-With ``--lease-table`` (``lease``) the reader reads only while this server holds the
-source's lease: it waits for it (``source_lease_waiting``), reads from the positions
-kept in the lease item, and when the lease is lost (``source_lease_lost``) stops
-reading at once (each shard gets ``leaseLost`` after the action under way; a checkpoint
-meanwhile is refused) and waits for it again. At a clean stop the shards finish, their
-positions are written, and the lease is released for the standby.
+With ``--lease-table`` (``shard_leases``) the reader reads only the shards whose lease
+this server holds: their leases are kept in a task of their own (a cycle every third
+of a lease period: renewed, taken, stolen as ``balance`` says), each shard's reading
+starts once its lease is taken here (from the position in its lease item) and stops at
+once when it is lost (``source_shard_lease_lost``: its shard gets ``leaseLost`` after
+the action under way; a checkpoint meanwhile is refused with ``ShutdownException``, as
+the KCL answers a zombie). A child shard is leased nowhere before its parents'
+``SHARD_END`` is stored, whichever server read them. At a clean stop the shards finish
+(their leases renewed meanwhile, none taken), their positions are written, and the
+leases are released for the other servers to take at once.
 
 Two reads of one shard are ``read_interval`` apart at least (Kinesis allows 5
 GetRecords a second per shard). ``millisBehindLatest``: Kinesis's own; for DynamoDB 0
@@ -88,7 +92,7 @@ from .kinesis import KinesisStreams
 from .cursor import UNREACHABLE, ShardCursor, sleep
 from .service import Invalid, NotFound, Service, ShardInfo, Throttled, Unreachable
 from .feed import LINE_LIMIT, CheckpointRefused, Feed, FeedClosed
-from .lease import LeaseLost, SourceLease
+from .shard_leases import LeaseLost, ShardLeases
 from .positions import SHARD_END, SavedPositions
 from .spec import SourceSpec, Start
 
@@ -130,10 +134,11 @@ class SourceReader:
         self.created: int | None = None  # its creation time, where the ARN does not say (Kinesis)
         self._renewed = False  # the stream was created again while read: its shards from TRIM_HORIZON
         self._deleted_logged = False
-        self.lease: SourceLease | None = None  # --lease-table
-        self._stop = asyncio.Event()  # reading stops: the reader's stop, or the lease lost
+        self.leases: ShardLeases | None = None  # --lease-table
+        self._stop = asyncio.Event()  # every shard's reading stops: the reader's stop, the stream made again
         self._closing = asyncio.Event()  # the reader's stop
-        self._lost = False  # this term ended with the lease lost: shards get leaseLost
+        self._shard_stops: dict[str, asyncio.Event] = {}  # one shard's reading stops (its lease lost)
+        self._lost_shards: set[str] = set()  # shards whose lease was lost: they get leaseLost
         self._wake = asyncio.Event()
 
     # -- lifecycle ------------------------------------------------------------------
@@ -165,7 +170,7 @@ class SourceReader:
                               f"endpoint ({self.streams.endpoint_hint})") from None
         self.stream, self.created = arn, self.streams.created
         if s.lease_table:
-            await self._open_lease()
+            await self._open_leases()
             self.task = asyncio.create_task(self._lead(), name=f"source {self.spec.text}")
             return
         await self._begin()
@@ -196,11 +201,13 @@ class SourceReader:
         """Each shard finishes the action under way, gets ``shutdownRequested`` (it may
         checkpoint) and is closed; past ``shutdown_timeout`` the rest is cancelled."""
         self._closing.set()
-        self._stop.set()
+        if self.leases is not None:
+            self.leases.draining = True  # renewed while the shards finish; none taken
+        self._halt()
         await self._finish([*self.reading.values(), *([self.task] if self.task is not None else [])])
-        if self.lease is not None:
-            await self.lease.release()  # the shards' last positions written: the standby takes it at once
-            await self.lease.__aexit__(None, None, None)
+        if self.leases is not None:
+            await self.leases.release_all()  # the shards' last positions written: peers take them at once
+            await self.leases.__aexit__(None, None, None)
         if self.streams is not None:
             await self.streams.__aexit__(None, None, None)
         self.log.info("source_stopped", shards=len(self.reading))
@@ -219,91 +226,88 @@ class SourceReader:
 
             {"source": "dynamodb:orders", "stream": "arn:aws:dynamodb:...",
              "shards": [{"shard_id": "shardId-...", "lag_ms": 0}],
-             "lease": "holding", "holder": "host-a:4242:9f2c1e07", "table": "orders-leases"}
+             "lease": {"table": "orders-leases", "owner": "host-a:4242:9f2c1e07",
+                       "held": ["shardId-..."], "shards": 4, "servers": 2}}
 
-        (no ``--lease-table``: ``"lease": null``)."""
+        (``lease``: the shards' leases held here, of ``shards`` that may be read now, and
+        the servers holding live leases of them, this one included; null without
+        ``--lease-table``)."""
         out: dict[str, Any] = {"source": self.spec.text, "stream": self.stream,
                                "shards": [{"shard_id": shard_id, "lag_ms": lag}
                                           for shard_id, lag in sorted(self.lags().items())],
                                "lease": None}
-        if self.lease is not None:
-            out.update(self.lease.status())
+        if self.leases is not None:
+            out["lease"] = self.leases.status()
         return out
 
-    # -- the lease (--lease-table) ----------------------------------------------------
+    def _halt(self) -> None:
+        """Every shard's reading stops."""
+        self._stop.set()
+        for stop in self._shard_stops.values():
+            stop.set()
 
-    async def _open_lease(self) -> None:
-        """Open the lease table (created if absent); ``--from`` where positions are
-        kept there is a ConfigError, as with the state dir's."""
+    # -- the shards' leases (--lease-table) -------------------------------------------
+
+    async def _open_leases(self) -> None:
+        """Open the lease table (created if absent) and read the source's leases;
+        ``--from`` where positions are kept there is a ConfigError, as with the state dir's."""
         s = self.settings
-        assert s.lease_table is not None
-        lease = SourceLease(s.lease_table, self.spec.text, period_s=s.lease_period, region=s.aws_region,
-                            log=self.log)
+        assert s.lease_table is not None and self.stream is not None
+        leases = ShardLeases(s.lease_table, self.spec.text, period_s=s.lease_period, region=s.aws_region,
+                             log=self.log, on_lost=self._shard_lease_lost, on_change=self._wake.set)
         try:
-            await lease.__aenter__()
-            item = await lease.read()
+            await leases.__aenter__()
         except ConfigError:
             raise
         except Exception as exc:
-            await lease.__aexit__(None, None, None)
             raise ConfigError(f"--lease-table {s.lease_table}: cannot open it ({type(exc).__name__}: {exc}): check "
                               f"the region, the credentials and the endpoint (AWS_ENDPOINT_URL_DYNAMODB)") from None
-        self.lease = lease
-        if self.given_from and item is not None and "positions" in item:
+        try:
+            await leases.bind(self.stream, self.created)
+        except Exception as exc:
+            await leases.__aexit__(None, None, None)
+            raise ConfigError(f"--lease-table {s.lease_table}: cannot read it ({type(exc).__name__}: {exc}): check "
+                              f"the region, the credentials and the endpoint (AWS_ENDPOINT_URL_DYNAMODB)") from None
+        self.leases = self.saved = leases
+        if self.given_from and leases.checkpointed():
+            await leases.__aexit__(None, None, None)
             raise ConfigError(
                 f"--from {s.source_from}: {self.spec.text} has saved positions (in the lease table "
                 f"{s.lease_table}), where it resumes: pass --reset-positions to delete them and start from --from, "
                 f"or leave --from out")
+        self.log.info("source_started", stream=self.stream, start=self.start_at.kind,
+                      saved_shards=leases.checkpointed(), lease_table=s.lease_table, owner=leases.owner)
 
     async def _lead(self) -> None:
-        """Wait for the lease, read while it is held; once it is lost, wait again.
-        Reading ends with the reader's stop (the lease renewed until the shards have
-        finished: ``stop`` releases it)."""
-        lease = self.lease
-        assert lease is not None
-        while not self._closing.is_set():
-            try:
-                data = await lease.acquire(self._closing)
-            except LeaseLost:
-                return  # the reader stops
-            self.saved = SavedPositions.decode(self.spec.text, data, write=lease.write_positions)
-            self.reading, self.listed, self._lost = {}, {}, False
-            self._stop.clear()
-            if self._closing.is_set():
-                self._stop.set()
-            keeping = asyncio.create_task(lease.keep(), name=f"source {self.spec.text} lease")
-            try:
-                try:
-                    await self._begin()
-                except LeaseLost:
-                    await keeping  # lost at once: keep returns as it sees it
-                if keeping.done():
-                    discovering = None
-                else:
-                    discovering = asyncio.create_task(self._discover(), name=f"source {self.spec.text} shards")
-                    closing = asyncio.ensure_future(self._closing.wait())
-                    await asyncio.wait([keeping, discovering, closing], return_when=asyncio.FIRST_COMPLETED)
-                    closing.cancel()
-                    if discovering.done():
-                        discovering.result()  # a shard's task failed (a bug): the server logs task_crashed
-                if not keeping.done():  # the reader stops: its shards finish while the lease is renewed
-                    self._stop.set()
-                    await asyncio.wait([*self.reading.values(), *([discovering] if discovering else [])])
-                    return
-                self._lost = True
-                self._stop.set()
-                await self._let_go(discovering)
-                if discovering is not None and not discovering.cancelled() and discovering.exception():
-                    raise discovering.exception()  # type: ignore[misc]
-            finally:
-                keeping.cancel()
-                await asyncio.gather(keeping, return_exceptions=True)
+        """Keep the shards' leases (a cycle every period/3) and read the shards held
+        here, until the reader stops; then the shards finish while the leases are
+        renewed (``stop`` releases them)."""
+        leases = self.leases
+        assert leases is not None
+        kept = asyncio.Event()  # renewals go on until the shards have finished (their last checkpoints)
+        keeping = asyncio.create_task(leases.run(kept), name=f"source {self.spec.text} leases")
+        discovering = asyncio.create_task(self._discover(), name=f"source {self.spec.text} shards")
+        try:
+            await asyncio.wait([keeping, discovering], return_when=asyncio.FIRST_COMPLETED)
+            if discovering.done():
+                discovering.result()  # a shard's task failed (a bug): the server logs task_crashed
+            if keeping.done():
+                keeping.result()  # (a bug: it returns only once kept)
+            await asyncio.wait([*self.reading.values(), discovering])  # the reader stops: its shards finish
+        finally:
+            kept.set()
+            await asyncio.gather(keeping, return_exceptions=True)
+            discovering.cancel()
+            await asyncio.gather(discovering, return_exceptions=True)
 
-    async def _let_go(self, discovering: asyncio.Task[None] | None) -> None:
-        """The lease lost: each shard's read stops at once, its action under way is
-        answered, then ``leaseLost``; past ``shutdown_timeout`` what is left is cancelled."""
-        await self._finish([*self.reading.values(), *([discovering] if discovering else [])])
-        self.reading, self.feeds, self.cursors = {}, {}, {}
+    def _shard_lease_lost(self, shard_id: str) -> None:
+        """A shard's lease is gone: its reading stops at once (after the action under
+        way, ``leaseLost``)."""
+        self._lost_shards.add(shard_id)
+        stop = self._shard_stops.get(shard_id)
+        if stop is not None:
+            stop.set()
+        self._wake.set()
 
     async def _finish(self, tasks: list[asyncio.Task[Any]]) -> None:
         """Wait up to ``shutdown_timeout`` for ``tasks``; cancel what is left, and give
@@ -339,19 +343,23 @@ class SourceReader:
                 continue
             failures = 0
             self.listed = {s.shard_id: s for s in shards}
+            if self.leases is not None:
+                self.leases.offer(shards)
             gone = [s for s in self.saved.shard_ids() if s not in self.listed]
             if gone:
                 await self.saved.forget(gone)
-            for shard in shards:
-                if shard.shard_id not in self.reading and self._may_start(shard):
-                    self._start_shard(shard)
             for shard_id, task in list(self.reading.items()):
                 if not task.done():
                     continue
                 if not task.cancelled() and task.exception() is not None:
                     raise task.exception()  # type: ignore[misc]
-                if shard_id not in self.listed or self.saved.ended(shard_id):
-                    del self.reading[shard_id]  # never read again: not kept (shards roll over for months)
+                # ended or gone: never read again, not kept (shards roll over for months); with
+                # leases, a shard let go may be taken again, and is then read again at once
+                if shard_id not in self.listed or self.saved.ended(shard_id) or self.leases is not None:
+                    del self.reading[shard_id]
+            for shard in shards:
+                if shard.shard_id not in self.reading and self._may_start(shard) and self._held(shard.shard_id):
+                    self._start_shard(shard)
             await self._sleep(self.settings.source_discovery_interval, wake=True)
 
     async def _same_stream(self) -> bool:
@@ -373,10 +381,10 @@ class SourceReader:
             await self._sleep(self.settings.source_discovery_interval, wake=True)
             return False
         arn, created = now
-        self._stop.set()  # every shard's reading stops: its action finished, shutdownRequested
+        self._halt()  # every shard's reading stops: its action finished, shutdownRequested
         await self._finish(list(self.reading.values()))
-        if self._closing.is_set() or (self.lease is not None and self.lease.state != "holding"):
-            return False  # (stop stays set: the reader stops, or its lease went)
+        if self._closing.is_set():
+            return False  # (stop stays set: the reader stops)
         old = set(self.reading) | set(self.saved.shard_ids())
         self.reading, self.listed, self.feeds, self.cursors = {}, {}, {}, {}
         if self.restart is not None:
@@ -400,10 +408,23 @@ class SourceReader:
         assert self.saved is not None
         return may_start(shard, self.listed, self.saved.ended)
 
+    def _held(self, shard_id: str) -> bool:
+        """May this server read the shard (without ``--lease-table``, every one)?"""
+        return self.leases is None or self.leases.holds(shard_id)
+
     def _start_shard(self, shard: ShardInfo) -> None:
+        self._shard_stops[shard.shard_id] = asyncio.Event()
+        self._lost_shards.discard(shard.shard_id)
         task = asyncio.create_task(self._read_shard(shard), name=f"source {self.spec.text} {shard.shard_id}")
         self.reading[shard.shard_id] = task
         task.add_done_callback(lambda _: self._wake.set())
+
+    def _stopping(self, shard_id: str) -> asyncio.Event:
+        """Set when the shard's reading stops (the reader's stop, or its lease lost)."""
+        stop = self._shard_stops.get(shard_id)
+        if stop is None or self._stop.is_set():
+            return self._stop
+        return stop
 
     async def _sleep(self, seconds: float, *, wake: bool = False) -> None:
         """Sleep, cut short by stop (and by a shard's end, with ``wake``)."""
@@ -458,14 +479,14 @@ class SourceReader:
             except (NotFound, Invalid) as exc:
                 children = await self._not_found(shard, saved, exc, log)
             ended = children is not None
-            if not ended and self._lost:
+            if not ended and shard_id in self._lost_shards:
                 await feed.lease_lost()  # another server reads it now: the handler lets go
                 log.info("source_shard_lease_lost", position=feed.stored if feed.stored == SHARD_END
                          else getattr(feed.stored, "text", None))
             elif not ended:
                 await feed.shutdown_requested()  # the source stops: the handler may checkpoint
         except FeedClosed as exc:
-            if not self._stop.is_set():
+            if not self._stopping(shard_id).is_set():
                 log.warning("source_shard_closed", error=str(exc),
                             what_to_do="the server closed the shard's connection; it is read again at the next start")
             return
@@ -476,7 +497,7 @@ class SourceReader:
         if not ended:
             return
         # (its lease lost: the SHARD_END checkpoint was refused, and the new owner ends it)
-        if feed.stored != SHARD_END and not self._lost:
+        if feed.stored != SHARD_END and shard_id not in self._lost_shards:
             log.error("source_shard_end_not_stored", stored=str(feed.stored),
                       what_to_do="the handler's shard_ended did not checkpoint SHARD_END (checkpoint() with no "
                                  "sequence number): the shard's children are not read until a restart reads it "
@@ -524,10 +545,11 @@ class SourceReader:
         assert streams is not None
         poll = self.settings.source_poll_interval
         at_ms = self.start_at.at_ms if self.start_at.kind == "time" else None
+        stop = self._stopping(shard.shard_id)
         cursor = ShardCursor(streams, shard, first, log=log, last=feed.delivered, since_ms=at_ms, at_ms=at_ms,
-                             stop=self._stop)
+                             stop=stop)
         self.cursors[shard.shard_id] = cursor
-        while not self._stop.is_set():
+        while not stop.is_set():
             page = await cursor.read()
             if page is None:
                 return None
@@ -542,7 +564,7 @@ class SourceReader:
                 return page.children
             if page.read >= streams.limit or (not page.read and (page.behind_ms or 0) > 0):
                 continue  # more is there: read again (no sooner than read_interval)
-            await self._sleep(poll if not page.read else poll / 4)
+            await sleep(poll if not page.read else poll / 4, stop)
         return None
 
 
