@@ -21,12 +21,13 @@ live server holding one, read from the lease table's ``leaseOwner``) and stay so
 (KCL 3.x balances by each worker's load, not by count: 4 / 2 over two servers on one
 machine is its balance.) The leader is the worker named in the KCL 3.x leader lock
 (the ``<app>-CoordinatorState`` table's ``Leader`` item).
-Figures, one column a phase (1, 2 and 3 servers side by side, then after each kill):
-rows each server committed a second (its ``window_committed`` events in the phase),
+Figures, one column a phase (1, 2 and 3 servers side by side, then after each kill),
+over ``MEASURE`` s once its leases settled: rows each server committed a second (its
+``window_committed`` events),
 records put a second, commit conflicts a minute (``table_commit_conflict``), and the
 commit's duration p50/p99 (``window_committed`` ``duration_ms``: the catalog's
 compare-and-swap and the retries a conflict costs). The checks: every record put is in
-the table exactly once (read back with pyiceberg), and each balance happened::
+the table exactly once (read back with pyiceberg), and each phase's leases settled::
 
     scale = await run_scale(tmp, quick=True)
     for line in scale.table():
@@ -59,7 +60,8 @@ SHARDS = 6
 HASH_KEYS = 1 << 128
 JOIN = 300.0  # s for a server's start to settle (the daemon's first leases: about a minute)
 DEATH = 400.0  # s for a dead server's leases to move (the leader's lock: about two minutes)
-STABLE = 20.0  # s with no lease moving: settled (and the steady part of each phase's figures)
+STABLE = 20.0  # s with no lease moving: settled
+MEASURE = 60.0  # s of each phase's figures, once settled (20 with --quick)
 DRAIN = 300.0  # s for every record put to be in the table once the producer stops
 CONFIG = """\
 window = 2.0
@@ -73,7 +75,7 @@ EXTRA = {"failoverTimeMillis": "10000", "shardSyncIntervalMillis": "10000"}
 @dataclass
 class Phase:
     name: str
-    began: float  # time.time()
+    began: float  # time.time(): its start or kill, then (once settled) the start of its figures
     ended: float = 0.0
     settled_s: float | None = None  # from its event (a start, a kill) to the leases' last move
     leases: str = "-"  # leases each live server holds then, in start order
@@ -151,13 +153,13 @@ def _ms(values: list[float], q: int) -> str:
 class Server:
     """One ``mldserver run`` with its own state dir, log and daemon."""
 
-    def __init__(self, base: Path, name: str, properties: Path, config: Path, sink: Path) -> None:
+    def __init__(self, base: Path, name: str, properties: Path, config: Path, sink: str) -> None:
         self.name, self.dir = name, base / name
         self.dir.mkdir()
         self.log = self.dir / "server.log"
         self.command = [sys.executable, "-m", "mldserver", "run", "--properties", str(properties), "--handler",
                         PASSTHROUGH, "--port", "0", "--admin", "127.0.0.1:0", "--state-dir", str(self.dir / "state"),
-                        "--log-file", str(self.log), "--workers", "1", "--sink", f"iceberg:{sink}",
+                        "--log-file", str(self.log), "--workers", "1", "--sink", sink,
                         "--server-id", name, "--config", str(config)]
         self.start()
 
@@ -235,7 +237,8 @@ class Producer(threading.Thread):
 
 
 class Bench:
-    def __init__(self, base: Path, kinesis: Any, dynamodb: Any, shards: int) -> None:
+    def __init__(self, base: Path, kinesis: Any, dynamodb: Any, shards: int,
+                 table_catalog: dict[str, str] | None = None) -> None:
         from ..emulators import daemon_properties
 
         self.base, self.dynamodb, self.shards = base, dynamodb, shards
@@ -243,10 +246,17 @@ class Bench:
         self.properties = daemon_properties(base / "scale.properties", stream=STREAM, app=self.app,
                                             kinesis=kinesis.endpoint, dynamodb=dynamodb.endpoint, extra=EXTRA)
         self.config = base / "scale.toml"
-        self.config.write_text(CONFIG)
-        self.sink = base / "lake"
+        self.catalog = dict(table_catalog or {})
+        if self.catalog:  # a networked catalog naming its warehouse: no folder (as on many machines)
+            self.sink = "iceberg:"
+            self.config.write_text(CONFIG + "[table_catalog]\n" + "".join(f'"{k}" = "{v}"\n'
+                                                                          for k, v in self.catalog.items()))
+        else:  # SQLite in one folder every server reaches
+            self.sink = f"iceberg:{base / 'lake'}"
+            self.config.write_text(CONFIG)
         self.servers: list[Server] = []
         self.producer = Producer(kinesis, shards)
+        self.measure = MEASURE
         self.result = Scale(shards)
 
     def owners(self) -> Counter:
@@ -281,9 +291,8 @@ class Bench:
 
     async def phase(self, name: str, live: list[Server], limit: float) -> None:
         """A phase begins (a start or a kill just happened): until the leases are settled
-        and stay so for ``STABLE`` s; its figures are those of the whole phase."""
+        and stay so for ``STABLE`` s, then its figures over ``measure`` s more."""
         began = time.time()
-        put = self.producer.count()
         phase = Phase(name, began)
         self.result.phases.append(phase)
         deadline = time.monotonic() + limit
@@ -302,6 +311,8 @@ class Bench:
                 self.result.problem = f"{name}: leases {dict(self.owners())} not settled in {limit:g} s"
                 break
             await asyncio.sleep(0.5)
+        phase.began, put = time.time(), self.producer.count()  # the figures: a while once settled
+        await asyncio.sleep(self.measure)
         phase.ended = time.time()
         phase.put = self.producer.count() - put
 
@@ -310,21 +321,37 @@ class Bench:
         self.servers.append(server)
         return server
 
-    def table_rows(self) -> Counter:
-        from pyiceberg.catalog.sql import SqlCatalog
+    def open_table(self) -> Any:
+        """The table as another reader opens it (pyiceberg, the servers' catalog); None
+        before the first commit made it."""
+        from pyiceberg.catalog import load_catalog
+        from pyiceberg.exceptions import NoSuchTableError
 
-        catalog = SqlCatalog("mldserver", uri=f"sqlite:///{self.sink}/catalog.db", warehouse=f"file://{self.sink}")
+        if self.catalog:
+            properties = dict(self.catalog)
+            catalog = load_catalog(properties.pop("name", "mldserver"), **properties)
+        else:
+            lake = self.base / "lake"
+            catalog = load_catalog("mldserver", type="sql", uri=f"sqlite:///{lake}/catalog.db",
+                                   warehouse=f"file://{lake}")
         try:
-            table = catalog.load_table(("mldserver", "windows"))
-        except Exception:
+            return catalog.load_table(("mldserver", "windows"))
+        except NoSuchTableError:
+            return None
+
+    def table_rows(self) -> Counter:
+        table = self.open_table()
+        if table is None:
             return Counter()
         rows = table.scan(selected_fields=("shard_id", "sequence_number")).to_arrow().to_pylist()
         return Counter((r["shard_id"], r["sequence_number"]) for r in rows)
 
 
-async def run_scale(tmp: str | os.PathLike, *, quick: bool = False, shards: int = SHARDS) -> Scale:
-    """The module docstring's run in ``tmp/scale``. ConfigError when the emulators or the
-    daemon are not installed."""
+async def run_scale(tmp: str | os.PathLike, *, quick: bool = False, shards: int = SHARDS,
+                    table_catalog: dict[str, str] | None = None) -> Scale:
+    """The module docstring's run in ``tmp/scale``; ``table_catalog``: the servers'
+    ``[table_catalog]`` (say PostgreSQL and an S3 warehouse), else SQLite in one folder.
+    ConfigError when the emulators or the daemon are not installed."""
     from ..daemon import jars
     from ..emulators import DynamoDBLocal, KinesisLocal
     from ...base import preflight
@@ -338,7 +365,9 @@ async def run_scale(tmp: str | os.PathLike, *, quick: bool = False, shards: int 
     try:
         dynamodb = DynamoDBLocal(base)
         kinesis.create_stream(STREAM, shards)
-        bench = Bench(base, kinesis, dynamodb, shards)
+        bench = Bench(base, kinesis, dynamodb, shards, table_catalog)
+        if quick:
+            bench.measure = MEASURE / 3
         bench.producer.start()
         one = [bench.start()]
         await bench.phase("1 server", one, JOIN)
