@@ -198,9 +198,9 @@ EVENTS: dict[str, Event] = {
     **_area("coordinator", {
         "commit_log_read": ("info", "At start-up the sink's commit log told what is committed: `windows`, "
                                     "`shards`, `end`."),
-        "committed_position_read": ("info", "A shard's committed position was read from the table "
-                                            "(`duration_ms`)."),
-        "committed_position_failed": ("warning", "A shard's committed position could not be read from the "
+        "committed_position_read": ("info", "A shard's committed intervals (`intervals`) and highest "
+                                            "position were read from the table (`duration_ms`)."),
+        "committed_position_failed": ("warning", "A shard's committed intervals could not be read from the "
                                                  "table: retried."),
         "spool_replayed": ("info", "A shard's spooled rows (written at its end) were replayed at start-up."),
         "spooled": ("info", "At a shard end, its uncommitted rows were spooled (fsynced) before "

@@ -225,7 +225,7 @@ def emitted(positions, order, time=1000, tag=""):
 
 def test_duplicates_among_rows_out_of_record_order_are_dropped_by_position():
     o = ordering()
-    o.delivered("A", Position.parse("11"))  # a checkpoint at 11: 10 and 11 were delivered
+    o.delivered("A", ((None, Position.parse("11")),))  # a checkpoint at 11: 10 and 11 were delivered
     records = [Position.parse(str(s)) for s in (10, 11, 12, 13)]
     kept = flat(o.add("A", emitted(records, [2, 0, 3, 1]), records[-1], now=0))
     assert [r.position.seq for r in kept] == [12, 13] and o.duplicates == 2
@@ -273,7 +273,7 @@ def test_a_dropped_shard_leaves_the_windows_and_comes_back_with_only_its_committ
     a, b = rows(1, [1_000, 70_000], "a"), rows(100, [2_000, 3_000], "b")
     ordering.add("A", a, last(a), now=0)
     ordering.add("B", b, last(b), now=0)
-    assert ordering.drop("B", high=Position.parse("100")) == 2
+    assert ordering.drop("B", ((None, Position.parse("100")),)) == 2
     [first, second] = ordering.close(until=float("inf"))
     assert contents(first) + contents(second) == [("a", 1), ("a", 2)]
     again = rows(100, [2_000, 3_000], "b")  # delivered again after the lease came back
