@@ -28,8 +28,9 @@ newline, which is a JSON-lines file's content and what pyarrow's JSON reader par
 The first ``late_rows`` rows are late: rows older than a window already closed,
 handed over with the next window instead of dropped (they sort first: their event
 time is before this window's start). ``positions`` maps each shard to the highest
-position this window covers: the commit log of a sink records it
-(``position.to_json()``). ``starts`` maps each shard to where the rows this server
+position this window covers (its last row's; past it, the records after it that made
+no row, when the window has the last rows the shard's reading delivered): the commit
+log of a sink records it (``position.to_json()``). ``starts`` maps each shard to where the rows this server
 read of it start (just above the checkpoint it was initialized at, or its first
 record): with ``claims()``, the interval [start, position] of the shard this commit
 makes committed, which a sink keeps beside the others (``base.intervals``); a shard

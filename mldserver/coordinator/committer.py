@@ -194,19 +194,30 @@ class Committer:
     # -- sealing and committing -----------------------------------------------------
 
     def seal(self, closed: Iterable[WindowRows], watermark: float,
-             start_of: Callable[[str], Position | None] = lambda shard_id: None) -> None:
+             reading: Callable[[str], tuple[Position | None, Position | None]] = lambda s: (None, None)) -> None:
         """Windows the watermark closed, sealed behind those waiting already (on the
         loop: a sort of each shard's event times, runs already sorted, some 10 ns a
-        row; the rows' JSON is put in that order by the sink). ``start_of``: where each
-        shard's rows read here start (``Window.starts``, ``Ordering.start_of``)."""
+        row; the rows' JSON is put in that order by the sink). ``reading``: where each
+        shard's rows read here start (``Window.starts``), and how far its reading has
+        delivered when no row of it is left for a later window (``Ordering.reading``):
+        the last window sealed with the shard's rows covers that far (``positions``)."""
         closed_at = time.perf_counter()
+        windows = []
         for rows in closed:
             # late rows committed, left out of the output
             dropped: list[RowBatch] = rows.drop_late() if self.late_policy != "next" else []
             again = rows.again
             window, commits = seal(rows)
-            window.starts = {s: low for s in window.positions if (low := start_of(s)) is not None}
+            windows.append(window)
             self.sealed.append(Sealed(window, commits, watermark, closed_at, dropped, again))
+        last = {shard_id: window for window in windows for shard_id in window.positions}  # each shard's last
+        readings = {shard_id: reading(shard_id) for shard_id in last}
+        for window in windows:
+            window.starts = {s: start for s in window.positions if (start := readings[s][0]) is not None}
+        for shard_id, window in last.items():
+            reach = readings[shard_id][1]
+            if reach is not None and reach > window.positions[shard_id]:
+                window.positions[shard_id] = reach
 
     def prepare_next(self) -> None:
         """The sink is told the window that commits next, to make it ready while the

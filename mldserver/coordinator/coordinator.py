@@ -382,7 +382,7 @@ class Coordinator:
         """Every window the global watermark at ``now`` has passed, cut out and sealed
         behind those waiting already."""
         watermark = self.watermarks.minimum(now)
-        self.committer.seal(self.ordering.close(watermark), watermark, self.ordering.start_of)
+        self.committer.seal(self.ordering.close(watermark), watermark, self.ordering.reading)
 
     async def _committed(self, window: Window, commits: dict[str, list[RowBatch]]) -> None:
         """After the sink committed ``window``: its rows are committed in the ledger, and

@@ -27,7 +27,7 @@ where Bloop breaks it is decided here, the policy:
   position a reading of the shard started from, a row no owner read is not a
   duplicate however high the shard's committed position: each reading's rows are
   their own interval, from its ``start`` (just above its initialize checkpoint, or its
-  first row: ``opened``), which a window's commit claims (``start_of``);
+  first row: ``opened``), which a window's commit claims (``reading``);
 - **lineage**: a child shard's rows are held until none of its parents (up to two)
   can still add rows, and are then clamped to start no earlier than the parents'
   last rows (one millisecond later where the child's id sorts before a parent's, so
@@ -230,10 +230,19 @@ class Ordering:
         state = self.shard(shard_id)
         state.seen = union(state.seen, committed)
 
-    def start_of(self, shard_id: str) -> Position | None:
-        """Where the rows delivered here of the shard start (None: not known here)."""
+    def reading(self, shard_id: str) -> tuple[Position | None, Position | None]:
+        """Where the rows delivered here of the shard start (None: not known here), and
+        how far the reading under way has delivered if none of its rows waits here for a
+        window (None otherwise; and with panes, sessions or rows out of order, whose
+        rows may wait elsewhere): a window committing its last rows covers the records
+        after them too, so a reading from the checkpoint it leaves continues its interval."""
         state = self.shards.get(shard_id)
-        return None if state is None else state.start
+        if state is None:
+            return None, None
+        if state.held or state.queue or self.panes is not None or self.disorder_ms or \
+                any(s == shard_id for s, _ in self.pending_late):
+            return state.start, None
+        return state.start, state.high
 
     def resume(self, committed_end: int, output: dict[str, Position] | None = None,
                final_until: int | None = None, handed: dict[str, list[tuple[Position, int]]] | None = None) -> None:

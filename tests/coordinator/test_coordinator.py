@@ -842,6 +842,31 @@ async def test_on_one_server_a_reading_from_below_a_latest_start_commits_the_row
     assert committed_seqs(out) == list(range(50, 161))
 
 
+async def test_a_reading_from_the_checkpoint_another_left_past_its_last_row_continues_its_interval(settings, tmp_path):
+    """Records 11..15 make no row: the window that commits the reading's last rows covers
+    them (its position is 15), so the reading after a restart from the checkpoint at 15
+    continues the one interval rather than leaving a second one above a gap."""
+    clock = FakeClock(1_000_000)
+    out = tmp_path / "out"
+    c = await started(settings, tmp_path, clock, LoggedSink(out))
+    try:
+        await c.open_shard("A", position(0))
+        c.add_batch("A", items(1, [clock() + i for i in range(10)]), position(15), 0)
+        clock.advance(120_001)
+        c.add_batch("A", RowBatch.empty(), position(15), 0)
+        await c.step()
+        assert c.safe_position("A") == position(15)
+    finally:
+        await c.stop()
+    c = await started(settings, tmp_path, clock, LoggedSink(out))
+    try:
+        await read(c, clock, "A", 16, 20, position(15))
+    finally:
+        await c.stop()
+    assert LoggedSink(out).log.read().intervals == {"A": ((after(position(0)), position(20)),)}
+    assert committed_seqs(out) == [*range(1, 11), *range(16, 21)]
+
+
 async def test_a_commit_log_without_starts_still_says_everything_at_or_below_is_committed(settings, tmp_path):
     """An older commit log (entries without ``starts``): as before, the shard's rows at or
     below its position are duplicates."""
