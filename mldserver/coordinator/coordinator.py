@@ -64,7 +64,7 @@ from ..api.rows import RowBatch
 from ..base.config import Settings, state_path
 from ..base.deadletters import DeadLetters
 from ..base.handoff import Sink, Window
-from ..base.intervals import top
+from ..base.intervals import to_json
 from ..base.logs import EventLogger, get_logger
 from ..base.positions import Position
 from .committer import Committer, LastCommit, SinkFailing, ms
@@ -203,10 +203,11 @@ class Coordinator:
     async def open_shard(self, shard_id: str, checkpoint: Position | None) -> None:
         self.shards.entry(shard_id).lost = False  # its lease came back before the drop
         committed = await self.committer.committed(shard_id)  # another server's, in a shared sink
-        if committed:
-            self.ordering.delivered(shard_id, committed)
-            self.shards.committed_in(shard_id, committed)
-        self.ordering.opened(shard_id, checkpoint, buffered=not self.ledger.done(shard_id))  # where its reading starts
+        self.shards.committed_in(shard_id, committed)  # (and ordering.delivered: inside, duplicates)
+        if self.ordering.below(shard_id, checkpoint) and not self.ledger.done(shard_id):
+            async with self.committer.turn:  # rows of a reading begun higher: dropped, this one reads them again
+                self._drop(shard_id)
+        self.ordering.opened(shard_id, checkpoint, buffered=self.ledger.opened(shard_id, checkpoint))
         await self.lineage.started(shard_id, checkpoint)
         self.shards.connected(shard_id)  # after the awaits: a pass may have forgotten it meanwhile
         self.watermarks.open(shard_id, self.clock())
@@ -271,12 +272,11 @@ class Coordinator:
         safe, committed = self.ledger.safe(shard_id), self.shards.committed(shard_id)  # inside: duplicates if back
         rows = self.ledger.drop(shard_id, forget=restarted)
         self.ordering.drop(shard_id, committed, safe, forget=restarted)
-        floor = max((p for p in (safe, top(committed)) if p is not None), default=None)
         self.watermarks.forget(shard_id)
         if restarted:
             self.log.warning("shard_restarted", shard_id=shard_id, rows=rows)
-        else:
-            self.log.info("lease_lost_rows_dropped", shard_id=shard_id, rows=rows, committed=floor and floor.to_json())
+        else:  # committed: its intervals (inside, records are duplicates should it come back)
+            self.log.info("lease_lost_rows_dropped", shard_id=shard_id, rows=rows, committed=to_json(committed))
         self.committer.wake()
 
     def safe_position(self, shard_id: str) -> Position | None:

@@ -93,6 +93,7 @@ class ShardOrder:
     start: Position | None = None  # where the rows delivered here start: the low of their interval
     starting: bool = True  # the next batch's first record sets ``start`` (a reading begun at a sentinel)
     high: Position | None = None  # the highest position this reading delivered: below it, a replay
+    before: Position | None = None  # the highest the reading before delivered, its rows still here
     held: list[RowBatch] = field(default_factory=list)  # waiting for parents to finish
     # in no closed window yet; times never decrease (with ``disorder_ms``, within each piece)
     queue: deque[RowBatch] = field(default_factory=deque)
@@ -174,18 +175,24 @@ class Ordering:
         """A reading of the shard begins here (initialize) just above ``checkpoint`` (a
         Position; anything else, such as None or a sentinel like LATEST: at its first
         record). With rows of an earlier reading still uncommitted here (``buffered``)
-        the start only rises: a window's claim may then leave out rows below it (those at
-        or below a checkpoint are claimed already; those of an earlier reading past a gap
-        are committed unclaimed, and read again after a restart would be committed twice),
-        never take in rows no reading had."""
+        it keeps that reading's start unless it begins past a gap above what that one
+        delivered (``_begun``; one from a checkpoint below has had them dropped: ``below``)."""
         start = after(checkpoint) if isinstance(checkpoint, Position) else None
         state = self.shard(shard_id)
-        state.high = None
+        state.before, state.high = state.high, None
         if not buffered:
-            state.start = None
+            state.start = state.before = None
         state.starting = start is None
-        if start is not None and (state.start is None or start > state.start):
-            state.start = start
+        if start is not None:
+            state.start = _begun(state.start, start, state.before)
+
+    def below(self, shard_id: str, checkpoint: object) -> bool:
+        """Would a reading from ``checkpoint`` (a Position) begin below where the rows
+        read here of the shard start? (Rows of that reading still here would be mixed
+        with lower ones after them: the coordinator drops them first.)"""
+        state = self.shards.get(shard_id)
+        return isinstance(checkpoint, Position) and state is not None and state.start is not None \
+            and after(checkpoint) < state.start
 
     def forget(self, shard_id: str) -> None:
         """Drop a shard with no rows left here; remember its delivered intervals a while."""
@@ -276,9 +283,7 @@ class Ordering:
         state = self.shard(shard_id)
         seen = state.seen
         if state.starting and (len(rows) or last is not None):
-            first = rows.lowest() if len(rows) else last
-            if state.start is None or first > state.start:
-                state.start = first
+            state.start = _begun(state.start, rows.lowest() if len(rows) else last, state.before)
             state.starting = False
         high = state.high  # (the usual batch: above all of it)
         if len(rows) and ((high is not None and rows.lowest() <= high) or (seen and rows.lowest() <= seen[-1][1])):
@@ -540,6 +545,20 @@ class Ordering:
                     starts.add(start)
                     i = int(np.searchsorted(times, start + window.size))
         return len(starts)
+
+
+def _begun(current: Position | None, start: Position, before: Position | None) -> Position:
+    """Where the rows read here start once a reading begins at ``start`` (its first
+    position), rows of the reading before (from ``current`` up to ``before``) still
+    here: that one's start when this continues it (from within or right after what it
+    delivered) or begins below it, its own when it begins past a gap above it. A claim
+    from there may leave out some rows committed, never take in rows no reading had:
+    below it, those of a reading begun lower (claimed once its rows above commit), or
+    of the one before past the gap (committed unclaimed: read again after a restart, they
+    would be committed twice)."""
+    if current is None or before is None or start > after(before):
+        return start
+    return current
 
 
 def _outside(rows: RowBatch, seen: Intervals) -> RowBatch:

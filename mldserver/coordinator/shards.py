@@ -49,7 +49,7 @@ class Shards:
     def __init__(self, on_floor: Callable[[str, Intervals], None]) -> None:
         self.entries: dict[str, ShardEntry] = {}
         self.floors: dict[str, Intervals] = {}
-        self.on_floor = on_floor  # a new entry starts from a floor: records inside are duplicates
+        self.on_floor = on_floor  # a new entry's floor, and intervals committed since: records inside are duplicates
 
     def __getitem__(self, shard_id: str) -> ShardEntry:
         return self.entries[shard_id]
@@ -89,9 +89,11 @@ class Shards:
         return self.floors.get(shard_id, ()) if entry is None else entry.committed
 
     def committed_in(self, shard_id: str, intervals: Intervals) -> None:
-        """These intervals of the shard are committed too."""
+        """These intervals of the shard are committed too (``on_floor`` is told)."""
         entry = self.entry(shard_id)
         entry.committed = union(entry.committed, intervals)
+        if intervals:
+            self.on_floor(shard_id, intervals)
 
     def restarted(self, shard_id: str) -> bool:
         """Was the shard's stream created again (``restarted`` set)? If so the flag goes,

@@ -829,14 +829,20 @@ async def test_a_shard_read_again_from_below_where_a_reading_started_commits_the
 
 async def test_on_one_server_a_reading_from_below_a_latest_start_commits_the_rows_below(settings, tmp_path):
     """A reading begun at LATEST (its first record 100) commits 100..150; the shard's
-    connection ends, and it is read again here from a checkpoint at 49: 50..99 are new."""
+    connection ends, and it is read again here from a checkpoint at 49: 50..99 are new,
+    and the shard checkpoints no further than 49 until they are committed."""
     clock = FakeClock(1_000_000)
     out = tmp_path / "out"
     c = await started(settings, tmp_path, clock, LoggedSink(out))
     try:
         await read(c, clock, "A", 100, 150, "LATEST")
+        assert c.safe_position("A") == position(150)
         c.shard_closed("A")
-        await read(c, clock, "A", 50, 160, position(49))
+        await c.open_shard("A", position(49))
+        c.add_batch("A", items(50, [clock() + i for i in range(111)]), position(160), 100)
+        assert c.safe_position("A") == position(49)
+        await read(c, clock, "A", 161, 160, position(49))  # (the daemon again, at its checkpoint: all commits)
+        assert c.safe_position("A") == position(160)
     finally:
         await c.stop()
     assert committed_seqs(out) == list(range(50, 161))
@@ -924,8 +930,10 @@ async def test_every_row_read_is_committed_exactly_once_whatever_the_readings_st
     """Readings of one shard of 400 records from random starts (a checkpoint anywhere,
     or LATEST at a random record), each ended by a restart of the server (into the
     table: another server takes the shard), a lost lease (its rows past the last commit
-    dropped) or its connection closing once all is committed: every row some reading
-    committed is in the output once."""
+    dropped), its connection closing once all is committed, or the daemon restarting
+    with rows still uncommitted here (the next reading then starts at the shard's
+    checkpoint, as the daemon does): every row some reading committed is in the output
+    once."""
     rng = random.Random(seed)
     clock = FakeClock(1_000_000)
     out = tmp_path / "out"
@@ -935,18 +943,29 @@ async def test_every_row_read_is_committed_exactly_once_whatever_the_readings_st
         return LoggedSink(out) if kind == "log" else table_sink(settings, tmp_path, f"server-{next(servers)}")
 
     expected: set[int] = set()
+    resume = None  # the daemon restarted: the next reading starts at the checkpoint
+    delivered = 0  # ... and delivers at least as far as the one before
+    steps = []
     c = await started(settings, tmp_path, clock, sink())
     try:
         for _ in range(rng.randint(2, 6)):
-            low = rng.randint(0, 380)
-            high = rng.randint(low + 1, 400)
-            checkpoint = position(low) if rng.random() < 0.7 else "LATEST"  # (LATEST: its first record is low + 1)
+            if resume is not None and delivered == 400:  # nothing more to read: the rows still here commit
+                await read(c, clock, "A", resume + 1, 400, position(resume))
+                expected.update(range(resume + 1, 401))
+                resume = None
+            low = rng.randint(0, 380) if resume is None else resume
+            high = rng.randint(max(low + 1, delivered if resume is not None else 0), 400)
+            checkpoint = position(low) if resume is not None or rng.random() < 0.7 else "LATEST"  # (its first: low + 1)
             await read(c, clock, "A", low + 1, high, checkpoint)
             expected.update(range(low + 1, high + 1))
-            end = rng.choice(["restart", "lease_lost", "closed"])
-            if end != "closed" and high < 400:  # more delivered, never committed
-                more = rng.randint(high + 1, 400)
-                c.add_batch("A", items(high + 1, [clock() + i for i in range(more - high)]), position(more), 100)
+            end, resume, delivered = rng.choice(["restart", "lease_lost", "closed", "daemon_restart"]), None, high
+            steps.append((checkpoint, low + 1, high, end))
+            if end != "closed" and high < 400:  # more delivered, not committed yet
+                delivered = rng.randint(high + 1, 400)
+                c.add_batch("A", items(high + 1, [clock() + i for i in range(delivered - high)]), position(delivered),
+                            100)
+                if end == "daemon_restart":  # (they commit with the next reading's windows, or are read again)
+                    expected.update(range(high + 1, delivered + 1))
             if end == "restart":
                 await c.stop()
                 c = await started(settings, tmp_path, clock, sink())
@@ -954,8 +973,14 @@ async def test_every_row_read_is_committed_exactly_once_whatever_the_readings_st
                 c.lease_lost("A")
             else:
                 c.shard_closed("A")
+                if end == "daemon_restart":  # at its checkpoint, or one moved back by hand
+                    resume = c.safe_position("A").seq
+                    resume = resume if rng.random() < 0.6 else rng.randint(0, resume)
+        if resume is not None:  # the daemon back once more: the rows still here commit
+            await read(c, clock, "A", resume + 1, delivered, position(resume))
+            expected.update(range(resume + 1, delivered + 1))
     finally:
         await c.stop()
     seqs = committed_seqs(out) if kind == "log" else table_seqs(tmp_path)
-    assert len(seqs) == len(set(seqs)), "a row committed twice"
-    assert set(seqs) == expected
+    assert len(seqs) == len(set(seqs)), ("a row committed twice", steps)
+    assert set(seqs) == expected, steps

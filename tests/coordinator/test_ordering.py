@@ -290,3 +290,38 @@ def test_late_rows_alone_are_handed_over_once_the_next_window_is_past_the_waterm
     assert ordering.close(until=MINUTE + 59_999) == []  # the next window may still get rows
     [window] = ordering.close(until=2 * MINUTE)  # no row came: the late rows go alone
     assert (window.start, window.end, window.late_rows, len(window)) == (MINUTE, 2 * MINUTE, 2, 2)
+
+
+def test_a_reading_starts_above_its_checkpoint_or_at_its_first_record_and_its_rows_are_its_interval():
+    o = ordering()
+    o.opened("A", Position.parse("99"), buffered=False)
+    add(o, "A", 100, [1_000] * 51)
+    assert o.reading("A") == (Position(99, 1, "99"), None)  # its rows wait for their window
+    o.opened("B", "LATEST", buffered=False)
+    add(o, "B", 100, [1_000, 1_000])
+    assert o.reading("B")[0] == Position.parse("100")
+    o.close(until=float("inf"))
+    assert o.reading("A") == (Position(99, 1, "99"), Position.parse("150"))  # all in windows: it covers that far
+    # read again from below where it started: the rows below are new, those above duplicates
+    o.opened("A", Position.parse("49"), buffered=False)
+    kept = add(o, "A", 50, [2_000] * 111)
+    assert [r.position.seq for r in kept] == [*range(50, 100), *range(151, 161)] and o.duplicates == 51
+    assert o.reading("A")[0] == Position(49, 1, "49")
+
+
+def test_with_rows_of_the_reading_before_still_here_a_reading_keeps_its_start_unless_it_begins_past_a_gap():
+    for checkpoint, start in [("120", "99"),   # continues it: the one interval
+                              ("150", "99"),   # right after what it delivered
+                              ("49", "99"),    # below it: its rows below are left out of the claims
+                              ("200", "200")]:  # past a gap above it: its own
+        o = ordering()
+        o.opened("A", Position.parse("99"), buffered=False)
+        add(o, "A", 100, [1_000] * 51)
+        o.opened("A", Position.parse(checkpoint), buffered=True)
+        assert o.reading("A")[0] == Position(int(start), 1, start), checkpoint
+    o = ordering()
+    o.opened("A", Position.parse("99"), buffered=False)
+    add(o, "A", 100, [1_000] * 51)
+    o.opened("A", "LATEST", buffered=True)
+    add(o, "A", 300, [2_000])  # its first record, past a gap
+    assert o.reading("A")[0] == Position.parse("300")
