@@ -215,8 +215,8 @@ EVENTS: dict[str, Event] = {
         "duplicates_dropped": ("info", "Rows at or below a committed position (delivered again) were "
                                        "dropped."),
         "event_time_clamped": ("info", "Event times that went backwards within a shard were clamped."),
-        "lease_lost_rows_dropped": ("info", "A shard's lease was lost (or a reading of it began from a checkpoint "
-                                            "below where its rows still here started): its uncommitted rows left the "
+        "lease_lost_rows_dropped": ("info", "A shard's lease was lost (or a reading of it began that does not continue "
+                                            "the one whose rows are still here): its uncommitted rows left the "
                                             "coordinator; the new owner reads them again. `committed`: the shard's "
                                             "committed intervals."),
         "shard_restarted": ("warning", "A `--source` stream was deleted and created again while read: the shard "

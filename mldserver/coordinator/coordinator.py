@@ -204,8 +204,8 @@ class Coordinator:
         self.shards.entry(shard_id).lost = False  # its lease came back before the drop
         committed = await self.committer.committed(shard_id)  # another server's, in a shared sink
         self.shards.committed_in(shard_id, committed)  # (and ordering.delivered: inside, duplicates)
-        if self.ordering.below(shard_id, checkpoint) and not self.ledger.done(shard_id):
-            async with self.committer.turn:  # rows of a reading begun higher: dropped, this one reads them again
+        if self.ordering.apart(shard_id, checkpoint) and not self.ledger.done(shard_id):
+            async with self.committer.turn:  # rows of another stretch of the shard: dropped (as if a lease was lost)
                 self._drop(shard_id)
         self.ordering.opened(shard_id, checkpoint, buffered=self.ledger.opened(shard_id, checkpoint))
         await self.lineage.started(shard_id, checkpoint)

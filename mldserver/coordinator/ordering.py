@@ -93,7 +93,6 @@ class ShardOrder:
     start: Position | None = None  # where the rows delivered here start: the low of their interval
     starting: bool = True  # the next batch's first record sets ``start`` (a reading begun at a sentinel)
     high: Position | None = None  # the highest position this reading delivered: below it, a replay
-    before: Position | None = None  # the highest the reading before delivered, its rows still here
     held: list[RowBatch] = field(default_factory=list)  # waiting for parents to finish
     # in no closed window yet; times never decrease (with ``disorder_ms``, within each piece)
     queue: deque[RowBatch] = field(default_factory=deque)
@@ -174,25 +173,28 @@ class Ordering:
     def opened(self, shard_id: str, checkpoint: object, buffered: bool) -> None:
         """A reading of the shard begins here (initialize) just above ``checkpoint`` (a
         Position; anything else, such as None or a sentinel like LATEST: at its first
-        record). With rows of an earlier reading still uncommitted here (``buffered``)
-        it keeps that reading's start unless it begins past a gap above what that one
-        delivered (``_begun``; one from a checkpoint below has had them dropped: ``below``)."""
-        start = after(checkpoint) if isinstance(checkpoint, Position) else None
+        record). With rows of the reading before still uncommitted here (``buffered``)
+        it continues that one (``apart`` says which do not): its rows start where that
+        one's did."""
         state = self.shard(shard_id)
-        state.before, state.high = state.high, None
+        state.high = None
         if not buffered:
-            state.start = state.before = None
-        state.starting = start is None
-        if start is not None:
-            state.start = _begun(state.start, start, state.before)
+            state.start = after(checkpoint) if isinstance(checkpoint, Position) else None
+            state.starting = state.start is None
 
-    def below(self, shard_id: str, checkpoint: object) -> bool:
-        """Would a reading from ``checkpoint`` (a Position) begin below where the rows
-        read here of the shard start? (Rows of that reading still here would be mixed
-        with lower ones after them: the coordinator drops them first.)"""
+    def apart(self, shard_id: str, checkpoint: object) -> bool:
+        """Would a reading from ``checkpoint`` not continue the one whose rows are read
+        here: from a sentinel, from below where they start, or past a gap above what it
+        delivered? Its rows still uncommitted here would then mix with rows of another
+        stretch of the shard: the coordinator drops them first (the new reading reads
+        them again, or starts past them as the daemon's checkpoint says)."""
         state = self.shards.get(shard_id)
-        return isinstance(checkpoint, Position) and state is not None and state.start is not None \
-            and after(checkpoint) < state.start
+        if state is None or state.start is None:
+            return False
+        if not isinstance(checkpoint, Position):
+            return True
+        start = after(checkpoint)
+        return start < state.start or (state.high is not None and start > after(state.high))
 
     def forget(self, shard_id: str) -> None:
         """Drop a shard with no rows left here; remember its delivered intervals a while."""
@@ -283,8 +285,7 @@ class Ordering:
         state = self.shard(shard_id)
         seen = state.seen
         if state.starting and (len(rows) or last is not None):
-            state.start = _begun(state.start, rows.lowest() if len(rows) else last, state.before)
-            state.starting = False
+            state.start, state.starting = rows.lowest() if len(rows) else last, False
         high = state.high  # (the usual batch: above all of it)
         if len(rows) and ((high is not None and rows.lowest() <= high) or (seen and rows.lowest() <= seen[-1][1])):
             kept = _outside(rows, seen if high is None else joined(seen, None, high))
@@ -545,20 +546,6 @@ class Ordering:
                     starts.add(start)
                     i = int(np.searchsorted(times, start + window.size))
         return len(starts)
-
-
-def _begun(current: Position | None, start: Position, before: Position | None) -> Position:
-    """Where the rows read here start once a reading begins at ``start`` (its first
-    position), rows of the reading before (from ``current`` up to ``before``) still
-    here: that one's start when this continues it (from within or right after what it
-    delivered) or begins below it, its own when it begins past a gap above it. A claim
-    from there may leave out some rows committed, never take in rows no reading had:
-    below it, those of a reading begun lower (claimed once its rows above commit), or
-    of the one before past the gap (committed unclaimed: read again after a restart, they
-    would be committed twice)."""
-    if current is None or before is None or start > after(before):
-        return start
-    return current
 
 
 def _outside(rows: RowBatch, seen: Intervals) -> RowBatch:

@@ -873,6 +873,31 @@ async def test_a_reading_from_the_checkpoint_another_left_past_its_last_row_cont
     assert committed_seqs(out) == [*range(1, 11), *range(16, 21)]
 
 
+async def test_a_reading_that_does_not_continue_the_one_whose_rows_are_here_has_them_dropped_first(settings, tmp_path):
+    """A reading begun at LATEST delivered 100..150, none committed yet; the daemon starts
+    the shard again at TRIM_HORIZON (no checkpoint was made): the rows still here are
+    dropped and the new reading's 1..160 are committed once each, its checkpoint never
+    past a row not committed."""
+    clock = FakeClock(1_000_000)
+    out = tmp_path / "out"
+    c = await started(settings, tmp_path, clock, LoggedSink(out))
+    try:
+        await c.open_shard("A", "LATEST")
+        c.add_batch("A", items(100, [clock() + i for i in range(51)]), position(150), 100)
+        c.shard_closed("A")
+        await c.open_shard("A", "TRIM_HORIZON")
+        assert c.ledger.rows == 0 and c.safe_position("A") is None
+        c.add_batch("A", items(1, [clock() + i for i in range(160)]), position(160), 100)
+        assert c.safe_position("A") is None and c.ordering.duplicates == 0
+        clock.advance(120_001)
+        c.add_batch("A", RowBatch.empty(), position(160), 0)  # caught up, later: every window closes
+        await c.step()
+        assert c.safe_position("A") == position(160)
+    finally:
+        await c.stop()
+    assert committed_seqs(out) == list(range(1, 161))
+
+
 async def test_a_commit_log_without_starts_still_says_everything_at_or_below_is_committed(settings, tmp_path):
     """An older commit log (entries without ``starts``): as before, the shard's rows at or
     below its position are duplicates."""
@@ -959,13 +984,17 @@ async def test_every_row_read_is_committed_exactly_once_whatever_the_readings_st
             await read(c, clock, "A", low + 1, high, checkpoint)
             expected.update(range(low + 1, high + 1))
             end, resume, delivered = rng.choice(["restart", "lease_lost", "closed", "daemon_restart"]), None, high
-            steps.append((checkpoint, low + 1, high, end))
+            # the daemon back at its checkpoint, at one moved back by hand, or one moved past what it read
+            back = rng.choice(["at", "back", "past"]) if end == "daemon_restart" else None
+            steps.append((checkpoint, low + 1, high, end, back))
             if end != "closed" and high < 400:  # more delivered, not committed yet
                 delivered = rng.randint(high + 1, 400)
                 c.add_batch("A", items(high + 1, [clock() + i for i in range(delivered - high)]), position(delivered),
                             100)
-                if end == "daemon_restart":  # (they commit with the next reading's windows, or are read again)
-                    expected.update(range(high + 1, delivered + 1))
+            if back == "past" and delivered >= 399:
+                back = "at"  # (nothing to skip)
+            if back in ("at", "back"):  # (they commit with the next reading's windows, or are read again)
+                expected.update(range(high + 1, delivered + 1))
             if end == "restart":
                 await c.stop()
                 c = await started(settings, tmp_path, clock, sink())
@@ -973,9 +1002,11 @@ async def test_every_row_read_is_committed_exactly_once_whatever_the_readings_st
                 c.lease_lost("A")
             else:
                 c.shard_closed("A")
-                if end == "daemon_restart":  # at its checkpoint, or one moved back by hand
+                if back == "past":  # (the rows still here are dropped: skipped)
+                    resume, delivered = rng.randint(delivered + 1, 399), 0
+                elif back is not None:
                     resume = c.safe_position("A").seq
-                    resume = resume if rng.random() < 0.6 else rng.randint(0, resume)
+                    resume = resume if back == "at" else rng.randint(0, resume)
         if resume is not None:  # the daemon back once more: the rows still here commit
             await read(c, clock, "A", resume + 1, delivered, position(resume))
             expected.update(range(resume + 1, delivered + 1))

@@ -309,19 +309,14 @@ def test_a_reading_starts_above_its_checkpoint_or_at_its_first_record_and_its_ro
     assert o.reading("A")[0] == Position(49, 1, "49")
 
 
-def test_with_rows_of_the_reading_before_still_here_a_reading_keeps_its_start_unless_it_begins_past_a_gap():
-    for checkpoint, start in [("120", "99"),   # continues it: the one interval
-                              ("150", "99"),   # right after what it delivered
-                              ("49", "99"),    # below it: its rows below are left out of the claims
-                              ("200", "200")]:  # past a gap above it: its own
-        o = ordering()
-        o.opened("A", Position.parse("99"), buffered=False)
-        add(o, "A", 100, [1_000] * 51)
-        o.opened("A", Position.parse(checkpoint), buffered=True)
-        assert o.reading("A")[0] == Position(int(start), 1, start), checkpoint
+def test_a_reading_continues_the_one_whose_rows_are_here_only_from_within_or_right_after_what_it_delivered():
     o = ordering()
     o.opened("A", Position.parse("99"), buffered=False)
     add(o, "A", 100, [1_000] * 51)
-    o.opened("A", "LATEST", buffered=True)
-    add(o, "A", 300, [2_000])  # its first record, past a gap
-    assert o.reading("A")[0] == Position.parse("300")
+    apart = {c: o.apart("A", c) for c in (Position.parse("99"), Position.parse("120"), Position.parse("150"),
+                                          Position.parse("49"), Position.parse("151"), "TRIM_HORIZON", None)}
+    assert [c for c, a in apart.items() if not a] == [Position.parse("99"), Position.parse("120"),
+                                                      Position.parse("150")]
+    o.opened("A", Position.parse("120"), buffered=True)  # (a daemon restarted at its checkpoint)
+    assert o.reading("A")[0] == Position(99, 1, "99")  # one reading: its start stays
+    assert not o.apart("B", "LATEST")  # nothing read here
