@@ -92,7 +92,7 @@ class ShardOrder:
     seen: Intervals = ()  # delivered here, or known committed: records inside are duplicates
     start: Position | None = None  # where the rows delivered here start: the low of their interval
     starting: bool = True  # the next batch's first record sets ``start`` (a reading begun at a sentinel)
-    high: Position | None = None  # the highest position this reading delivered: below it, a replay
+    high: Position | None = None  # the highest position this reading (and those it continues) delivered: below, a replay
     held: list[RowBatch] = field(default_factory=list)  # waiting for parents to finish
     # in no closed window yet; times never decrease (with ``disorder_ms``, within each piece)
     queue: deque[RowBatch] = field(default_factory=deque)
@@ -175,10 +175,10 @@ class Ordering:
         Position; anything else, such as None or a sentinel like LATEST: at its first
         record). With rows of the reading before still uncommitted here (``buffered``)
         it continues that one (``apart`` says which do not): its rows start where that
-        one's did."""
+        one's did, and what it re-delivers up to where that one got is a replay."""
         state = self.shard(shard_id)
-        state.high = None
         if not buffered:
+            state.high = None
             state.start = after(checkpoint) if isinstance(checkpoint, Position) else None
             state.starting = state.start is None
 

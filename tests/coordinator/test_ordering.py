@@ -320,3 +320,11 @@ def test_a_reading_continues_the_one_whose_rows_are_here_only_from_within_or_rig
     o.opened("A", Position.parse("120"), buffered=True)  # (a daemon restarted at its checkpoint)
     assert o.reading("A")[0] == Position(99, 1, "99")  # one reading: its start stays
     assert not o.apart("B", "LATEST")  # nothing read here
+
+
+def test_a_reading_that_continued_another_and_delivered_nothing_is_still_told_apart_from_one_past_a_gap():
+    o = ordering()
+    o.opened("A", Position.parse("99"), buffered=False)
+    add(o, "A", 100, [1_000] * 51)
+    o.opened("A", Position.parse("120"), buffered=True)  # a daemon restart; then another before any batch
+    assert o.apart("A", Position.parse("200")) and not o.apart("A", Position.parse("150"))
