@@ -25,11 +25,12 @@ intervals (``Committed.intervals``, ``base.intervals``; an entry without ``start
 written before them, says everything at or below its position) and the highest
 position over all entries (``Committed.positions``): the coordinator filters replays
 inside an interval, which makes output exactly once while delivery is at least once,
-and takes a row below where a reading started, which no reading had, as new. With ``max_out_of_orderness`` a shard's
-rows commit out of its order: ``positions`` is where every row at or below is
-committed, and above it a row is committed if some commit handed over a row at or
-above it and its window ended by that commit's ``end``: read back as ``handed``, per
-shard the (highest handed over, end) pairs no later commit outdoes (``coordinator.ordering``).
+and takes a row below where a reading started, which no reading had, as new. With
+``max_out_of_orderness`` a shard's rows commit out of its order: ``positions`` is where
+every row at or below is committed, and above it a row is committed if some commit
+handed over a row at or above it and its window ended by that commit's ``end``: read
+back as ``handed``, per shard the (highest handed over, end) pairs no later commit
+outdoes (``coordinator.ordering``).
 
 Pure files, no Spark: the server reads the log at start-up, the Spark process appends.
 

@@ -30,9 +30,9 @@ handed over with the next window instead of dropped (they sort first: their even
 time is before this window's start). ``positions`` maps each shard to the highest
 position this window covers (its last row's; past it, the records after it that made
 no row, when the window has the last rows the shard's reading delivered): the commit
-log of a sink records it (``position.to_json()``). ``starts`` maps each shard to where the rows this server
-read of it start (just above the checkpoint it was initialized at, or its first
-record): with ``claims()``, the interval [start, position] of the shard this commit
+log of a sink records it (``position.to_json()``). ``starts`` maps each shard to where
+the rows this server read of it start (just above the checkpoint it was initialized
+at, or its first record): with ``claims()``, the interval [start, position] of the shard this commit
 makes committed, which a sink keeps beside the others (``base.intervals``); a shard
 without a start claims everything at or below its position, as one high mark did::
 

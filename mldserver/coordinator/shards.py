@@ -9,11 +9,11 @@ An entry is made when a shard is first heard of (before its first rows reach
 ``ordering``), with its committed intervals if any are known, and goes with ``forget``,
 leaving them behind as a floor::
 
-    shards = Shards(on_floor=ordering.delivered)   # told what a new entry starts from
-    shards.floors.update(committed.intervals)      # the commit log's, at start-up
+    shards = Shards(on_floor=ordering.delivered)   # told a new entry's floor, and intervals learnt since
+    shards.floors.update(committed.by_shard())     # the commit log's, at start-up
     entry = shards.entry("shardId-000000000001")   # on_floor(id, its floor), if it had one
     entry.connections += 1
-    shards.committed_in("shardId-000000000001", ((after(p99), p120),))   # rows 100..120
+    shards.committed_in("shardId-000000000001", ((after(p99), p120),))   # rows 100..120 (on_floor told)
     shards.forget("shardId-000000000001")          # floors["shardId-000000000001"] == ((.., p120),)
 
 ``floors`` holds those intervals for the shards without an entry: those the commit
