@@ -6,7 +6,8 @@ its entry exists; output without an entry is a half-written window, redone.
 
     {"window": "1763719200000-1763719260000", "start": 1763719200000, "end": 1763719260000,
      "rows": 812, "late": 3, "rows_out": 41, "committed_at": "2026-11-21T10:01:05.120Z",
-     "positions": {"shardId-000000000001": ["49590338271490256608559692538361571095921575989136588898", 0]}}
+     "positions": {"shardId-000000000001": ["49590338271490256608559692538361571095921575989136588898", 0]},
+     "starts": {"shardId-000000000001": ["49590338271490256608559692538361571095921575989136580000", 1]}}
 
 A session window's entry also has ``output``: per shard, the highest position of the
 rows it handed over (``coordinator.sessions``). With ``allowed_lateness`` a window is
@@ -15,14 +16,21 @@ says where the windows final by then end (``coordinator.amends``): a restart res
 there. ``positions`` holds, per shard, the
 highest position the window covers, in its JSON
 form (``Position.to_json()``: the sequence number's exact digits, the sub-sequence). A
-shard's committed rows are a prefix of its rows (windows commit in order and a shard's
-event times never decrease), so the highest position over all entries is where its
-committed rows end: the coordinator filters replays at or below it, which makes output
-exactly once while delivery is at least once. With ``max_out_of_orderness`` a shard's
-rows commit out of its order: ``positions`` is where every row at or below is
-committed, and above it a row is committed if some commit handed over a row at or
-above it and its window ended by that commit's ``end``: read back as ``handed``, per
-shard the (highest handed over, end) pairs no later commit outdoes (``coordinator.ordering``).
+shard's committed rows are a prefix of the rows each reading of it delivered (windows
+commit in order and a shard's event times never decrease), so ``starts``, where the
+rows the server read of the shard start (``Window.starts``: just above the checkpoint
+it was initialized at, or its first record), and the position make an interval
+[start, position] committed. Read back, each shard's entries make its committed
+intervals (``Committed.intervals``, ``base.intervals``; an entry without ``starts``,
+written before them, says everything at or below its position) and the highest
+position over all entries (``Committed.positions``): the coordinator filters replays
+inside an interval, which makes output exactly once while delivery is at least once,
+and takes a row below where a reading started, which no reading had, as new. With
+``max_out_of_orderness`` a shard's rows commit out of its order: ``positions`` is where
+every row at or below is committed, and above it a row is committed if some commit
+handed over a row at or above it and its window ended by that commit's ``end``: read
+back as ``handed``, per shard the (highest handed over, end) pairs no later commit
+outdoes (``coordinator.ordering``).
 
 Pure files, no Spark: the server reads the log at start-up, the Spark process appends.
 
@@ -32,7 +40,8 @@ with 60 s windows, each read at every start), so the writer compacts it: past
 ``_commits/_compacted.json`` (written durably first, then they are deleted)::
 
     {"end": 1763719260000, "windows": 41210, "compacted_at": "2026-11-21T10:01:05.120Z",
-     "positions": {"shardId-000000000001": ["4959...", 0], ...}}
+     "positions": {"shardId-000000000001": ["4959...", 0], ...},
+     "intervals": {"shardId-000000000001": [[["4959...", 1], ["4959...", 0]]], ...}}
 
 Reading the log reads it and the entries after its ``end`` (one a crash left before
 its deletion is already in it); a window that ends at or before its ``end`` is
@@ -49,6 +58,7 @@ import orjson
 
 from .handoff import Committed
 from .durable import atomic_write, utc_timestamp
+from .intervals import from_json, joined, to_json
 from .positions import Position
 
 COMMITS = "_commits"
@@ -107,6 +117,7 @@ class CommitLog:
         atomic_write(self.directory / COMPACTED, orjson.dumps({
             "end": into.end, "windows": into.windows, "compacted_at": utc_timestamp(),
             "positions": {s: p.to_json() for s, p in into.positions.items()},
+            "intervals": {s: to_json(i) for s, i in into.intervals.items()},
             "output": {s: p.to_json() for s, p in into.output.items()},
             "handed": {s: [[p.to_json(), end] for p, end in pairs] for s, pairs in into.handed.items()},
             "final": into.final_until,
@@ -116,14 +127,15 @@ class CommitLog:
         return len(folded)
 
     def _fold(self, entries: list[dict[str, Any]]) -> Committed:
-        """The compacted file with ``entries`` folded in: each shard's highest position,
-        the last end, the windows (an entry it holds already, left by a compaction that
-        stopped before its deletions, is not counted twice)."""
+        """The compacted file with ``entries`` folded in: each shard's highest position
+        and committed intervals, the last end, the windows (an entry it holds already,
+        left by a compaction that stopped before its deletions, is not counted twice)."""
         compacted = self._compacted()
         committed = Committed()
         if compacted is not None:
             committed.end, committed.windows = compacted["end"], compacted["windows"]
             committed.positions = {s: Position.from_json(v) for s, v in compacted["positions"].items()}
+            committed.intervals = {s: from_json(v) for s, v in compacted.get("intervals", {}).items()}
             committed.output = {s: Position.from_json(v) for s, v in compacted.get("output", {}).items()}
             committed.final_until = compacted.get("final")
             committed.handed = {s: [(Position.from_json(p), end) for p, end in pairs]
@@ -137,6 +149,15 @@ class CommitLog:
             final = entry.get("final")
             if final is not None and (committed.final_until is None or final > committed.final_until):
                 committed.final_until = final
+            starts = entry.get("starts", {})
+            for shard_id, value in entry.get("positions", {}).items():
+                low = starts.get(shard_id)
+                known = committed.intervals.get(shard_id)
+                if known is None:  # (a compacted file written before intervals: its position, all below)
+                    old = committed.positions.get(shard_id)
+                    known = () if old is None else ((None, old),)
+                committed.intervals[shard_id] = joined(known, None if low is None else Position.from_json(low),
+                                                       Position.from_json(value))
             for field, highest in (("positions", committed.positions), ("output", committed.output)):
                 for shard_id, value in entry.get(field, {}).items():
                     position = Position.from_json(value)

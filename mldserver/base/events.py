@@ -198,9 +198,9 @@ EVENTS: dict[str, Event] = {
     **_area("coordinator", {
         "commit_log_read": ("info", "At start-up the sink's commit log told what is committed: `windows`, "
                                     "`shards`, `end`."),
-        "committed_position_read": ("info", "A shard's committed position was read from the table "
-                                            "(`duration_ms`)."),
-        "committed_position_failed": ("warning", "A shard's committed position could not be read from the "
+        "committed_position_read": ("info", "A shard's committed intervals (`intervals`) and highest "
+                                            "position were read from the table (`duration_ms`)."),
+        "committed_position_failed": ("warning", "A shard's committed intervals could not be read from the "
                                                  "table: retried."),
         "spool_replayed": ("info", "A shard's spooled rows (written at its end) were replayed at start-up."),
         "spooled": ("info", "At a shard end, its uncommitted rows were spooled (fsynced) before "
@@ -215,8 +215,10 @@ EVENTS: dict[str, Event] = {
         "duplicates_dropped": ("info", "Rows at or below a committed position (delivered again) were "
                                        "dropped."),
         "event_time_clamped": ("info", "Event times that went backwards within a shard were clamped."),
-        "lease_lost_rows_dropped": ("info", "A shard's lease was lost: its uncommitted rows left the "
-                                            "coordinator; the new owner reads them again."),
+        "lease_lost_rows_dropped": ("info", "A shard's lease was lost (or a reading of it began that does not continue "
+                                            "the one whose rows are still here): its uncommitted rows left the "
+                                            "coordinator; the new owner reads them again. `committed`: the shard's "
+                                            "committed intervals."),
         "shard_restarted": ("warning", "A `--source` stream was deleted and created again while read: the shard "
                                        "id names a new shard; the old one's uncommitted rows (`rows`) and "
                                        "positions are dropped."),

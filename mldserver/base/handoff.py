@@ -28,8 +28,18 @@ newline, which is a JSON-lines file's content and what pyarrow's JSON reader par
 The first ``late_rows`` rows are late: rows older than a window already closed,
 handed over with the next window instead of dropped (they sort first: their event
 time is before this window's start). ``positions`` maps each shard to the highest
-position this window covers: the commit log of a sink records it
-(``position.to_json()``). ``sources`` says, row by row, where each row came from (its
+position this window covers (its last row's; past it, the records after it that made
+no row, when the window has the last rows the shard's reading delivered): the commit
+log of a sink records it (``position.to_json()``). ``starts`` maps each shard to where
+the rows this server read of it start (just above the checkpoint it was initialized
+at, or its first record): with ``claims()``, the interval [start, position] of the shard this commit
+makes committed, which a sink keeps beside the others (``base.intervals``); a shard
+without a start claims everything at or below its position, as one high mark did::
+
+    window.starts == {"shardId-000000000001": Position(4959...8000, 1, ...)}   # initialized at ...8000
+    window.claims() == {"shardId-000000000001": ((Position(4959...8000, 1), Position(4959...8898, 0)),)}
+
+``sources`` says, row by row, where each row came from (its
 shard and its record's position), for a sink that must leave out rows another server
 already committed (the table sink, ``sinks/iceberg.py``)::
 
@@ -51,11 +61,16 @@ come from another server, which committed past what ``start`` read)::
 
         async def committed_position(self, shard_id: str) -> Position | None: ...
 
+and may say the shard's committed intervals (``base.intervals``), which the coordinator
+then uses instead of everything at or below that position::
+
+        async def committed_intervals(self, shard_id: str) -> Intervals: ...
+
 ``commit`` is called one window at a time, in window order, and must be durable when
 it returns (the coordinator then marks the rows committed and lets shards checkpoint
 past them). An exception means "not committed": the same window is offered again
-after a backoff. ``start`` runs once, before any commit: the positions it returns are
-filtered out of replays, and windows up to ``end`` are not closed again.
+after a backoff. ``start`` runs once, before any commit: the positions (or intervals)
+it returns are filtered out of replays, and windows up to ``end`` are not closed again.
 
 A sink whose commit has work to do before anything is published (the Spark sink turns
 the rows into an Arrow file for the Spark process) may also be told, when several
@@ -77,6 +92,7 @@ from dataclasses import dataclass, field
 from itertools import accumulate
 from typing import Any, Callable, Iterable, Iterator, Protocol, Sequence, runtime_checkable
 
+from .intervals import Intervals
 from .positions import Position
 
 Made = tuple[Any, Sequence[int]]  # a buffer, and the n + 1 offsets of its lines in it
@@ -186,10 +202,23 @@ class Window:
     # into a table with allowed_lateness: the windows amended where they are, in order, and how many
     # rows of each; those rows follow the ``late_rows`` (a table sink writes them in their own window)
     amends: list[tuple[str, int]] = field(default_factory=list, repr=False)
+    # per shard of ``positions``: the lowest position the rows read here of it can have (the
+    # low of the interval this commit claims); a shard not here: minus infinity
+    starts: dict[str, Position] = field(default_factory=dict, repr=False)
 
     @property
     def id(self) -> str:
         return f"{self.start}-{self.end}"
+
+    def claims(self) -> dict[str, Intervals]:
+        """Per shard, the interval committing this window makes committed: [its start,
+        its position] (none where the start is above the position)."""
+        claims: dict[str, Intervals] = {}
+        for shard_id, high in self.positions.items():
+            low = self.starts.get(shard_id)
+            if low is None or (low.seq, low.sub) <= (high.seq, high.sub):
+                claims[shard_id] = ((low, high),)
+        return claims
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -200,6 +229,9 @@ class Committed:
     """What a sink's commit log says, read at start-up."""
 
     positions: dict[str, Position] = field(default_factory=dict)  # shard -> highest committed
+    # shard -> its committed intervals (``base.intervals``), where the log says them; a shard
+    # only in ``positions``: everything at or below its position
+    intervals: dict[str, Intervals] = field(default_factory=dict)
     end: int | None = None  # the end of the last committed window
     windows: int = 0
     output: dict[str, Position] = field(default_factory=dict)  # sessions, disorder: shard -> highest row handed over
@@ -207,6 +239,11 @@ class Committed:
     # rows out of order (max_out_of_orderness): per shard, each commit's highest row handed over and
     # the end of the windows committed by then, those no later commit outdoes (``commitlog``)
     handed: dict[str, list[tuple[Position, int]]] = field(default_factory=dict)
+
+    def by_shard(self) -> dict[str, Intervals]:
+        """Per shard, its committed intervals: ``intervals``, else everything at or below
+        its position."""
+        return {**{s: ((None, p),) for s, p in self.positions.items()}, **self.intervals}
 
 
 class Sink(Protocol):

@@ -1,7 +1,7 @@
 """The committer: closed windows, sealed, committed to the sink one at a time, in the
 order they closed. It owns the sealed queue, the sink's preparation of the next window,
 the retried commit, and the task that runs the coordinator's passes; it also asks a
-shared sink what is committed of a shard there (``committed_position``).
+shared sink what is committed of a shard there (``committed``: its intervals).
 
 A pass (``Coordinator.step``) seals what the watermark closed and asks the committer
 to commit it; while a commit is under way (``committing``, a fact the committer states,
@@ -39,6 +39,7 @@ from ..api.rows import RowBatch
 from ..base.backoff import Backoff
 from ..base.deadletters import DeadLetters
 from ..base.handoff import PreparingSink, SharedSink, Sink, Window
+from ..base.intervals import Intervals, to_json
 from ..base.logs import EventLogger
 from ..base.positions import Position
 from ..errors import retriable
@@ -156,16 +157,21 @@ class Committer:
         async with self.progress:
             await self.progress.wait()
 
-    async def committed_position(self, shard_id: str) -> Position | None:
-        """A shared sink's committed position of the shard (None: not shared, nothing
+    async def committed(self, shard_id: str) -> Intervals:
+        """A shared sink's committed intervals of the shard (``committed_intervals``, or
+        everything at or below its ``committed_position``; none: not shared, nothing
         committed, or the read failed): what another server committed is a duplicate
         here. A failed read is logged and the shard goes on: the sink's commit still
         leaves out what is committed."""
         if not isinstance(self.sink, SharedSink):
-            return None
+            return ()
         started = time.perf_counter()
         try:
-            position = await self.sink.committed_position(shard_id)
+            if hasattr(self.sink, "committed_intervals"):
+                intervals = await self.sink.committed_intervals(shard_id)
+            else:
+                position = await self.sink.committed_position(shard_id)
+                intervals = () if position is None else ((None, position),)
         except Exception as exc:
             if not retriable(exc):
                 raise
@@ -175,28 +181,43 @@ class Committer:
                 error=f"{type(exc).__name__}: {exc}",
                 what_to_do="check the table's catalog; rows another server committed are left out at commit",
             )
-            return None
+            return ()
         self.log.info(
             "committed_position_read",
             shard_id=shard_id,
-            position=position.to_json() if position is not None else None,
+            position=intervals[-1][1].to_json() if intervals else None,
+            intervals=to_json(intervals),
             duration_ms=round((time.perf_counter() - started) * 1000, 3),
         )
-        return position
+        return intervals
 
     # -- sealing and committing -----------------------------------------------------
 
-    def seal(self, closed: Iterable[WindowRows], watermark: float) -> None:
+    def seal(self, closed: Iterable[WindowRows], watermark: float,
+             reading: Callable[[str], tuple[Position | None, Position | None]] = lambda s: (None, None)) -> None:
         """Windows the watermark closed, sealed behind those waiting already (on the
         loop: a sort of each shard's event times, runs already sorted, some 10 ns a
-        row; the rows' JSON is put in that order by the sink)."""
+        row; the rows' JSON is put in that order by the sink). ``reading``: where each
+        shard's rows read here start (``Window.starts``), and how far its reading has
+        delivered when no row of it is left for a later window (``Ordering.reading``):
+        the last window sealed with the shard's rows covers that far (``positions``)."""
         closed_at = time.perf_counter()
+        windows = []
         for rows in closed:
             # late rows committed, left out of the output
             dropped: list[RowBatch] = rows.drop_late() if self.late_policy != "next" else []
             again = rows.again
             window, commits = seal(rows)
+            windows.append(window)
             self.sealed.append(Sealed(window, commits, watermark, closed_at, dropped, again))
+        last = {shard_id: window for window in windows for shard_id in window.positions}  # each shard's last
+        readings = {shard_id: reading(shard_id) for shard_id in last}
+        for window in windows:
+            window.starts = {s: start for s in window.positions if (start := readings[s][0]) is not None}
+        for shard_id, window in last.items():
+            reach = readings[shard_id][1]
+            if reach is not None and reach > window.positions[shard_id]:
+                window.positions[shard_id] = reach
 
     def prepare_next(self) -> None:
         """The sink is told the window that commits next, to make it ready while the

@@ -30,9 +30,16 @@ global watermark closed, then drops the shards whose lease was lost meanwhile an
 ``forget``s those gone from here whose rows are all committed and that no longer hold
 the watermark, so what is kept per shard is bounded by the shards still here.
 
+What is committed of a shard is a few intervals (``base.intervals``), not one high
+mark: each reading of it covers from where it started (just above the checkpoint
+``open_shard`` was given, or its first record after a sentinel such as LATEST) to
+the highest position its commits reach (``Window.starts``, ``Window.claims``). A
+record is a duplicate only inside one, so a shard read again from below where an
+earlier reading started has the rows no reading had committed, not dropped.
+
 A sink several servers share (``SharedSink``: ``iceberg:``) is asked at every
 ``open_shard`` what is committed of the shard there now (the lease may come from a
-server that committed past what this one knew): records at or below are duplicates.
+server that committed past what this one knew): records inside are duplicates.
 ``lease_lost`` lets go of the shard: its uncommitted rows are dropped (the new owner
 reads them again from the last checkpoint) and it stops holding the watermark back.
 
@@ -57,6 +64,7 @@ from ..api.rows import RowBatch
 from ..base.config import Settings, state_path
 from ..base.deadletters import DeadLetters
 from ..base.handoff import Sink, Window
+from ..base.intervals import to_json
 from ..base.logs import EventLogger, get_logger
 from ..base.positions import Position
 from .committer import Committer, LastCommit, SinkFailing, ms
@@ -132,7 +140,7 @@ class Coordinator:
         and its tick."""
         committed = await self.committer.sink.start()
         await asyncio.to_thread(self.spill.clear)
-        self.shards.floors.update(committed.positions)  # replays at or below are dropped
+        self.shards.floors.update(committed.by_shard())  # replays inside are dropped
         if committed.end is not None:
             self.ordering.resume(committed.end, committed.output, committed.final_until, committed.handed)
             self.log.info(
@@ -194,10 +202,12 @@ class Coordinator:
 
     async def open_shard(self, shard_id: str, checkpoint: Position | None) -> None:
         self.shards.entry(shard_id).lost = False  # its lease came back before the drop
-        position = await self.committer.committed_position(shard_id)  # another server's, in a shared sink
-        if position is not None:
-            self.ordering.delivered(shard_id, position)
-            self.shards.committed_at_least(shard_id, position)
+        committed = await self.committer.committed(shard_id)  # another server's, in a shared sink
+        self.shards.committed_in(shard_id, committed)  # (and ordering.delivered: inside, duplicates)
+        if self.ordering.apart(shard_id, checkpoint) and not self.ledger.done(shard_id):
+            async with self.committer.turn:  # rows of another stretch of the shard: dropped (as if a lease was lost)
+                self._drop(shard_id)
+        self.ordering.opened(shard_id, checkpoint, buffered=self.ledger.opened(shard_id, checkpoint))
         await self.lineage.started(shard_id, checkpoint)
         self.shards.connected(shard_id)  # after the awaits: a pass may have forgotten it meanwhile
         self.watermarks.open(shard_id, self.clock())
@@ -260,15 +270,14 @@ class Coordinator:
 
     def _drop(self, shard_id: str) -> None:
         restarted = self.shards.restarted(shard_id)  # (then nothing of the old shard counts as committed)
-        known = () if restarted else (self.ledger.safe(shard_id), self.shards.committed(shard_id))
-        floor = max((p for p in known if p is not None), default=None)  # at or below: duplicates if back
+        safe, committed = self.ledger.safe(shard_id), self.shards.committed(shard_id)  # inside: duplicates if back
         rows = self.ledger.drop(shard_id, forget=restarted)
-        self.ordering.drop(shard_id, floor, forget=restarted)
+        self.ordering.drop(shard_id, committed, safe, forget=restarted)
         self.watermarks.forget(shard_id)
         if restarted:
             self.log.warning("shard_restarted", shard_id=shard_id, rows=rows)
-        else:
-            self.log.info("lease_lost_rows_dropped", shard_id=shard_id, rows=rows, committed=floor and floor.to_json())
+        else:  # committed: its intervals (inside, records are duplicates should it come back)
+            self.log.info("lease_lost_rows_dropped", shard_id=shard_id, rows=rows, committed=to_json(committed))
         self.committer.wake()
 
     def safe_position(self, shard_id: str) -> Position | None:
@@ -303,7 +312,7 @@ class Coordinator:
     def forget(self, shard_id: str) -> None:
         """Free everything kept for a shard gone from here, whose rows are all
         committed and which no longer holds the watermark (``step`` calls it); its
-        committed position is kept (``shards.floors``)."""
+        committed intervals are kept (``shards.floors``)."""
         self.shards.forget(shard_id)
         self.ledger.forget(shard_id)
         self.ordering.forget(shard_id)
@@ -374,13 +383,13 @@ class Coordinator:
         """Every window the global watermark at ``now`` has passed, cut out and sealed
         behind those waiting already."""
         watermark = self.watermarks.minimum(now)
-        self.committer.seal(self.ordering.close(watermark), watermark)
+        self.committer.seal(self.ordering.close(watermark), watermark, self.ordering.reading)
 
     async def _committed(self, window: Window, commits: dict[str, list[RowBatch]]) -> None:
         """After the sink committed ``window``: its rows are committed in the ledger, and
         the spools it made needless are deleted."""
-        for shard_id, position in window.positions.items():
-            self.shards.committed_at_least(shard_id, position)
+        for shard_id, claim in window.claims().items():
+            self.shards.committed_in(shard_id, claim)
         spooled = []
         for shard_id, rows in commits.items():
             self.ledger.commit(shard_id, rows)

@@ -22,7 +22,11 @@ a piece's rows are sorted by time, and a later piece may commit before an earlie
     ledger.safe("s0")                  # Position(12, 0, "12")
 
 A shard whose lease is lost has its pending rows dropped (``ledger.drop("s0")``): the
-new owner reads them again; what was safe stays safe.
+new owner reads them again; what was safe stays safe, until a reading of the shard
+begins here again (``opened``): then what is safe is its initialize checkpoint, for it
+may deliver records below what was safe that no reading committed (a checkpoint moved
+back by hand, a reading that began at LATEST before), and its batches and commits move
+it from there.
 
 It also keeps the count of buffered (uncommitted) rows and the memory they hold: what
 the back-pressure caps apply to (and the most of each since start: ``peak_rows``,
@@ -94,6 +98,16 @@ class Ledger:
             self.peak_rows = self.rows
         if self.bytes > self.peak_bytes:
             self.peak_bytes = self.bytes
+
+    def opened(self, shard_id: str, checkpoint: object) -> bool:
+        """A reading of the shard begins here at ``checkpoint`` (a Position; anything else:
+        a sentinel, nothing safe): what is safe is that, as the daemon has it now. Returns
+        whether rows of an earlier reading are still uncommitted here."""
+        state = self.shards.get(shard_id)
+        if state is None:
+            return False
+        state.safe = checkpoint if isinstance(checkpoint, Position) else None
+        return bool(state.pending)
 
     def commit(self, shard_id: str, parts: Sequence[RowBatch]) -> None:
         """The sink committed these rows of this shard (slices of its pieces)."""

@@ -20,8 +20,14 @@ where Bloop breaks it is decided here, the policy:
   at or below which position every row is committed (``WindowRows.below``, the commit
   log's ``positions``), and a restart or a lease coming back leaves out, above it, the
   rows at or below the highest handed over whose window had committed (``redo``);
-- **duplicates**: a row at or below what its shard already delivered (a daemon
-  restart re-delivers from the checkpoint) is dropped and counted;
+- **duplicates**: a row inside what its shard already delivered here or is known to
+  have committed (``seen``: intervals, ``base.intervals``; a daemon restart
+  re-delivers from the checkpoint), or at or below what the reading under way
+  delivered (a replay), is dropped and counted. Below the lowest
+  position a reading of the shard started from, a row no owner read is not a
+  duplicate however high the shard's committed position: each reading's rows are
+  their own interval, from its ``start`` (just above its initialize checkpoint, or its
+  first row: ``opened``), which a window's commit claims (``reading``);
 - **lineage**: a child shard's rows are held until none of its parents (up to two)
   can still add rows, and are then clamped to start no earlier than the parents'
   last rows (one millisecond later where the child's id sorts before a parent's, so
@@ -37,7 +43,7 @@ Windows are tumbling (``windows.Tumbling``); hopping windows are made of tumblin
 panes a slide long (``panes``), session windows of panes a gap long (``sessions``).
 A shard whose lease went to another server is ``drop``-ped: its rows leave the open windows at once, and only what is
 committed of it counts as delivered should it come back. A shard gone from here whose
-rows are all committed is ``forget``-ten; the highest position it delivered is kept a
+rows are all committed is ``forget``-ten; the intervals it delivered are kept a
 while (the last ``RETIRED`` such shards), so that a shard coming back (its SHARD_END
 or its lease lost, then taken again) has the rows it delivered before dropped as
 duplicates, not committed twice.
@@ -66,6 +72,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
 from ..base.config import Settings
+from ..base.intervals import Intervals, after, joined, spans, top, union
 from ..base.positions import Position
 from ..api.rows import NO_TIME, RowBatch, nondecreasing
 from .amends import Amends
@@ -76,13 +83,16 @@ from .windows import Tumbling, WindowRows
 
 __all__ = ["Ordering", "WindowRows"]
 
-RETIRED = 1024  # forgotten shards whose highest delivered position is kept
+RETIRED = 1024  # forgotten shards whose delivered intervals are kept
 
 
 @dataclass(slots=True)
 class ShardOrder:
     floor: float = -math.inf  # the effective event time of the shard's last row (its largest)
-    high: Position | None = None  # the highest position delivered here
+    seen: Intervals = ()  # delivered here, or known committed: records inside are duplicates
+    start: Position | None = None  # where the rows delivered here start: the low of their interval
+    starting: bool = True  # the next batch's first record sets ``start`` (a reading begun at a sentinel)
+    high: Position | None = None  # the highest position this reading (and those it continues) delivered: below, a replay
     held: list[RowBatch] = field(default_factory=list)  # waiting for parents to finish
     # in no closed window yet; times never decrease (with ``disorder_ms``, within each piece)
     queue: deque[RowBatch] = field(default_factory=deque)
@@ -132,7 +142,7 @@ class Ordering:
         self.blocks = blocks  # can this (parent) shard still add rows at ``now``?
         self.parents_of = parents_of
         self.shards: dict[str, ShardOrder] = {}
-        self.retired: OrderedDict[str, Position] = OrderedDict()  # forgotten shard -> its high
+        self.retired: OrderedDict[str, Intervals] = OrderedDict()  # forgotten shard -> its delivered intervals
         self.pending_late: list[tuple[str, RowBatch]] = []  # rows whose window had closed, for the next to close
         self.closed_until = -math.inf  # end of the last closed window
         self.latest = -math.inf  # the largest event time delivered, any shard
@@ -157,32 +167,61 @@ class Ordering:
     def shard(self, shard_id: str) -> ShardOrder:
         state = self.shards.get(shard_id)
         if state is None:
-            state = self.shards[shard_id] = ShardOrder(high=self.retired.pop(shard_id, None))
+            state = self.shards[shard_id] = ShardOrder(seen=self.retired.pop(shard_id, ()))
         return state
 
+    def opened(self, shard_id: str, checkpoint: object, buffered: bool) -> None:
+        """A reading of the shard begins here (initialize) just above ``checkpoint`` (a
+        Position; anything else, such as None or a sentinel like LATEST: at its first
+        record). With rows of the reading before still uncommitted here (``buffered``)
+        it continues that one (``apart`` says which do not): its rows start where that
+        one's did, and what it re-delivers up to where that one got is a replay."""
+        state = self.shard(shard_id)
+        if not buffered:
+            state.high = None
+            state.start = after(checkpoint) if isinstance(checkpoint, Position) else None
+            state.starting = state.start is None
+
+    def apart(self, shard_id: str, checkpoint: object) -> bool:
+        """Would a reading from ``checkpoint`` not continue the one whose rows are read
+        here: from a sentinel, from below where they start, or past a gap above what it
+        delivered? Its rows still uncommitted here would then mix with rows of another
+        stretch of the shard: the coordinator drops them first (the new reading reads
+        them again, or starts past them as the daemon's checkpoint says)."""
+        state = self.shards.get(shard_id)
+        if state is None or state.start is None:
+            return False
+        if not isinstance(checkpoint, Position):
+            return True
+        start = after(checkpoint)
+        return start < state.start or (state.high is not None and start > after(state.high))
+
     def forget(self, shard_id: str) -> None:
-        """Drop a shard with no rows left here; remember its highest position a while."""
+        """Drop a shard with no rows left here; remember its delivered intervals a while."""
         state = self.shards.pop(shard_id, None)
         if state is None:
             return
         assert not state.held and not state.queue, f"{shard_id} still has rows here"
-        if state.high is not None:
-            self.retired[shard_id] = state.high
+        if state.seen:
+            self.retired[shard_id] = state.seen
             self.retired.move_to_end(shard_id)
             while len(self.retired) > RETIRED:
                 self.retired.popitem(last=False)
 
-    def drop(self, shard_id: str, high: Position | None, forget: bool = False) -> int:
+    def drop(self, shard_id: str, committed: Intervals, safe: Position | None = None, forget: bool = False) -> int:
         """The shard's lease went to another server: its rows still here (open windows,
-        late, held, kept panes) go, and it starts afresh should it come back, with ``high`` (what
-        is committed of it) as the position at or below which records are duplicates;
-        ``forget``: the id names another shard now, nothing of this one is kept.
-        Returns the rows dropped."""
+        late, held, kept panes) go, and it starts afresh should it come back, with what is
+        committed of it (``committed``, and its reading here up to ``safe``) as the
+        intervals inside which records are duplicates; ``forget``: the id names another
+        shard now, nothing of this one is kept. Returns the rows dropped."""
         dropped = sum(len(rows) for s, rows in self.pending_late if s == shard_id)
         self.pending_late = [(s, rows) for s, rows in self.pending_late if s != shard_id]
         state = self.shards.pop(shard_id, None)
         if state is not None:
             dropped += sum(map(len, state.held)) + sum(map(len, state.queue))
+            if safe is not None and state.start is not None and not forget:
+                committed = joined(committed, state.start, safe)
+            high = top(committed)
             if state.handed is not None and (high is None or state.handed > high) and not forget:
                 self.redo.setdefault(shard_id, []).append((state.handed, int(self.closed_until)))
         if self.panes is not None:
@@ -190,15 +229,29 @@ class Ordering:
         self.retired.pop(shard_id, None)
         if forget:
             self.redo.pop(shard_id, None)
-        if high is not None:
-            self.retired[shard_id] = high
+            committed = ()
+        if committed:
+            self.retired[shard_id] = committed
         return dropped
 
-    def delivered(self, shard_id: str, position: Position) -> None:
-        """Positions up to here count as delivered (a commit log, a stored checkpoint)."""
+    def delivered(self, shard_id: str, committed: Intervals) -> None:
+        """Positions inside these intervals count as delivered (a commit log, a shared sink)."""
         state = self.shard(shard_id)
-        if state.high is None or position > state.high:
-            state.high = position
+        state.seen = union(state.seen, committed)
+
+    def reading(self, shard_id: str) -> tuple[Position | None, Position | None]:
+        """Where the rows delivered here of the shard start (None: not known here), and
+        how far the reading under way has delivered if none of its rows waits here for a
+        window (None otherwise; and with panes, sessions or rows out of order, whose
+        rows may wait elsewhere): a window committing its last rows covers the records
+        after them too, so a reading from the checkpoint it leaves continues its interval."""
+        state = self.shards.get(shard_id)
+        if state is None:
+            return None, None
+        if state.held or state.queue or self.panes is not None or self.disorder_ms or \
+                any(s == shard_id for s, _ in self.pending_late):
+            return state.start, None
+        return state.start, state.high
 
     def resume(self, committed_end: int, output: dict[str, Position] | None = None,
                final_until: int | None = None, handed: dict[str, list[tuple[Position, int]]] | None = None) -> None:
@@ -230,13 +283,18 @@ class Ordering:
         span windows (``pieces``). ``keep`` says how each piece is kept (the
         coordinator's: in memory, or spilled to a file past its cap)."""
         state = self.shard(shard_id)
-        high = state.high
-        if high is not None and len(rows) and rows.lowest() <= high:
-            kept = rows.above(high)
+        seen = state.seen
+        if state.starting and (len(rows) or last is not None):
+            state.start, state.starting = rows.lowest() if len(rows) else last, False
+        high = state.high  # (the usual batch: above all of it)
+        if len(rows) and ((high is not None and rows.lowest() <= high) or (seen and rows.lowest() <= seen[-1][1])):
+            kept = _outside(rows, seen if high is None else joined(seen, None, high))
             self.duplicates += len(rows) - len(kept)
             rows = kept
         if last is not None and (high is None or last > high):
             state.high = last
+            if state.start is not None:
+                state.seen = joined(seen, state.start, last)
         if not len(rows):
             return []
         rows = self._own_times(state, rows, now) if self.disorder_ms else self._clamped(state, rows, now)
@@ -488,6 +546,22 @@ class Ordering:
                     starts.add(start)
                     i = int(np.searchsorted(times, start + window.size))
         return len(starts)
+
+
+def _outside(rows: RowBatch, seen: Intervals) -> RowBatch:
+    """The rows whose record is inside none of the intervals."""
+    import numpy as np
+
+    inside = spans(seen, rows.positions)  # record index spans
+    if not inside:
+        return rows
+    if rows.ordered and len(inside) == 1 and inside[0][0] == 0:  # the usual re-delivery: a prefix
+        return rows[int(np.searchsorted(rows.records, inside[0][1])) :]
+    records = rows.records
+    twice = np.zeros(len(records), dtype=bool)
+    for i, j in inside:
+        twice |= (records >= i) & (records < j)
+    return rows.take(np.flatnonzero(~twice))
 
 
 def _split(rows: RowBatch, at: float) -> tuple[RowBatch, RowBatch]:

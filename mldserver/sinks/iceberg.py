@@ -18,11 +18,20 @@ plus ``window`` (``"<start>-<end>"``, the window the rows were committed with, a
 ``parquet:`` sink's ``window=<id>`` folder; with ``allowed_lateness``, a late row within it
 is in its own window: a later snapshot amends that window with it, ``window_ids``). Each commit is one Iceberg snapshot, made
 by one transaction that appends the window's rows and raises, in the table's own
-properties, the highest committed position of each of its shards, and the last
-window the committing server committed::
+properties, the committed intervals and the highest committed position of each of
+its shards, and the last window the committing server committed::
 
+    mldserver.intervals/orders/shardId-000000000001 = [[["4959...8000", 1], ["4959...8898", 0]]]
     mldserver.position/orders/shardId-000000000001 = ["49590338271490256608559692538361571095921575989136588898", 0]
     mldserver.server/worker-1 = {"stream": "orders", "window": "1763719200000-1763719260000", "end": 1763719260000}
+
+The intervals (``base.intervals``, each [low, high], low ``null`` for minus infinity) say
+which positions are committed: each reading of the shard covers from where it started
+(just above its initialize checkpoint, or its first record) to the highest position
+its commits reach (``Window.claims``), so rows below where a reading started, which no
+reading had, are not taken for committed however high the position is. The position
+is the highest interval's end, as before; a table written before intervals has only
+it, read as one interval: everything at or below it.
 
 and whose snapshot summary names it: ``mldserver.server`` (``server_id``, default the
 host's name and a digest of the state dir: ``server_id``), ``mldserver.stream``, ``mldserver.window``, ``mldserver.rows``,
@@ -39,17 +48,19 @@ that far back), and keeps ``previous-versions-max`` metadata files.
 **The commit protocol**, one window, retried until it commits:
 
 1. load the table (its current metadata: the base of this attempt);
-2. leave out each row at or below its shard's position in the base's properties:
+2. leave out each row inside its shard's committed intervals in the base's properties:
    another server committed it (a lease that moved; a retry of a commit that landed);
-3. append the rest and set the raised positions, in one transaction whose commit is a
+3. append the rest and set the grown intervals and raised positions, in one transaction whose commit is a
    compare-and-swap on the catalog's pointer to the metadata (the SQLite catalog's
    ``UPDATE ... WHERE metadata_location = <base>``; the REST catalog's
    ``assert-ref-snapshot-id``). pyiceberg's own retry, which would re-apply the same
    positions and rows on a newer base, is switched off (``commit.retry.num-retries=0``);
 4. a conflict (another server committed first) goes back to 1 with the new base.
 
-So no row is added twice: a row lands only in a commit whose base says its shard's
-committed rows end below it, and that commit raises the position past it. A crash
+So no row is added twice: a row lands only in a commit whose base says no interval
+of its shard holds it, and that commit's intervals hold it (a row outside the claim
+[start, position] of its window is one committed already: the claim starts at or
+below every row this server read of the shard since the start). A crash
 between writing data files and committing them leaves files no snapshot names
 (invisible to readers; table maintenance removes them: ``maintenance.py``);
 the retry writes its own. A commit that landed although its caller never heard
@@ -82,6 +93,7 @@ import pyarrow.parquet as pq
 from ..base.config import Settings, positions_stream, state_path
 from ..base.durable import empty_dir
 from ..base.handoff import Committed, Window
+from ..base.intervals import Intervals, covers, from_json, to_json, top, union
 from ..errors import ConfigError, MldserverError
 from ..base.logs import get_logger
 from ..base.positions import Position
@@ -101,6 +113,7 @@ log = get_logger("mldserver.sink")
 
 WINDOW_COLUMN = "window"
 POSITION_PREFIX = "mldserver.position/"
+INTERVALS_PREFIX = "mldserver.intervals/"
 SERVER_PREFIX = "mldserver.server/"
 CONFLICT_RETRIES = 8  # attempts inside one commit before the coordinator's backoff takes over
 TABLE_PROPERTIES = {
@@ -137,6 +150,23 @@ def read_position(properties: dict[str, str], stream: str, shard_id: str) -> Pos
     return None if value is None else Position.from_json(orjson.loads(value))
 
 
+def intervals_key(stream: str, shard_id: str) -> str:
+    """The table property holding a shard's committed intervals (``base.intervals``)."""
+    return f"{INTERVALS_PREFIX}{stream}/{shard_id}"
+
+
+def read_intervals(properties: dict[str, str], stream: str, shard_id: str) -> Intervals:
+    """A shard's committed intervals; a table written before them (or raised since by
+    a server that knows none: its position above them): everything at or below its
+    position."""
+    value = properties.get(intervals_key(stream, shard_id))
+    position = read_position(properties, stream, shard_id)
+    intervals = () if value is None else from_json(orjson.loads(value))
+    if position is not None and (not intervals or position > intervals[-1][1]):
+        return ((None, position),)
+    return intervals
+
+
 def window_table(window: Window, schema: pa.Schema | None) -> tuple[pa.Table, list[int], list[tuple[bytes, str]]]:
     """The one place this sink reads a window's rows: them as Arrow (with the ``window``
     column), the index in ``window.rows`` of each table row, and the rows that do not
@@ -165,22 +195,24 @@ def window_ids(window: Window) -> list[str] | None:
     return ids + [window.id] * (len(window) - len(ids))
 
 
-def fresh_rows(window: Window, floors: dict[str, Position]) -> list[bool] | None:
-    """Per row of the window: is it above its shard's committed position (``floors``)?
-    None when every row is (the usual case: each shard's first row is above it; a
-    shard's rows are in its order, so its first is its lowest)::
+def fresh_rows(window: Window, committed: dict[str, Intervals]) -> list[bool] | None:
+    """Per row of the window: is it outside its shard's committed intervals
+    (``committed``)? None when every row is above them all (the usual case: each
+    shard's first row is above its highest; a shard's rows are in its order, so its
+    first is its lowest)::
 
-        fresh_rows(window, {"s0": Position(7, 0, "7")})   # [False, True, True] for s0 at 6, 8, 9
+        fresh_rows(window, {"s0": ((None, Position(7, 0, "7")),)})   # [False, True, True] for s0 at 6, 8, 9
+        fresh_rows(window, {"s0": ((Position(7, 1, "7"), Position(8, 0, "8")),)})   # [True, False, True]
     """
-    if not floors:
+    if not committed:
         return None
     if window.sources is None:
         raise TypeError("the table sink needs window.sources (each row's shard and position)")
     sources = list(window.sources)
     first = dict(reversed(sources))  # the last write wins: each shard's first row
-    if not any(floor >= first[s] for s, floor in floors.items() if s in first):
+    if not any(intervals[-1][1] >= first[s] for s, intervals in committed.items() if intervals and s in first):
         return None
-    return [(floor := floors.get(s)) is None or p > floor for s, p in sources]
+    return [(intervals := committed.get(s)) is None or not covers(intervals, p) for s, p in sources]
 
 
 @dataclass
@@ -190,7 +222,7 @@ class Attempt:
     base: "Table | None"  # None: the table does not exist yet
     keep: list[bool] | None  # per row of the window (None: all)
     kept_rows: int
-    raised: dict[str, Position] = field(default_factory=dict)  # shard -> position to set
+    raised: dict[str, Intervals] = field(default_factory=dict)  # shard -> its intervals to set (grown)
     rejected: list[tuple[bytes, str]] = field(default_factory=list)  # rows parsed now that do not fit
 
 
@@ -238,7 +270,10 @@ class IcebergSink:
         return Committed()  # positions are read per shard, when it is initialized here
 
     async def committed_position(self, shard_id: str) -> Position | None:
-        return await asyncio.to_thread(self._committed_position, shard_id)
+        return top(await self.committed_intervals(shard_id))
+
+    async def committed_intervals(self, shard_id: str) -> Intervals:
+        return await asyncio.to_thread(self._committed_intervals, shard_id)
 
     async def commit(self, window: Window) -> None:
         for attempt_number in range(CONFLICT_RETRIES):
@@ -318,12 +353,12 @@ class IcebergSink:
         log.info("table_opened", table=".".join(self.identifier), exists=table is not None,
                  server=self.server_id, stream=self.stream)
 
-    def _committed_position(self, shard_id: str) -> Position | None:
+    def _committed_intervals(self, shard_id: str) -> Intervals:
         try:
             table = self._load(self._catalog())
         except Exception as exc:
             raise _unavailable(exc) if _transient(exc) else exc from exc
-        return None if table is None else read_position(table.properties, self.stream, shard_id)
+        return () if table is None else read_intervals(table.properties, self.stream, shard_id)
 
     def _prepare(self, window: Window) -> list[tuple[bytes, str]]:
         """The window's rows as Arrow, parsed once per window and schema (an attempt
@@ -342,17 +377,22 @@ class IcebergSink:
         if base is not None:
             self._adopt(base)
         rejected = self._prepare(window)
-        floors: dict[str, Position] = {}
+        committed: dict[str, Intervals] = {}
         if base is not None:
             for shard_id in window.positions:
-                floor = read_position(base.properties, self.stream, shard_id)
-                if floor is not None:
-                    floors[shard_id] = floor
-        keep = fresh_rows(window, floors)
+                intervals = read_intervals(base.properties, self.stream, shard_id)
+                if intervals:
+                    committed[shard_id] = intervals
+        keep = fresh_rows(window, committed)
         assert self._prepared is not None
         _, _, rows, indices = self._prepared
         kept = rows.num_rows if keep is None else sum(keep[i] for i in indices)
-        raised = {s: p for s, p in window.positions.items() if s not in floors or p > floors[s]}
+        raised = {}
+        for shard_id, claim in window.claims().items():
+            known = committed.get(shard_id, ())
+            grown = union(known, claim)
+            if grown != known:
+                raised[shard_id] = grown
         return Attempt(base, keep, kept, raised, rejected)
 
     def _rows(self, attempt: Attempt) -> pa.Table:
@@ -379,8 +419,10 @@ class IcebergSink:
             summary = self._summary(window, attempt)
             with table.transaction() as tx:
                 tx.set_properties({
-                    **{position_key(self.stream, s): orjson.dumps(p.to_json()).decode()
-                       for s, p in attempt.raised.items()},
+                    **{intervals_key(self.stream, s): orjson.dumps(to_json(i)).decode()
+                       for s, i in attempt.raised.items()},
+                    **{position_key(self.stream, s): orjson.dumps(top(i).to_json()).decode()  # type: ignore[union-attr]
+                       for s, i in attempt.raised.items()},
                     f"{SERVER_PREFIX}{self.server_id}": orjson.dumps(
                         {"stream": self.stream, "window": window.id, "end": window.end}).decode(),
                 })

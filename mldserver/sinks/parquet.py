@@ -46,7 +46,7 @@ from ..base.durable import empty_dir
 from ..base.logs import get_logger
 from ..base.commitlog import CommitLog
 from .schema import declared, load, rows_to_table, save
-from ..spark.frames import CommitRequest
+from ..spark.frames import CommitRequest, window_frame
 from ..spark.process import SparkProcess
 
 log = get_logger("mldserver.sink")
@@ -96,25 +96,7 @@ class SparkSink:
         upcoming, self._next = self._next, None
         if upcoming is not None and upcoming is not window:
             self._begin(upcoming)  # now, not at prepare: two files written at once only slow this one down
-        request: CommitRequest = {
-            "op": "commit",
-            "path": str(path),
-            "window": {
-                "id": window.id,
-                "start": window.start,
-                "end": window.end,
-                "kind": window.kind,
-                "rows": len(window),
-                "late": window.late_rows,
-                "positions": {shard_id: p.to_json() for shard_id, p in window.positions.items()},
-            },
-        }
-        if window.output:
-            request["window"]["output"] = {shard_id: p.to_json() for shard_id, p in window.output.items()}
-        if window.version:
-            request["window"]["version"] = window.version
-        if window.final_until is not None:
-            request["window"]["final"] = window.final_until
+        request: CommitRequest = {"op": "commit", "path": str(path), "window": window_frame(window)}
         handed_over = time.perf_counter()
         self._with_spark = True
         try:

@@ -17,10 +17,11 @@ from __future__ import annotations
 
 from typing import Any, Literal, NotRequired, TypedDict
 
+from ..base.handoff import Window
 from ..base.pipes import encode, read_frame, read_frame_async
 
 __all__ = ["StartRequest", "WindowFrame", "CommitRequest", "WriteRequest", "CommitEntry", "commit_entry",
-           "encode", "read_frame", "read_frame_async"]
+           "window_frame", "encode", "read_frame", "read_frame_async"]
 
 
 class StartRequest(TypedDict):
@@ -48,9 +49,32 @@ class WindowFrame(TypedDict):
     rows: int
     late: int  # the first ``late`` rows are late rows
     positions: dict[str, tuple[str, int]]  # shard -> the highest (sequence number, sub-sequence number)
+    starts: NotRequired[dict[str, tuple[str, int]]]  # shard -> where the rows read of it start (``Window.starts``)
     output: NotRequired[dict[str, tuple[str, int]]]  # sessions: shard -> the highest row handed over
     version: NotRequired[int]  # allowed_lateness: 1, 2, ... this window replaces what was written of it
     final: NotRequired[int]  # allowed_lateness: windows ending at or before it are final
+
+
+def window_frame(window: Window) -> WindowFrame:
+    """The window as a commit names it."""
+    frame: WindowFrame = {
+        "id": window.id,
+        "start": window.start,
+        "end": window.end,
+        "kind": window.kind,
+        "rows": len(window),
+        "late": window.late_rows,
+        "positions": {shard_id: p.to_json() for shard_id, p in window.positions.items()},  # type: ignore[misc]
+    }
+    if window.starts:
+        frame["starts"] = {shard_id: p.to_json() for shard_id, p in window.starts.items()}  # type: ignore[misc]
+    if window.output:
+        frame["output"] = {shard_id: p.to_json() for shard_id, p in window.output.items()}  # type: ignore[misc]
+    if window.version:
+        frame["version"] = window.version
+    if window.final_until is not None:
+        frame["final"] = window.final_until
+    return frame
 
 
 class CommitRequest(TypedDict):
@@ -79,6 +103,7 @@ class CommitEntry(TypedDict):
     late: int
     rows_out: int | None  # None: the format has no row count, or the pipeline wrote its own output
     positions: dict[str, tuple[str, int]]
+    starts: NotRequired[dict[str, tuple[str, int]]]  # a shard's interval [start, position] is committed
     output: NotRequired[dict[str, tuple[str, int]]]
     version: NotRequired[int]  # its versions committed (amended: replaced)
     final: NotRequired[int]
@@ -94,6 +119,8 @@ def commit_entry(window: WindowFrame, rows_out: int | None, version: int | None 
         "rows_out": rows_out,
         "positions": window["positions"],
     }
+    if "starts" in window:
+        entry["starts"] = window["starts"]
     if "output" in window:
         entry["output"] = window["output"]
     if version is not None:

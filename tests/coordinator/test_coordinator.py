@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import random
 import threading
 
 import orjson
@@ -14,13 +15,17 @@ import pytest
 
 from mldserver.base.backoff import Backoff
 from mldserver.base.config import Settings
+from mldserver.base.deadletters import DeadLetters
+from mldserver.base.commitlog import CommitLog
 from mldserver.base.handoff import Committed
+from mldserver.base.intervals import after
 from mldserver.coordinator import Coordinator
 from mldserver.errors import SparkError
 from mldserver.server.metrics import Metrics
 from mldserver.base.positions import Position
 from mldserver.api.rows import Item, RowBatch
 from mldserver.sinks.file import FileSink
+from mldserver.spark.frames import commit_entry, window_frame
 
 from ..harness import eventually
 from ..helpers import FakeClock
@@ -759,3 +764,254 @@ async def test_a_late_row_is_dead_lettered_with_its_data_under_dead_letter(setti
     assert entry["reason"] == "late row" and orjson.loads(entry["row"]) == {"seq": 100}
     assert entry["window"] == "60000-120000" and "30000" in entry["error"]
     assert c.committer.late_dropped == 1 and c.safe_position("B") == position(100)
+
+
+# -- committed intervals: a reading below where an earlier one started ---------------------------
+
+class LoggedSink(FileSink):
+    """The file sink's JSON lines and the parquet sink's commit log (``base.commitlog``),
+    each entry as the Spark process writes it (``commit_entry`` of the window's frame):
+    the parquet sink's commit without Spark."""
+
+    def __init__(self, directory):
+        super().__init__(directory)
+        self.log = CommitLog(directory)
+
+    async def start(self):
+        return self.log.read()
+
+    async def commit(self, window):
+        if self.log.has(window.id):
+            return
+        await super().commit(window)
+        self.log.append(commit_entry(window_frame(window), None))
+
+
+def committed_seqs(directory):
+    return sorted(seq for seqs in output(directory).values() for seq in seqs)
+
+
+async def read(c, clock, shard_id, first, last, checkpoint):
+    """One reading of the shard: initialized at ``checkpoint``, records ``first`` to
+    ``last`` delivered in batches of 10 (caught up at the end), then every window closed."""
+    await c.open_shard(shard_id, checkpoint)
+    for seq in range(first, last + 1, 10):
+        top = min(seq + 9, last)
+        c.add_batch(shard_id, items(seq, [clock() + i for i in range(top - seq + 1)]), position(top),
+                    0 if top == last else 100)
+    clock.advance(120_001)
+    c.add_batch(shard_id, RowBatch.empty(), position(last), 0)  # caught up, later: every window closes
+    await c.step()
+
+
+async def test_a_shard_read_again_from_below_where_a_reading_started_commits_the_rows_no_reading_had(
+        settings, tmp_path):
+    """A reading after a checkpoint at 99 commits 100..150; after a restart the shard is
+    read from a checkpoint at 49 (moved back by hand): 50..99, which no reading had, are
+    committed, and 100..150 are not committed twice."""
+    clock = FakeClock(1_000_000)
+    out = tmp_path / "out"
+    c = await started(settings, tmp_path, clock, LoggedSink(out))
+    try:
+        await read(c, clock, "A", 100, 150, position(99))
+    finally:
+        await c.stop()
+    assert committed_seqs(out) == list(range(100, 151))
+    c = await started(settings, tmp_path, clock, LoggedSink(out))  # the commit log says (99, 150]
+    try:
+        await read(c, clock, "A", 50, 160, position(49))
+        assert c.ordering.duplicates == 51
+    finally:
+        await c.stop()
+    assert committed_seqs(out) == list(range(50, 161))
+    assert LoggedSink(out).log.read().intervals == {"A": ((after(position(49)), position(160)),)}
+
+
+async def test_on_one_server_a_reading_from_below_a_latest_start_commits_the_rows_below(settings, tmp_path):
+    """A reading begun at LATEST (its first record 100) commits 100..150; the shard's
+    connection ends, and it is read again here from a checkpoint at 49: 50..99 are new,
+    and the shard checkpoints no further than 49 until they are committed."""
+    clock = FakeClock(1_000_000)
+    out = tmp_path / "out"
+    c = await started(settings, tmp_path, clock, LoggedSink(out))
+    try:
+        await read(c, clock, "A", 100, 150, "LATEST")
+        assert c.safe_position("A") == position(150)
+        c.shard_closed("A")
+        await c.open_shard("A", position(49))
+        c.add_batch("A", items(50, [clock() + i for i in range(111)]), position(160), 100)
+        assert c.safe_position("A") == position(49)
+        await read(c, clock, "A", 161, 160, position(49))  # (the daemon again, at its checkpoint: all commits)
+        assert c.safe_position("A") == position(160)
+    finally:
+        await c.stop()
+    assert committed_seqs(out) == list(range(50, 161))
+
+
+async def test_a_reading_from_the_checkpoint_another_left_past_its_last_row_continues_its_interval(settings, tmp_path):
+    """Records 11..15 make no row: the window that commits the reading's last rows covers
+    them (its position is 15), so the reading after a restart from the checkpoint at 15
+    continues the one interval rather than leaving a second one above a gap."""
+    clock = FakeClock(1_000_000)
+    out = tmp_path / "out"
+    c = await started(settings, tmp_path, clock, LoggedSink(out))
+    try:
+        await c.open_shard("A", position(0))
+        c.add_batch("A", items(1, [clock() + i for i in range(10)]), position(15), 0)
+        clock.advance(120_001)
+        c.add_batch("A", RowBatch.empty(), position(15), 0)
+        await c.step()
+        assert c.safe_position("A") == position(15)
+    finally:
+        await c.stop()
+    c = await started(settings, tmp_path, clock, LoggedSink(out))
+    try:
+        await read(c, clock, "A", 16, 20, position(15))
+    finally:
+        await c.stop()
+    assert LoggedSink(out).log.read().intervals == {"A": ((after(position(0)), position(20)),)}
+    assert committed_seqs(out) == [*range(1, 11), *range(16, 21)]
+
+
+async def test_a_reading_that_does_not_continue_the_one_whose_rows_are_here_has_them_dropped_first(settings, tmp_path):
+    """A reading begun at LATEST delivered 100..150, none committed yet; the daemon starts
+    the shard again at TRIM_HORIZON (no checkpoint was made): the rows still here are
+    dropped and the new reading's 1..160 are committed once each, its checkpoint never
+    past a row not committed."""
+    clock = FakeClock(1_000_000)
+    out = tmp_path / "out"
+    c = await started(settings, tmp_path, clock, LoggedSink(out))
+    try:
+        await c.open_shard("A", "LATEST")
+        c.add_batch("A", items(100, [clock() + i for i in range(51)]), position(150), 100)
+        c.shard_closed("A")
+        await c.open_shard("A", "TRIM_HORIZON")
+        assert c.ledger.rows == 0 and c.safe_position("A") is None
+        c.add_batch("A", items(1, [clock() + i for i in range(160)]), position(160), 100)
+        assert c.safe_position("A") is None and c.ordering.duplicates == 0
+        clock.advance(120_001)
+        c.add_batch("A", RowBatch.empty(), position(160), 0)  # caught up, later: every window closes
+        await c.step()
+        assert c.safe_position("A") == position(160)
+    finally:
+        await c.stop()
+    assert committed_seqs(out) == list(range(1, 161))
+
+
+async def test_a_commit_log_without_starts_still_says_everything_at_or_below_is_committed(settings, tmp_path):
+    """An older commit log (entries without ``starts``): as before, the shard's rows at or
+    below its position are duplicates."""
+    clock = FakeClock(1_000_000)
+    out = tmp_path / "out"
+    CommitLog(out).append({"window": "0-60000", "start": 0, "end": 60_000, "rows": 51, "late": 0, "rows_out": None,
+                           "positions": {"A": position(150).to_json()}})
+    c = await started(settings, tmp_path, clock, LoggedSink(out))
+    try:
+        await read(c, clock, "A", 50, 160, position(49))
+    finally:
+        await c.stop()
+    assert committed_seqs(out) == list(range(151, 161))
+
+
+def table_sink(settings, tmp_path, server):
+    """The table sink on a SQLite catalog in ``tmp_path/lake``, as server ``server``."""
+    from mldserver.sinks.iceberg import IcebergSink
+
+    return IcebergSink(settings.replace(sink=f"iceberg:{tmp_path / 'lake'}", stream="orders", server_id=server),
+                       tmp_path / "lake", DeadLetters(tmp_path / "state" / "dead-letters"))
+
+
+def table_seqs(tmp_path):
+    from mldserver.sinks.iceberg import open_catalog
+
+    catalog = open_catalog(Settings(), tmp_path / "lake")
+    return sorted(catalog.load_table(("mldserver", "windows")).scan().to_arrow().column("seq").to_pylist())
+
+
+async def test_through_the_table_a_reading_from_below_where_another_server_started_commits_the_rows_below(
+        settings, tmp_path):
+    """Server a reads the shard after a checkpoint at 99 and commits 100..150 to the
+    table; server b is given the shard at a checkpoint of 49: the table gets 50..99 and
+    151..160, and 100..150 once."""
+    clock = FakeClock(1_000_000)
+    a = await started(settings, tmp_path, clock, table_sink(settings, tmp_path, "server-a"))
+    try:
+        await read(a, clock, "A", 100, 150, position(99))
+    finally:
+        await a.stop()
+    b = await started(settings, tmp_path, clock, table_sink(settings, tmp_path, "server-b"))
+    try:
+        await read(b, clock, "A", 50, 160, position(49))
+        assert b.ordering.duplicates == 51  # (the table's intervals, read as the shard opened)
+    finally:
+        await b.stop()
+    assert table_seqs(tmp_path) == list(range(50, 161))
+
+
+@pytest.mark.parametrize("kind", ["log", "table"])
+@pytest.mark.parametrize("seed", range(8))
+async def test_every_row_read_is_committed_exactly_once_whatever_the_readings_starts_and_ends(
+        settings, tmp_path, seed, kind):
+    """Readings of one shard of 400 records from random starts (a checkpoint anywhere,
+    or LATEST at a random record), each ended by a restart of the server (into the
+    table: another server takes the shard), a lost lease (its rows past the last commit
+    dropped), its connection closing once all is committed, or the daemon restarting
+    with rows still uncommitted here (the next reading then starts at the shard's
+    checkpoint, as the daemon does): every row some reading committed is in the output
+    once."""
+    rng = random.Random(seed)
+    clock = FakeClock(1_000_000)
+    out = tmp_path / "out"
+    servers = iter(range(100))
+
+    def sink():
+        return LoggedSink(out) if kind == "log" else table_sink(settings, tmp_path, f"server-{next(servers)}")
+
+    expected: set[int] = set()
+    resume = None  # the daemon restarted: the next reading starts at the checkpoint
+    delivered = 0  # ... and delivers at least as far as the one before
+    steps = []
+    c = await started(settings, tmp_path, clock, sink())
+    try:
+        for _ in range(rng.randint(2, 6)):
+            if resume is not None and delivered == 400:  # nothing more to read: the rows still here commit
+                await read(c, clock, "A", resume + 1, 400, position(resume))
+                expected.update(range(resume + 1, 401))
+                resume = None
+            low = rng.randint(0, 380) if resume is None else resume
+            high = rng.randint(max(low + 1, delivered if resume is not None else 0), 400)
+            checkpoint = position(low) if resume is not None or rng.random() < 0.7 else "LATEST"  # (its first: low + 1)
+            await read(c, clock, "A", low + 1, high, checkpoint)
+            expected.update(range(low + 1, high + 1))
+            end, resume, delivered = rng.choice(["restart", "lease_lost", "closed", "daemon_restart"]), None, high
+            # the daemon back at its checkpoint, at one moved back by hand, or one moved past what it read
+            back = rng.choice(["at", "back", "past"]) if end == "daemon_restart" else None
+            steps.append((checkpoint, low + 1, high, end, back))
+            if end != "closed" and high < 400:  # more delivered, not committed yet
+                delivered = rng.randint(high + 1, 400)
+                c.add_batch("A", items(high + 1, [clock() + i for i in range(delivered - high)]), position(delivered),
+                            100)
+            if back == "past" and delivered >= 399:
+                back = "at"  # (nothing to skip)
+            if back in ("at", "back"):  # (they commit with the next reading's windows, or are read again)
+                expected.update(range(high + 1, delivered + 1))
+            if end == "restart":
+                await c.stop()
+                c = await started(settings, tmp_path, clock, sink())
+            elif end == "lease_lost":
+                c.lease_lost("A")
+            else:
+                c.shard_closed("A")
+                if back == "past":  # (the rows still here are dropped: skipped)
+                    resume, delivered = rng.randint(delivered + 1, 399), 0
+                elif back is not None:
+                    resume = c.safe_position("A").seq
+                    resume = resume if back == "at" else rng.randint(0, resume)
+        if resume is not None:  # the daemon back once more: the rows still here commit
+            await read(c, clock, "A", resume + 1, delivered, position(resume))
+            expected.update(range(resume + 1, delivered + 1))
+    finally:
+        await c.stop()
+    seqs = committed_seqs(out) if kind == "log" else table_seqs(tmp_path)
+    assert len(seqs) == len(set(seqs)), ("a row committed twice", steps)
+    assert set(seqs) == expected, steps

@@ -225,7 +225,7 @@ def emitted(positions, order, time=1000, tag=""):
 
 def test_duplicates_among_rows_out_of_record_order_are_dropped_by_position():
     o = ordering()
-    o.delivered("A", Position.parse("11"))  # a checkpoint at 11: 10 and 11 were delivered
+    o.delivered("A", ((None, Position.parse("11")),))  # a checkpoint at 11: 10 and 11 were delivered
     records = [Position.parse(str(s)) for s in (10, 11, 12, 13)]
     kept = flat(o.add("A", emitted(records, [2, 0, 3, 1]), records[-1], now=0))
     assert [r.position.seq for r in kept] == [12, 13] and o.duplicates == 2
@@ -273,7 +273,7 @@ def test_a_dropped_shard_leaves_the_windows_and_comes_back_with_only_its_committ
     a, b = rows(1, [1_000, 70_000], "a"), rows(100, [2_000, 3_000], "b")
     ordering.add("A", a, last(a), now=0)
     ordering.add("B", b, last(b), now=0)
-    assert ordering.drop("B", high=Position.parse("100")) == 2
+    assert ordering.drop("B", ((None, Position.parse("100")),)) == 2
     [first, second] = ordering.close(until=float("inf"))
     assert contents(first) + contents(second) == [("a", 1), ("a", 2)]
     again = rows(100, [2_000, 3_000], "b")  # delivered again after the lease came back
@@ -290,3 +290,41 @@ def test_late_rows_alone_are_handed_over_once_the_next_window_is_past_the_waterm
     assert ordering.close(until=MINUTE + 59_999) == []  # the next window may still get rows
     [window] = ordering.close(until=2 * MINUTE)  # no row came: the late rows go alone
     assert (window.start, window.end, window.late_rows, len(window)) == (MINUTE, 2 * MINUTE, 2, 2)
+
+
+def test_a_reading_starts_above_its_checkpoint_or_at_its_first_record_and_its_rows_are_its_interval():
+    o = ordering()
+    o.opened("A", Position.parse("99"), buffered=False)
+    add(o, "A", 100, [1_000] * 51)
+    assert o.reading("A") == (Position(99, 1, "99"), None)  # its rows wait for their window
+    o.opened("B", "LATEST", buffered=False)
+    add(o, "B", 100, [1_000, 1_000])
+    assert o.reading("B")[0] == Position.parse("100")
+    o.close(until=float("inf"))
+    assert o.reading("A") == (Position(99, 1, "99"), Position.parse("150"))  # all in windows: it covers that far
+    # read again from below where it started: the rows below are new, those above duplicates
+    o.opened("A", Position.parse("49"), buffered=False)
+    kept = add(o, "A", 50, [2_000] * 111)
+    assert [r.position.seq for r in kept] == [*range(50, 100), *range(151, 161)] and o.duplicates == 51
+    assert o.reading("A")[0] == Position(49, 1, "49")
+
+
+def test_a_reading_continues_the_one_whose_rows_are_here_only_from_within_or_right_after_what_it_delivered():
+    o = ordering()
+    o.opened("A", Position.parse("99"), buffered=False)
+    add(o, "A", 100, [1_000] * 51)
+    apart = {c: o.apart("A", c) for c in (Position.parse("99"), Position.parse("120"), Position.parse("150"),
+                                          Position.parse("49"), Position.parse("151"), "TRIM_HORIZON", None)}
+    assert [c for c, a in apart.items() if not a] == [Position.parse("99"), Position.parse("120"),
+                                                      Position.parse("150")]
+    o.opened("A", Position.parse("120"), buffered=True)  # (a daemon restarted at its checkpoint)
+    assert o.reading("A")[0] == Position(99, 1, "99")  # one reading: its start stays
+    assert not o.apart("B", "LATEST")  # nothing read here
+
+
+def test_a_reading_that_continued_another_and_delivered_nothing_is_still_told_apart_from_one_past_a_gap():
+    o = ordering()
+    o.opened("A", Position.parse("99"), buffered=False)
+    add(o, "A", 100, [1_000] * 51)
+    o.opened("A", Position.parse("120"), buffered=True)  # a daemon restart; then another before any batch
+    assert o.apart("A", Position.parse("200")) and not o.apart("A", Position.parse("150"))

@@ -60,3 +60,22 @@ def test_compaction_folds_the_older_entries_into_one_file_and_reads_the_same(tmp
         (tmp_path / "_commits" / name).write_bytes(data)
     again = CommitLog(tmp_path).read()
     assert again.end == 260 and again.windows == 26 and again.positions["B"] == Position(5, 0, "5")
+
+
+def test_starts_make_each_shards_committed_intervals_and_an_entry_without_them_reads_as_before(tmp_path):
+    """An entry's ``starts`` make [start, position] of each shard committed; entries of
+    one reading touch and merge; a reading begun higher is an interval of its own; an
+    entry without ``starts`` (an older log) says everything at or below its position.
+    Compaction keeps the intervals."""
+    def p(seq, sub=0):
+        return Position(seq, sub, str(seq))
+
+    log = CommitLog(tmp_path)
+    log.append({**entry(0, {"A": ["150", 0]}), "starts": {"A": ["99", 1]}})
+    log.append({**entry(10, {"A": ["170", 0]}), "starts": {"A": ["99", 1]}})
+    log.append({**entry(20, {"A": ["320", 0], "B": ["5", 0]}), "starts": {"A": ["300", 0]}})
+    committed = log.read()
+    assert committed.intervals == {"A": ((p(99, 1), p(170)), (p(300), p(320))), "B": ((None, p(5)),)}
+    assert committed.positions == {"A": p(320), "B": p(5)}
+    assert log.compact(keep=0) == 3
+    assert CommitLog(tmp_path).read().intervals == committed.intervals

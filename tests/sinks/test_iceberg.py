@@ -16,6 +16,7 @@ from pyiceberg.catalog.sql import SqlCatalog
 
 from mldserver.base.config import Settings, load
 from mldserver.base.handoff import JsonLines, Window
+from mldserver.base.intervals import after
 from mldserver.base.deadletters import DeadLetters
 from mldserver.errors import ConfigError, retriable
 from mldserver.base.positions import Position
@@ -225,12 +226,73 @@ async def test_a_table_made_elsewhere_gets_pyicebergs_own_retry_switched_off(tmp
     assert catalog(tmp_path).load_table(TABLE).properties["commit.retry.num-retries"] == "0"
 
 
-def test_fresh_rows_leaves_out_each_shards_rows_at_or_below_its_committed_position():
+def upto(seq: int):
+    return ((None, pos(seq)),)
+
+
+def test_fresh_rows_leaves_out_each_shards_rows_inside_its_committed_intervals():
     w = window(0, {"s0": [6, 8, 9], "s1": [1, 2]})
     assert fresh_rows(w, {}) is None
-    assert fresh_rows(w, {"s0": pos(5), "s1": pos(0)}) is None  # every shard's first row is above
-    assert fresh_rows(w, {"s0": pos(8)}) == [False, False, True, True, True]
-    assert fresh_rows(w, {"s0": pos(9), "s1": pos(2)}) == [False] * 5
+    assert fresh_rows(w, {"s0": upto(5), "s1": upto(0)}) is None  # every shard's first row is above
+    assert fresh_rows(w, {"s0": upto(8)}) == [False, False, True, True, True]
+    assert fresh_rows(w, {"s0": upto(9), "s1": upto(2)}) == [False] * 5
+    # a reading that started after a checkpoint at 7 committed 8: 6, below where it started, is new
+    assert fresh_rows(w, {"s0": ((after(pos(7)), pos(8)),)}) == [True, False, True, True, True]
+    assert fresh_rows(w, {"s0": ((after(pos(5)), pos(6)), (after(pos(8)), pos(9)))}) == [False, True, False, True, True]
+
+
+def started_at(w: Window, **starts: Position) -> Window:
+    """``w`` with where each shard's reading started (``Window.starts``)."""
+    w.starts = dict(starts)
+    return w
+
+
+async def test_rows_below_where_a_reading_started_are_committed_when_read_and_those_in_it_never_twice(
+        tmp_path, caplog):
+    """A reading after a checkpoint at 99 commits 100..150; the shard read from a
+    checkpoint at 49 commits 50..160: 50..99, which no reading had, and 151..160 are
+    added, 100..150 not again; a retry of that commit adds nothing."""
+    a = await sink(tmp_path)
+    await a.commit(started_at(window(0, {"s0": list(range(100, 151))}), s0=after(pos(99))))
+    assert await a.committed_intervals("s0") == ((after(pos(99)), pos(150)),)
+    b = await sink(tmp_path, "server-b")
+    again = started_at(window(10, {"s0": list(range(50, 161))}), s0=after(pos(49)))
+    await b.commit(again)
+    assert table_rows(tmp_path) == [("s0", seq) for seq in range(50, 161)]
+    assert [c["mldserver.skipped-rows"] for c in commits(tmp_path)] == ["0", "51"]
+    properties = catalog(tmp_path).load_table(TABLE).properties
+    assert orjson.loads(properties["mldserver.intervals/orders/s0"]) == [[["49", 1], ["160", 0]]]
+    assert orjson.loads(properties[position_key("orders", "s0")]) == ["160", 0]
+    await b.commit(again)  # a retry of a commit that landed
+    assert len(commits(tmp_path)) == 2 and table_rows(tmp_path) == [("s0", seq) for seq in range(50, 161)]
+    assert await b.committed_position("s0") == pos(160)
+
+
+async def test_a_table_with_only_a_position_reads_as_everything_at_or_below_it(tmp_path):
+    """A table written before intervals (only ``mldserver.position/...``): its rows at or
+    below the position are committed, as before."""
+    a = await sink(tmp_path)
+    await a.commit(started_at(window(0, {"s0": list(range(100, 151))}), s0=after(pos(99))))
+    table = catalog(tmp_path).load_table(TABLE)
+    with table.transaction() as tx:
+        tx.remove_properties("mldserver.intervals/orders/s0")
+    assert await a.committed_intervals("s0") == ((None, pos(150)),)
+    await a.commit(started_at(window(10, {"s0": list(range(50, 161))}), s0=after(pos(49))))
+    assert table_rows(tmp_path) == [("s0", seq) for seq in range(100, 161)]
+    assert await a.committed_intervals("s0") == ((None, pos(160)),)
+
+
+async def test_a_lease_moved_past_a_gap_keeps_two_intervals_and_the_gap_is_committed_once_read(tmp_path):
+    """Server a read 1..20 and committed them; server b was given the shard at a
+    checkpoint moved forward to 50 and commits 51..60; a reading from 20 later fills the
+    gap 21..50 without adding a row twice."""
+    a, b = await sink(tmp_path), await sink(tmp_path, "server-b")
+    await a.commit(started_at(window(0, {"s0": list(range(1, 21))}), s0=after(pos(0))))
+    await b.commit(started_at(window(0, {"s0": list(range(51, 61))}), s0=after(pos(50))))
+    assert await a.committed_intervals("s0") == ((after(pos(0)), pos(20)), (after(pos(50)), pos(60)))
+    await a.commit(started_at(window(10, {"s0": list(range(21, 71))}), s0=after(pos(20))))
+    assert table_rows(tmp_path) == [("s0", seq) for seq in range(1, 71)]
+    assert await b.committed_intervals("s0") == ((after(pos(0)), pos(70)),)
 
 
 def test_the_table_sink_needs_a_stream_and_a_namespaced_table(tmp_path):
