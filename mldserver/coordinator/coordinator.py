@@ -211,8 +211,7 @@ class Coordinator:
         await self.lineage.started(shard_id, checkpoint)
         self.shards.connected(shard_id)  # after the awaits: a pass may have forgotten it meanwhile
         self.watermarks.open(shard_id, self.clock())
-        parents = self.lineage.parents_of(shard_id)
-        if parents:
+        if parents := self.lineage.parents_of(shard_id):
             self.log.info("lineage", shard_id=shard_id, parents=list(parents))
         self.committer.wake()
 
