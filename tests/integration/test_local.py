@@ -133,6 +133,37 @@ def test_local_makes_the_stream_and_table_writes_the_properties_puts_orders_and_
     wait_for(lambda: not any(alive(pid) for pid in below), 30, "no emulator left")
 
 
+def test_the_printed_serve_source_command_reads_the_orders_put_into_windows(tmp_path):
+    """The no-daemon command it prints (the endpoint from the environment), as printed."""
+    local = Local(tmp_path, "--stream", "orders", "--shards", "2")
+    windows = tmp_path / "windows"
+    serve = None
+    try:
+        line = next(line.strip() for line in local.text().splitlines() if "--source kinesis:orders" in line)
+        env, _, command = line.partition(" ")
+        assert env == f"AWS_ENDPOINT_URL_KINESIS={local.value('kinesisEndpoint')}"
+        assert local.put(20).returncode == 0
+        words = command.split()
+        assert words[:2] == ["mldserver", "serve"] and "file:./windows" in words
+        serve = subprocess.Popen([MLDSERVER, *words[1:], "--port", "0", "--admin", "off", "--log-file",
+                                  str(tmp_path / "serve.log")], cwd=tmp_path, start_new_session=True,
+                                 env={**ENV, env.split("=", 1)[0]: env.split("=", 1)[1], "AWS_ACCESS_KEY_ID": "local",
+                                      "AWS_SECRET_ACCESS_KEY": "local", "AWS_REGION": "us-east-1"})
+
+        def rows() -> int:
+            if serve.poll() is not None:
+                raise AssertionError(f"serve exited {serve.returncode}")
+            return sum(len(f.read_text().splitlines()) for f in windows.glob("[!_]*.jsonl"))
+
+        wait_for(lambda: rows() >= 20, 240, "20 orders in committed windows")
+        assert rows() == 20
+    finally:
+        if serve is not None and serve.poll() is None:
+            serve.send_signal(signal.SIGTERM)
+            serve.wait(120)
+        assert local.stop() == 0
+
+
 def test_put_without_a_running_local_is_one_line_and_exit_2(tmp_path):
     done = subprocess.run([MLDSERVER, "local", "--put", "5", "--properties-out", str(tmp_path / "none.properties")],
                           env=ENV, capture_output=True, text=True, timeout=60)
