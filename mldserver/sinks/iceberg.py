@@ -70,7 +70,9 @@ Without a pipeline the server parses the window's rows into Arrow (``window_tabl
 and pyiceberg writes and commits them: no Spark. With ``--pipeline``, the Spark
 process runs the pipeline on the window's remaining rows and writes the output files
 (``op: write``) where the table keeps its data; pyiceberg then commits those very
-files (``add_files``, no second copy). All of it runs in a thread: pyiceberg blocks.
+files (``add_files``, no second copy). On object storage (``s3://``) Spark writes them
+under the state dir and the sink copies them into the table's storage with the
+catalog's FileIO first (``_upload``): Spark needs no S3 client. All of it runs in a thread: pyiceberg blocks.
 """
 
 from __future__ import annotations
@@ -411,7 +413,7 @@ class IcebergSink:
         table = attempt.base
         try:
             if table is None:
-                schema = rows.schema if rows is not None else pq.read_schema(files[0].removeprefix("file://"))  # type: ignore[index]
+                schema = rows.schema if rows is not None else self._file_schema(files[0])  # type: ignore[index]
                 try:
                     table = self._create(catalog, schema)
                 except TableAlreadyExistsError:
@@ -434,7 +436,7 @@ class IcebergSink:
                 self._expire(tx, table)
         except CommitFailedException:
             if files is not None:
-                _remove(files)
+                self._remove(files)
             return False
         except Exception as exc:
             if _transient(exc):
@@ -503,7 +505,10 @@ class IcebergSink:
         path = self.inputs / f"{window.id}.parquet"
         await asyncio.to_thread(_write_parquet, self._rows(attempt).drop_columns([WINDOW_COLUMN]), path)
         base = attempt.base.location() if attempt.base is not None else warehouse(self.settings, self.directory)
-        out = f"{base.removeprefix('file://')}/data/spark-{window.id}-{uuid.uuid4().hex[:12]}"
+        name = f"spark-{window.id}-{uuid.uuid4().hex[:12]}"
+        dest = f"{base.removeprefix('file://')}/data/{name}"
+        remote = not _local(base)  # object storage (s3://): Spark writes here, the files are copied there
+        out = str(self.inputs / name) if remote else dest
         request: WriteRequest = {
             "op": "write",
             "path": str(path),
@@ -513,7 +518,47 @@ class IcebergSink:
         }  # fmt: skip
         reply = await self.spark.request(request)
         await asyncio.to_thread(path.unlink, True)
-        return list(reply["files"])
+        files = list(reply["files"])
+        return await asyncio.to_thread(self._upload, files, out, dest) if remote else files
+
+    def _upload(self, files: list[str], staging: str, dest: str) -> list[str]:
+        """Spark's output files, written on this machine, copied into the table's storage
+        with the catalog's own FileIO (pyiceberg's S3 client: Spark needs no S3 jars),
+        then removed here: their new paths, for ``add_files``."""
+        import shutil
+
+        io = self._file_io(dest)
+        uploaded = []
+        for local in files:
+            path = local.removeprefix("file://")
+            target = f"{dest}/{os.path.basename(path)}"
+            with open(path, "rb") as src, io.new_output(target).create(overwrite=True) as out:
+                shutil.copyfileobj(src, out, 1 << 20)
+            uploaded.append(target)
+        shutil.rmtree(staging, ignore_errors=True)
+        return uploaded
+
+    def _file_io(self, location: str) -> Any:
+        from pyiceberg.io import load_file_io
+
+        return load_file_io(dict(self._catalog().properties), location)
+
+    def _file_schema(self, path: str) -> pa.Schema:
+        if _local(path):
+            return pq.read_schema(path.removeprefix("file://"))
+        with self._file_io(path).new_input(path).open() as f:
+            return pq.ParquetFile(f).schema_arrow
+
+    def _remove(self, files: list[str]) -> None:
+        """Files a lost commit wrote (another server committed first): gone, wherever they are."""
+        for f in files:
+            try:
+                if _local(f):
+                    os.unlink(f.removeprefix("file://"))
+                else:
+                    self._file_io(f).delete(f)
+            except Exception:
+                pass  # table maintenance removes what is left (orphans)
 
 
 CATALOG_NAME = "mldserver"  # the catalog's name unless [table_catalog] gives name = "..."
@@ -644,12 +689,8 @@ def _write_parquet(table: pa.Table, path: Path) -> None:
     tmp.replace(path)
 
 
-def _remove(files: list[str]) -> None:
-    for f in files:
-        try:
-            os.unlink(f.removeprefix("file://"))
-        except OSError:
-            pass
+def _local(location: str) -> bool:
+    return location.startswith(("file://", "/"))
 
 
 def _unavailable(exc: Exception) -> TableUnavailable:

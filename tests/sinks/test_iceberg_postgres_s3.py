@@ -221,3 +221,38 @@ async def test_three_servers_on_postgresql_and_s3_commit_every_record_once(serve
     print(f"\n{len(put)} rows, each once ({skipped} offered again and left out); {conflicts} commit conflicts; "
           f"{len(table.snapshots())} snapshots kept; {maintained.stdout.strip()}; an hour on, {report.orphans} "
           f"orphans removed of {report.files} files; {time.monotonic() - started:.1f} s")
+
+
+@pytest.mark.spark
+async def test_a_pipeline_into_a_table_on_s3_writes_its_files_into_the_bucket_each_record_once(
+        serve, tmp_path, postgresql, moto_s3, lake):
+    """With --pipeline the Spark process writes a window's output on this machine (it has
+    no S3 client of its own); the sink copies the files into the table's bucket with the
+    catalog's own S3 settings and commits them there: every row once, every data file
+    the table names in the bucket, none left behind locally."""
+    kinesis = boto3.client("kinesis", endpoint_url=moto_s3.endpoint, **AWS)
+    if "orders" not in kinesis.list_streams()["StreamNames"]:  # (the module's other test may have made it)
+        kinesis.create_stream(StreamName="orders", ShardCount=1)
+    config = write_config(tmp_path, postgresql, moto_s3)
+    state = tmp_path / "spark-server"
+    server = serve(PASSTHROUGH, "--config", str(config), "--state-dir", str(state), "--server-id", "with-spark",
+                   "--pipeline", "mldserver.spark.pipeline:identity", env=ENV)
+    model = Stream()
+    ids = sorted(model.records)[3:5]  # shards the other test in this module did not use
+    daemon = FakeDaemon(relay_command(server.port))
+    shards = {i: await daemon.shard(i) for i in ids}
+    await model.finish(shards)
+    put = {(shard_id, r["sequenceNumber"]) for shard_id in ids for r in model.records[shard_id]}
+    await eventually(lambda: put <= set(lake.rows()), timeout=300, interval=0.5, what="every record in the table")
+    assert all(n == 1 for key, n in lake.rows().items() if key in put)
+    await model.shut_down(daemon, shards)
+    server.stop()
+
+    table = lake.table()
+    files = [task.file.file_path for task in table.scan().plan_files()]
+    spark_files = [f for f in files if "/data/spark-" in f]
+    assert spark_files and all(f.startswith("s3://lake/warehouse/") for f in spark_files), files
+    keys = set(moto_s3.keys("lake"))
+    assert all(f.removeprefix("s3://lake/") in keys for f in spark_files)
+    left = [p for p in (state / "spark").rglob("*.parquet")]
+    assert not left, left  # the local copies are gone once uploaded
