@@ -17,7 +17,9 @@ served, while the threads that have one compute; it does not wait:
   has not moved over the last poll, so the next thread goes in at once beside it. A
   thread the system left waiting for a core (a loaded machine) has not moved either,
   but it is runnable (``R`` in ``/proc/self/task/<tid>/stat``), not asleep: it still
-  computes;
+  computes. Nor is a window judged when the look at it came late (more than a window
+  after the last): the process itself waited for a core, and a computing thread that
+  waited meanwhile for the GIL (asleep, its clock still) would pass for a blocked one;
 - longer than ``patience`` (0.1 s) for a thread that computes: a long batch, or one
   spinning until ``execution_timeout`` stops it, is then shared with as before.
 
@@ -44,6 +46,7 @@ class Turns:
         self._cond = threading.Condition()
         self._line: collections.deque[int] = collections.deque()  # waiting threads, first come first
         self._holders: dict[int, list[float]] = {}  # thread id -> [clock id, its CPU s, when read, since]
+        self._judged = 0.0  # when the first in line last looked (``_computing``)
 
     @contextlib.contextmanager
     def turn(self) -> Iterator[None]:
@@ -80,6 +83,7 @@ class Turns:
         (a thread that computes may wait for the GIL a few slices; one that blocks uses
         none), or is it waiting for a core?"""
         now = time.monotonic()
+        late, self._judged = now - self._judged > self.window, now
         busy = False
         for held in self._holders.values():  # [clock id, its CPU s, when read, when its turn began, tid]
             if now - held[3] >= self.patience:
@@ -88,6 +92,10 @@ class Turns:
                 busy = True  # too soon to tell
                 continue
             cpu = time.clock_gettime(int(held[0]))
+            if late:  # this look came a window late: the process waited for a core (or the GIL's
+                busy = True  # holder did), and a thread's clock says nothing of it: judged afresh
+                held[1], held[2] = cpu, now
+                continue
             if cpu - held[1] >= 0.1 * (now - held[2]) or runnable(int(held[4])):
                 busy = True
             held[1], held[2] = cpu, now
