@@ -44,6 +44,13 @@ def some(items: Iterable[Any], n: int = 3) -> str:
     return "; ".join(str(i) for i in items[:n]) + more
 
 
+def epoch(ts: str) -> float:
+    """A log event's ``ts`` (``2026-11-21T10:00:00.123Z``) as seconds since the epoch."""
+    from datetime import datetime
+
+    return datetime.fromisoformat(ts.replace("Z", "+00:00")).timestamp()
+
+
 def alive(pid: int) -> bool:
     """A process that runs (not a zombie waiting for its parent to read its status)."""
     try:

@@ -71,7 +71,6 @@ import sys
 import time
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -80,7 +79,7 @@ import orjson
 from ...api.handler import Handler
 from ...errors import ConfigError
 from ..tether import Pidfile, started
-from .common import Check, handled_file, some
+from .common import Check, epoch, handled_file, some
 from .outside import get
 
 HANDLER = "mldserver.ops.bench.killed:Kept"
@@ -486,7 +485,7 @@ class Phase:
         run = self.run + 1
         await self.start()
         listening = self.event("listening")
-        kill.listened_at = _epoch(listening["ts"]) if listening else None
+        kill.listened_at = epoch(listening["ts"]) if listening else None
         kill.leftover_stopped = sum(1 for e in self.events() if e.get("event") == "daemon_leftover_stopped")
         try:
             await self.until(lambda: after <= self.seen().handled[run].keys(), RESTART,
@@ -515,11 +514,6 @@ class Phase:
             os.killpg(proc.pid, signal.SIGKILL)
             await asyncio.to_thread(proc.wait)
         self.result.exit_code = proc.returncode
-
-
-def _epoch(ts: str) -> float:
-    """A log event's ``ts`` (``2026-11-21T10:00:00.123Z``) as seconds since the epoch."""
-    return datetime.fromisoformat(ts.replace("Z", "+00:00")).timestamp()
 
 
 async def run_phase(tmp: str | os.PathLike, *, seed: int, kills: int = 3, shards: int = 3) -> Killed:

@@ -53,7 +53,7 @@ from typing import Any
 import orjson
 
 from ...errors import ConfigError
-from .common import PASSTHROUGH, Check, some
+from .common import PASSTHROUGH, Check, epoch, some
 
 STREAM = "scale"
 SHARDS = 6
@@ -157,6 +157,7 @@ class Server:
         self.name, self.dir = name, base / name
         self.dir.mkdir()
         self.log = self.dir / "server.log"
+        self._worker: str | None = None  # read from its log once (settled() asks twice a second)
         self.command = [sys.executable, "-m", "mldserver", "run", "--properties", str(properties), "--handler",
                         PASSTHROUGH, "--port", "0", "--admin", "127.0.0.1:0", "--state-dir", str(self.dir / "state"),
                         "--log-file", str(self.log), "--workers", "1", "--sink", sink,
@@ -178,12 +179,15 @@ class Server:
         for line in self.log.read_bytes().splitlines():
             if line.startswith(b"{"):
                 event = orjson.loads(line)
-                event["at"] = _epoch(event["ts"])
+                event["at"] = epoch(event["ts"])
                 out.append(event)
         return out
 
     def worker(self) -> str | None:
-        return next((e["worker_id"] for e in self.events() if e["event"] == "daemon_started"), None)
+        """Its KCL worker id (the same after a restart: the state dir's), once its daemon started."""
+        if self._worker is None:
+            self._worker = next((e["worker_id"] for e in self.events() if e["event"] == "daemon_started"), None)
+        return self._worker
 
     def kill(self) -> None:
         os.killpg(self.proc.pid, signal.SIGKILL)  # the server; its daemon dies with it (tether)
@@ -196,12 +200,6 @@ class Server:
                 self.proc.wait(120)
             except subprocess.TimeoutExpired:
                 self.kill()
-
-
-def _epoch(ts: str) -> float:
-    from datetime import datetime
-
-    return datetime.fromisoformat(ts.replace("Z", "+00:00")).timestamp()
 
 
 class Producer(threading.Thread):
