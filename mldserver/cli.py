@@ -22,6 +22,16 @@ def main(argv: list[str] | None = None) -> None:
     _main(argv)
 
 
+CHECK_HELP = ("everything serve (or, with --for run, run) checks at start-up, without "
+              "serving: the settings, the handler and the pipeline loaded, the state "
+              "directory probed, the daemon's properties file checked; prints what was "
+              "found (exit 1 on an error in the properties, 2 on the mistake the "
+              "command would stop on, with its line). Takes every flag of serve and "
+              "run: --host, --port, --unix and --admin are checked as values, never "
+              "bound (check runs beside a live server); --reset-positions deletes "
+              "nothing")
+
+
 def _parser():
     import argparse
 
@@ -98,14 +108,7 @@ def _parser():
                                                  "each shard with the server leasing it")
     positions.add_argument("--json", action="store_true", help="one JSON object per source")
 
-    check = sub.add_parser("check", help="everything serve (or, with --for run, run) checks at start-up, without "
-                                         "serving: the settings, the handler and the pipeline loaded, the state "
-                                         "directory probed, the daemon's properties file checked; prints what was "
-                                         "found (exit 1 on an error in the properties, 2 on the mistake the "
-                                         "command would stop on, with its line). Takes every flag of serve and "
-                                         "run: --host, --port, --unix and --admin are checked as values, never "
-                                         "bound (check runs beside a live server); --reset-positions deletes "
-                                         "nothing")
+    check = sub.add_parser("check", help=CHECK_HELP, description=CHECK_HELP)
     _serving_flags(check)
     check.add_argument("--properties", help="the KCL MultiLangDaemon's properties file: checked as the daemon "
                                             "reads it (with --for run, as mldserver run starts it)")
