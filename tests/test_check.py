@@ -63,10 +63,14 @@ def test_the_handler_flag_is_imported_as_serve_would_and_named_when_it_fails(tmp
     assert "config" in done.stdout and "handler" not in done.stdout.split("\n", 1)[1]
 
 
-def test_a_pipeline_that_cannot_be_imported_is_named(tmp_path):
+def test_a_pipeline_that_cannot_be_imported_is_named_as_serve_names_it(tmp_path):
     done = run("check", "--config", config(tmp_path), "--pipeline", "tests.nosuch:pipeline")
     assert done.returncode == 2
     assert done.stderr.startswith('mldserver: Could not import module "tests.nosuch" (pipeline tests.nosuch:pipeline)')
+    # serve finds it in its Spark process, and stops on the importer's own line
+    served = run("serve", "--config", config(tmp_path), "--pipeline", "tests.nosuch:pipeline", "--port", "0",
+                 "--admin", "off")
+    assert (served.returncode, served.stderr) == (2, done.stderr)
 
 
 def test_a_state_dir_that_cannot_be_written_is_named(tmp_path):
@@ -283,3 +287,36 @@ def test_for_run_needs_the_properties_file_run_needs(tmp_path):
     done = run("check", "--handler", SAMPLE_HANDLER, "--for", "run")
     assert (done.returncode, done.stderr) == (2, "mldserver: check --for run: run needs --properties FILE (the "
                                                  "daemon's properties file): give the one you give run\n")
+
+
+@pytest.mark.parametrize("flags", [["--from", "latest"], ["--source", "kinesis:orders", "--source", "kinesis:orders"],
+                                   ["--reset-positions"]])
+def test_the_source_flags_are_parsed_as_serve_parses_them(tmp_path, flags):
+    args = ["--handler", "tests.handlers:Noop", "--state-dir", str(tmp_path / "state"), *flags]
+    checked, served = run("check", *args), run("serve", *args, "--port", "0", "--admin", "off")
+    assert checked.returncode == served.returncode == 2
+    assert checked.stderr == served.stderr and checked.stderr.count("\n") == 1, checked.stderr
+
+
+def test_a_source_is_listed_and_reset_positions_deletes_nothing(tmp_path):
+    from mldserver.sources.positions import positions_path
+
+    saved = positions_path(tmp_path / "state", "kinesis:orders")  # what serve --reset-positions deletes
+    saved.parent.mkdir(parents=True)
+    saved.write_text("{}\n")
+    done = run("check", "--handler", "tests.handlers:Noop", "--state-dir", str(tmp_path / "state"), "--source",
+               "kinesis:orders", "--from", "latest", "--reset-positions")
+    assert done.returncode == 0, done.stderr
+    assert "source      kinesis:orders (from latest; their saved positions deleted at start)" in done.stdout
+    assert saved.read_text() == "{}\n"
+
+
+def test_for_run_says_what_run_would_warn_of_the_daemon(tmp_path):
+    done = subprocess.run(
+        [MLDSERVER, "check", "--for", "run", "--properties", str(ROOT / "deploy" / "mld.properties"), "--handler",
+         "tests.handlers:Noop", "--state-dir", str(tmp_path / "state")],
+        cwd=ROOT, capture_output=True, text=True, timeout=60,
+        env={**os.environ, "PYTHONPATH": str(ROOT), "MLDSERVER_JAXB_JAR": str(tmp_path / "no-jaxb.jar")})
+    assert done.returncode == 0 and done.stderr == "", done.stderr
+    (line,) = [line for line in done.stdout.splitlines() if line.startswith("daemon ")]
+    assert "the KCL jars in " in line and "; warning: without the JAXB API jar one malformed KPL aggregate" in line
