@@ -22,6 +22,16 @@ def main(argv: list[str] | None = None) -> None:
     _main(argv)
 
 
+CHECK_HELP = ("everything serve (or, with --for run, run) checks at start-up, without "
+              "serving: the settings, the handler and the pipeline loaded, the state "
+              "directory probed, the daemon's properties file checked; prints what was "
+              "found (exit 1 on an error in the properties, 2 on the mistake the "
+              "command would stop on, with its line). Takes every flag of serve and "
+              "run: --host, --port, --unix and --admin are checked as values, never "
+              "bound (check runs beside a live server); --reset-positions deletes "
+              "nothing")
+
+
 def _parser():
     import argparse
 
@@ -36,69 +46,12 @@ def _parser():
     sub = p.add_subparsers(dest="command", required=True, parser_class=Parser)
 
     serve = sub.add_parser("serve", help="run the server until SIGTERM/SIGINT")
-    serve.add_argument("--handler", help="the handler factory, MODULE:ATTR")
-    serve.add_argument("--host", help="bind address (default 127.0.0.1: the protocol has no authentication)")
-    serve.add_argument("--port", type=int, help="TCP port (default 7070; 0 picks a free one)")
-    serve.add_argument("--unix", help="also (or only, without --port) listen on this unix socket")
-    serve.add_argument("--config", help="TOML file of settings (see mldserver.base.config)")
-    serve.add_argument("--log-format", choices=["json", "console"])
-    serve.add_argument("--log-file", help="append logs here instead of stderr")
-    serve.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
-    serve.add_argument("--state-dir", help="spool, commit log, dead letters (default ./mldserver-state)")
-    serve.add_argument("--execution-timeout", type=float, help="seconds per handler call (default 60)")
-    serve.add_argument("--workers", type=int,
-                       help="handler processes (default 2; 0: handlers run in the server's own loop)")
-    serve.add_argument("--max-line-size", type=int, help="largest daemon line in bytes (default 256 MiB)")
-    serve.add_argument("--window", type=float, help="window size in seconds (default 60; tumbling unless --slide)")
-    serve.add_argument("--slide", type=float,
-                       help="hopping windows: a new window every SLIDE seconds (a divisor of --window)")
-    serve.add_argument("--session", dest="session_gap", type=float, metavar="GAP",
-                       help="session windows: a key's rows less than GAP seconds apart are one session "
-                            "(with --session-key)")
-    serve.add_argument("--session-key", metavar="FIELD",
-                       help="session windows: the field of each row that names its session's key")
-    serve.add_argument("--allowed-lateness", type=float, metavar="SECONDS",
-                       help="a closed window takes late rows this long after its end (the sink replaces it, "
-                            "amended); default 0")
-    serve.add_argument("--max-out-of-orderness", type=float, metavar="SECONDS",
-                       help="rows of a shard this much out of event-time order still land in their own window "
-                            "(a shard's watermark is its largest event time minus it); default 0")
-    serve.add_argument("--late-policy", choices=["next", "drop", "dead-letter"],
-                       help="a row whose window has closed: committed with the next window (next, the default), "
-                            "dropped and counted (drop), or kept with its data in the dead letters (dead-letter)")
-    serve.add_argument("--sink", help="file:DIR, parquet:DIR or iceberg:DIR (iceberg: alone when [table_catalog] "
-                                      "names the warehouse)")
-    serve.add_argument("--stream", help="the stream every position is keyed by (the Kinesis stream name or ARN, "
-                                        "the DynamoDB stream ARN): the same on every server sharing a table")
-    serve.add_argument("--server-id", help="this server's name in the table's commits (default: host and state "
-                                           "dir, stable across restarts)")
-    serve.add_argument("--pipeline", help="Spark pipeline, MODULE:ATTR")
-    serve.add_argument("--spark-master", help="Spark master URL (default local[*])")
-    serve.add_argument("--spark-remote", help="Spark Connect URL sc://host:port")
-    serve.add_argument("--timer-store", help="where durable timers are kept: sqlite (the state dir's, default), "
-                                             "sqlite:PATH or dynamodb:TABLE (shared by servers)")
-    serve.add_argument("--source", action="append",
-                       help="read a stream directly, into the same handlers: dynamodb:TABLE, dynamodb:STREAM_ARN, "
-                            "kinesis:STREAM or kinesis:STREAM_ARN "
-                            "(repeatable; positions saved in the state dir, <state-dir>/sources/, or with "
-                            "--lease-table in that table)")
-    serve.add_argument("--from", dest="source_from",
-                       help="where a --source with no saved position starts: trim_horizon (default), latest, or "
-                            "an ISO-8601 time with its zone (2026-01-30T10:00:00Z)")
-    serve.add_argument("--reset-positions", action="store_true",
-                       help="delete the saved positions of every --source before starting (then --from applies)")
-    serve.add_argument("--lease-table",
-                       help="spread each --source's shards over the servers sharing it: a DynamoDB table (created "
-                            "if absent) of the shards' leases, which also keeps their positions")
-    serve.add_argument("--lease-period", type=float,
-                       help="seconds a shard's lease lasts unrenewed (default 10): the other servers take a dead "
-                            "server's shards over after about one")
-    serve.add_argument("--admin", help="admin endpoint HOST:PORT: /metrics, /healthz, /readyz, /status, "
-                                       "POST /pause /resume /reload (default 127.0.0.1:7071; off disables it)")
-    serve.add_argument("--admin-token-file",
-                       help="a file holding the token POST /pause, /resume, /reload then need (Authorization: "
-                            "Bearer TOKEN; GETs stay open); beyond loopback without it, <state-dir>/admin-token "
-                            "is generated and required")
+    _serving_flags(serve)
+    run = sub.add_parser("run", help="run the server, then the real KCL MultiLangDaemon as its supervised child")
+    _serving_flags(run)
+    run.add_argument("--properties", required=True, help="the KCL MultiLangDaemon's properties file (its stream, "
+                                                         "region and endpoint are the server's too, unless set here "
+                                                         "or in --config)")
 
     for name, what in (("status", "the server's shards, coordinator and Spark as a table (GET /status)"),
                        ("pause", "hold every shard before its next handler call (POST /pause)"),
@@ -155,13 +108,16 @@ def _parser():
                                                  "each shard with the server leasing it")
     positions.add_argument("--json", action="store_true", help="one JSON object per source")
 
-    check = sub.add_parser("check", help="load the settings, the handler and the pipeline as serve would, "
-                                         "probe the state directory, check the daemon's properties file, print "
-                                         "what was found (exit 1 on an error in the properties, 2 on a mistake)")
-    check.add_argument("--config", help="TOML file of settings (see mldserver.base.config)")
-    check.add_argument("--properties", help="the KCL MultiLangDaemon's properties file")
-    check.add_argument("--handler", help="the handler factory, MODULE:ATTR (else the config's)")
-    check.add_argument("--pipeline", help="Spark pipeline, MODULE:ATTR (else the config's)")
+    check = sub.add_parser("check", help=CHECK_HELP, description=CHECK_HELP)
+    _serving_flags(check)
+    check.add_argument("--properties", help="the KCL MultiLangDaemon's properties file: checked as the daemon "
+                                            "reads it (with --for run, as mldserver run starts it)")
+    check.add_argument("--for", dest="target", choices=["serve", "run"], default="serve",
+                       help="the command the arguments are for: serve (the default: the daemon, started by you, "
+                            "runs on --properties as written, its executableName the relay to this server) or "
+                            "run (mldserver run sets executableName itself, takes the stream, region and endpoint "
+                            "from --properties, needs --handler, Java and the daemon's jars): check ARGS --for run "
+                            "passes when run ARGS starts")
 
     connect = sub.add_parser("connect", help="the relay the daemon launches: HOST:PORT or unix:PATH")
     connect.add_argument("target")
@@ -234,11 +190,77 @@ def _parser():
                        help="instead: put N example orders on the stream of a running mldserver local (and in "
                             "--table's table), then exit")
 
-    # Every serve flag (those added above included), plus the daemon's properties file.
-    run = sub.add_parser("run", parents=[serve], add_help=False,
-                         help="run the server, then the real KCL MultiLangDaemon as its supervised child")
-    run.add_argument("--properties", required=True, help="the KCL MultiLangDaemon's properties file")
     return p
+
+
+def _serving_flags(parser) -> None:
+    """The flags ``serve``, ``run`` and ``check`` share: one list, so the three cannot drift
+    (``check`` takes each to check it as the server would, binding nothing)."""
+    parser.add_argument("--handler", help="the handler factory, MODULE:ATTR")
+    parser.add_argument("--host", help="bind address (default 127.0.0.1: the protocol has no authentication)")
+    parser.add_argument("--port", type=int, help="TCP port (default 7070; 0 picks a free one)")
+    parser.add_argument("--unix", help="also (or only, without --port) listen on this unix socket")
+    parser.add_argument("--config", help="TOML file of settings (see mldserver.base.config)")
+    parser.add_argument("--log-format", choices=["json", "console"])
+    parser.add_argument("--log-file", help="append logs here instead of stderr")
+    parser.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
+    parser.add_argument("--state-dir", help="spool, commit log, dead letters (default ./mldserver-state)")
+    parser.add_argument("--execution-timeout", type=float, help="seconds per handler call (default 60)")
+    parser.add_argument("--workers", type=int,
+                        help="handler processes (default 2; 0: handlers run in the server's own loop)")
+    parser.add_argument("--max-line-size", type=int, help="largest daemon line in bytes (default 256 MiB)")
+    parser.add_argument("--window", type=float, help="window size in seconds (default 60; tumbling unless --slide)")
+    parser.add_argument("--slide", type=float,
+                        help="hopping windows: a new window every SLIDE seconds (a divisor of --window)")
+    parser.add_argument("--session", dest="session_gap", type=float, metavar="GAP",
+                        help="session windows: a key's rows less than GAP seconds apart are one session "
+                             "(with --session-key)")
+    parser.add_argument("--session-key", metavar="FIELD",
+                        help="session windows: the field of each row that names its session's key")
+    parser.add_argument("--allowed-lateness", type=float, metavar="SECONDS",
+                        help="a closed window takes late rows this long after its end (the sink replaces it, "
+                             "amended); default 0")
+    parser.add_argument("--max-out-of-orderness", type=float, metavar="SECONDS",
+                        help="rows of a shard this much out of event-time order still land in their own window "
+                             "(a shard's watermark is its largest event time minus it); default 0")
+    parser.add_argument("--late-policy", choices=["next", "drop", "dead-letter"],
+                        help="a row whose window has closed: committed with the next window (next, the default), "
+                             "dropped and counted (drop), or kept with its data in the dead letters (dead-letter)")
+    parser.add_argument("--sink", help="file:DIR, parquet:DIR or iceberg:DIR (iceberg: alone when [table_catalog] "
+                                       "names the warehouse)")
+    parser.add_argument("--stream", help="the stream every position is keyed by (the Kinesis stream name or ARN, "
+                                         "the DynamoDB stream ARN): the same on every server sharing a table (the "
+                                         "setting stream; under run, by default, the properties file's streamArn "
+                                         "or streamName)")
+    parser.add_argument("--server-id", help="this server's name in the table's commits (default: host and state "
+                                            "dir, stable across restarts)")
+    parser.add_argument("--pipeline", help="Spark pipeline, MODULE:ATTR")
+    parser.add_argument("--spark-master", help="Spark master URL (default local[*])")
+    parser.add_argument("--spark-remote", help="Spark Connect URL sc://host:port")
+    parser.add_argument("--timer-store", help="where durable timers are kept: sqlite (the state dir's, default), "
+                                              "sqlite:PATH or dynamodb:TABLE (shared by servers)")
+    parser.add_argument("--source", action="append",
+                        help="read a stream directly, into the same handlers: dynamodb:TABLE, dynamodb:STREAM_ARN, "
+                             "kinesis:STREAM or kinesis:STREAM_ARN "
+                             "(repeatable; positions saved in the state dir, <state-dir>/sources/, or with "
+                             "--lease-table in that table)")
+    parser.add_argument("--from", dest="source_from",
+                        help="where a --source with no saved position starts: trim_horizon (default), latest, or "
+                             "an ISO-8601 time with its zone (2026-01-30T10:00:00Z)")
+    parser.add_argument("--reset-positions", action="store_true",
+                        help="delete the saved positions of every --source before starting (then --from applies)")
+    parser.add_argument("--lease-table",
+                        help="spread each --source's shards over the servers sharing it: a DynamoDB table (created "
+                             "if absent) of the shards' leases, which also keeps their positions")
+    parser.add_argument("--lease-period", type=float,
+                        help="seconds a shard's lease lasts unrenewed (default 10): the other servers take a dead "
+                             "server's shards over after about one")
+    parser.add_argument("--admin", help="admin endpoint HOST:PORT: /metrics, /healthz, /readyz, /status, "
+                                        "POST /pause /resume /reload (default 127.0.0.1:7071; off disables it)")
+    parser.add_argument("--admin-token-file",
+                        help="a file holding the token POST /pause, /resume, /reload then need (Authorization: "
+                             "Bearer TOKEN; GETs stay open); beyond loopback without it, <state-dir>/admin-token "
+                             "is generated and required")
 
 
 def _nearest(message: str, parser) -> str:
@@ -285,15 +307,7 @@ def _main(argv: list[str]) -> None:
         if args.command in ("serve", "run"):
             _serve(args, logs)
         elif args.command == "check":
-            from .ops import check
-
-            if not (args.config or args.properties or args.handler):
-                raise ConfigError("nothing to check: give --config FILE, --properties FILE, --handler MODULE:ATTR "
-                                  "or several")
-            settings = _settings(args, need_handler=not args.properties)
-            _importable_cwd()
-            if check.run(check.Given(settings, args.config, args.properties), sys.stdout):
-                sys.exit(1)
+            _check(args)
         elif args.command == "table":
             from .ops import table
 
@@ -358,13 +372,15 @@ def _redrive(args) -> int:
 
 def _settings(args, need_handler: bool = True):
     """The settings from ``--config`` and the flags the command has (one code path for
-    ``serve`` and ``check``: every value checked against its Rule in config.load)."""
+    ``serve``, ``run`` and ``check``: every value checked against its Rule in config.load).
+    For ``run`` (and ``check --for run``) the daemon's properties give the stream, its
+    region and endpoint, beneath the config file and the flags."""
     from .base import config
     from .errors import ConfigError
 
     flags = {name: getattr(args, name) for name in config.RULES if hasattr(args, name)}
     defaults = None
-    if getattr(args, "properties", None):  # run, check: the daemon's stream, unless set here
+    if _runs_daemon(args):
         from .ops.properties import stream_settings
 
         defaults = stream_settings(args.properties)
@@ -372,6 +388,32 @@ def _settings(args, need_handler: bool = True):
     if need_handler and not settings.handler:
         raise ConfigError("no handler: pass --handler MODULE:ATTR (or set handler in --config)")
     return settings
+
+
+def _runs_daemon(args) -> bool:
+    """``run``, or ``check --for run``: the daemon is started by mldserver, on ``--properties``."""
+    return args.command == "run" or (args.command == "check" and args.target == "run" and bool(args.properties))
+
+
+def _check(args) -> None:
+    """``mldserver check``: exit 0 (all is well), 1 (an error in the properties), or a
+    ConfigError (the line serve or run would stop on; exit 2)."""
+    from .errors import ConfigError
+    from .ops import check
+
+    if args.target == "run" and not args.properties:
+        raise ConfigError("check --for run: run needs --properties FILE (the daemon's properties file): give the "
+                          "one you give run")
+    if not (args.config or args.properties or args.handler):
+        raise ConfigError("nothing to check: give --config FILE, --properties FILE, --handler MODULE:ATTR "
+                          "or several")
+    # run needs a handler, whatever else it has; serve's daemon file can be checked alone
+    settings = _settings(args, need_handler=args.target == "run" or not args.properties)
+    _importable_cwd()
+    given = check.Given(settings, args.config, args.properties, command=args.target,
+                        reset_positions=args.reset_positions)
+    if check.run(given, sys.stdout):
+        sys.exit(1)
 
 
 def _importable_cwd() -> None:
@@ -414,13 +456,9 @@ def _serve(args, logs) -> None:
 def _reset_positions(settings, logs) -> None:
     """``--reset-positions``: the saved positions of every ``--source`` deleted, before
     the server reads them."""
-    from .errors import ConfigError
+    from .sources import reset_positions, resettable
 
-    if not settings.source:
-        raise ConfigError("--reset-positions: deletes the saved positions of a --source, and none is given: "
-                          "add --source dynamodb:TABLE or kinesis:STREAM, or leave --reset-positions out")
-    from .sources import reset_positions
-
+    resettable(settings)
     for source in reset_positions(settings):
         logs.get_logger("mldserver.sources").info("positions_reset", source=source)
 

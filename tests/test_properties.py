@@ -183,8 +183,9 @@ def test_run_takes_the_stream_its_daemon_reads_where_the_settings_leave_it_unset
 
 def test_run_and_check_with_the_table_sink_take_its_stream_from_the_properties_not_only_the_config(tmp_path):
     """The table sink keys positions by stream: under run it is the daemon's, so neither
-    run nor check asks for ``stream`` again (both once refused, exit 2, before the server
-    read the properties)."""
+    run nor check --for run asks for ``stream`` again (both once refused, exit 2, before
+    the server read the properties). serve reads no properties: it (and check, for serve)
+    asks for --stream."""
     path = tmp_path / "app.properties"
     path.write_text("streamName = orders\napplicationName = orders-app\nregionName = us-east-1\n"
                     "executableName = mldserver connect 127.0.0.1:7070\n")
@@ -192,12 +193,14 @@ def test_run_and_check_with_the_table_sink_take_its_stream_from_the_properties_n
     env.update(PYTHONPATH=str(ROOT), PATH=str(tmp_path))  # run stops at "no Java", after its settings
     config = tmp_path / "mldserver.toml"
     config.write_text(f'sink = "iceberg:{tmp_path / "lake"}"\nstate_dir = "{tmp_path / "state"}"\n')
-    for command in ("check", "run"):
+    said = {}
+    for command in (["check", "--for", "run"], ["run"], ["check"], ["serve"]):
         done = subprocess.run(
-            [MLDSERVER, command, "--properties", str(path), "--handler", "tests.handlers:Noop", "--config", str(config)],
+            [MLDSERVER, *command, "--properties", str(path), "--handler", "tests.handlers:Noop", "--config", str(config)]
+            if command != ["serve"] else
+            [MLDSERVER, "serve", "--handler", "tests.handlers:Noop", "--config", str(config)],
             cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
-        assert "set stream" not in done.stdout + done.stderr, (command, done.stdout, done.stderr)
-        if command == "run":
-            assert "needs Java 17 or later" in done.stderr, done.stderr
-        else:
-            assert done.returncode != 2, done.stdout + done.stderr
+        assert done.returncode == 2, done.stdout + done.stderr
+        said[" ".join(command)] = done.stderr
+    assert said["check --for run"] == said["run"] and "needs Java 17 or later" in said["run"], said
+    assert said["check"] == said["serve"] and "no stream is set: give --stream STREAM" in said["serve"], said

@@ -474,9 +474,10 @@ def load(path: str | None = None, *, defaults: dict[str, Any] | None = None, **o
                                   f"windows, or leave session_gap out")
             if not positions_stream(settings):
                 raise ConfigError(
-                    f"--sink {settings.sink}: the table keeps committed positions per stream and shard: "
-                    "set stream (the Kinesis stream name or ARN, or the DynamoDB stream ARN, the same on every server), "
-                    "or read the stream with --source"
+                    f"--sink {settings.sink}: the table keeps committed positions per stream and shard, and no "
+                    "stream is set: give --stream STREAM (stream = \"...\" in --config; under mldserver run, the "
+                    "properties file's streamName or streamArn), the Kinesis stream name or ARN or the DynamoDB stream "
+                    "ARN, the same on every server; or read the stream with --source"
                 )
             if SinkSpec.parse(settings.sink).directory is None and not (settings.table_catalog or {}).get("warehouse"):
                 raise ConfigError(f"--sink {settings.sink}: no folder, and [table_catalog] names no warehouse: give "

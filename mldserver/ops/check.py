@@ -1,18 +1,20 @@
-"""``mldserver check``: what ``mldserver serve`` would find at start-up, without serving.
+"""``mldserver check``: what ``mldserver serve`` (or, with ``--for run``, ``mldserver
+run``) would find at start-up, without serving.
 
-The same code path as ``serve``: the settings through ``config.load`` (every value
-against its Rule), the handler and the pipeline through the importer, the state
-directory created and probed by ``preflight``, the log file opened as ``logs`` opens
-it. It neither binds nor starts Spark, so it can run beside a live server (before a
-restart, in a deploy script)::
+It takes every flag ``serve`` and ``run`` take (the CLI adds them from one list), and
+goes the same code path: the settings through ``config.load`` (every value against its
+Rule), the handler and the pipeline through the importer, the state directory created
+and probed by ``preflight``, the log file opened as ``logs`` opens it. It neither binds
+nor starts Spark, so it can run beside a live server (before a restart, in a deploy
+script)::
 
-    $ mldserver check --config /etc/mldserver.toml
-    config      /etc/mldserver.toml (execution_timeout=30.0, handler_retries=4)
+    $ mldserver check --config /etc/mldserver.toml --sink file:/var/lib/mldserver/out
+    config      /etc/mldserver.toml (execution_timeout=30.0, handler_retries=4, sink='file:...')
     handler     handlers.orders:Orders (class)
     pipeline    handlers.orders:pipeline (function)
     state_dir   /var/lib/mldserver (writable)
     listen      127.0.0.1:7070
-    sink        parquet:/var/lib/mldserver/output
+    sink        file:/var/lib/mldserver/out (writable)
     ok
 
 With ``--properties FILE`` (the daemon's), each finding of ``mldserver.ops.properties``
@@ -23,16 +25,30 @@ follows, with its line and what to do, and a summary line::
     warning  mld.properties:20 metricsLevel: also set on line 9: ...
     1 error, 1 warning
 
+``--for run`` checks the arguments as ``mldserver run`` takes them: the stream, its
+region and endpoint from the properties file (beneath ``--config`` and the flags), a
+handler required, the daemon built as run builds it (``Daemon``: the file read, Java
+17, the jars) and the file checked as run reports it (``executableName`` is run's to
+set, not checked)::
+
+    $ mldserver check --for run --properties sample.properties --handler app:Processor
+    ...
+    daemon      /usr/bin/java, the KCL jars in .../amazon_kclpy/jars
+    properties  sample.properties (9 keys, KCL 3.1.3)
+
 Exit 0 when all is well (warnings printed either way), 1 when the properties have an
-error; a mistake in the settings (or a properties file that is missing or does not
-parse) is the ConfigError ``serve`` would stop on: one line on stderr, exit 2. Each
-check is one function of ``CHECKS`` taking what was ``Given``.
+error (``run`` starts anyway, logging each as ``properties_error``); a mistake the
+command would stop on (in the settings, a properties file that is missing or does not
+parse, no Java) is the ConfigError ``serve`` or ``run`` stops on: one line on stderr,
+exit 2. Each check is one function of ``CHECKS`` taking what was ``Given``.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import inspect
+import logging
+import logging.handlers
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, TextIO
@@ -40,6 +56,7 @@ from typing import Any, Callable, TextIO
 from ..base import admin_token, kcl_keys, logs, preflight
 from . import properties as daemon_properties
 from ..base.config import Settings, SinkSpec
+from ..base.logs import EventLogger
 from ..base.secrets import scrub
 from ..api.context import Context
 from ..api.checks import check_handler, emits
@@ -54,6 +71,8 @@ class Given:
     settings: Settings
     config: str | None  # the --config file
     properties: str | None = None  # the daemon's properties file (--properties)
+    command: str = "serve"  # checked for serve or for run (--for)
+    reset_positions: bool = False  # --reset-positions: it needs a --source (check deletes nothing)
     findings: list[daemon_properties.Finding] = dataclasses.field(default_factory=list)
 
 
@@ -130,17 +149,49 @@ def sink(given: Given) -> tuple[str, str]:
     return "sink", given.settings.sink or "(none: rows are not collected)"
 
 
+def sources(given: Given) -> tuple[str, str] | None:
+    """``--source``, ``--from`` and ``--reset-positions`` as the server parses them (no
+    stream is reached, no position deleted)."""
+    s = given.settings
+    if not (s.source or s.source_from or given.reset_positions):
+        return None
+    from ..sources import resettable
+    from ..sources.spec import parse_sources
+
+    if given.reset_positions:
+        resettable(s)
+    specs, _ = parse_sources(s.source, s.source_from)
+    said = ", ".join(spec.text for spec in specs) + f" (from {s.source_from or 'trim_horizon'}"
+    return "source", said + ("; their saved positions deleted at start)" if given.reset_positions else ")")
+
+
+def daemon(given: Given) -> tuple[str, str] | None:
+    """``--for run``: the daemon built as ``run`` builds it (its file, Java, the jars),
+    not started; what it would log at start-up (no JAXB jar) said on the line."""
+    if given.command != "run" or not given.properties:
+        return None
+    from .daemon import Daemon, jars
+
+    said = logging.handlers.BufferingHandler(capacity=100)
+    quiet = logging.Logger("mldserver.check.daemon")  # not the process's loggers: check prints, it does not log
+    quiet.addHandler(said)
+    built = Daemon(given.settings, given.properties, log=EventLogger(quiet))
+    warnings = [getattr(r, "fields", {}).get("what_to_do", r.getMessage()) for r in said.buffer]
+    return "daemon", f"{built.java}, the KCL jars in {jars()}" + "".join(f"; warning: {w}" for w in warnings)
+
+
 def properties(given: Given) -> tuple[str, str] | None:
-    """The daemon's properties file: its findings go to ``given.findings``."""
+    """The daemon's properties file: its findings go to ``given.findings`` (for run,
+    the ones run logs as ``properties_error`` and ``properties_warning``)."""
     if not given.properties:
         return None
     props = daemon_properties.read(given.properties)
-    given.findings.extend(daemon_properties.check(props, given.settings))
+    given.findings.extend(daemon_properties.check(props, given.settings, run=given.command == "run"))
     return "properties", f"{given.properties} ({len(props.entries)} keys, KCL {kcl_keys.KCL_VERSION})"
 
 
 CHECKS: list[Callable[[Given], tuple[str, str] | None]] = [
-    config, handler, pipeline, state_dir, log_file, listen, admin_token_file, sink, properties,
+    config, handler, pipeline, state_dir, log_file, listen, admin_token_file, sink, sources, daemon, properties,
 ]
 
 

@@ -281,11 +281,13 @@ def _executable(props: Properties, settings: Settings) -> list[Finding]:
     if entry is None or not entry.value.strip():
         return [Finding("error", entry.line if entry else None, "executableName",
                         f"missing: set executableName = {relay_example(settings)} (or use mldserver run, which "
-                        f"sets it)")]
+                        f"sets it: check its arguments with --for run)")]
     words = entry.value.split()
     problem = _relay_problem(words, settings)
     if problem:
-        return [Finding("error", entry.line, entry.key, f"{problem}: use executableName = {relay_example(settings)}")]
+        return [Finding("error", entry.line, entry.key, f"{problem}: use executableName = {relay_example(settings)} "
+                                                        f"(or, when mldserver run starts the daemon, check with --for "
+                                                        f"run: run sets executableName itself)")]
     program = words[0]
     if program == "mldserver" and relay_program() != "mldserver":
         return [Finding("warning", entry.line, entry.key,

@@ -76,7 +76,7 @@ from ..base.logs import errors_only, get_logger
 from .metrics import LoopLag
 from ..shard import ShardDriver
 from ..shard.calls import reap_abandoned
-from ..spark.process import SparkError
+from ..spark.process import SparkError, SparkRefused
 from ..timers import api as timers_api
 
 if TYPE_CHECKING:
@@ -220,6 +220,8 @@ class Server:
         if self.spark is not None:
             try:
                 await self.spark.start()  # the session is up (and the sink locked) before we bind
+            except SparkRefused as exc:
+                raise ConfigError(exc.mistake) from None
             except SparkError as exc:
                 raise ConfigError(str(exc)) from None
         if self.coordinator is not None:

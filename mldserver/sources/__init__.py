@@ -43,7 +43,7 @@ from .positions import SavedPositions
 from .reader import SourceReader
 from .spec import parse_sources
 
-__all__ = ["SourceReader", "readers", "reset_positions"]
+__all__ = ["SourceReader", "readers", "reset_positions", "resettable"]
 
 
 def readers(settings: Settings, *, attach: Callable[[socket.socket], Awaitable[None]],
@@ -56,6 +56,14 @@ def readers(settings: Settings, *, attach: Callable[[socket.socket], Awaitable[N
     return [SourceReader(spec, start, settings, attach=attach, empty_batches=empty_batches, qualify=len(specs) > 1,
                          given_from=settings.source_from is not None, lineage=lineage, restart=restart)
             for spec in specs]
+
+
+def resettable(settings: Settings) -> None:
+    """What ``--reset-positions`` needs before it deletes anything (``serve``, ``run``,
+    and ``check``, which deletes nothing): a ``--source``; else a ConfigError."""
+    if not settings.source:
+        raise ConfigError("--reset-positions: deletes the saved positions of a --source, and none is given: "
+                          "add --source dynamodb:TABLE or kinesis:STREAM, or leave --reset-positions out")
 
 
 def reset_positions(settings: Settings) -> list[str]:

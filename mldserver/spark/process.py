@@ -47,6 +47,17 @@ RESTART_ATTEMPTS = 5
 __all__ = ["SparkError", "SparkProcess", "SparkProcessDied"]
 
 
+class SparkRefused(SparkError):
+    """The Spark process refused to start for a mistake in the settings (the pipeline
+    cannot be imported): ``mistake`` is its ConfigError's own words, the line the server
+    stops on at start-up (the one ``mldserver check`` prints)."""
+
+    def __init__(self, mistake: str, log_path: Path) -> None:
+        super().__init__(f"the Spark process did not start: ConfigError: {mistake} (its log: {log_path})",
+                         retriable=False)
+        self.mistake = mistake
+
+
 class SparkProcess:
     def __init__(self, settings: Settings, *, sink_dir: Path | None = None, log: EventLogger | None = None) -> None:
         self.settings = settings
@@ -152,6 +163,8 @@ class SparkProcess:
                 error = f"it exited with code {proc.returncode}"
             else:
                 error = f"no answer within {s.spark_start_timeout:.0f} s"
+            if error.startswith("ConfigError: "):  # a mistake in the settings (the pipeline not importable)
+                raise SparkRefused(error.removeprefix("ConfigError: "), self.log_path)
             raise SparkError(
                 f"the Spark process did not start: {error} (its log: {self.log_path})",
                 retriable=frame is None and proc.returncode == -9,  # timed out: it may start next time
