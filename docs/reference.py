@@ -313,7 +313,8 @@ def log_events_page() -> str:
             out += ["", f"## {area[:1].upper()}{area[1:]}", "", "| event | level | what | fields |",
                     "|---|---|---|---|"]
         fields = sorted({f for s in sites.get(name, []) for f in s.fields})
-        out.append(f"| `{name}` | {', '.join(event.levels)} | {_cell(event.meaning)} | "
+        todo = f" [What to do](warnings-and-errors.md#{name})." if event.todo else ""
+        out.append(f"| `{name}` | {', '.join(event.levels)} | {_cell(event.meaning)}{todo} | "
                    f"{', '.join(f'`{f}`' for f in fields)} |")
     return "\n".join(out) + "\n"
 
@@ -339,7 +340,7 @@ def warnings_page() -> str:
             area = event.area
             out += ["", f"## {area[:1].upper()}{area[1:]}", ""]
         fields = sorted({f for s in sites.get(name, []) for f in s.fields})
-        out += ["", f"### `{name}` {{#{name}}}", "",
+        out += ["", f"### `{name}`", "",  # its anchor is its name, here and on GitHub
                 f"**{', '.join(levels)}**: {event.meaning}" + (
                     f" Fields: {', '.join(f'`{f}`' for f in fields)}." if fields else ""), "",
                 f"**What to do**: {event.todo}", ""]

@@ -236,5 +236,6 @@ def test_the_warnings_page_says_what_to_do_about_every_warning_and_error(site):
     text = unescape(re.sub(r"<[^>]+>", "", html))
     assert "What to do: " + EVENTS["sink_commit_failed"].todo.replace("`", "").split(" See ")[0] in text
     troubleshooting = (site / "troubleshooting" / "index.html").read_text()
-    for anchor in ("windows-committed-0", "late-rows", "sink_commit_failed", "first-minute", "dead-letters"):
+    for anchor in ("windows-committed-0", "late-rows", "sink_commit_failed", "the-daemons-first-minute",
+                   "a-handler-that-dead-letters"):
         assert f'id="{anchor}"' in troubleshooting, anchor
