@@ -52,9 +52,8 @@ EVENTS: dict[str, Event] = {
         "connected": ("debug", "A peer (a relay, a source's feed) opened a shard connection."),
         "shard_refused": ("warning", "A shard connection was closed unserved (`peer`, `reason`): its relay "
                                      "says so on the daemon's stderr and exits 2.",
-                                     "Read `reason`: a relay of another mldserver version, or a peer that is "
-                                     "not a relay, or a server shutting down; the daemon starts the shard "
-                                     "again later. Match the versions of `mldserver connect` and the server."),
+                                     "Nothing: the server is shutting down. The daemon starts the shard "
+                                     "again, and it is served once a server listens."),
         "driver_crashed": ("error", "A bug of ours ended one shard's connection (with the traceback); the "
                                     "other shards go on.",
                                     "Report it with the traceback and the lines of that `shard_id` before it."
@@ -157,10 +156,11 @@ EVENTS: dict[str, Event] = {
         "shard_end_stored": ("info", "`SHARD_END` was checkpointed (`by`: the handler or the server)."),
         "shard_end_not_stored": ("error", "`SHARD_END` could not be stored within `shard_end_budget`: the "
                                           "daemon will not start the shard's children until it is.",
-                                          "Look at the daemon's log and its lease table (throttled? "
-                                          "unreachable?); raise `shard_end_budget` if the lease table is "
-                                          "slow. The daemon retries the shard end; the children wait until "
-                                          "then."),
+                                          "Look at the lines before it (the shard's rows not committed: "
+                                          "`sink_commit_failed`) and at the daemon's lease table (throttled? "
+                                          "unreachable?); raise `shard_end_budget` if it is only slow. Then "
+                                          "restart the daemon (under `mldserver run`, the server) so the "
+                                          "shard end comes again."),
         "lease_lost": ("info", "The daemon said another worker holds the shard's lease now (`leaseLost`, "
                                "KCL 1.x `ZOMBIE`)."),
         "disconnected": ("info warning", "The shard's peer went away (a reset, a closed socket); a warning "
@@ -291,9 +291,8 @@ EVENTS: dict[str, Event] = {
                                                   "with `mldserver check --handler MODULE:ATTR`."),
         "handler_process_unreadable": ("error", "A frame from a handler process could not be read: it is "
                                                 "killed and replaced, its calls redone elsewhere.",
-                                                "Report it with the line: something in the handler process "
-                                                "wrote to the server's channel (a C extension writing to the "
-                                                "file descriptor?)."),
+                                                "Report it with the traceback. Nothing is lost: the process "
+                                                "is killed and replaced, and its calls are redone elsewhere."),
         "handler_blocked": ("warning", "A handler blocked its process's loop longer than "
                                        "`handler_block_warning`: its stack (it is not killed for that).",
                                        "Read the stack: a blocking call (requests, time.sleep, a CPU-bound "
@@ -361,8 +360,8 @@ EVENTS: dict[str, Event] = {
         "rows_spilled": ("info", "Rows past `max_buffered_bytes` wait in unlinked files under "
                                  "`<state-dir>/spill/` (once)."),
         "spill_failed": ("error", "Rows could not be spilled to `<state-dir>/spill/`: they stay in memory.",
-                                  "Check `<state-dir>` has free space and is writable; memory grows meanwhile"
-                                  " up to `max_buffered_bytes`."),
+                                  "Free space in `<state-dir>/spill/` (or fix its permissions): the rows stay"
+                                  " in memory meanwhile, past `max_buffered_bytes`."),
         "late_rows_dropped": ("info", "Late rows (their window had closed) were left out of the window they "
                                       "came with and counted (`late_policy` drop)."),
         "late_rows_dead_lettered": ("warning", "Late rows were left out of the window they came with and kept "
@@ -455,8 +454,9 @@ EVENTS: dict[str, Event] = {
                                     "Nothing for this line; see the `handler_process_died` before it."),
         "timer_dead_lettered": ("error", "A timer failed every attempt: dead-lettered with its context to "
                                          "`<state-dir>/dead-letters/_timers.jsonl`.",
-                                         "Read the reason in `<state-dir>/dead-letters/_timers.jsonl`; fix "
-                                         "the callback. The timer is not fired again by itself."),
+                                         "Read the reason and the timer's context in "
+                                         "`<state-dir>/dead-letters/_timers.jsonl`; fix the callback and "
+                                         "create the timer again from there: it is not fired again by itself."),
         "timer_claim_failed": ("error", "Due timers could not be claimed in the DynamoDB store: retried.",
                                         "Check the DynamoDB timer table (throttling, credentials); it is "
                                         "retried."),
@@ -474,16 +474,18 @@ EVENTS: dict[str, Event] = {
                                    "`saved_shards`."),
         "source_stream_replaced": ("warning", "The table's stream was replaced: the saved positions name the "
                                               "old stream's shards.",
-                                              "Nothing if the stream was turned off and on again on purpose; "
-                                              "the old stream's unread records are lost to the source. "
-                                              "`--reset-positions` starts over."),
+                                              "Nothing if the table's stream was disabled and enabled again "
+                                              "on purpose: the new stream's shards start from `--from`, and "
+                                              "what the old one still held is not read. `--reset-positions` "
+                                              "deletes the saved positions."),
         "source_stream_recreated": ("warning", "The stream was deleted and created again under its name (a "
                                                "Kinesis stream's creation time changed; with `running`, a table's "
                                                "latest stream too, noticed while read): the saved positions were "
                                                "the old stream's and are dropped; while running, the new stream is "
                                                "read from its trim horizon.",
-                                               "Nothing if it was recreated on purpose: the new stream is "
-                                               "read from its start."),
+                                               "Nothing if it was recreated on purpose: the new stream's "
+                                               "shards start from `--from` (from its trim horizon when "
+                                               "noticed while running)."),
         "source_stream_deleted": ("warning", "The stream (or the table's stream) is gone while read: its shards "
                                              "are not read until it is created again (then from its trim horizon).",
                                              "Create the stream again (or enable the table's stream), or stop"
@@ -531,8 +533,11 @@ EVENTS: dict[str, Event] = {
         "source_shard_ended": ("info", "A source's shard was read to its end (`children`)."),
         "source_shard_end_not_stored": ("error", "A source's shard ended but `SHARD_END` was not stored: "
                                                  "it is read again at the next start.",
-                                                 "Check the lease table; the shard is read again at the next "
-                                                 "start (its rows are deduplicated by the sink's commit log)."),
+                                                 "Make the handler's `shard_ended` call `await "
+                                                 "checkpointer.checkpoint()` with no argument (the default "
+                                                 "does): the shard's children are not read until `SHARD_END` "
+                                                 "is stored, after a restart reads the shard to its end "
+                                                 "again."),
         "source_shard_closed": ("warning", "The server closed a source shard's connection: it is read "
                                            "again at the next start.",
                                            "Look at the lines before it for why (a handler failure, a "
@@ -615,8 +620,9 @@ EVENTS: dict[str, Event] = {
                                         "data is only in this log line now."),
         "failed_records_unknown": ("error", "The handler named failed records its batch does not have (a "
                                             "defect: report it).",
-                                            "Your handler gave `batch.fail` records of another batch: pass "
-                                            "records of `batch.records`. Report it if it does."),
+                                            "Report it with the line: the handler's side named records its "
+                                            "batch does not have (a defect of ours). The records it did name "
+                                            "are dead-lettered."),
     }),
 }
 
