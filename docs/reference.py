@@ -1,13 +1,19 @@
-"""The reference pages, generated from the code at every build so they cannot drift:
-every setting (``mldserver.base.config.Settings``, each with its Rule), every command
-and option (the parser of ``mldserver.cli``), every metric (each Prometheus instrument
-the package makes) and every log event (``mldserver.base.events.EVENTS``).
+"""The reference pages, generated from the code so they cannot drift: every setting
+(``mldserver.base.config.Settings``, each with its Rule), every command and option (the
+parser of ``mldserver.cli``), every metric (each Prometheus instrument the package
+makes), every log event (``mldserver.base.events.EVENTS``), what to do about each
+warning and error, and the Python API (``mldserver.__all__`` and ``mldserver.testing``,
+rendered by mkdocstrings from the docstrings).
 
-mkdocs runs it as a hook (``hooks:`` in mkdocs.yml): ``on_files`` adds the pages
-``reference/settings.md``, ``cli.md``, ``metrics.md`` and ``log-events.md`` as files
-of the build, never written into ``docs/``. ``tests/test_docs.py`` builds the site and
-reads the pages back against the same sources, both ways. To look at one page's
-Markdown: ``python docs/reference.py settings``.
+mkdocs runs it as a hook (``hooks:`` in mkdocs.yml): ``on_files`` puts the pages
+generated now in the build, in place of the copies committed under ``docs/reference/``
+(kept so that the links to them read on GitHub too). ``tests/test_docs.py`` builds the
+site and reads the pages back against the same sources, both ways, and fails when a
+committed copy differs from what the code generates. After a change to what they list::
+
+    .venv/bin/python docs/reference.py --write      # rewrites docs/reference/*.md
+
+To look at one page's Markdown: ``python docs/reference.py settings``.
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ from __future__ import annotations
 import argparse
 import ast
 import dataclasses
+import inspect
 import io
 import sys
 import tokenize
@@ -30,7 +37,8 @@ from mldserver.base import config  # noqa: E402
 from mldserver.base.events import EVENTS, emitted  # noqa: E402
 
 PACKAGE = ROOT / "mldserver"
-GENERATED = "This page is generated from the code at every build (`docs/reference.py`)."
+GENERATED = ("This page is generated from the code (`docs/reference.py`, at every build; the copy in the "
+             "repository by `python docs/reference.py --write`).")
 WIDE = "---\nhide:\n  - toc\n---\n\n"  # a page that is one wide table: no table of contents beside it
 
 
@@ -305,8 +313,37 @@ def log_events_page() -> str:
             out += ["", f"## {area[:1].upper()}{area[1:]}", "", "| event | level | what | fields |",
                     "|---|---|---|---|"]
         fields = sorted({f for s in sites.get(name, []) for f in s.fields})
-        out.append(f"| `{name}` | {', '.join(event.levels)} | {_cell(event.meaning)} | "
+        todo = f" [What to do](warnings-and-errors.md#{name})." if event.todo else ""
+        out.append(f"| `{name}` | {', '.join(event.levels)} | {_cell(event.meaning)}{todo} | "
                    f"{', '.join(f'`{f}`' for f in fields)} |")
+    return "\n".join(out) + "\n"
+
+
+def warnings_page() -> str:
+    """Every warning and error of the catalogue, with what it means and what to do
+    (``Event.todo``), by area: the reference half of troubleshooting."""
+    out = ["# Warnings and errors: what to do", "",
+           "Every event mldserver logs as a warning or an error, from its catalogue "
+           "(`mldserver.base.events.EVENTS`, which also says what to do about each), with the fields its log "
+           "lines carry. Find a line's `event` here: `jq -c 'select(.level==\"warning\" or "
+           ".level==\"error\")' server.log` lists them. The first-hour questions (no windows committed, late "
+           "rows, the daemon's first minute, dead letters) are answered in "
+           "[Troubleshooting](../troubleshooting.md); every event, the informational ones too, is in "
+           "[Log events](log-events.md).", "", GENERATED, ""]
+    sites, _ = emitted(PACKAGE)
+    area = None
+    for name, event in sorted(EVENTS.items(), key=lambda kv: (list(_areas()).index(kv[1].area), kv[0])):
+        levels = [lv for lv in event.levels if lv in ("warning", "error")]
+        if not levels:
+            continue
+        if event.area != area:
+            area = event.area
+            out += ["", f"## {area[:1].upper()}{area[1:]}", ""]
+        fields = sorted({f for s in sites.get(name, []) for f in s.fields})
+        out += ["", f"### `{name}`", "",  # its anchor is its name, here and on GitHub
+                f"**{', '.join(levels)}**: {event.meaning}" + (
+                    f" Fields: {', '.join(f'`{f}`' for f in fields)}." if fields else ""), "",
+                f"**What to do**: {event.todo}", ""]
     return "\n".join(out) + "\n"
 
 
@@ -314,20 +351,141 @@ def _areas() -> dict[str, None]:
     return dict.fromkeys(e.area for e in EVENTS.values())
 
 
+# -- the Python API ------------------------------------------------------------------------
+
+class Name(NamedTuple):
+    public: str  # as a user imports it: mldserver.Handler, mldserver.testing.FakeDaemon
+    path: str  # where it is defined, which mkdocstrings loads: mldserver.api.handler.Handler
+    value: Any
+
+
+def api() -> list[Name]:
+    """Every public name: ``mldserver.__all__`` (exported lazily, each from its module)
+    and ``mldserver.testing.__all__``, in their order."""
+    import mldserver
+    from mldserver.api import testing
+
+    out = []
+    for module, names in (("mldserver", mldserver.__all__), ("mldserver.testing", testing.__all__)):
+        for name in names:
+            value = getattr(mldserver if module == "mldserver" else testing, name)
+            defined = (f"{value.__module__}.{value.__qualname__}" if inspect.isclass(value) or inspect.isfunction(value)
+                       else f"{testing.__name__ if module != 'mldserver' else mldserver._EXPORTS[name]}.{name}")
+            out.append(Name(f"{module}.{name}", defined, value))
+    return out
+
+
+def undocumented(names: list[Name] | None = None) -> list[str]:
+    """The public names, and the public methods and properties of the public classes,
+    that have no docstring of their own (a dataclass's or a NamedTuple's generated
+    ``Name(field, ...)`` is none; a method may take its base's); a constant's is the string
+    under its assignment, as mkdocstrings reads it."""
+    missing = []
+    for name in api() if names is None else names:
+        value = name.value
+        if inspect.isclass(value):
+            doc = vars(value).get("__doc__") or ""
+            if doc.startswith(value.__name__ + "("):
+                doc = ""
+        elif callable(value):
+            doc = inspect.getdoc(value) or ""
+        else:
+            doc = _attribute_docstring(name.path)
+        if not doc.strip():
+            missing.append(name.public)
+        if inspect.isclass(value):
+            for attr, member in vars(value).items():
+                if attr.startswith("_") or not (isinstance(member, (property, staticmethod, classmethod))
+                                                or inspect.isfunction(member)):
+                    continue
+                doc = inspect.getdoc(member) if isinstance(member, property) else inspect.getdoc(getattr(value, attr))
+                if not (doc or "").strip():
+                    missing.append(f"{name.public}.{attr}")
+    return missing
+
+
+def _attribute_docstring(path: str) -> str:
+    """The string literal right under ``NAME = ...`` at the top level of its module."""
+    module, _, attr = path.rpartition(".")
+    tree = ast.parse(Path(sys.modules[module].__file__).read_text())
+    for node, after in zip(tree.body, tree.body[1:]):
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(
+            node, ast.AnnAssign) else []
+        if any(isinstance(t, ast.Name) and t.id == attr for t in targets):
+            if isinstance(after, ast.Expr) and isinstance(after.value, ast.Constant) and isinstance(
+                    after.value.value, str):
+                return after.value.value
+    return ""
+
+
+def _summary(value: Any, path: str) -> str:
+    doc = (vars(value).get("__doc__") if inspect.isclass(value) else inspect.getdoc(value) if callable(value)
+           else _attribute_docstring(path)) or ""
+    return " ".join(doc.strip().split("\n\n")[0].split()).rstrip(":")
+
+
+def api_page() -> str:
+    names = api()
+    out = ["# Python API", "",
+           "Every public name of `mldserver` (what `import mldserver` gives: the handler API, the stream "
+           "reader, the errors) and of `mldserver.testing` (a fake daemon and records for testing handlers), "
+           "with its signature and docstring. The names of `mldserver` are imported lazily, each from the "
+           "module named below; import them from `mldserver` (`mldserver.Handler`), not from there.", "",
+           GENERATED + " A public name without a docstring fails `tests/test_docs.py`.", "",
+           "| name | what | defined in |", "|---|---|---|"]
+    for name in names:
+        module = name.path.rsplit(".", 1)[0]
+        out.append(f"| [`{name.public}`](#{name.path}) | {_cell(_summary(name.value, name.path))} | `{module}` |")
+    section = None
+    for name in names:
+        module = name.public.rsplit(".", 1)[0]
+        if module != section:
+            section = module
+            out += ["", f"## `{module}`", ""]
+        out += ["", f"::: {name.path}", "    options:", f'      heading: "{name.public}"', ""]
+    return "\n".join(out) + "\n"
+
+
 # -- the mkdocs hook -----------------------------------------------------------------------
 
 PAGES = {"reference/settings.md": settings_page, "reference/cli.md": cli_page,
-         "reference/metrics.md": metrics_page, "reference/log-events.md": log_events_page}
+         "reference/metrics.md": metrics_page, "reference/log-events.md": log_events_page,
+         "reference/warnings-and-errors.md": warnings_page, "reference/api.md": api_page}
+DOCS = ROOT / "docs"
+WRITE = "python docs/reference.py --write"
 
 
-def on_files(files, config):  # mkdocs: the generated pages join the build's files
+def stale() -> list[str]:
+    """The committed pages (``docs/reference/*.md``) that differ from what the code
+    generates now, or are missing."""
+    return [uri for uri, page in PAGES.items()
+            if not (DOCS / uri).is_file() or (DOCS / uri).read_text() != page()]
+
+
+def write() -> list[str]:
+    """Rewrite the committed pages that are stale; which."""
+    changed = stale()
+    for uri in changed:
+        (DOCS / uri).parent.mkdir(parents=True, exist_ok=True)
+        (DOCS / uri).write_text(PAGES[uri]())
+    return changed
+
+
+def on_files(files, config):  # mkdocs: the pages generated now, in place of the committed copies
     from mkdocs.structure.files import File
 
     for uri, page in PAGES.items():
+        committed = files.get_file_from_path(uri)
+        if committed is not None:
+            files.remove(committed)
         files.append(File.generated(config, uri, content=page()))
     return files
 
 
 if __name__ == "__main__":
     which = sys.argv[1] if len(sys.argv) > 1 else "settings"
-    sys.stdout.write(PAGES[f"reference/{which}.md"]())
+    if which == "--write":
+        for uri in write() or ["(every page was up to date)"]:
+            print(uri)
+    else:
+        sys.stdout.write(PAGES[f"reference/{which}.md"]())

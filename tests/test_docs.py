@@ -3,15 +3,19 @@ anchor that is not there, a page missing from the nav fail it), and its generate
 reference pages, read back from the built HTML, list exactly what the code has, both
 ways: every setting of ``config.RULES``, every command and option of the parser, every
 metric (the instruments in the source, and a live server's registry), every log event
-of the catalogue and of the code's log calls."""
+of the catalogue and of the code's log calls, what to do about every warning and error,
+every public name of the Python API with its signature (and each has a docstring). The
+copies of those pages committed under ``docs/reference/`` are what the code generates."""
 
 from __future__ import annotations
 
 import argparse
 import importlib.util
 import os
+import re
 import subprocess
 import sys
+from html import unescape
 from html.parser import HTMLParser
 from pathlib import Path
 
@@ -97,7 +101,8 @@ def differences(listed: list[str], expected: set[str]) -> tuple[set[str], set[st
 def test_the_site_builds_strictly_with_every_page(site):
     for name in ("index.html", "quickstart/index.html", "handlers/index.html", "operations/index.html",
                  "coordinator-and-sinks/index.html", "sources/index.html", "scaling/index.html",
-                 "kclpy/index.html", "protocol/index.html"):
+                 "kclpy/index.html", "protocol/index.html", "troubleshooting/index.html",
+                 "reference/api/index.html", "reference/warnings-and-errors/index.html"):
         assert (site / name).is_file(), name
     assert not list(site.rglob("*.py")), "the generator is not part of the site"
 
@@ -155,3 +160,82 @@ def test_a_page_missing_an_entry_or_listing_a_stale_one_is_found(site):
     listed = [name for cells in tables(cut).values() for name in cells]
     assert differences(listed, set(config.RULES)) == ({"execution_timeout"}, {"execution_timeouts"})
     assert differences(["a", "a"], {"a"}) == (set(), {"a"})
+
+
+def test_the_committed_reference_pages_are_what_the_code_generates():
+    stale = reference.stale()
+    assert stale == [], (f"docs/reference/ is out of date with the code ({', '.join(stale)}): run "
+                         f"`.venv/bin/python docs/reference.py --write` and commit docs/reference/")
+
+
+def test_a_stale_committed_page_is_found(tmp_path, monkeypatch):
+    monkeypatch.setattr(reference, "DOCS", tmp_path)
+    assert set(reference.stale()) == set(reference.PAGES)  # none there
+    assert set(reference.write()) == set(reference.PAGES) and reference.stale() == []
+    page = tmp_path / "reference" / "settings.md"
+    page.write_text(page.read_text().replace("execution_timeout", "execution_timeouts"))
+    assert reference.stale() == ["reference/settings.md"]
+
+
+def test_every_public_name_and_its_methods_have_a_docstring():
+    names = reference.api()
+    public = {n.public for n in names}
+    assert {"mldserver.Handler", "mldserver.Batch", "mldserver.open_stream", "mldserver.CheckpointError",
+            "mldserver.testing.FakeDaemon", "mldserver.testing.make_records", "mldserver.testing.SHARD_END"} <= public
+    assert len(public) == len(names)
+    assert reference.undocumented() == [], "give each a docstring that teaches its contract with an example"
+
+
+def test_a_name_without_a_docstring_is_found():
+    import dataclasses
+
+    class Documented:
+        """Has one."""
+
+        def method(self):
+            pass
+
+        @property
+        def value(self):
+            """Has one."""
+
+    @dataclasses.dataclass
+    class Generated:  # its __doc__ is "Generated(x: int)"
+        x: int
+
+    def function():
+        pass
+
+    found = reference.undocumented([reference.Name("a.Documented", "a.Documented", Documented),
+                                    reference.Name("a.Generated", "a.Generated", Generated),
+                                    reference.Name("a.function", "a.function", function),
+                                    reference.Name("a.SHARD_END", "mldserver.api.testing.SHARD_END", "SHARD_END"),
+                                    reference.Name("a.STATUS_KEYS", "mldserver.api.testing.STATUS_KEYS", "")])
+    assert found == ["a.Documented.method", "a.Generated", "a.function", "a.STATUS_KEYS"]
+
+
+def test_the_api_page_shows_every_public_name_with_its_signature(site):
+    html = (site / "reference" / "api" / "index.html").read_text()
+    names = reference.api()
+    index = [name for cells in tables(html).values() for name in cells]
+    assert differences(index, {n.public for n in names}) == (set(), set())
+    for name in names:
+        assert f'id="{name.path}"' in html, name.public  # its section, rendered by mkdocstrings
+    text = unescape(re.sub(r"<[^>]+>", "", html))
+    assert "make_records(first_sequence_number: int, count: int" in text  # signatures
+    assert "checkpoint(sequence_number: str | None = None" in text
+    assert "make_records(7, count=3" in text  # the docstrings' examples
+    assert "::</p>" not in html and ":class:" not in text  # reStructuredText's habits read as Markdown (docs/docstrings.py)
+
+
+def test_the_warnings_page_says_what_to_do_about_every_warning_and_error(site):
+    html = (site / "reference" / "warnings-and-errors" / "index.html").read_text()
+    for name, event in EVENTS.items():
+        serious = bool({"warning", "error"} & set(event.levels))
+        assert (f'id="{name}"' in html) == serious, name
+    text = unescape(re.sub(r"<[^>]+>", "", html))
+    assert "What to do: " + EVENTS["sink_commit_failed"].todo.replace("`", "").split(" See ")[0] in text
+    troubleshooting = (site / "troubleshooting" / "index.html").read_text()
+    for anchor in ("windows-committed-0", "late-rows", "sink_commit_failed", "the-daemons-first-minute",
+                   "a-handler-that-dead-letters"):
+        assert f'id="{anchor}"' in troubleshooting, anchor

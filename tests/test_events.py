@@ -31,6 +31,16 @@ def test_every_entry_has_known_levels_and_one_line_of_meaning():
         assert event.meaning.endswith(".") and "\n" not in event.meaning, name
 
 
+def test_every_warning_and_error_says_what_to_do_and_nothing_else_does():
+    serious = {name for name, event in EVENTS.items() if {"warning", "error"} & set(event.levels)}
+    assert len(serious) > 80 and "sink_commit_failed" in serious
+    missing = sorted(name for name in serious if not EVENTS[name].todo.strip())
+    assert missing == [], ("a warning or an error without what to do: give each a third string in "
+                           "mldserver/base/events.py, (levels, meaning, what to do)")
+    assert all(EVENTS[name].todo.endswith((".", ")")) and "\n" not in EVENTS[name].todo for name in serious)
+    assert sorted(name for name in set(EVENTS) - serious if EVENTS[name].todo) == []  # info and debug: nothing
+
+
 def test_the_daemons_log_patterns_are_what_computed_says_they_emit():
     patterns = {}
     for event, level, _ in daemon.PATTERNS:

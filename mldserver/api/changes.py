@@ -126,6 +126,7 @@ class Meta(tuple):
 
     @property
     def partition_key(self) -> str | None:
+        """The record's partition key (``meta.record.partition_key``)."""
         return self.record.partition_key
 
     @property
@@ -139,6 +140,7 @@ class Meta(tuple):
 
     @property
     def sub_sequence_number(self) -> int | None:
+        """The record's sub-sequence number (its index in a KPL aggregate, else 0)."""
         return self.record.sub_sequence_number
 
     @property
@@ -161,6 +163,7 @@ class Meta(tuple):
 
     @property
     def event_id(self) -> str | None:
+        """The DynamoDB change's ``eventID`` (None for a Kinesis record)."""
         return None if self.change is None else self.change.get("eventID")
 
     @property
@@ -206,10 +209,12 @@ class Meta(tuple):
 
     @property
     def stream_view_type(self) -> str | None:
+        """``NEW_AND_OLD_IMAGES``, ``NEW_IMAGE``, ``OLD_IMAGE`` or ``KEYS_ONLY`` (None for Kinesis)."""
         return None if self.change is None else self.change["dynamodb"].get("StreamViewType")
 
     @property
     def aws_region(self) -> str | None:
+        """The table's region, ``"eu-west-1"`` (None for a Kinesis record)."""
         return None if self.change is None else self.change.get("awsRegion")
 
     def __repr__(self) -> str:

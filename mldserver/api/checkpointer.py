@@ -69,6 +69,18 @@ class Progress(Protocol):
 
 
 class Checkpointer:
+    """Stores the shard's progress in the daemon's lease table, for the one action it
+    is given with (a batch, a shutdown request, a shard end)::
+
+        async def process_records(self, batch, checkpointer):
+            for record in batch.records:
+                await self.save(record)
+            await checkpointer.checkpoint()                       # everything delivered so far
+            # or at a record: await checkpointer.checkpoint(r.sequence_number, r.sub_sequence_number)
+
+    The daemon's refusals are ``CheckpointError``; the throttling ones are retried first
+    (see the module). With a sink, a checkpoint never passes what the sink committed."""
+
     def __init__(
         self,
         roundtrip: Roundtrip,
@@ -108,6 +120,16 @@ class Checkpointer:
 
     async def checkpoint(self, sequence_number: str | None = None, sub_sequence_number: int | None = None, *,
                          retry: bool = True) -> None:
+        """Checkpoint at a record (its sequence number, and sub-sequence number: the
+        highest delivered under it when left out), or with no argument at everything
+        delivered (``SHARD_END`` during a shard end)::
+
+            await checkpointer.checkpoint()
+            await checkpointer.checkpoint(record.sequence_number, record.sub_sequence_number)
+
+        Raises ``CheckpointError`` when the daemon refuses it for good (``error``: the Java
+        exception's name, e.g. ``ShutdownException`` once the lease is lost) or after this
+        action was answered; ``retry=False`` gives up at the first refusal."""
         if self.closed:
             raise CheckpointError(
                 "InvalidStateException", _text(sequence_number), None,

@@ -41,6 +41,17 @@ if TYPE_CHECKING:
 
 @dataclass
 class Context:
+    """What every handler factory is given (``Orders(context)``), shared by the
+    shards of a handler process::
+
+        class Orders(mldserver.Handler):
+            async def process_records(self, batch, checkpointer):
+                self.context.log.info("orders_seen", records=len(batch.records))
+                customer = await self.context.table("customers").get({"id": "c-7"})
+
+    ``settings``: the server's ``Settings``; ``log``: the handler's structured logger;
+    ``extras``: a dict free for the handler's own use."""
+
     settings: Settings
     log: EventLogger = field(default_factory=handler_logger)  # the handler's own events
     extras: dict[str, Any] = field(default_factory=dict)
@@ -64,9 +75,19 @@ class Context:
 
     @property
     def state_dir(self) -> Path:
+        """The server's state directory (``--state-dir``), e.g. for a handler's own files."""
         return Path(self.settings.state_dir)
 
     async def sql(self, query: str, **params: Any) -> AsyncIterator[dict[str, Any]]:
+        """Run ``query`` in the server's Spark process, ``:name`` markers bound to
+        ``params`` by Spark; the rows come back as dicts as you iterate::
+
+            rows = await self.context.sql("SELECT name FROM customers WHERE tier = :tier", tier="gold")
+            async for row in rows:
+                ...
+
+        ``ConfigError`` when the server runs no Spark (start it with ``--pipeline``,
+        ``--sink parquet:DIR``, ``--spark-master`` or ``--spark-remote``)."""
         if self.spark is None:
             raise ConfigError(
                 "context.sql needs Spark: start the server with --pipeline, --sink parquet:DIR, "

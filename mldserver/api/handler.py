@@ -59,7 +59,27 @@ if TYPE_CHECKING:
 
 
 class Handler:
-    """Base class with the defaults every handler gets."""
+    """Subclass it and give ``mldserver serve --handler module:Orders``: the class is
+    called once per shard with the server's ``Context``, and its coroutines are called
+    in the shard's order, one at a time::
+
+        class Orders(mldserver.Handler):
+            async def initialize(self, shard):                 # a ShardInfo
+                self.shard_id = shard.shard_id
+
+            async def process_records(self, batch, checkpointer):
+                for record in batch.records:
+                    order = json.loads(record.data)
+                    batch.emit(record, {"customer": order["customer"], "amount": order["amount"]})
+                await checkpointer.checkpoint()                # with a sink: as far as it committed
+
+    A method that raises is retried (``handler_retries``, ``handler_backoff``); a batch
+    that still fails is split to find the records that fail alone, which are
+    dead-lettered with their data while the shard goes on (``batch.fail(record, error)``
+    gives up on one record at once). Each call has ``execution_timeout``. The defaults
+    below checkpoint at a shard end and at a shutdown request; override only what you
+    need. Keep the methods non-blocking: the loop is shared with other shards
+    (``await asyncio.to_thread(...)`` for blocking work)."""
 
     def __init__(self, context: Any) -> None:
         self.context = context
@@ -75,10 +95,14 @@ class Handler:
         return timers
 
     async def initialize(self, shard: "ShardInfo") -> None:
-        """The shard and its stored checkpoint; no checkpointing here."""
+        """Called once before the shard's first batch with its ``ShardInfo``
+        (``shard.shard_id``, where its checkpoint stands); no checkpointing here."""
 
     async def process_records(self, batch: "Batch", checkpointer: "Checkpointer") -> None:
-        """One batch of the shard's records, in order."""
+        """One batch of the shard's records, in order (``batch.records``), with the
+        checkpointer of this call only. Emit rows with ``batch.emit(record, row)``;
+        checkpoint with ``await checkpointer.checkpoint()``. Required: the base does
+        nothing."""
 
     async def lease_lost(self) -> None:
         """Another worker holds the lease now: checkpoints would fail; clean up fast."""

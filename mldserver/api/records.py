@@ -46,6 +46,16 @@ class ShardInfo:
 
 
 class Record:
+    """One record of a batch, as the daemon delivered it, decoded lazily::
+
+        for record in batch.records:
+            order = json.loads(record.data)           # bytes, base64-decoded on first access
+            key = record.partition_key                 # "customer-7"
+            await checkpointer.checkpoint(record.sequence_number, record.sub_sequence_number)
+
+    ``sequence_number`` is a string of digits (never a number: 56 digits and more);
+    ``position`` compares records in stream order."""
+
     __slots__ = ("_raw", "_data", "_position")
 
     def __init__(self, raw: dict[str, Any], data: bytes | None = None, position: Position | None = None) -> None:
@@ -55,6 +65,7 @@ class Record:
 
     @property
     def data(self) -> bytes:
+        """The payload, base64-decoded from the daemon's ``data`` on first access (b"" when none)."""
         if self._data is None:
             b64 = self._raw.get("data")
             self._data = decode_data(b64) if b64 else b""
@@ -73,26 +84,35 @@ class Record:
 
     @property
     def partition_key(self) -> str | None:
+        """The producer's partition key (``"customer-7"``)."""
         return self._raw.get("partitionKey")
 
     @property
     def sequence_number(self) -> str:
+        """The record's sequence number, a string of digits: ``"49590338271490256608559692538361571095921575989136588898"``."""
         return self._raw["sequenceNumber"]
 
     @property
     def sub_sequence_number(self) -> int | None:
+        """Its index in a KPL aggregate (0 for a record that was not aggregated)."""
         return self._raw.get("subSequenceNumber")
 
     @property
     def approximate_arrival_timestamp(self) -> int | None:
+        """When the stream received it, epoch ms (``1763719200123``): a row's event time
+        when ``emit`` is given none."""
         return self._raw.get("approximateArrivalTimestamp")
 
     @property
     def explicit_hash_key(self) -> str | None:
+        """The producer's explicit hash key, when it gave one (rare)."""
         return self._raw.get("explicitHashKey")
 
     @property
     def position(self) -> Position:
+        """(sequence number, sub-sequence number) as integers, to compare records in
+        stream order: ``max(batch.records, key=lambda r: r.position)``. ``ValueError``
+        when the sequence number is not digits (the server dead-letters such a record)."""
         position = self._position
         if position is None:
             raw = self._raw

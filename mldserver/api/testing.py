@@ -47,7 +47,16 @@ from typing import Any, Callable, Iterable
 
 from .adapter import adapter_change, dynamodb_record  # noqa: F401  (re-exported: tests build records so)
 
+# What ``mldserver.testing`` offers (the documentation's Python API page lists these).
+__all__ = ["FakeDaemon", "Shard", "Child", "SocketChild", "DaemonExit", "make_records", "errors_in_order",
+           "kill_children", "relay_command", "parse_child_line", "adapter_change", "dynamodb_record", "SHARD_END"]
+
 SHARD_END = "SHARD_END"
+"""What ``daemon.checkpoints[shard_id]`` holds once a shard's end was checkpointed::
+
+    await shard.shard_ended()
+    assert daemon.checkpoints["shardId-000000000000"] == SHARD_END
+"""
 STATUS_KEYS = frozenset({"action", "responseFor"})
 CHECKPOINT_KEYS = frozenset({"action", "sequenceNumber", "subSequenceNumber"})
 V1_CHECKPOINT_KEYS = frozenset({"action", "checkpoint"})
@@ -74,7 +83,24 @@ def make_records(
     approximate_arrival_timestamp: int | None = 1476889707000,
     data: Callable[[int], bytes] | None = None,
 ) -> list[dict[str, Any]]:
-    """``count`` daemon-shaped records with consecutive sequence numbers."""
+    """``count`` records as the daemon writes them in a ``processRecords`` line, with
+    consecutive sequence numbers from ``first_sequence_number``::
+
+        make_records(100, count=2)
+        # [{"action": "record", "data": "MTAwMTAwMTA=", "partitionKey": "pk0", "sequenceNumber": "100",
+        #   "subSequenceNumber": 0, "approximateArrivalTimestamp": 1476889707000},
+        #  {... "partitionKey": "pk1", "sequenceNumber": "101" ...}]
+
+    ``data`` is called with each record's sequence number and returns its payload (the
+    default: the number's digits repeated to ``data_bytes``); ``partition_key`` is a
+    format string of ``i`` (the record's index) and ``seq``::
+
+        make_records(7, count=3, partition_key="customer-{seq}",
+                     data=lambda seq: json.dumps({"order": seq}).encode())
+        # sequence numbers "7", "8", "9"; record.data == b'{"order": 7}' in the handler
+
+    ``approximate_arrival_timestamp`` (epoch ms, or None) is every record's: a row
+    emitted without ``event_time_ms`` takes it as its event time."""
     out = []
     for i in range(count):
         seq = first_sequence_number + i
@@ -125,6 +151,8 @@ class Child:
 
     @classmethod
     async def spawn(cls, command: str, env: dict[str, str] | None = None, cwd: str | None = None) -> "Child":
+        """Start ``command`` as the daemon starts ``executableName``: split on spaces, no
+        shell, pipes for stdin, stdout and stderr; ``env`` is added to this process's."""
         argv = [part for part in command.split(" ") if part]
         proc = await asyncio.create_subprocess_exec(
             *argv,
@@ -143,11 +171,13 @@ class Child:
             self.stderr += chunk
 
     async def write(self, data: bytes) -> None:
+        """Write raw bytes to the child's stdin (a line must end with ``\\n``)."""
         assert self.proc.stdin is not None
         self.proc.stdin.write(data)
         await self.proc.stdin.drain()
 
     async def send(self, message: dict[str, Any]) -> None:
+        """Write one message as a JSON line: ``await child.send({"action": "leaseLost"})``."""
         await self.write(json.dumps(message, separators=(",", ":")).encode() + b"\n")
 
     async def read_line(self, timeout: float = 10.0) -> bytes | None:
@@ -187,6 +217,8 @@ class Child:
             return message
 
     async def close_stdin(self) -> None:
+        """Close the child's stdin, as the daemon does when it ends the shard's processor:
+        a relay then ends its connection and exits."""
         assert self.proc.stdin is not None
         if not self.proc.stdin.is_closing():
             self.proc.stdin.close()
@@ -196,11 +228,14 @@ class Child:
                 pass
 
     async def wait_exit(self, timeout: float = 5.0) -> int:
+        """The child's exit code, waited for at most ``timeout`` seconds
+        (``asyncio.TimeoutError`` past it)."""
         code = await asyncio.wait_for(self.proc.wait(), timeout)
         await self._stderr_task
         return code
 
     async def kill(self) -> None:
+        """SIGKILL the child (as a crashed daemon host would leave it) and wait for it."""
         if self.proc.returncode is None:
             self.proc.kill()
             await self.proc.wait()
@@ -229,6 +264,7 @@ class SocketChild(Child):
 
     @classmethod
     async def open(cls, host: str, port: int) -> "SocketChild":  # type: ignore[override]
+        """Connect to a server's shard port: ``await SocketChild.open("127.0.0.1", 7070)``."""
         reader, writer = await asyncio.open_connection(host, port, limit=1 << 24)
         return cls(reader, writer)
 
@@ -292,6 +328,9 @@ class Shard:
     actions: list[str] = field(default_factory=list)
 
     async def initialize(self, sequence_number: str | None = "TRIM_HORIZON", sub_sequence_number: int | None = 0):
+        """Send ``initialize`` and wait for its status. A checkpoint the daemon stored for
+        this shard wins over ``sequence_number``, as after a restart; with ``v1`` the
+        message has KCL 1.x's ``checkpoint`` key instead."""
         stored = self.daemon.checkpoints.get(self.shard_id)
         if stored is not None and stored != SHARD_END:
             sequence_number, sub_sequence_number = stored
@@ -303,6 +342,12 @@ class Shard:
         await self._action(message, "initialize")
 
     async def process_records(self, records: list[dict[str, Any]], millis_behind_latest: int | None = 0) -> None:
+        """Send one ``processRecords`` action and wait for its status, answering the
+        checkpoints the child asks for meanwhile (stored in ``daemon.checkpoints``)::
+
+            await shard.process_records(make_records(1, count=3))
+            assert shard.checkpoint_requests[-1] == ("3", 0)   # if the handler checkpointed
+        """
         await self.process_line(
             json.dumps(
                 {"action": "processRecords", "records": records, "millisBehindLatest": millis_behind_latest},
@@ -319,18 +364,23 @@ class Shard:
         await self._action(line, "processRecords")
 
     async def shutdown_requested(self) -> None:
+        """Send ``shutdownRequested`` (the daemon is stopping) and wait for its status."""
         await self._action({"action": "shutdownRequested"}, "shutdownRequested")
 
     async def lease_lost(self) -> None:
+        """Send ``leaseLost`` (another worker took the shard) and wait for its status."""
         await self._action({"action": "leaseLost"}, "leaseLost")
 
     async def shard_ended(self) -> None:
+        """Send ``shardEnded`` and wait for its status; as in the KCL, a shard whose child
+        did not checkpoint ``SHARD_END`` meanwhile is stuck (``daemon.stuck``)."""
         await self._action({"action": "shardEnded"}, "shardEnded")
         if self.daemon.checkpoints.get(self.shard_id) != SHARD_END:
             # The real daemon checks this after the status: the shard is stuck for good.
             self.daemon.stuck.add(self.shard_id)
 
     async def shutdown(self, reason: str) -> None:
+        """Send KCL 1.x's ``shutdown`` with ``reason`` (``TERMINATE`` or ``ZOMBIE``)."""
         await self._action({"action": "shutdown", "reason": reason}, "shutdown:" + reason)
 
     async def close(self, timeout: float = 5.0) -> int:
@@ -394,7 +444,17 @@ class Shard:
 
 
 class FakeDaemon:
-    """Spawns children with ``command`` and keeps the lease table's checkpoints."""
+    """The daemon: spawns a child per shard with ``command`` and keeps the lease table's
+    checkpoints (``checkpoints``: shard id -> (sequence number, sub-sequence) or
+    ``SHARD_END``), which a later ``shard(...)`` resumes from::
+
+        daemon = FakeDaemon(relay_command("127.0.0.1", 7070),
+                            errors=errors_in_order(["ThrottlingException"]))  # the first checkpoint refused
+        shard = await daemon.shard("shardId-000000000000")
+        await shard.process_records(make_records(1, count=3))
+
+    ``v1``: speak KCL 1.x (``checkpoint`` in ``initialize``); ``timeout``: how long an
+    action may wait for its status before the test fails."""
 
     def __init__(
         self,
@@ -415,9 +475,12 @@ class FakeDaemon:
         self._errors = errors
 
     def inject_error(self, shard: Shard, seq: str | None, sub: int | None) -> str | None:
+        """The error the daemon answers this checkpoint with (the ``errors`` hook's, e.g.
+        ``errors_in_order(["ThrottlingException"])``), or None: stored."""
         return self._errors(shard, seq, sub) if self._errors else None
 
     async def spawn(self, shard_id: str) -> Shard:
+        """Start a child for ``shard_id`` without initializing it (``shard.initialize``)."""
         shard = Shard(self, shard_id, await Child.spawn(self.command, self.env))
         self.shards.append(shard)
         return shard

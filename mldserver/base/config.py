@@ -350,6 +350,8 @@ class Settings:
         return self.port
 
     def replace(self, **changes: Any) -> "Settings":
+        """A copy with ``changes``: ``settings.replace(workers=0, sink="file:./windows")``
+        (not checked against the rules: ``load`` checks a file and flags)."""
         return dataclasses.replace(self, **changes)
 
 

@@ -93,18 +93,22 @@ class Change(NamedTuple):
 
     @property
     def keys(self) -> dict[str, Any] | None:
+        """The item's key, decoded: ``{"id": "o-17"}``."""
         return self.meta.keys
 
     @property
     def old(self) -> dict[str, Any] | None:
+        """The item before the change (a stream with old images), else None."""
         return self.meta.old
 
     @property
     def sequence_number(self) -> str:
+        """The change's sequence number in its shard (a string of digits)."""
         return self.meta.sequence_number
 
     @property
     def creation_time_ms(self) -> int | None:
+        """When DynamoDB made the change, epoch ms (to the second)."""
         return self.meta.creation_time_ms
 
 
@@ -149,7 +153,24 @@ class _Shard:
 
 def open_stream(source: str, start: Any = "trim_horizon", *, region: str | None = None,
                 endpoint_url: str | None = None) -> "Stream":
-    """A stream to open with ``async with`` (see the module)."""
+    """A DynamoDB or Kinesis stream read from a script, with no server and no daemon,
+    opened with ``async with``::
+
+        async with mldserver.open_stream("dynamodb:orders", start="trim_horizon") as stream:
+            async for change in stream:          # each shard read to its head, parents first; then it ends
+                print(change.event_name, change.keys, change.doc)
+            saved = stream.token                 # JSON: where each shard stands
+        async with mldserver.open_stream("dynamodb:orders", start=saved) as stream:
+            ...                                  # goes on exactly after the last change yielded
+
+    ``source`` as ``--source`` takes it: ``dynamodb:TABLE``, ``dynamodb:STREAM_ARN``,
+    ``kinesis:STREAM``, ``kinesis:STREAM_ARN``. ``start``: ``"trim_horizon"``,
+    ``"latest"``, an aware ``datetime``, or a token. A DynamoDB stream yields ``Change``s,
+    a Kinesis stream ``StreamRecord``s (KPL aggregates one per user record). The stream
+    also has ``move_to(start)``, ``heartbeat()`` (call it every few minutes while idle:
+    iterators expire) and ``lags`` (ms behind each shard's head). The AWS settings are
+    the usual ones (``AWS_REGION``, ``AWS_ENDPOINT_URL_DYNAMODB``, the credential
+    chain) unless ``region`` or ``endpoint_url`` is given."""
     return Stream(SourceSpec.parse(source), start, region=region, endpoint_url=endpoint_url)
 
 

@@ -21,6 +21,16 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class WindowInfo:
+    """The window a pipeline is given with its rows (``pipeline(df, window)``)::
+
+        def per_customer(df, window):
+            out = df.groupBy("customer").count()
+            return out.withColumn("window_start", F.lit(window.start))   # epoch ms
+        # window.id == "1763719200000-1763719260000"; window.late_rows: rows that came late
+
+    ``id`` names the output's partition (``window=<id>``); ``start`` (inclusive) and
+    ``end`` (exclusive) are epoch ms; ``version`` counts amendments (``allowed_lateness``)."""
+
     id: str  # "<start>-<end>", the output partition is window=<id>
     start: int  # epoch ms, inclusive
     end: int  # epoch ms, exclusive
@@ -33,6 +43,7 @@ class WindowInfo:
 
     @property
     def late(self) -> bool:
+        """Whether late rows (of windows already committed) came with this one."""
         return self.late_rows > 0
 
 
