@@ -1,4 +1,4 @@
-"""The KCL daemon's output as messages: a log line with the lines that continue it.
+r"""The KCL daemon's output as messages: a log line with the lines that continue it.
 
 The daemon (logback) writes one line per message, but a message carrying an exception
 goes on over many: the exception, its stack frames, its causes. Read line by line, one
@@ -18,7 +18,7 @@ failed attempt at the lease table was 40 ``daemon_error`` events; grouped, it is
 
 A message starts with a log line (its time stamp, ``[thread]`` and level) at that level
 (``WARN`` -> warning, ``ERROR`` -> error, ``INFO`` -> info, ``DEBUG``/``TRACE`` -> debug).
-Every other line continues the message under way (``\\tat ...``, ``Caused by:``,
+Every other line continues the message under way (``\tat ...``, ``Caused by:``,
 ``... 3 common frames omitted``, a usage text), except an exception the JVM printed by
 itself (``Exception in thread "main" ...``, or ``java.lang.NullPointerException: ...``
 after a line that is not a WARN or ERROR awaiting its exception): that starts a message
