@@ -16,7 +16,7 @@ pytestmark = pytest.mark.spark  # the demo's pipeline and the bench's Spark part
 
 def test_demo_processes_every_record_and_ends_the_split_parent(tmp_path):
     out = subprocess.run([MLDSERVER, "demo", "--records", "20000", "--shards", "3", "--dir", str(tmp_path / "d")],
-                         capture_output=True, text=True, timeout=120)
+                         capture_output=True, text=True, timeout=300)  # Spark may take a minute to start on a busy machine
     assert out.returncode == 0, out.stderr + out.stdout
     assert "records in          20,000 over 5 shards (one split into two)" in out.stdout
     assert "1 at SHARD_END" in out.stdout
@@ -32,10 +32,47 @@ def test_demo_processes_every_record_and_ends_the_split_parent(tmp_path):
     # others' orders: 3 shards over 20 minutes, the parent's part over its first 13 1/3 and
     # its children's over the rest, is 875 orders a minute, then 1,250 (rounding aside).
     assert re.search(r"late rows +0$", out.stdout, re.M), out.stdout
+    assert re.search(r"dead letters +0$", out.stdout, re.M), out.stdout
     [stopped] = [json.loads(line) for line in (tmp_path / "d" / "server.log").read_text().splitlines()
                  if '"coordinator_stopped"' in line]
     assert (stopped["late"], stopped["clamped"]) == (0, 0), stopped
     assert max(c["rows"] for c in commits) <= 1_260, sorted(c["rows"] for c in commits)
+
+
+def test_a_sink_that_keeps_failing_stops_the_demo_with_one_line_naming_the_cause(tmp_path):
+    """A real fault: once the server listens (its Spark process has cleared the sink's
+    staging folder), a file takes the folder's name, so Spark cannot write any window.
+    The console gets the demo's lines only: one naming the error and the log to read,
+    then the summary; no traceback from either side, exit status 1."""
+    d = tmp_path / "d"
+    demo = subprocess.Popen([MLDSERVER, "demo", "--records", "6000", "--shards", "2", "--dir", str(d), "--admin", "off"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    lines = []
+    for line in demo.stdout:
+        lines.append(line)
+        if line.startswith("server listening on "):  # before any record is sent
+            (d / "output" / "_staging").write_text("not a folder\n")
+    code, stderr = demo.wait(timeout=300), demo.stderr.read()
+    demo.stdout.close(), demo.stderr.close()
+    out = "".join(lines)
+    assert code == 1, out + stderr
+    assert "Traceback" not in out + stderr and stderr == "", out + stderr
+    [stopped] = [line for line in lines if line.startswith("demo stopped")]
+    assert re.fullmatch(r"demo stopped: the sink cannot commit window \d+-\d+ \(\d+ attempts\): SparkError: .* <- "
+                        r"org\.apache\.hadoop\.fs\.ParentNotDirectoryException: Parent path is not a directory: "
+                        rf"file:{re.escape(str(d.resolve() / 'output' / '_staging'))}; see {re.escape(str(d / 'server.log'))} "
+                        r"\(sink_commit_failed\)\n", stopped), stopped
+    failed = [json.loads(line) for line in (d / "server.log").read_text().splitlines() if '"sink_commit_failed"' in line]
+    assert failed and "ParentNotDirectoryException" in failed[0]["error"]  # the line says what the log says
+    summary = out[out.index("\nsummary\n"):]
+    assert re.search(r"^  windows committed +0 ", summary, re.M), summary
+    assert re.search(r"^  late rows +0$", summary, re.M), summary
+    letters = re.search(r"^  dead letters +([\d,]+)(.*)$", summary, re.M)
+    assert letters, summary
+    # Whatever the stop left uncommitted: kept with its data, and the summary says where.
+    kept = sum(p.read_text().count("\n") for p in (d / "state" / "dead-letters").glob("*.jsonl"))
+    assert int(letters[1].replace(",", "")) == kept
+    assert kept == 0 or f"under {d / 'state' / 'dead-letters'}" in letters[2]
 
 
 def test_bench_prints_every_variant_side_by_side(tmp_path):

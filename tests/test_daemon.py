@@ -147,10 +147,98 @@ def test_the_daemons_lines_that_matter_become_events():
         "daemon_lease_taken", "info", {"count": 2, "leases": ["shardId-000000000000", "shardId-000000000001"]})
     assert scan(discoverer + "New leases assigned to worker : fc92, count : 0, leases : [] ") is None
     error = "2026-11-22 09:51:14,664 [Thread-1] ERROR s.a.k.multilang.MultiLangDaemon [NONE] - Encountered an error"
-    assert scan(error) == ("daemon_error", "error", {"line": error})
-    assert scan("java.lang.NoClassDefFoundError: javax/xml/bind/DatatypeConverter")[0] == "daemon_error"
-    assert scan("\tat software.amazon.kinesis.multilang.MultiLangDaemon.main(MultiLangDaemon.java:1)") is None
+    assert scan(error) is None  # an error is a whole message's (daemon_messages), not one line's
     assert scan(prefix + "Writing ProcessRecordsMessage to child process for shard shardId-000000000002") is None
+
+
+# The daemon's real output, captured: a MultiLangDaemon whose lease table's endpoint
+# refuses (NOWHERE), two attempts at its lease coordinator, then its shutdown's error.
+CAPTURED = ROOT / "tests" / "data" / "kcl-lease-coordinator-errors.log"
+
+
+def test_the_daemons_messages_are_its_log_lines_with_their_stack_traces():
+    from mldserver.ops.daemon_messages import Messages
+
+    messages = Messages()
+    lines = CAPTURED.read_text().splitlines()
+    got = [m for line in lines for m in messages.feed(line)] + [messages.flush()]
+    assert messages.flush() is None and not messages.pending
+    assert sum(len(m.lines) for m in got) == len(lines)  # every line in exactly one message, in order
+    assert [line for m in got for line in m.lines] == lines
+    errors = [m for m in got if m.level == "error"]
+    assert [m.first.split(" - ", 1)[1] for m in errors] == ["Caught exception when initializing LeaseCoordinator "] * 2 \
+        + ["Encountered an error during shutdown. "]
+    first = errors[0]
+    assert len(first.lines) == 68 and first.lines[-1] == "\tat java.base/java.lang.Thread.run(Thread.java:840)"
+    assert first.exception.startswith("java.lang.RuntimeException: software.amazon.awssdk.core.exception."
+                                      "SdkClientException: Unable to execute HTTP request: Connection refused")
+    assert first.caused_by == "java.net.ConnectException: Connection refused"
+    assert errors[2].exception == "java.util.concurrent.TimeoutException: null" and errors[2].caused_by is None
+    [warning] = [m for m in got if m.level == "warning"]
+    assert warning.lines == (next(line for line in lines if " WARN " in line),) and warning.exception is None
+    assert len(got) == sum(line.startswith("2026-11-27 ") for line in lines)  # one per line of logback's
+
+
+def test_an_exception_the_jvm_prints_itself_is_a_message_of_its_own_at_error():
+    """MultiLangDaemon without a stream name (real output): the exception follows an INFO line."""
+    from mldserver.ops.daemon_messages import Messages
+
+    messages = Messages()
+    out = ["2026-11-27 21:44:15,266 [main] INFO  s.a.k.m.c.KinesisClientLibConfigurator [NONE] - Processing "
+           "(key=executableName, value=/bin/true) ",
+           "java.lang.NullPointerException: Stream name or Stream Arn is required. Stream Arn takes precedence if "
+           "both are passed in.",
+           "Stream name or Stream Arn is required. Stream Arn takes precedence if both are passed in.",
+           "Usage: amazon-kinesis-client MultiLangDaemon [options]",
+           "  Options:"]
+    got = [m for line in out for m in messages.feed(line)] + [messages.flush()]
+    assert [(m.level, len(m.lines)) for m in got] == [("info", 1), ("error", 4)]
+    assert got[1].exception == out[1]
+
+
+async def test_a_stack_trace_is_one_daemon_error_at_the_daemons_level_told_once_the_daemon_is_quiet(tmp_path, caplog):
+    """The captured output through Daemon's own reader, from a process that writes it and
+    then says nothing more: each message one event, the last one told by the quiet timer
+    while the process still runs."""
+    import asyncio
+    import logging
+
+    from mldserver.base.config import Settings
+    from mldserver.ops.daemon import Daemon
+
+    from .harness import eventually
+
+    props = tmp_path / "app.properties"
+    props.write_text(NOWHERE)
+    daemon = Daemon(Settings(state_dir=str(tmp_path / "state")), props)
+    daemon.dir.mkdir(parents=True)
+    caplog.set_level(logging.DEBUG, logger="mldserver.daemon")
+    daemon.proc = await asyncio.create_subprocess_exec(
+        "sh", "-c", f'cat "{CAPTURED}"; exec sleep 60', stdout=asyncio.subprocess.PIPE)
+    watching = asyncio.create_task(daemon._watch())
+
+    def told():
+        return [r for r in caplog.records if r.msg == "daemon_error"]
+
+    try:
+        errors = await eventually(lambda: len(told()) == 3 and told(), 10, what="three daemon_error events")
+        assert daemon.proc.returncode is None  # the last one told by the quiet timer, not by the end of output
+        assert [(r.levelname, r.fields["lines"]) for r in errors] == [("ERROR", 68), ("ERROR", 68), ("ERROR", 6)]
+        first = errors[0].fields
+        assert first["line"].endswith("ERROR s.a.kinesis.coordinator.Scheduler [NONE] - Caught exception when "
+                                      "initializing LeaseCoordinator ")
+        assert first["caused_by"] == "java.net.ConnectException: Connection refused"
+        assert first["exception"].startswith("java.lang.RuntimeException: ")
+        assert first["text"].startswith(first["line"] + "\n" + first["exception"] + "\n\tat ")
+        assert errors[2].fields["exception"] == "java.util.concurrent.TimeoutException: null"
+        assert daemon.last_error == "java.util.concurrent.TimeoutException: null"
+        # The WARN line without an exception is not an error; the daemon's lines are all in its log.
+        assert not [r for r in caplog.records if r.msg == "daemon_error" and r.levelname != "ERROR"]
+    finally:
+        daemon._stopping = True
+        daemon.proc.kill()
+        await watching
+    assert (daemon.dir / "daemon.log").read_text() == CAPTURED.read_text()
 
 
 def test_the_daemons_log_is_rolled_over_at_whole_lines_and_keeps_its_last_files(tmp_path):

@@ -45,7 +45,7 @@ def test_the_daemons_log_patterns_are_what_computed_says_they_emit():
     patterns = {}
     for event, level, _ in daemon.PATTERNS:
         patterns.setdefault(event, set()).add(level)
-    assert {e: set(lv) for e, lv in COMPUTED["mldserver/ops/daemon.py:_scan"].items()} == patterns
+    assert {e: set(lv) for e, lv in COMPUTED["mldserver/ops/daemon.py:_told"].items()} == patterns
 
 
 def test_the_scan_finds_literals_constants_and_unread_calls_and_skips_handler_events(tmp_path):

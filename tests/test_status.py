@@ -8,6 +8,7 @@ import os
 import re
 import subprocess
 
+import mldserver
 from mldserver.api.testing import FakeDaemon, make_records
 
 from .harness import MLDSERVER, ROOT, eventually, relay_command
@@ -37,7 +38,10 @@ async def test_status_shows_each_shard_and_pause_resume_answer(serve):
     result = cli("status", "--admin", admin)
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
-    assert lines[0].startswith(f"server 127.0.0.1:{server.port}  ready  running")
+    # First, which server answered: its version, pid, handler and state dir, then where it listens.
+    assert lines[0] == (f"mldserver {mldserver.__version__}  pid {server.proc.pid}  handler tests.handlers:Noop  "
+                        f"state dir {server.state_dir.resolve()}")
+    assert lines[1].startswith(f"server 127.0.0.1:{server.port}  ready  running")
     header = next(line for line in lines if line.startswith("SHARD"))
     row = next(line for line in lines if line.startswith("shardId-000000000007"))
     assert header.split()[:3] == ["SHARD", "CONN", "STATE"]
@@ -46,7 +50,7 @@ async def test_status_shows_each_shard_and_pause_resume_answer(serve):
 
     result = cli("pause", "--admin", admin)
     assert result.returncode == 0 and json.loads(result.stdout) == {"paused": True, "changed": True}
-    assert "PAUSED" in cli("status", "--admin", admin).stdout.splitlines()[0]
+    assert "PAUSED" in cli("status", "--admin", admin).stdout.splitlines()[1]
     assert json.loads(cli("resume", "--admin", admin).stdout) == {"paused": False, "changed": True}
     result = cli("reload", "--admin", admin)
     assert result.returncode == 0 and json.loads(result.stdout) == {"reloaded": True}

@@ -584,9 +584,13 @@ EVENTS: dict[str, Event] = {
                                               "Nothing if another worker took the shard; if leases move back "
                                               "and forth, give `failoverTimeMillis` more time, or look at the"
                                               " workers' clocks and load."),
-        "daemon_error": ("error", "An error line of the daemon's log (`line`).",
-                                  "Read `line`: credentials, the lease table, CloudWatch (`metricsLevel = "
-                                  "NONE` locally). An error the daemon recovers from needs nothing."),
+        "daemon_error": ("debug info warning error", "A message of the daemon's that is an ERROR or carries an "
+                                                     "exception, its stack trace included, as one event at the "
+                                                     "daemon's own level (`line`: its first, `exception`, "
+                                                     "`caused_by`, `lines`, `text`).",
+                                                     "Read `line` and `caused_by`: credentials, the lease table, "
+                                                     "CloudWatch (`metricsLevel = NONE` locally). An error the "
+                                                     "daemon recovers from needs nothing."),
         "daemon_stopping": ("info", "SIGTERM to the daemon: each shard gets `shutdownRequested` within "
                                     "`shutdownGraceMillis`."),
         "daemon_killed": ("warning", "The daemon did not stop within its grace and a margin: killed.",
@@ -629,8 +633,10 @@ EVENTS: dict[str, Event] = {
 # Log calls whose event is not a string at the call, by "path:function": what they can
 # emit (``emitted`` resolves a module-level constant, ``EVENT = "..."``, itself).
 COMPUTED: dict[str, dict[str, tuple[str, ...]]] = {
-    "mldserver/ops/daemon.py:_scan": {  # ops.daemon.PATTERNS: lines of the daemon's log
-        "daemon_lease_taken": ("info",), "daemon_lease_lost": ("info", "warning"), "daemon_error": ("error",)},
+    "mldserver/ops/daemon.py:_told": {  # ops.daemon.PATTERNS: lines of the daemon's log
+        "daemon_lease_taken": ("info",), "daemon_lease_lost": ("info", "warning")},
+    "mldserver/ops/daemon.py:_error": {  # at the daemon's own level (ops.daemon_messages.LEVELS)
+        "daemon_error": ("debug", "info", "warning", "error")},
     "mldserver/ops/daemon.py:report": {  # "properties_" + a finding's level
         "properties_error": ("error",), "properties_warning": ("warning",)},
 }

@@ -18,7 +18,9 @@ to the server: whatever kills the server, the kernel SIGKILLs the daemon (``teth
 and ``<state-dir>/daemon/daemon.pid`` lets a later run stop one left behind. Its
 output goes to ``<state-dir>/daemon/daemon.log``; the lines that matter become events
 in the server's log: ``daemon_lease_taken`` (``leases``), ``daemon_lease_lost``
-(``shard_id``), ``daemon_error`` (``line``). A lease taken is also told to the
+(``shard_id``), and ``daemon_error``: one per message of the daemon's that is an ERROR
+or carries an exception, with its stack trace (``daemon_messages``), at the daemon's own
+level (``line``, ``exception``, ``caused_by``, ``lines``, ``text``). A lease taken is also told to the
 coordinator (``Coordinator.expect``): the shard holds the watermark from that moment,
 before the daemon starts it, so the windows it has rows for stay open.
 
@@ -44,6 +46,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from ..base import preflight
 from . import properties, tether
+from .daemon_messages import QUIET_S, Message, Messages
 from ..base.config import Settings, state_path
 from ..errors import ConfigError, MldserverError
 from ..base.logs import EventLogger, get_logger
@@ -71,13 +74,12 @@ PATTERNS = [
                                               r"leases : (?P<leases>.*)")),
     ("daemon_lease_lost", "warning", re.compile(r"lost lease with key (?P<shard_id>\S+)")),
     ("daemon_lease_lost", "info", re.compile(r"Writing LeaseLostMessage to child process for shard (?P<shard_id>\S+)")),
-    ("daemon_error", "error", re.compile(r"\bERROR\b")),
-    ("daemon_error", "error", re.compile(r"^(Exception in thread|Caused by:|[\w.$]+(Exception|Error)(: |$))")),
 ]
+TEXT_LIMIT = 4000  # characters of a message in its daemon_error (daemon.log has it whole)
 
 
 def scan(line: str) -> tuple[str, str, dict[str, Any]] | None:
-    """The event a line of the daemon's log is worth, if any: (event, level, fields)."""
+    """The lease event a line of the daemon's log is, if any: (event, level, fields)."""
     for event, level, pattern in PATTERNS:
         m = pattern.search(line)
         if m is None:
@@ -89,8 +91,6 @@ def scan(line: str) -> tuple[str, str, dict[str, Any]] | None:
             fields["count"] = int(fields["count"])
             if not fields["count"]:
                 return None  # KCL 3.x's assignment round found nothing new: not news
-        if event == "daemon_error":
-            fields["line"] = line[:2000]
         return event, level, fields
     return None
 
@@ -197,6 +197,8 @@ class Daemon:
         self.task: asyncio.Task[None] | None = None
         self.last_error: str | None = None
         self._stopping = False
+        self.messages = Messages()  # the daemon's lines grouped into its messages
+        self._quiet: asyncio.TimerHandle | None = None  # ends the message under way once the daemon is quiet
 
     def report(self) -> None:
         """Log what ``mldserver check`` would say about the file (the daemon is started
@@ -261,6 +263,7 @@ class Daemon:
         assert proc is not None and proc.stdout is not None
         rest = b""
         out = DaemonLog(self.log_path)
+        loop = asyncio.get_running_loop()
         try:
             # Whole reads, not lines: one write per read however chatty the daemon is.
             while chunk := await proc.stdout.read(READ_CHUNK):
@@ -269,10 +272,17 @@ class Daemon:
                 rest = rest[-LINE_LIMIT:]  # a line past the limit is scanned by its end
                 for line in lines:
                     self._scan(line.decode("utf-8", "replace").rstrip("\r"))
+                if self._quiet is not None:
+                    self._quiet.cancel()
+                self._quiet = loop.call_later(QUIET_S, self._flush) if self.messages.pending else None
         finally:
             out.close()
+            if self._quiet is not None:
+                self._quiet.cancel()
+                self._quiet = None
         if rest:
             self._scan(rest.decode("utf-8", "replace").rstrip("\r"))
+        self._flush()
         code = await proc.wait()
         await asyncio.to_thread(self.pidfile.remove)
         if self._stopping:
@@ -286,15 +296,40 @@ class Daemon:
         raise DaemonExited(why + (f": {self.last_error}" if self.last_error else f": see {self.log_path}"))
 
     def _scan(self, line: str) -> None:
-        found = scan(line)
+        """One line of the daemon's output: the messages it ended, told; a lease line at
+        once (it never goes on, and the coordinator must hear of the lease before the shard starts)."""
+        for message in self.messages.feed(line):
+            self._told(message)
+        if scan(line) is not None:
+            self._flush()
+
+    def _flush(self) -> None:
+        self._quiet = None
+        message = self.messages.flush()
+        if message is not None:
+            self._told(message)
+
+    def _told(self, message: Message) -> None:
+        found = scan(message.first)
         if found is not None:
             event, level, fields = found
-            if event == "daemon_error":
-                self.last_error = line[:500]
             getattr(self.log, level)(event, **fields)
             if event == "daemon_lease_taken" and self.taken is not None:
                 for key in fields["leases"]:  # multi-stream leases are "account:stream:epoch:shardId"
                     self.taken(key.rpartition(":")[2])
+        elif message.level == "error" or message.exception is not None:
+            self._error(message)
+
+    def _error(self, message: Message) -> None:
+        """An ERROR of the daemon's, or a message with an exception: one event, at its level."""
+        exception = message.exception
+        self.last_error = (exception if exception is not None and exception != message.first
+                           else message.first)[:500]
+        text = "\n".join(message.lines)
+        getattr(self.log, message.level)(
+            "daemon_error", line=message.first[:2000], exception=exception and exception[:2000],
+            caused_by=message.caused_by and message.caused_by[:2000], lines=len(message.lines),
+            text=text if len(text) <= TEXT_LIMIT else text[:TEXT_LIMIT] + f"... ({len(text):,} characters in all)")
 
     async def stop(self) -> None:
         """SIGTERM to the JVM, wait for it to exit (its graceful shutdown: every shard

@@ -3,6 +3,7 @@ terminal. ``status`` draws ``GET /status`` as a table (``--watch`` redraws it ev
 second); the others POST and print the answer::
 
     $ mldserver status
+    mldserver 0.1.0  pid 41800  handler handlers.orders:Orders  state dir /srv/orders/mldserver-state
     server 127.0.0.1:7070  ready  running  loop lag max 3.1 ms
     coordinator  watermark 10:42:01.250 (lag 5.2 s)  open windows 2  buffered 4,100 rows / 390 kB
                  committed 12 windows, 61,000 rows, 0 late  last commit 3.1 s ago (5,200 rows)
@@ -12,7 +13,9 @@ second); the others POST and print the answer::
     SOURCE          SHARD                 LAG MS
     kinesis:clicks  shardId-000000000001       0
 
-(the sources' rows: each ``--source`` shard being read, how far behind its head).
+(the first line names the server that answers: its version, process id, handler and
+state directory, then where it listens; the sources' rows: each ``--source`` shard being
+read, how far behind its head).
 
 No server answering is one line naming the URL tried, exit status 1. The POSTs send the
 admin token when there is one (``Authorization: Bearer``): ``--admin-token-file``'s, else
@@ -108,7 +111,8 @@ def _n(value: Any) -> str:
 
 
 def render(s: dict[str, Any]) -> str:
-    lines = []
+    lines = [f"mldserver {s.get('version') or '(version unknown)'}  pid {s.get('pid') or '-'}  "
+             f"handler {s.get('handler') or '-'}  state dir {s.get('state_dir') or '-'}"]
     state = "PAUSED" + (f" ({s['waiting_actions']} actions waiting)" if s.get("waiting_actions") else "") \
         if s["paused"] else "running"
     lines.append(f"server {s['listening'] or '-'}  {'ready' if s['ready'] else 'NOT READY'}  {state}  "

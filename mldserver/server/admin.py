@@ -53,7 +53,9 @@ import asyncio
 import errno
 import ipaddress
 import math
+import os
 import socket
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -305,7 +307,9 @@ def _ms(value: float) -> int | None:
 def status_of(server: Any) -> dict[str, Any]:
     """What ``GET /status`` answers (and ``mldserver status`` shows)::
 
-        {"paused": false, "ready": true, "listening": "127.0.0.1:7070",
+        {"version": "0.1.0", "pid": 41800, "handler": "handlers.orders:Orders",
+         "state_dir": "/srv/orders/mldserver-state",
+         "paused": false, "ready": true, "listening": "127.0.0.1:7070",
          "shards": [{"shard_id": "shardId-000000000001", "conn": 3, "state": "READY",
                      "callback": null, "last_action": "processRecords", "last_action_age_s": 0.2,
                      "records": 120000, "batches": 240, "millis_behind_latest": 0,
@@ -320,6 +324,10 @@ def status_of(server: Any) -> dict[str, Any]:
                       "shards": [{"shard_id": "shardId-000000000001", "lag_ms": 0}],
                       "lease": {"table": "clicks-leases", "owner": "host-a:4242:9f2c1e07",
                                 "held": ["shardId-000000000001"], "shards": 4, "servers": 2}}]}
+
+    ``version``, ``pid``, ``handler`` and ``state_dir`` (absolute) name the server that
+    answers: which process, running what, keeping its state where (``mldserver status``'s
+    first line).
 
     ``sources``: each ``--source`` and its shards being read, ``lag_ms`` how far behind
     the shard's head the last page read was (Kinesis's MillisBehindLatest; DynamoDB, the
@@ -349,7 +357,12 @@ def status_of(server: Any) -> dict[str, Any]:
             "checkpoint": None if stored is None else f"{stored.text}:{stored.sub}",
             "handler_process": shard.handler_process,
         })
+    settings = server.settings
     out: dict[str, Any] = {
+        "version": sys.modules[__name__.partition(".")[0]].__version__,  # the package ran before this module
+        "pid": os.getpid(),
+        "handler": settings.handler or None,
+        "state_dir": str(Path(settings.state_dir).resolve()),
         "paused": server.paused,
         "paused_since": server.pause_gate.since,
         "waiting_actions": server.pause_gate.waiting,
