@@ -78,10 +78,9 @@ def test_the_installed_wheel_runs_away_from_the_checkout(dist: Path, tmp_path: P
     where = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, env=env, capture_output=True,
                            text=True, check=True).stdout.strip()
     assert Path(where).is_relative_to(target), where
-    (tmp_path / "settings.toml").write_text(f'sink = "file:{tmp_path / "windows"}"\n')
     checked = subprocess.run(
         [sys.executable, "-m", "mldserver", "check", "--handler", "mldserver.examples.quickstart:Orders",
-         "--config", "settings.toml"],
+         "--sink", f"file:{tmp_path / 'windows'}"],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert checked.returncode == 0, checked.stdout + checked.stderr
     assert "(writable)" in checked.stdout, checked.stdout
