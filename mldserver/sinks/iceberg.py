@@ -53,7 +53,8 @@ that far back), and keeps ``previous-versions-max`` metadata files.
 3. append the rest and set the grown intervals and raised positions, in one transaction whose commit is a
    compare-and-swap on the catalog's pointer to the metadata (the SQLite catalog's
    ``UPDATE ... WHERE metadata_location = <base>``; the REST catalog's
-   ``assert-ref-snapshot-id``). pyiceberg's own retry, which would re-apply the same
+   ``assert-ref-snapshot-id``, which is why every commit makes a snapshot, an empty
+   one when only positions move). pyiceberg's own retry, which would re-apply the same
    positions and rows on a newer base, is switched off (``commit.retry.num-retries=0``);
 4. a conflict (another server committed first) goes back to 1 with the new base.
 
@@ -434,11 +435,16 @@ class IcebergSink:
                     f"{SERVER_PREFIX}{self.server_id}": orjson.dumps(
                         {"stream": self.stream, "window": window.id, "end": window.end}).decode(),
                 })
+                # Every commit is a snapshot, an empty one when only the positions move (every
+                # row dead-lettered, or the pipeline's output empty): its ``assert-ref-snapshot-id``
+                # is what makes a REST catalog's commit a compare-and-swap (the properties alone
+                # assert nothing there, and a stale base's intervals would overwrite newer ones)
                 if files is None:
-                    if rows.num_rows:  # none: every row was dead-lettered, only the positions move
-                        tx.append(rows, snapshot_properties=summary)
-                elif files:  # none: the pipeline's output was empty, only the positions move
+                    tx.append(rows, snapshot_properties=summary)
+                elif files:
                     tx.add_files(files, snapshot_properties=summary, check_duplicate_files=False)
+                else:
+                    tx.append(table.schema().as_arrow().empty_table(), snapshot_properties=summary)
                 self._expire(tx, table)
         except CommitFailedException:
             if files is not None:

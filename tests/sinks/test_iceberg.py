@@ -216,6 +216,36 @@ async def test_rows_that_do_not_fit_the_tables_schema_are_dead_lettered(tmp_path
     assert await b.committed_position("s0") == pos(3)  # the rejected row's record is done
 
 
+class Requirements(SqlCatalog):
+    """The SQLite catalog, noting what each commit asserts of the table it commits on."""
+
+    asserted: list = []
+
+    def commit_table(self, table, requirements, updates):
+        Requirements.asserted.append(requirements)
+        return super().commit_table(table, requirements, updates)
+
+
+async def test_a_commit_that_only_moves_positions_is_a_snapshot_asserting_the_branch_it_read(tmp_path):
+    """Every row dead-lettered: the commit still makes a snapshot (empty), so it asserts
+    the branch's snapshot as it read it (``assert-ref-snapshot-id``). A REST catalog has
+    nothing else to compare and swap on: properties alone would overwrite a newer
+    commit's intervals with this one's stale ones."""
+    a = await sink(tmp_path)
+    await a.commit(window(0, {"s0": [1]}))
+    Requirements.asserted = []
+    b = await sink(tmp_path, "server-b", cat=catalog(tmp_path, Requirements))
+    read = catalog(tmp_path).load_table(TABLE).current_snapshot().snapshot_id
+    w = window(10, {"s0": [2, 3]})
+    w.rows = JsonLines.of([orjson.dumps({"shard_id": "s0", "seq": n, "extra": True}) for n in (2, 3)])
+    await b.commit(w)
+    assert table_rows(tmp_path) == [("s0", 1)] and await b.committed_position("s0") == pos(3)
+    last = commits(tmp_path)[-1]
+    assert (last["mldserver.server"], last["mldserver.rows"]) == ("server-b", "0")
+    asserted = {(r.type, getattr(r, "snapshot_id", None)) for r in Requirements.asserted[-1]}
+    assert ("assert-ref-snapshot-id", read) in asserted, asserted
+
+
 async def test_a_table_made_elsewhere_gets_pyicebergs_own_retry_switched_off(tmp_path):
     import pyarrow as pa
 
