@@ -756,9 +756,11 @@ def said(exc: BaseException) -> str:
 
 def _transient(exc: Exception) -> bool:
     """A failure of the catalog or the storage, which may pass (a locked SQLite file,
-    a REST catalog's 5xx, a full disk), not a bug."""
-    from pyiceberg.exceptions import CommitStateUnknownException, ServerError, ServiceUnavailableError
+    a REST catalog's 5xx or its 429 when it throttles, a full disk), not a bug."""
+    from pyiceberg.exceptions import (CommitStateUnknownException, ServerError, ServiceUnavailableError,
+                                      TooManyRequestsError)
 
-    if isinstance(exc, (OSError, CommitStateUnknownException, ServerError, ServiceUnavailableError)):
+    if isinstance(exc, (OSError, CommitStateUnknownException, ServerError, ServiceUnavailableError,
+                        TooManyRequestsError)):
         return True
     return type(exc).__module__.split(".")[0] in ("sqlalchemy", "requests", "urllib3", "botocore")

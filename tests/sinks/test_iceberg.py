@@ -444,3 +444,29 @@ async def test_a_catalog_that_cannot_be_written_fails_the_commit_and_the_retry_a
         blocker.close()
     await a.commit(window(10, {"s0": [3, 4]}))
     assert table_rows(tmp_path) == [("s0", 1), ("s0", 2), ("s0", 3), ("s0", 4)]
+
+
+class Throttled(SqlCatalog):
+    """A catalog that answers the next commit as a throttling REST catalog does (429)."""
+
+    throttle = 0
+
+    def commit_table(self, table, requirements, updates):
+        from pyiceberg.exceptions import TooManyRequestsError
+
+        if Throttled.throttle:
+            Throttled.throttle -= 1
+            raise TooManyRequestsError("Slow down: rate of requests too high")
+        return super().commit_table(table, requirements, updates)
+
+
+async def test_a_catalog_that_throttles_fails_the_commit_as_retriable_and_the_retry_adds_the_window_once(tmp_path):
+    """A REST catalog's 429 passes, as its 5xx do: retried like any sink I/O (the
+    coordinator's backoff), not a bug that stops the server."""
+    a = await sink(tmp_path, cat=catalog(tmp_path, Throttled))
+    await a.commit(window(0, {"s0": [1, 2]}))  # the table made: the throttled commit is the next one
+    Throttled.throttle = 1
+    with pytest.raises(TableUnavailable, match="Slow down"):
+        await a.commit(window(10, {"s0": [3, 4]}))
+    await a.commit(window(10, {"s0": [3, 4]}))
+    assert table_rows(tmp_path) == [("s0", 1), ("s0", 2), ("s0", 3), ("s0", 4)]
