@@ -13,6 +13,10 @@ Many machines: any pyiceberg catalog (REST, Glue, DynamoDB), named in the config
     type = "rest"
     uri = "https://catalog.example.com"
 
+A REST catalog (``rest_catalog``) decides where tables go: it is sent its own
+``warehouse`` (a catalog's name in Polaris or Lakekeeper), never DIR, and its only
+compare-and-swap is ``assert-ref-snapshot-id`` (step 3 below).
+
 The table holds the rows (the handler's fields, as the ``parquet:`` sink writes them)
 plus ``window`` (``"<start>-<end>"``, the window the rows were committed with, as the
 ``parquet:`` sink's ``window=<id>`` folder; with ``allowed_lateness``, a late row within it
