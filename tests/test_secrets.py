@@ -8,6 +8,7 @@ import logging
 import os
 import socket
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -140,3 +141,110 @@ def test_iceberg_without_a_folder_needs_a_warehouse(tmp_path):
     checked = run("check", "--config", str(path))
     assert checked.returncode == 2
     assert "names no warehouse" in checked.stderr
+
+
+# -- an Iceberg REST catalog ([table_catalog] type = "rest"): its credential and token ------
+
+CLIENT_SECRET = "rest-client-SECRET-5521"
+
+
+def rest_config(tmp_path, uri: str, *, sink: str = "iceberg:", warehouse: str | None = "lake") -> str:
+    """A REST catalog as the docs write it: OAuth client credentials, a token, S3 keys."""
+    path = tmp_path / "rest.toml"
+    path.write_text(f"""
+handler = "tests.handlers:Noop"
+stream = "orders"
+sink = "{sink}"
+state_dir = "{tmp_path / 'state'}"
+[table_catalog]
+type = "rest"
+uri = "{uri}"
+credential = "mldserver:{CLIENT_SECRET}"
+"s3.secret-access-key" = "{S3_SECRET}"
+""" + (f'warehouse = "{warehouse}"\n' if warehouse else ""))
+    return str(path)
+
+
+def assert_no_rest_secret(*texts: str) -> None:
+    assert_no_secret(*texts)
+    for text in texts:
+        assert CLIENT_SECRET not in text, f"the client secret printed in: {text[:2000]}"
+
+
+@pytest.fixture
+def web_server(tmp_path):
+    """A real web server that is no Iceberg catalog (the standard library's, serving an
+    empty folder on a loopback port of its own): what a wrong ``uri`` reaches. Its
+    ``requests`` are the request lines it was sent."""
+    import functools
+    import http.server
+    import threading
+
+    requests: list[str] = []
+
+    class Handler(http.server.SimpleHTTPRequestHandler):
+        def log_request(self, code="-", size="-"):
+            requests.append(self.requestline)
+
+        def log_message(self, format, *args):
+            pass
+
+    (tmp_path / "www").mkdir()
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0),
+                                             functools.partial(Handler, directory=str(tmp_path / "www")))
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    server.requests = requests  # type: ignore[attr-defined]
+    server.uri = f"http://127.0.0.1:{server.server_address[1]}"  # type: ignore[attr-defined]
+    yield server
+    server.shutdown()
+    server.server_close()
+    thread.join()
+
+
+def test_the_secret_half_of_a_rest_credential_is_starred_alone():
+    secrets.learn(Settings(table_catalog={"type": "rest", "credential": f"mldserver:{CLIENT_SECRET}"}))
+    assert secrets.scrub(f"invalid_client: client_secret={CLIENT_SECRET}") == "invalid_client: client_secret=***"
+    assert secrets.scrub(f"credential mldserver:{CLIENT_SECRET}") == "credential ***"
+
+
+def test_check_and_serve_with_a_rest_catalog_on_a_closed_port_say_so_in_one_line(tmp_path):
+    """A REST catalog nobody listens at: check and serve each exit 2 with one line naming
+    the catalog (its credential starred), and no secret in anything printed or logged."""
+    path = rest_config(tmp_path, f"http://127.0.0.1:{closed_port()}")
+    checked = run("check", "--config", path)
+    assert checked.returncode == 2, checked.stdout + checked.stderr
+    assert checked.stderr.count("\n") == 1, checked.stderr
+    assert "cannot reach the catalog" in checked.stderr and "'credential': '***'" in checked.stderr, checked.stderr
+    assert "Connection refused" in checked.stderr, checked.stderr
+    log = tmp_path / "server.log"
+    served = run("serve", "--config", path, "--port", "0", "--admin", "off", "--log-file", str(log))
+    assert served.returncode == 2, served.stdout + served.stderr
+    assert served.stderr.count("\n") == 1 and "cannot open the table" in served.stderr, served.stderr
+    assert_no_rest_secret(checked.stdout, checked.stderr, served.stdout, served.stderr, log.read_text())
+
+
+def test_a_rest_uri_that_reaches_a_web_server_but_no_catalog_is_one_line_from_check(tmp_path, web_server):
+    """A wrong ``uri`` that some web server answers (with a page of HTML): one line, the
+    server's answer in it; and the OAuth request that carried the client secret is the
+    catalog's (POST /v1/oauth/tokens), never printed."""
+    checked = run("check", "--config", rest_config(tmp_path, web_server.uri))
+    assert checked.returncode == 2, checked.stdout + checked.stderr
+    assert checked.stderr.count("\n") == 1, checked.stderr
+    assert "cannot reach the catalog" in checked.stderr and "501" in checked.stderr, checked.stderr
+    assert web_server.requests == ["POST /v1/oauth/tokens HTTP/1.1"], web_server.requests
+    assert_no_rest_secret(checked.stdout, checked.stderr)
+
+
+def test_a_rest_catalog_is_sent_its_own_warehouse_never_the_sinks_folder(tmp_path, web_server):
+    """A REST server names by ``warehouse`` what it decides (a catalog, a table bucket):
+    it is asked for the configured one as it is, and for none when only DIR is given."""
+    given = rest_config(tmp_path, web_server.uri, warehouse="lake")
+    Path(given).write_text(Path(given).read_text().replace(f'credential = "mldserver:{CLIENT_SECRET}"\n', ""))
+    checked = run("check", "--config", given)
+    assert checked.returncode == 2 and "404" in checked.stderr, checked.stdout + checked.stderr
+    folder = rest_config(tmp_path, web_server.uri, sink=f"iceberg:{tmp_path / 'lake'}", warehouse=None)
+    Path(folder).write_text(Path(folder).read_text().replace(f'credential = "mldserver:{CLIENT_SECRET}"\n', ""))
+    checked = run("check", "--config", folder)
+    assert checked.returncode == 2 and "404" in checked.stderr, checked.stdout + checked.stderr
+    assert web_server.requests == ["GET /v1/config?warehouse=lake HTTP/1.1", "GET /v1/config HTTP/1.1"]

@@ -4,8 +4,9 @@ A configuration holds secrets where users put a catalog's or Spark's credentials
 ``[table_catalog]`` (a database password in its ``uri``, ``s3.secret-access-key``,
 ``token``, ``credential``) and ``[spark_conf]`` (``spark.hadoop.fs.s3a.secret.key``).
 ``learn(settings)`` notes their values: the value of every key that names a secret
-(password, secret, token, credential, key, auth, private) and the password of every URI
-(``postgresql://app:PASSWORD@db/lake``). From then on ``scrub(text)`` replaces each with
+(password, secret, token, credential, key, auth, private), the secret half of a REST
+catalog's ``credential = "CLIENT_ID:CLIENT_SECRET"`` (an OAuth error may quote it alone),
+and the password of every URI (``postgresql://app:PASSWORD@db/lake``). From then on ``scrub(text)`` replaces each with
 ``***``; the log formatters and the command line's error lines pass through it, so a
 driver's error that quotes the URI it was given prints no password either::
 
@@ -48,6 +49,8 @@ def values_in(mapping: dict | None) -> Iterable[str]:
         text = str(value)
         if is_secret_key(str(key)):
             yield text
+            if str(key).lower().endswith("credential") and ":" in text:
+                yield text.partition(":")[2]  # a REST catalog's CLIENT_ID:CLIENT_SECRET: the secret alone too
         yield from (m.group(1) for m in _URI_PASSWORD.finditer(text))
 
 

@@ -24,7 +24,6 @@ from __future__ import annotations
 from typing import TextIO
 
 from ..base.config import Settings, SinkSpec
-from ..base.secrets import scrub
 from ..errors import ConfigError
 
 
@@ -34,7 +33,7 @@ def main(settings: Settings, dry_run: bool, out: TextIO) -> int:
                           "sink = \"iceberg:...\")")
     from pyiceberg.exceptions import NoSuchNamespaceError, NoSuchTableError
 
-    from ..sinks.iceberg import open_catalog, probe
+    from ..sinks.iceberg import open_catalog, probe, said
     from ..sinks.maintenance import maintain
 
     directory = SinkSpec.parse(settings.sink).directory
@@ -49,7 +48,7 @@ def main(settings: Settings, dry_run: bool, out: TextIO) -> int:
         report = maintain(table, keep=settings.table_snapshots_kept, older_than=settings.table_orphan_age,
                           dry_run=dry_run)
     except Exception as exc:  # a conflict ten times over, a file that cannot be deleted
-        out.write(f"table {settings.table}: maintenance failed: {type(exc).__name__}: {scrub(str(exc))}\n")
+        out.write(f"table {settings.table}: maintenance failed: {said(exc)}\n")
         return 1
     size = f"{report.orphan_bytes / (1 << 20):.1f} MiB"
     verb = "would be removed" if dry_run else "removed"

@@ -13,6 +13,10 @@ Many machines: any pyiceberg catalog (REST, Glue, DynamoDB), named in the config
     type = "rest"
     uri = "https://catalog.example.com"
 
+A REST catalog (``rest_catalog``) decides where tables go: it is sent its own
+``warehouse`` (a catalog's name in Polaris or Lakekeeper), never DIR, and its only
+compare-and-swap is ``assert-ref-snapshot-id`` (step 3 below).
+
 The table holds the rows (the handler's fields, as the ``parquet:`` sink writes them)
 plus ``window`` (``"<start>-<end>"``, the window the rows were committed with, as the
 ``parquet:`` sink's ``window=<id>`` folder; with ``allowed_lateness``, a late row within it
@@ -53,7 +57,8 @@ that far back), and keeps ``previous-versions-max`` metadata files.
 3. append the rest and set the grown intervals and raised positions, in one transaction whose commit is a
    compare-and-swap on the catalog's pointer to the metadata (the SQLite catalog's
    ``UPDATE ... WHERE metadata_location = <base>``; the REST catalog's
-   ``assert-ref-snapshot-id``). pyiceberg's own retry, which would re-apply the same
+   ``assert-ref-snapshot-id``, which is why every commit makes a snapshot, an empty
+   one when only positions move). pyiceberg's own retry, which would re-apply the same
    positions and rows on a newer base, is switched off (``commit.retry.num-retries=0``);
 4. a conflict (another server committed first) goes back to 1 with the new base.
 
@@ -266,7 +271,7 @@ class IcebergSink:
         except Exception as exc:  # before the server binds: one line, exit 2
             raise ConfigError(
                 f"--sink {self.settings.sink}: cannot open the table {'.'.join(self.identifier)} "
-                f"(catalog {catalog_text(self.settings, self.directory)}): {type(exc).__name__}: {scrub(str(exc))}; "
+                f"(catalog {catalog_text(self.settings, self.directory)}): {said(exc)}; "
                 f"check the folder (writable?) or table_catalog"
             ) from exc
         return Committed()  # positions are read per shard, when it is initialized here
@@ -323,7 +328,7 @@ class IcebergSink:
             report = maintain(table, keep=self.settings.table_snapshots_kept,
                                           older_than=self.settings.table_orphan_age, dry_run=dry_run)
         except Exception as exc:
-            log.warning("table_maintenance_failed", table=name, error=f"{type(exc).__name__}: {scrub(str(exc))}")
+            log.warning("table_maintenance_failed", table=name, error=said(exc))
             return None
         log.info("table_maintained", table=name, expired=report.expired, orphans=report.orphans,
                  orphan_bytes=report.orphan_bytes, young=report.young, dry_run=dry_run,
@@ -417,7 +422,13 @@ class IcebergSink:
                 try:
                     table = self._create(catalog, schema)
                 except TableAlreadyExistsError:
+                    if files:
+                        self._remove(files)
                     return False  # another server made it first: filter against its commits
+                if files and self._staged(files[0]):  # a REST catalog's new table: its files go there now
+                    staging = os.path.dirname(files[0].removeprefix("file://"))
+                    files = self._upload(files, staging, f"{table.location().rstrip('/')}/data/"
+                                                         f"{os.path.basename(staging)}", table.io)
             summary = self._summary(window, attempt)
             with table.transaction() as tx:
                 tx.set_properties({
@@ -428,11 +439,16 @@ class IcebergSink:
                     f"{SERVER_PREFIX}{self.server_id}": orjson.dumps(
                         {"stream": self.stream, "window": window.id, "end": window.end}).decode(),
                 })
+                # Every commit is a snapshot, an empty one when only the positions move (every
+                # row dead-lettered, or the pipeline's output empty): its ``assert-ref-snapshot-id``
+                # is what makes a REST catalog's commit a compare-and-swap (the properties alone
+                # assert nothing there, and a stale base's intervals would overwrite newer ones)
                 if files is None:
-                    if rows.num_rows:  # none: every row was dead-lettered, only the positions move
-                        tx.append(rows, snapshot_properties=summary)
-                elif files:  # none: the pipeline's output was empty, only the positions move
+                    tx.append(rows, snapshot_properties=summary)
+                elif files:
                     tx.add_files(files, snapshot_properties=summary, check_duplicate_files=False)
+                else:
+                    tx.append(table.schema().as_arrow().empty_table(), snapshot_properties=summary)
                 self._expire(tx, table)
         except CommitFailedException:
             if files is not None:
@@ -504,10 +520,13 @@ class IcebergSink:
         assert self.spark is not None
         path = self.inputs / f"{window.id}.parquet"
         await asyncio.to_thread(_write_parquet, self._rows(attempt).drop_columns([WINDOW_COLUMN]), path)
-        base = attempt.base.location() if attempt.base is not None else warehouse(self.settings, self.directory)
+        if attempt.base is not None:
+            base: str | None = attempt.base.location()
+        else:  # a REST catalog places the table when it makes it: the files wait here until then (_finish)
+            base = None if rest_catalog(self.settings) else warehouse(self.settings, self.directory)
         name = f"spark-{window.id}-{uuid.uuid4().hex[:12]}"
-        dest = f"{base.removeprefix('file://')}/data/{name}"
-        remote = not _local(base)  # object storage (s3://): Spark writes here, the files are copied there
+        dest = f"{(base or '').removeprefix('file://')}/data/{name}"
+        remote = base is None or not _local(base)  # object storage (s3://): Spark writes here, copied there
         out = str(self.inputs / name) if remote else dest
         request: WriteRequest = {
             "op": "write",
@@ -519,15 +538,18 @@ class IcebergSink:
         reply = await self.spark.request(request)
         await asyncio.to_thread(path.unlink, True)
         files = list(reply["files"])
-        return await asyncio.to_thread(self._upload, files, out, dest) if remote else files
+        if base is None:
+            return files  # staged under self.inputs: _finish copies them where the table it makes is
+        io = attempt.base.io if attempt.base is not None else None  # the table's: a REST catalog may vend keys
+        return await asyncio.to_thread(self._upload, files, out, dest, io) if remote else files
 
-    def _upload(self, files: list[str], staging: str, dest: str) -> list[str]:
+    def _upload(self, files: list[str], staging: str, dest: str, io: Any = None) -> list[str]:
         """Spark's output files, written on this machine, copied into the table's storage
-        with the catalog's own FileIO (pyiceberg's S3 client: Spark needs no S3 jars),
-        then removed here: their new paths, for ``add_files``."""
+        with the table's FileIO (``io``; else the catalog's: pyiceberg's S3 client, so
+        Spark needs no S3 jars), then removed here: their new paths, for ``add_files``."""
         import shutil
 
-        io = self._file_io(dest)
+        io = io if io is not None else self._file_io(dest)
         uploaded = []
         for local in files:
             path = local.removeprefix("file://")
@@ -537,6 +559,11 @@ class IcebergSink:
             uploaded.append(target)
         shutil.rmtree(staging, ignore_errors=True)
         return uploaded
+
+    def _staged(self, path: str) -> bool:
+        """Is this one of Spark's files still under the state dir (written before the
+        table, and so its place, existed)?"""
+        return _local(path) and Path(path.removeprefix("file://")).resolve().is_relative_to(self.inputs)
 
     def _file_io(self, location: str) -> Any:
         from pyiceberg.io import load_file_io
@@ -582,6 +609,17 @@ def warehouse(settings: Settings, directory: Path | None) -> str:
     return f"file://{directory}"
 
 
+def rest_catalog(settings: Settings) -> bool:
+    """Is ``[table_catalog]`` an Iceberg REST catalog (``type = "rest"``, or no type and
+    an ``http(s)://`` uri, as pyiceberg infers it)? Such a server decides where each
+    table's files go, and its ``warehouse`` is whatever that server names by it (a
+    catalog's name in Polaris or Lakekeeper, a table bucket's ARN in S3 Tables): the
+    sink sends the configured ``warehouse`` as it is and never DIR in its place."""
+    properties = settings.table_catalog or {}
+    kind = str(properties.get("type", "")).lower()
+    return kind == "rest" or (not kind and str(properties.get("uri", "")).startswith("http"))
+
+
 def catalog_text(settings: Settings, directory: Path | None) -> str:
     """The catalog, fit to print (passwords and keys starred)."""
     if settings.table_catalog:
@@ -592,13 +630,14 @@ def catalog_text(settings: Settings, directory: Path | None) -> str:
 def probe(settings: Settings, directory: Path | None) -> str:
     """What ``mldserver check`` says of the table sink: the catalog reached, the table
     found (or to be made at the first window), the warehouse written to (a probe file
-    put and deleted); else a ConfigError naming what failed, in one line."""
+    put and deleted; a REST catalog's once it made the table, since that server decides
+    where tables go); else a ConfigError naming what failed, in one line."""
     what = f"--sink {settings.sink}"
     try:
         catalog = open_catalog(settings, directory)
     except Exception as exc:
         raise ConfigError(f"{what}: cannot reach the catalog {catalog_text(settings, directory)}: "
-                          f"{type(exc).__name__}: {scrub(str(exc))}; check [table_catalog] (its uri, its "
+                          f"{said(exc)}; check [table_catalog] (its uri, its "
                           f"driver: pip install 'mldserver[iceberg]')") from None
     namespace, _, name = settings.table.rpartition(".")
     try:
@@ -608,9 +647,14 @@ def probe(settings: Settings, directory: Path | None) -> str:
 
         if not isinstance(exc, (NoSuchTableError, NoSuchNamespaceError)):
             raise ConfigError(f"{what}: the catalog answers but the table {settings.table} cannot be read: "
-                              f"{type(exc).__name__}: {scrub(str(exc))}") from None
+                              f"{said(exc)}") from None
         table = None
-    location = table.location() if table is not None else warehouse(settings, directory)
+    if table is not None:
+        location = table.location()
+    elif rest_catalog(settings):  # the server puts the table where it decides: nothing to write to yet
+        return f"catalog reached, table {settings.table} made at the first window where the catalog puts it"
+    else:
+        location = warehouse(settings, directory)
     try:
         from pyiceberg.io import load_file_io
 
@@ -620,8 +664,8 @@ def probe(settings: Settings, directory: Path | None) -> str:
             out.write(b"mldserver check: this warehouse takes a file\n")
         io.delete(path)
     except Exception as exc:
-        raise ConfigError(f"{what}: the warehouse {scrub(location)} cannot be written: {type(exc).__name__}: "
-                          f"{scrub(str(exc))}; check its path or bucket and the credentials in [table_catalog]") from None
+        raise ConfigError(f"{what}: the warehouse {scrub(location)} cannot be written: {said(exc)}; "
+                          f"check its path or bucket and the credentials in [table_catalog]") from None
     found = (f"table {settings.table}, {len(table.snapshots())} snapshots" if table is not None
              else f"table {settings.table} made at the first window")
     return f"catalog reached, {found}, warehouse {scrub(location)} writable"
@@ -636,7 +680,8 @@ def open_catalog(settings: Settings, directory: Path | None) -> "Catalog":
 
         properties = {str(k): str(v) for k, v in settings.table_catalog.items()}
         name = properties.pop("name", CATALOG_NAME)
-        properties["warehouse"] = warehouse(settings, directory)
+        if not rest_catalog(settings):  # a REST catalog decides where tables go: DIR is not its warehouse
+            properties["warehouse"] = warehouse(settings, directory)
         return load_catalog(name, **properties)
     from pyiceberg.catalog.sql import SqlCatalog
 
@@ -694,14 +739,32 @@ def _local(location: str) -> bool:
 
 
 def _unavailable(exc: Exception) -> TableUnavailable:
-    return TableUnavailable(f"{type(exc).__name__}: {exc}")
+    return TableUnavailable(said(exc))
+
+
+SAID_LIMIT = 400  # characters of a driver's or a catalog's error in one line
+
+
+def said(exc: BaseException) -> str:
+    """An error fit for one line of ``check``, an exit-2 line or a log field: its type
+    and message, secrets starred, whitespace collapsed (a wrong REST ``uri`` that reaches
+    some web server answers with a page of HTML, newlines and all), at most
+    ``SAID_LIMIT`` characters::
+
+        said(RESTError('404: Received unexpected JSON Payload: <!DOCTYPE HTML>\\n<html>...'))
+            -> 'RESTError: 404: Received unexpected JSON Payload: <!DOCTYPE HTML> <html>...'
+    """
+    text = " ".join(f"{type(exc).__name__}: {scrub(str(exc))}".split())
+    return text if len(text) <= SAID_LIMIT else text[:SAID_LIMIT - 3] + "..."
 
 
 def _transient(exc: Exception) -> bool:
     """A failure of the catalog or the storage, which may pass (a locked SQLite file,
-    a REST catalog's 5xx, a full disk), not a bug."""
-    from pyiceberg.exceptions import CommitStateUnknownException, ServerError, ServiceUnavailableError
+    a REST catalog's 5xx or its 429 when it throttles, a full disk), not a bug."""
+    from pyiceberg.exceptions import (CommitStateUnknownException, ServerError, ServiceUnavailableError,
+                                      TooManyRequestsError)
 
-    if isinstance(exc, (OSError, CommitStateUnknownException, ServerError, ServiceUnavailableError)):
+    if isinstance(exc, (OSError, CommitStateUnknownException, ServerError, ServiceUnavailableError,
+                        TooManyRequestsError)):
         return True
     return type(exc).__module__.split(".")[0] in ("sqlalchemy", "requests", "urllib3", "botocore")

@@ -216,6 +216,36 @@ async def test_rows_that_do_not_fit_the_tables_schema_are_dead_lettered(tmp_path
     assert await b.committed_position("s0") == pos(3)  # the rejected row's record is done
 
 
+class Requirements(SqlCatalog):
+    """The SQLite catalog, noting what each commit asserts of the table it commits on."""
+
+    asserted: list = []
+
+    def commit_table(self, table, requirements, updates):
+        Requirements.asserted.append(requirements)
+        return super().commit_table(table, requirements, updates)
+
+
+async def test_a_commit_that_only_moves_positions_is_a_snapshot_asserting_the_branch_it_read(tmp_path):
+    """Every row dead-lettered: the commit still makes a snapshot (empty), so it asserts
+    the branch's snapshot as it read it (``assert-ref-snapshot-id``). A REST catalog has
+    nothing else to compare and swap on: properties alone would overwrite a newer
+    commit's intervals with this one's stale ones."""
+    a = await sink(tmp_path)
+    await a.commit(window(0, {"s0": [1]}))
+    Requirements.asserted = []
+    b = await sink(tmp_path, "server-b", cat=catalog(tmp_path, Requirements))
+    read = catalog(tmp_path).load_table(TABLE).current_snapshot().snapshot_id
+    w = window(10, {"s0": [2, 3]})
+    w.rows = JsonLines.of([orjson.dumps({"shard_id": "s0", "seq": n, "extra": True}) for n in (2, 3)])
+    await b.commit(w)
+    assert table_rows(tmp_path) == [("s0", 1)] and await b.committed_position("s0") == pos(3)
+    last = commits(tmp_path)[-1]
+    assert (last["mldserver.server"], last["mldserver.rows"]) == ("server-b", "0")
+    asserted = {(r.type, getattr(r, "snapshot_id", None)) for r in Requirements.asserted[-1]}
+    assert ("assert-ref-snapshot-id", read) in asserted, asserted
+
+
 async def test_a_table_made_elsewhere_gets_pyicebergs_own_retry_switched_off(tmp_path):
     import pyarrow as pa
 
@@ -412,5 +442,31 @@ async def test_a_catalog_that_cannot_be_written_fails_the_commit_and_the_retry_a
     finally:
         blocker.rollback()
         blocker.close()
+    await a.commit(window(10, {"s0": [3, 4]}))
+    assert table_rows(tmp_path) == [("s0", 1), ("s0", 2), ("s0", 3), ("s0", 4)]
+
+
+class Throttled(SqlCatalog):
+    """A catalog that answers the next commit as a throttling REST catalog does (429)."""
+
+    throttle = 0
+
+    def commit_table(self, table, requirements, updates):
+        from pyiceberg.exceptions import TooManyRequestsError
+
+        if Throttled.throttle:
+            Throttled.throttle -= 1
+            raise TooManyRequestsError("Slow down: rate of requests too high")
+        return super().commit_table(table, requirements, updates)
+
+
+async def test_a_catalog_that_throttles_fails_the_commit_as_retriable_and_the_retry_adds_the_window_once(tmp_path):
+    """A REST catalog's 429 passes, as its 5xx do: retried like any sink I/O (the
+    coordinator's backoff), not a bug that stops the server."""
+    a = await sink(tmp_path, cat=catalog(tmp_path, Throttled))
+    await a.commit(window(0, {"s0": [1, 2]}))  # the table made: the throttled commit is the next one
+    Throttled.throttle = 1
+    with pytest.raises(TableUnavailable, match="Slow down"):
+        await a.commit(window(10, {"s0": [3, 4]}))
     await a.commit(window(10, {"s0": [3, 4]}))
     assert table_rows(tmp_path) == [("s0", 1), ("s0", 2), ("s0", 3), ("s0", 4)]
