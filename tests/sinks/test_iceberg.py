@@ -326,7 +326,7 @@ async def test_a_lease_moved_past_a_gap_keeps_two_intervals_and_the_gap_is_commi
 
 
 def test_the_table_sink_needs_a_stream_and_a_namespaced_table(tmp_path):
-    with pytest.raises(ConfigError, match="set stream"):
+    with pytest.raises(ConfigError, match="give --stream STREAM"):
         load(sink=f"iceberg:{tmp_path}")
     with pytest.raises(ConfigError, match="NAMESPACE.NAME"):
         load(sink=f"iceberg:{tmp_path}", stream="orders", table="windows")
