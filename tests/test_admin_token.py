@@ -148,7 +148,8 @@ async def test_mldserver_pause_on_the_servers_machine_sends_the_generated_token(
     result = cli("resume", "--admin", admin, "--admin-token-file", str(state / "admin-token"), cwd=tmp_path)
     assert result.returncode == 0 and json.loads(result.stdout) == {"paused": False, "changed": True}
     result = cli("status", "--admin", admin, cwd=tmp_path)  # a read: no token
-    assert result.returncode == 0 and " running " in result.stdout.splitlines()[0]
+    server = next(line for line in result.stdout.splitlines() if line.startswith("server "))
+    assert result.returncode == 0 and " running " in server
 
 
 def test_a_token_file_the_command_cannot_read_is_one_line_and_exit_2(tmp_path):

@@ -101,7 +101,9 @@ def run(script: str, period: str, wait: float | str = 0) -> float:
 def test_a_batch_s_buffers_reuse_the_pages_the_last_batch_freed():
     # glibc's default maps each buffer anew until its threshold slides: ~1,500 faults a batch
     assert run(CHURN, "off") > 20_000
-    assert run(CHURN, "0.1") < 5_000
+    # (no trim while the 200 go through: each trim hands back a batch's free pages, so with
+    # a short period the count grew with how long the loop took, i.e. with the machine's load)
+    assert run(CHURN, "3600") < 5_000
 
 
 def test_lines_that_live_a_while_reuse_the_pages_of_the_lines_before_them():
