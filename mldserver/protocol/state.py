@@ -166,8 +166,29 @@ class ConnectionState:
         change nothing but ``stray``: a refused daemon action is recorded as owed a status.
 
         ``action``: for a daemon action, its wire name (``"shutdown"`` for both
-        shutdown triggers); for ``STATUS``, the action it answers (``response_for``)."""
+        shutdown triggers); for ``STATUS``, the action it answers (``response_for``).
+        A daemon action sets ``answering``, a ``STATUS`` clears it."""
         state = self.state
+        new = TRANSITIONS.get((state, trigger))
+        if new is None or (self.stray is not None and trigger in OURS) or (
+            trigger is _STATUS and action != self.answering
+        ):
+            return self._refuse(state, trigger, action)
+        if new is BACK:
+            new, resume = self.resume, None
+        else:
+            resume = state if new is _CHECKPOINTING else None
+        if trigger is _STATUS:
+            answering = None
+        else:
+            answering = self.answering if action is None else action
+        self.state, self.resume, self.answering = new, resume, answering  # type: ignore[assignment]
+        return new
+
+    def _refuse(self, state: State, trigger: Trigger, action: str | None) -> State:
+        """Raise why ``trigger`` cannot be taken now, recording a refused daemon action
+        as owed a status; or take the status owed for one (the only thing we may send
+        while one is owed), which leaves ``state`` where it is."""
         if trigger in OURS:
             if self.stray is not None:  # the refused action's status comes first
                 if trigger is not _STATUS:
@@ -179,38 +200,19 @@ class ConnectionState:
                     )
                 self.stray = None
                 return state
-            new = TRANSITIONS.get((state, trigger))
-            if new is None:
-                if trigger is _STATUS:
-                    raise LocalProtocolError(f"no status is owed while {state.name} ({state.value})")
+            if trigger is not _STATUS:
                 raise LocalProtocolError(f"cannot checkpoint while {state.name} ({state.value})")
-            if trigger is _STATUS:
-                if action != self.answering:
-                    raise LocalProtocolError(
-                        f"status for {action!r}, but the action being answered is {self.answering!r}"
-                    )
-                answering = None
-            else:
-                answering = self.answering
-        else:
-            new = TRANSITIONS.get((state, trigger))
-            if new is None:
-                if trigger is _REPLY:
-                    raise RemoteProtocolError(f"checkpoint reply while {state.name} (no checkpoint outstanding)")
-                if trigger is Trigger.END_OF_INPUT:
-                    raise RemoteProtocolError(f"end of input while {state.name} ({state.value})")
-                self.stray = action
-                raise RemoteProtocolError(
-                    f"{action} is out of order while {state.name} ({state.value})", action=action
-                )
-            answering = self.answering if trigger is _REPLY else action
-        if new is BACK:
-            new, resume = self.resume, None
-        else:
-            resume = state if new is _CHECKPOINTING else None
-        assert isinstance(new, State)
-        self.state, self.resume, self.answering = new, resume, answering
-        return new
+            if state not in OWING:
+                raise LocalProtocolError(f"no status is owed while {state.name} ({state.value})")
+            raise LocalProtocolError(
+                f"status for {action!r}, but the action being answered is {self.answering!r}"
+            )
+        if trigger is _REPLY:
+            raise RemoteProtocolError(f"checkpoint reply while {state.name} (no checkpoint outstanding)")
+        if trigger is Trigger.END_OF_INPUT:
+            raise RemoteProtocolError(f"end of input while {state.name} ({state.value})")
+        self.stray = action
+        raise RemoteProtocolError(f"{action} is out of order while {state.name} ({state.value})", action=action)
 
     def owe(self, action: str | None) -> None:
         """A line that could not be read: the daemon action it named still waits for

@@ -95,8 +95,7 @@ def test_every_pair_moves_as_the_table_says_or_raises_and_changes_nothing(path, 
         assert m.state is expected
         assert m.resume is (state if expected is State.CHECKPOINTING else None)
         assert m.stray is None
-        assert m.answering == (action if trigger in ACTIONS else None if trigger in (
-            Trigger.STATUS, Trigger.END_OF_INPUT) else answering)
+        assert m.answering == (action if trigger in ACTIONS else None if trigger is Trigger.STATUS else answering)
         assert m.owes_status == (m.answering if expected in OWING else None)
         return
     with pytest.raises(LocalProtocolError if trigger in OURS else RemoteProtocolError):
@@ -197,7 +196,7 @@ WRITERS = {
     "state": {(*MACHINE, "move")},
     "resume": {(*MACHINE, "move")},
     "answering": {(*MACHINE, "move")},
-    "stray": {(*MACHINE, "move"), (*MACHINE, "owe")},
+    "stray": {(*MACHINE, "_refuse"), (*MACHINE, "owe")},
 }
 
 
