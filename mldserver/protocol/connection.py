@@ -4,11 +4,22 @@ No asyncio, no logging, no clock: a ``Connection`` is driven by plain calls, so 
 can be tested line by line or byte by byte. The shard driver feeds it what the relay
 read from the daemon and writes what it returns::
 
-    conn = Connection()
-    conn.receive_data(b'{"action":"initialize","shardId":"shardId-0","sequenceNumber":null,'
-                      b'"subSequenceNumber":null}\\n')
-    event = conn.next_event()        # Initialize(shard_id="shardId-0", ...)
-    wire = conn.send(event.reply())  # b'{"action":"status","responseFor":"initialize"}\\n'
+    >>> conn = Connection()
+    >>> conn.receive_data(b'{"action":"initialize","shardId":"shardId-0","sequenceNumber":null,'
+    ...                   b'"subSequenceNumber":null}\\n')
+    >>> event = conn.next_event()
+    >>> event.shard_id, conn.state.name, conn.owes_status
+    ('shardId-0', 'INITIALIZING', 'initialize')
+    >>> conn.send(event.reply())
+    b'{"action":"status","responseFor":"initialize"}\\n'
+    >>> conn.state.name, conn.owes_status, conn.next_event()
+    ('READY', None, NEED_DATA)
+
+A ``Connection`` is a :class:`.state.ConnectionState` that reads and writes lines.
+Every step it takes (an action read, a checkpoint's reply, end of input, a status or
+a checkpoint sent) is a ``move`` of that machine, whose table is the only judge of
+what is allowed and whose ``move`` is the only code that assigns ``state``; this
+module frames, decodes and encodes, and never assigns the state itself.
 
 ``next_event()`` returns an event, ``NEED_DATA`` until a whole line is buffered, or
 ``ConnectionClosed`` after end of input. It raises RemoteProtocolError for a line it
@@ -17,10 +28,10 @@ not JSON, or is over ``max_line_size``, is owed a status when its first bytes na
 daemon action; one that names none at all (``names_no_action``) can be answered by no
 status; ``overflow()`` then hands out the whole line in pieces as it arrives. While a
 checkpoint is outstanding, a line that cannot be read is its reply, malformed: a
-``CheckpointReply`` with ``error=MALFORMED_REPLY``, and the checkpoint failed. Only a
-daemon action is ever owed a status (never ``checkpoint`` or ``status``). ``send()``
-raises LocalProtocolError, writing nothing, for anything the daemon would not accept
-at that point: the transition table in :mod:`.state` is the only judge.
+``CheckpointReply`` with ``error=MALFORMED_REPLY``, and the checkpoint failed. A line
+that cannot be read and names ``checkpoint`` or ``status`` is owed nothing. ``send()``
+raises LocalProtocolError, writing nothing and moving nothing, for anything the
+daemon would not accept at that point.
 """
 
 from __future__ import annotations
@@ -42,14 +53,7 @@ from .events import (
 )
 from .framing import DEFAULT_MAX_LINE_SIZE, LineBuffer, LineTooLong
 from .messages import Dialect, decode, encode
-from .state import (
-    CHECKPOINT_ALLOWED,
-    NEVER_OWED,
-    REMOTE_TRANSITIONS,
-    RESPONSE_FOR,
-    STATUS_TRANSITIONS,
-    State,
-)
+from .state import NEVER_OWED, ConnectionState, State, Trigger
 
 
 class _NeedData:
@@ -72,25 +76,35 @@ def action_in(prefix: bytes) -> str | None:
     return match.group(1).decode("ascii") if match else None
 
 
-def _transition_key(event: Action) -> str:
+# Daemon actions by wire name; ``shutdown`` is split by its reason in ``_trigger``.
+_TRIGGERS: dict[str, Trigger] = {name: Trigger(name) for name in DAEMON_ACTIONS if name != "shutdown"}
+
+
+# Members by plain name (reading one from its Enum class costs a descriptor call).
+_STATUS, _CHECKPOINT, _REPLY = Trigger.STATUS, Trigger.CHECKPOINT, Trigger.CHECKPOINT_REPLY
+_UNKNOWN = Trigger.UNKNOWN_ACTION
+
+
+def _trigger(event: Action) -> Trigger:
+    """The daemon action's trigger (a KCL 1.x ``shutdown`` by its reason; an action
+    this core does not know, ``UNKNOWN_ACTION``)."""
     if isinstance(event, Shutdown):
-        return "shutdown:TERMINATE" if event.is_shard_end else "shutdown:ZOMBIE"
-    return event.action
+        return Trigger.SHUTDOWN_TERMINATE if event.is_shard_end else Trigger.SHUTDOWN_ZOMBIE
+    return _TRIGGERS.get(event.action, _UNKNOWN)
 
 
-class Connection:
-    """One shard's conversation with the daemon, from the child's side."""
+class Connection(ConnectionState):
+    """One shard's conversation with the daemon, from the child's side.
+
+    A ``ConnectionState`` (its ``state``, ``owes_status``, ...) that reads and writes
+    lines: every step is its ``move``; nothing here assigns the state."""
 
     def __init__(self, max_line_size: int = DEFAULT_MAX_LINE_SIZE, lazy: bool = False) -> None:
         """``lazy``: processRecords lines' records are read on demand (see :mod:`.lazy`)."""
         self._lines = LineBuffer(max_line_size)
         self.lazy = lazy
-        self.state = State.AWAITING_INITIALIZE
         self.dialect = Dialect.SEQUENCE
         self.shard_id: str | None = None
-        self._resume: State | None = None  # the state a checkpoint reply returns to
-        self._action: str | None = None  # the action name the owed status answers
-        self._stray: str | None = None  # an out-of-order action still owed a status
 
     # -- input -------------------------------------------------------------------
 
@@ -121,12 +135,12 @@ class Connection:
             if self.state is State.CHECKPOINTING:  # the rest of it is skipped
                 return self._settle(CheckpointReply(None, None, MALFORMED_REPLY, str(exc)))
             action = action_in(exc.prefix[:NAMED_WITHIN])
-            self._owe(action)
-            raise RemoteProtocolError(str(exc), line=exc.prefix, action=self._stray, too_long=True,
+            self.owe(action)
+            raise RemoteProtocolError(str(exc), line=exc.prefix, action=self.stray, too_long=True,
                                       names_no_action=action is None) from None
         if line is None:
             if self._lines.eof:
-                self.state = State.CLOSED
+                self.move(Trigger.END_OF_INPUT)
                 return ConnectionClosed()
             return NEED_DATA
         try:
@@ -140,42 +154,26 @@ class Connection:
                     exc.action = named
                 else:
                     exc.names_no_action = True
-            self._owe(exc.action)  # a malformed action still waits for its status
-            exc.action = self._stray
+            self.owe(exc.action)  # a malformed action still waits for its status
+            exc.action = self.stray
             raise
-        if isinstance(event, CheckpointReply):
-            if self.state is not State.CHECKPOINTING:
-                raise RemoteProtocolError(
-                    f"checkpoint reply while {self.state.name} (no checkpoint outstanding)",
-                    line=line,
-                )
-            return self._settle(event)
-        assert isinstance(event, Action)
-        new = REMOTE_TRANSITIONS.get((self.state, _transition_key(event)))
-        if new is None:
-            self._stray = event.action
-            raise RemoteProtocolError(
-                f"{event.action} is out of order while {self.state.name} ({self.state.value})",
-                line=line,
-                action=event.action,
-            )
+        try:
+            if isinstance(event, CheckpointReply):
+                return self._settle(event)
+            assert isinstance(event, Action)
+            self.move(_trigger(event), event.action)
+        except RemoteProtocolError as exc:  # refused: the state is unchanged
+            exc.line = line
+            raise
         if isinstance(event, Initialize):
             self.shard_id = event.shard_id
             self.dialect = Dialect.SEQUENCE if event.has_sequence_key else Dialect.V1
-        self.state = new
-        self._action = event.action
         return event
 
     def _settle(self, reply: CheckpointReply) -> CheckpointReply:
         """The outstanding checkpoint's reply: back to where the checkpoint was sent."""
-        assert self._resume is not None
-        self.state, self._resume = self._resume, None
+        self.move(_REPLY)
         return reply
-
-    def _owe(self, action: str | None) -> None:
-        """An action the daemon sent that cannot be taken still waits for its status;
-        only a daemon action can be owed one."""
-        self._stray = None if action is None or action in NEVER_OWED else action
 
     def overflow(self) -> tuple[bytes, bool]:
         """After a RemoteProtocolError with ``too_long``: the over-long line's bytes
@@ -188,43 +186,11 @@ class Connection:
     def send(self, event: Event) -> bytes:
         """Bytes for the daemon, or LocalProtocolError if ``event`` is not allowed now."""
         if isinstance(event, Status):
-            return self._send_status(event)
-        if isinstance(event, Checkpoint):
-            if self.state not in CHECKPOINT_ALLOWED or self._stray is not None:
-                raise LocalProtocolError(
-                    f"cannot checkpoint while {self.state.name} ({self.state.value})"
-                )
-            data = encode(event, self.dialect)
-            self._resume, self.state = self.state, State.CHECKPOINTING
-            return data
-        raise LocalProtocolError(f"{event!r} is not something the child sends")
-
-    def _send_status(self, event: Status) -> bytes:
-        if self._stray is not None:
-            if event.response_for != self._stray:
-                raise LocalProtocolError(
-                    f"status for {event.response_for!r}, but the daemon waits for one "
-                    f"for the out-of-order {self._stray!r}"
-                )
-            self._stray = None
-            return encode(event, self.dialect)
-        new = STATUS_TRANSITIONS.get(self.state)
-        if new is None:
-            raise LocalProtocolError(f"no status is owed while {self.state.name} ({self.state.value})")
-        if event.response_for != self._action or event.response_for not in RESPONSE_FOR[self.state]:
-            raise LocalProtocolError(
-                f"status for {event.response_for!r}, but the action being answered is {self._action!r}"
-            )
-        data = encode(event, self.dialect)
-        self.state = new
-        self._action = None
+            trigger, action = _STATUS, event.response_for
+        elif isinstance(event, Checkpoint):
+            trigger, action = _CHECKPOINT, None
+        else:
+            raise LocalProtocolError(f"{event!r} is not something the child sends")
+        data = encode(event, self.dialect)  # first: a line that cannot be written moves nothing
+        self.move(trigger, action)
         return data
-
-    @property
-    def owes_status(self) -> str | None:
-        """The action name a status is owed for, if any."""
-        if self._stray is not None:
-            return self._stray
-        if self.state in STATUS_TRANSITIONS:
-            return self._action
-        return None

@@ -380,3 +380,12 @@ def test_a_line_that_does_not_parse_owes_the_status_of_the_action_it_names(line,
     if owed is not None:
         assert conn.send(Status(owed)) == b'{"action":"status","responseFor":"%s"}\n' % owed.encode()
         assert conn.owes_status is None
+
+
+def test_the_modules_example_runs():
+    import doctest
+
+    from mldserver.protocol import connection
+
+    failures, tried = doctest.testmod(connection, optionflags=doctest.ELLIPSIS)
+    assert tried and not failures
