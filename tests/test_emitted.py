@@ -7,6 +7,7 @@ from __future__ import annotations
 import orjson
 import pytest
 
+from mldserver import native
 from mldserver.api import emitted
 from mldserver.api.emitted import Emitted, EmittedRows, PyCollector
 from mldserver.api.records import Record
@@ -26,7 +27,9 @@ for _name, _value in vars(EmittedRows).items():  # everything EmittedRows adds t
 @pytest.fixture(params=["native", "python"], autouse=True)
 def implementation(request, monkeypatch):
     """Every test against both collectors: the native one (``_emitted.c``) and Python's."""
-    if request.param == "native":
+    if request.param == "native" and not native.native_allowed():  # MLDSERVER_NO_EXTENSIONS: Python's, twice
+        assert EmittedRows.__mro__[1] is PyCollector, "MLDSERVER_NO_EXTENSIONS is set, yet _emitted is used"
+    elif request.param == "native":
         assert EmittedRows.__mro__[1] is not PyCollector, "the native collector was not built (setup.py)"
     else:
         monkeypatch.setattr(emitted, "EmittedRows", PyEmittedRows)

@@ -128,6 +128,7 @@ LAYERS = [
     "base",                 # plumbing: config, logs, positions, durable files, pipes
     "protocol",             # the MultiLangDaemon protocol, sans-IO
     "errors",               # the error hierarchy
+    "native",               # whether the native parts may be used (MLDSERVER_NO_EXTENSIONS)
 ]
 
 

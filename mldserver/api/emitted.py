@@ -35,6 +35,8 @@ from typing import Any, Iterator, NamedTuple
 
 import orjson
 
+from ..native import load_native
+
 Record = Any  # (``records.Record``, which imports this module: named, not imported)
 
 _dumps, _OPT = orjson.dumps, orjson.OPT_APPEND_NEWLINE
@@ -115,10 +117,10 @@ class PyCollector:
         return len(self._ends)
 
 
-try:  # the native collector (setup.py builds it)
-    from ._emitted import Collector
-except ImportError:  # pragma: no cover  (installed without a C compiler)
-    Collector = PyCollector  # type: ignore[misc,assignment]
+# The native collector (setup.py builds it); PyCollector without a C compiler, or with
+# MLDSERVER_NO_EXTENSIONS set.
+_native = load_native("mldserver.api._emitted")
+Collector = _native.Collector if _native is not None else PyCollector
 
 _U64 = "Q"
 

@@ -31,16 +31,17 @@ from __future__ import annotations
 from functools import partial
 from typing import TYPE_CHECKING, Any, Iterator
 
+from ..native import load_native
 from ..base.positions import Position
 from ..api.rows import RowBatch, concat_lines, nondecreasing
 from ..base.direct import BLOCK
 from ..base.handoff import JsonLines, Made, Window
 from .ordering import WindowRows
 
-try:
-    from ._gather import gather as native_gather
-except ImportError:  # pragma: no cover  (setup.py builds it where there is a compiler)
-    native_gather = None
+# The native gather (setup.py builds it where there is a compiler); None without one, or
+# with MLDSERVER_NO_EXTENSIONS set: pyarrow's take serves.
+_native = load_native("mldserver.coordinator._gather")
+native_gather = _native.gather if _native is not None else None
 
 if TYPE_CHECKING:
     import numpy as np

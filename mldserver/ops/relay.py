@@ -24,10 +24,10 @@ for a buffer to fill).
 There is one relay per shard, so its size counts. ``mldserver connect`` executes the
 same program built in C (``relay.c``, installed as ``mldserver-relay`` beside this
 file when a compiler was there at install time: about 0.2 MiB of private memory).
-Where it is missing, or with ``MLDSERVER_RELAY=python``, it re-executes this file as
-``python -I -S relay.py ...`` (no site, no package, no console-script wrapper), which
-uses only built-in C modules (``_socket``, ``_thread``, ``_signal`` rather than their
-Python wrappers): about 3.5 MiB private memory instead of 7::
+Where it is missing, or with ``MLDSERVER_RELAY=python`` or ``MLDSERVER_NO_EXTENSIONS=1``,
+it re-executes this file as ``python -I -S relay.py ...`` (no site, no package, no
+console-script wrapper), which uses only built-in C modules (``_socket``, ``_thread``,
+``_signal`` rather than their Python wrappers): about 3.5 MiB private memory instead of 7::
 
     executableName = mldserver connect 127.0.0.1:7070
     # the daemon's child:  .../mldserver/ops/mldserver-relay 127.0.0.1:7070
@@ -212,8 +212,12 @@ NATIVE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "mldserver-rel
 
 def exec_lean(argv):
     """Replace this process with the relay in C, else a bare interpreter running this
-    file (see above); ``MLDSERVER_RELAY=python`` chooses this file."""
-    if os.environ.get("MLDSERVER_RELAY") != "python" and os.access(NATIVE, os.X_OK):
+    file (see above); ``MLDSERVER_RELAY=python`` chooses this file, and so does
+    ``MLDSERVER_NO_EXTENSIONS=1`` (``mldserver/native.py``: no native part at all).
+    Run in the package (``mldserver connect``), never in the bare relay.py."""
+    from ..native import native_allowed
+
+    if os.environ.get("MLDSERVER_RELAY") != "python" and native_allowed() and os.access(NATIVE, os.X_OK):
         try:
             os.execv(NATIVE, [NATIVE, *argv])
         except OSError:

@@ -1,8 +1,12 @@
 """Handler processes: users' code out of the server's process (``workers`` setting).
 
-``frames`` (what both sides speak), ``child`` (the handler process), ``process`` (the
-server's side of one), ``pool`` (``HandlerPool``: assignment, supervision, memory,
-reload) and ``calls`` (``ProcessCalls``: the shard/calls.py seam through the pool).
+- ``frames.py``: the frames both sides speak, the one module both import.
+- ``arena.py``: the shared memory a batch's line crosses in, and its rows come back in.
+- ``child.py``: a handler process's main (``python -m mldserver.pool.child``).
+- ``process.py``: the server's side of one handler process.
+- ``pool.py``: ``HandlerPool``: assignment, supervision, memory, reload.
+- ``calls.py``: ``ProcessCalls``, the ``shard/calls.py`` seam through the pool.
+- ``firing.py``: timer callbacks fired in a handler process.
 """
 
 from __future__ import annotations

@@ -95,13 +95,14 @@ from ..protocol.lazy import LazyRecords
 from ..api.emitted import EmittedRows
 from ..api.records import Record, row_time, row_times, times_valid
 from ..api.rows import ARRIVAL_TIME, NO_TIME
+from ..native import load_native
 from ..base.pipes import HEADER, encode, read_frame, read_frame_async
 from ..shard.calls import SKIPPED  # a held call's done when its go frame says no (above)
 
-try:  # every record's data decoded from the line in one native pass (setup.py builds it)
-    from ..protocol._scan import datas as _datas
-except ImportError:  # pragma: no cover  (installed without a C compiler: Record.data serves)
-    _datas = None
+# Every record's data decoded from the line in one native pass (setup.py builds it); None
+# without a C compiler, or with MLDSERVER_NO_EXTENSIONS set: Record.data serves.
+_scan = load_native("mldserver.protocol._scan")
+_datas = _scan.datas if _scan is not None else None
 
 __all__ = [
     "CallFrame",
@@ -205,7 +206,7 @@ def records_from(body: bytes | memoryview, line: bool = False) -> list[Record]:
         return list(map(Record, orjson.loads(body)))
     lazy = LazyRecords.parse(body, keep=True)  # each record read when the handler reads it
     if lazy is not None:
-        if _datas is None:  # pragma: no cover  (setup.py builds _scan where there is a compiler)
+        if _datas is None:  # pragma: no cover  (not built, or MLDSERVER_NO_EXTENSIONS set)
             return list(map(Record, lazy.objects()))
         shared = LineData(body)
         records = shared.records = list(map(LineRecord, lazy.objects(), repeat(shared)))

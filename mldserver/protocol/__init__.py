@@ -1,6 +1,15 @@
-"""The MultiLangDaemon protocol, sans-IO: framing, events, states, the connection.
+"""The MultiLangDaemon protocol, sans-IO: framing, events, states, the connection. See
+``connection.py`` for how it is driven and docs/protocol.md for the rules it keeps.
 
-See :mod:`.connection` for how it is driven and docs/protocol.md for the rules it keeps.
+- ``connection.py``: the core, bytes in, events out; events in, bytes out.
+- ``framing.py``: bytes in, whole lines out.
+- ``messages.py``: the daemon's lines decoded into events, ours encoded into lines.
+- ``events.py``: the events of the conversation, small frozen value types.
+- ``state.py``: the states and the one table of transitions between them.
+- ``errors.py``: the protocol errors, classed by who broke the protocol.
+- ``lazy.py``: a ``processRecords`` line read without a Python object per record.
+- ``_scan.c``: its records' sequence numbers and arrival times in one native pass, and
+  their data base64-decoded (pysimdjson and ``Record.data`` where it was not built).
 """
 
 from __future__ import annotations

@@ -41,10 +41,12 @@ from typing import Any, Iterator, Sequence
 import orjson
 import simdjson
 
-try:  # the native scan of a line's sequence numbers (setup.py builds it)
-    from ._scan import sequence_numbers as _sequence_numbers
-except ImportError:  # pragma: no cover  (installed without a C compiler: columns serve)
-    _sequence_numbers = None
+from ..native import load_native
+
+# The native scan of a line's sequence numbers (setup.py builds it); None without a C
+# compiler, or with MLDSERVER_NO_EXTENSIONS set: ``columns`` serve.
+_scan = load_native("mldserver.protocol._scan")
+_sequence_numbers = _scan.sequence_numbers if _scan is not None else None
 
 
 class LazyRecords(Sequence[Any]):
@@ -137,7 +139,7 @@ class LazyRecords(Sequence[Any]):
         ``sequenceNumber`` of ASCII digits and a ``subSequenceNumber`` absent, null or 0;
         a key written with an escape) or the package was built without a C compiler:
         read ``columns`` then, which says what is there."""
-        if _sequence_numbers is None:  # pragma: no cover  (setup.py builds it where there is a compiler)
+        if _sequence_numbers is None:  # pragma: no cover  (not built, or MLDSERVER_NO_EXTENSIONS set)
             return None
         return _sequence_numbers(self.line)
 

@@ -1,8 +1,12 @@
-"""The server process: ``server.py`` (the lifecycle: start, serve, ordered shutdown),
-``assembly.py`` (its parts, built from the settings in one place), ``listeners.py``
-(the TCP port and the unix socket the relays connect to), ``admin.py`` (the admin
-endpoint: health, status, pause, resume, reload, redrive), ``redrive.py`` (dead letters
-sent through the current handler again) and ``metrics.py`` (Prometheus).
+"""The server process.
+
+- ``server.py``: the lifecycle: start, serve, reload, the ordered shutdown.
+- ``assembly.py``: its parts, built from the settings in one place.
+- ``listeners.py``: the TCP port and the unix socket the relays connect to.
+- ``admin.py``: the admin endpoint: health, status, pause, resume, reload, redrive.
+- ``admission.py``: a cap on the admin endpoint's connections and its headers' time-out.
+- ``redrive.py``: dead letters sent through the current handler again.
+- ``metrics.py``: the Prometheus registry, its instruments and the loop lag.
 
 ``from mldserver.server import Server`` keeps working: names are imported when asked
 for, so a handler process or the relay importing ``mldserver`` pays for none of this.

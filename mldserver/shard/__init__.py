@@ -1,9 +1,18 @@
-"""The per-shard layer: one ``ShardDriver`` per shard connection (``driver.py``: the
-loop and the dispatch) and its policy, one job a module: ``calls`` (the handler),
-``batches`` (decoding, KPL in ``kpl``), ``checkpoints`` (the round trip with the
-daemon, and the checkpointer a handler is given, ``api/checkpointer.py``; ``progress``,
-delivered, stored, the clamp), ``slots`` (the wire and the in-flight slots), ``downstream`` (nothing, the
-coordinator, or the coordinator for a redrive), ``status`` (what ``/status`` reads)."""
+"""The per-shard layer: one ``ShardDriver`` per shard connection and its policy, one job a
+module.
+
+- ``driver.py``: the driver, the loop and the dispatch.
+- ``calls.py``: calling the handler: time-out, retries with backoff, the outcome.
+- ``bisect.py``: a batch that keeps failing split in halves, so one bad record costs one.
+- ``batches.py``: the daemon's records decoded, what the handler emitted encoded.
+- ``kpl.py``: KPL aggregates decoded as the KCL decodes them.
+- ``checkpoints.py``: the checkpoint round trip with the daemon, and the checkpointers
+  handed to a handler (``api/checkpointer.py``).
+- ``progress.py``: what was delivered, what is stored, so where a checkpoint may go.
+- ``slots.py``: the wire of one connection and the in-flight slots all shards share.
+- ``downstream.py``: what follows a batch: nothing, the coordinator, or a redrive.
+- ``status.py``: what ``/status`` and the metrics read of a shard.
+"""
 
 from __future__ import annotations
 

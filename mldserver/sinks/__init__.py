@@ -1,10 +1,13 @@
 """Sinks: where closed windows go. Each implements the ``Sink`` protocol of
-``coordinator/handoff.py`` (``start() -> Committed``, ``commit(window)``):
+``base/handoff.py`` (``start() -> Committed``, ``commit(window)``); ``open_sink`` opens
+the one ``--sink`` names (``file:DIR``, ``parquet:DIR``, ``iceberg:DIR``).
 
-- ``file:DIR``     JSON lines per window (``file.py``), at least once, no Spark
-- ``parquet:DIR``  the user's pipeline in Spark, exactly once (``spark/sink.py``)
-- ``iceberg:DIR``  one Iceberg table shared by any number of servers, exactly once
-                   across lease moves (``iceberg.py``); Spark only with a pipeline
+- ``file.py``: ``file:DIR``, JSON lines per window, at least once, no Spark.
+- ``parquet.py``: ``parquet:DIR``, the user's pipeline in the Spark process, exactly once.
+- ``iceberg.py``: ``iceberg:DIR``, one Iceberg table shared by any number of servers,
+  exactly once across lease moves (Spark only with a pipeline).
+- ``maintenance.py``: the Iceberg table's old snapshots expired, orphan files removed.
+- ``schema.py``: a window's rows into one Arrow table, the schema declared or inferred.
 """
 
 from __future__ import annotations

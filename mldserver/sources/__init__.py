@@ -7,19 +7,19 @@ and fed to the server over socket pairs, so the handlers, timers, bindings, the
 coordinator and every sink work as they do behind the KCL daemon. The modules, one
 job each:
 
-- ``spec``: ``--source`` and ``--from`` parsed (``SourceSpec``, ``Start``);
-- ``service``: what a reader asks of a stream service, and the errors it acts on;
-- ``dynamodb``: the DynamoDB Streams calls; ``kinesis``: the Kinesis calls (KPL
-  aggregates as user records);
-- ``feed``: the daemon's side of one shard's conversation (checkpoints checked as the
+- ``spec.py``: ``--source`` and ``--from`` parsed (``SourceSpec``, ``Start``);
+- ``service.py``: what a reader asks of a stream service, and the errors it acts on;
+- ``dynamodb.py``: the DynamoDB Streams calls;
+- ``kinesis.py``: the Kinesis calls (KPL aggregates as user records);
+- ``feed.py``: the daemon's side of one shard's conversation (checkpoints checked as the
   KCL checks them, and saved);
-- ``positions``: a source's saved positions, ``<state-dir>/sources/<source>.json``;
-- ``balance``: which shard leases a server takes or steals (a pure rule);
-- ``shard_leases``: with ``--lease-table``, a source's shards spread over the servers
+- ``positions.py``: a source's saved positions, ``<state-dir>/sources/<source>.json``;
+- ``balance.py``: which shard leases a server takes or steals (a pure rule);
+- ``shard_leases.py``: with ``--lease-table``, a source's shards spread over the servers
   sharing the table (a DynamoDB lease per shard, which also keeps its position);
-- ``cursor``: one shard read page after page (iterators, throttling, expiry, trimming);
-- ``reader``: a source's shards listed, read parents first, polled, fed;
-- ``stream``: the same reading for scripts, ``mldserver.open_stream`` (no server).
+- ``cursor.py``: one shard read page after page (iterators, throttling, expiry, trimming);
+- ``reader.py``: a source's shards listed, read parents first, polled, fed;
+- ``stream.py``: the same reading for scripts, ``mldserver.open_stream`` (no server).
 
 The server builds them with ``readers(settings, attach=..., empty_batches=...)``
 (``prepare`` at start-up: a ConfigError before anything listens), starts them once

@@ -2,16 +2,15 @@
 SparkSession; the server talks to it over pipes and never blocks its event loop on
 Spark (a Spark call from a thread of the busy server starves on the GIL).
 
-- ``process.py``  server side: start, supervise (restart with backoff), requests, stop
-- ``sink.py``     server side: the ``parquet:DIR`` sink, a window's rows to an Arrow file
-- ``schema.py``   server side: rows (JSON) to Arrow with a declared or inferred schema
-- ``child.py``    the Spark process: the frame loop, commits, the table sink's writes, SQL cursors
-- ``session.py``  the Spark process: the SparkSession and its daemon-friendly defaults
-- ``pipeline.py`` the pipeline API (``pipeline(df, window)``) and ``WindowInfo``
-- ``frames.py``   the wire format between the two, and the typed frames
-- ``bench.py``    the bare hand-off ``mldserver bench --part spark`` compares against
+- ``process.py``: the server's side: start, supervise (restart with backoff), requests, stop.
+- ``child.py``: the Spark process: the frame loop, commits, the table sink's writes, SQL.
+- ``session.py``: the Spark process's SparkSession and its daemon-friendly defaults.
+- ``pipeline.py``: the pipeline API (``pipeline(df, window)``) and ``WindowInfo``.
+- ``frames.py``: the wire format between the two, and the typed frames.
+- ``bench.py``: the bare hand-off ``mldserver bench --part spark`` compares against.
 
 Only ``child.py`` and ``session.py`` import pyspark, and only in the Spark process;
 and ``bench.py``, in the benchmark's own process. Nothing outside ``mldserver/spark/``
-imports pyspark (``tests/test_layers.py`` checks it).
+imports pyspark (``tests/test_layers.py`` checks it). The ``parquet:DIR`` sink's server
+side and the Arrow schema are in ``sinks/`` (``sinks/parquet.py``, ``sinks/schema.py``).
 """

@@ -30,12 +30,17 @@ loses its timer; a call that fails loses its timers with it, and its action, red
 creates them again. A cancel the call's own timers cannot answer asks the store (one
 commit, with the call's timers so far).
 
-The parts: ``api`` (the checks and the handler-facing ``Timers``), ``pending`` (a
-call's timers until they are written), ``store`` (a stored ``Timer`` and the store's
-contract), ``sqlite`` (the embedded store, the default) and ``dynamodb`` (a table
-several servers share), ``scheduler`` (what is due soon, in memory; firing; retries;
-dead letters), ``firing`` (callbacks in a handler process or in the server's loop),
-``remote`` (the handler process's side), ``stats`` (the metrics).
+The parts:
+
+- ``api.py``: the checks every argument goes through, and the handler-facing ``Timers``.
+- ``pending.py``: a call's timers, kept until they are written in one commit.
+- ``store.py``: a stored ``Timer`` and what every timer store does.
+- ``sqlite.py``: the embedded store, the default, in the state dir.
+- ``dynamodb.py``: a store several servers share, one DynamoDB table.
+- ``scheduler.py``: what is due soon, in memory; firing; retries; dead letters.
+- ``firing.py``: what a firing is, and callbacks fired in the server's loop (``workers = 0``).
+- ``remote.py``: the handler process's side: ``self.timers`` there, its ops on the wire.
+- ``stats.py``: the timers' metrics, read from the scheduler at each scrape.
 
 Settings: ``timer_store`` (``sqlite``, ``sqlite:PATH`` or ``dynamodb:TABLE``) and
 ``timer_context_size`` (bytes of a context's JSON, 1024 by default); callbacks get

@@ -7,6 +7,7 @@ from __future__ import annotations
 import orjson
 import pytest
 
+from mldserver import native
 from mldserver.coordinator import merge
 from mldserver.coordinator.merge import seal
 from mldserver.coordinator.ordering import Ordering
@@ -64,6 +65,9 @@ def gathering(request, monkeypatch):
     """Rows gathered by ``_gather.c``, or by pyarrow where it was not built."""
     if request.param == "pyarrow":
         monkeypatch.setattr(merge, "native_gather", None)
+    elif not native.native_allowed():  # MLDSERVER_NO_EXTENSIONS: pyarrow's, twice
+        assert merge.native_gather is None, "MLDSERVER_NO_EXTENSIONS is set, yet _gather is used"
+        return "pyarrow"
     else:
         assert merge.native_gather is not None, "mldserver.coordinator._gather was not built (setup.py)"
     return request.param

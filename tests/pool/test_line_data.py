@@ -10,9 +10,11 @@ from __future__ import annotations
 import base64
 import json
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from mldserver import native
 from mldserver.api import records as records_module
 from mldserver.api.records import Record
 from mldserver.api.testing import make_records
@@ -20,6 +22,23 @@ from mldserver.pool import frames
 from mldserver.protocol.lazy import LazyRecords
 
 from ..protocol.test_lazy import line_of
+
+
+@pytest.fixture(autouse=True, scope="module")
+def native_datas():
+    """These are the native decoding's tests: with ``MLDSERVER_NO_EXTENSIONS`` set, a
+    handler process's records are plain ``Record``s (checked here), so ``_scan.datas``
+    is put back by hand and tested all the same (it is built)."""
+    if native.native_allowed():
+        yield
+        return
+    from mldserver.protocol import _scan
+
+    assert frames._datas is None, "MLDSERVER_NO_EXTENSIONS is set, yet pool/frames.py uses _scan"
+    assert type(frames.records_from(line_of(make_records(1, 1)), line=True)[0]) is Record
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(frames, "_datas", _scan.datas)
+        yield
 
 
 def outcome(record: Record) -> object:

@@ -9,15 +9,28 @@ from __future__ import annotations
 import json
 from array import array
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from mldserver import native
 from mldserver.api.rows import NO_TIME, ODD_TIME
 from mldserver.base.positions import Position, Positions
+from mldserver.protocol import _scan, lazy as lazy_module
 from mldserver.protocol.lazy import LazyRecords
 from mldserver.shard.batches import LineRecords, decode_records
 
 from .test_lazy import line_of, record
+
+
+@pytest.fixture(autouse=True)
+def native_scan(monkeypatch):
+    """These are the native scan's tests: with ``MLDSERVER_NO_EXTENSIONS`` set,
+    ``LazyRecords`` reads the columns instead (checked here), so the scan is put back by
+    hand and tested all the same (it is built: ``_scan`` imported above)."""
+    if not native.native_allowed():
+        assert lazy_module._sequence_numbers is None, "MLDSERVER_NO_EXTENSIONS is set, yet lazy.py uses _scan"
+        monkeypatch.setattr(lazy_module, "_sequence_numbers", _scan.sequence_numbers)
 
 
 def scanned(line: bytes) -> list[Position] | None:

@@ -33,7 +33,7 @@ it as KCLProcess does, one instance per shard::
   dispatches it (amazon_kclpy's inputs and adapters);
 - ``inputs.py``: amazon_kclpy's ``Record`` and ``Checkpointer``, over the server's;
 - ``thread.py``: one thread per shard, so a blocking processor holds its shard only;
-  ``turns.py``: the shards of a process compute one at a time, unless one blocks;
+- ``turns.py``: the shards of a process compute one at a time, unless one blocks;
 - ``output.py``: its ``print()`` and ``sys.stderr`` as ``handler_output`` log events;
 - ``emitting.py``: ``emit(record, row)``, the two-line change that gives it windows.
 

@@ -1,7 +1,6 @@
 """``mldserver bench``: what mldserver costs, measured against what it replaces, in one run.
 
-Ten parts, each in its own module, all sharing ``common.py`` (a server in its own
-process, PSS sampling, the coordinator and Spark parts' batches)::
+Ten parts, each in its own module, all sharing ``common.py``::
 
     mldserver bench --part relay         # relay.py: throughput, latency, memory vs amazon_kclpy
     mldserver bench --part coordinator   # coordinator.py: the coordinator's cost (file sink vs none)
@@ -23,6 +22,22 @@ process, PSS sampling, the coordinator and Spark parts' batches)::
 
 The bare hand-off runs Spark in this process, through ``mldserver.spark.bench``: only
 ``mldserver/spark/`` imports pyspark.
+
+- ``common.py``: what every part shares: a server in its own process, memory figures from
+  /proc, the batches the coordinator and Spark parts feed.
+- ``relay.py``: ``--part relay``, throughput, latency and memory against amazon_kclpy.
+- ``coordinator.py``: ``--part coordinator``, the coordinator's cost (file sink vs none).
+- ``spark.py``: ``--part spark``, the pipeline end to end against the bare hand-off.
+- ``changes.py``: ``--part changes``, a ``ChangeHandler`` against a batch ``Handler``.
+- ``timers.py``: ``--part timers``, durable timers created and fired per second.
+- ``table.py``: ``--part table``, the iceberg sink against the parquet sink.
+- ``kclpy.py``: ``--part kclpy``, amazon_kclpy's sample behind mldserver and under KCLProcess.
+- ``kclpy_sample.py``: the sample processor ``--part kclpy`` measures on both sides.
+- ``chaos.py``: ``--part chaos``, a seeded chaos campaign and the checks of its promises.
+- ``outside.py``: the chaos campaign's faults from outside the handler (sink, admin port).
+- ``killed.py``: the chaos bench's last phase, ``mldserver run`` SIGKILLed and run again.
+- ``source.py``: ``--part source``, ``serve --source kinesis:`` against the KCL daemon.
+- ``scale.py``: ``--part scale``, servers joining and dying on one stream, one table.
 """
 
 from __future__ import annotations
