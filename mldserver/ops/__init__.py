@@ -4,6 +4,8 @@
   nothing heavy), and the choice between it and the C build.
 - ``relay.c``: the same relay in C, built as ``mldserver-relay`` where there was a compiler.
 - ``daemon.py``: ``mldserver run``, the server with the real KCL daemon as its child.
+- ``daemon_messages.py``: the daemon's output read as messages, a line with its stack trace,
+  each one event at the daemon's own level.
 - ``tether.py``: what ties that daemon to its server: it dies with it, a leftover is
   stopped, a restart is the same KCL worker.
 - ``properties.py``: the daemon's properties file, read as Java reads it and checked.
