@@ -9,16 +9,22 @@
    exits 0.
 2. ``serve``: the JRE-free variant reads the stream itself (``--source kinesis:``)
    and stops the same way.
+3. ``full``: ``run`` with the spark and iceberg extras runs ``mldserver demo`` (the
+   pipeline in embedded Spark, on the image's JRE) to the end: every record in a
+   committed window, none late.
 
 Each image's size is printed (``pytest -s``) and written beside the test's files.
 The first build of a machine takes minutes (the base from Debian's packages, the
-wheels from PyPI, the JRE); later ones reuse podman's layers under .deps/podman.
+wheels from PyPI, the JRE); later ones reuse podman's layers under .deps/podman, and
+``full`` is ``run``'s layers and one more (the extras).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
+import time
 import urllib.request
 import uuid
 from pathlib import Path
@@ -171,3 +177,34 @@ def the_serve_image(podman: Podman, kinesis: KinesisLocal, volumes: Path) -> Non
         assert [e["event"] for e in events(podman, name)][-1] == "stopped"
     finally:
         podman("rm", "-f", name, check=False)
+
+
+@pytest.mark.spark
+def test_the_full_image_runs_the_demo_through_embedded_spark(podman, tmp_path):
+    """``full`` is ``run`` and the pipeline: ``mldserver demo`` in it hands every window to
+    embedded Spark (local[*], on the image's JRE 17) and commits each exactly once. After
+    the other test, its build is one layer over ``run``'s (the extras' wheels)."""
+    started = time.monotonic()
+    image = podman.build("full")
+    built = time.monotonic() - started
+    root = volumes(tmp_path)
+    report(root, podman, image)
+    found = podman.run("--rm", "--entrypoint", "sh", image, "-c",
+                       "java -version 2>&1 | head -1; id -u; "
+                       "python3 -c 'import pyspark, pyiceberg.catalog.sql, psycopg2; print(pyspark.__version__)'")
+    java, uid, pyspark = found.stdout.split("\n")[:3]
+    assert re.search(r'version "17\.', java) and uid == str(UID) and pyspark.startswith("4."), found.stdout
+    records = 20_000
+    demo = podman.run("--rm", "-v", f"{root / 'state'}:/state", image, "demo", "--records", str(records),
+                      "--shards", "3", "--dir", "/state/demo", "--admin", "off", timeout=900, check=False)
+    print(f"\n{image}: built in {built:.0f} s, the demo ran in {time.monotonic() - started - built:.0f} s")
+    out = root / "state" / "demo"
+    assert demo.returncode == 0, (demo.stdout + demo.stderr)[-4000:]
+    assert re.search(rf"windows committed +[1-9]\d* .*{records:,} rows in", demo.stdout), demo.stdout
+    assert re.search(r"late rows +0$", demo.stdout, re.M), demo.stdout
+    commits = [json.loads(p.read_text()) for p in (out / "output" / "_commits").glob("*.json")]
+    assert sum(c["rows"] for c in commits) == records  # every record, in exactly one committed window
+    [stopped] = [json.loads(line) for line in (out / "server.log").read_text().splitlines()
+                 if '"coordinator_stopped"' in line]
+    assert stopped["late"] == 0, stopped
+    assert {f"window={c['window']}" for c in commits} == {p.name for p in (out / "output").glob("window=*")}
