@@ -321,7 +321,7 @@ def log_events_page() -> str:
 
 def warnings_page() -> str:
     """Every warning and error of the catalogue, with what it means and what to do
-    (``Event.todo``), by area: the reference half of troubleshooting."""
+    (``LogEvent.todo``), by area: the reference half of troubleshooting."""
     out = ["# Warnings and errors: what to do", "",
            "Every event mldserver logs as a warning or an error, from its catalogue "
            "(`mldserver.base.events.EVENTS`, which also says what to do about each), with the fields its log "

@@ -295,7 +295,7 @@ def _main(argv: list[str]) -> None:
 
         try:
             sys.exit(status.main(args))
-        except status.Unreachable as exc:
+        except status.AdminUnreachable as exc:
             sys.stderr.write(f"mldserver {args.command}: {scrub(str(exc))}\n")
             sys.exit(1)
         except ConfigError as exc:  # a token file that cannot be read
@@ -365,7 +365,7 @@ def _redrive(args) -> int:
             token_file = token_file or settings.admin_token_file
         target = redrive.Target(admin, state_dir or "./mldserver-state", token_file)
         return redrive.run(target, args.timeout, sys.stdout, sys.stderr, as_json=args.json)
-    except (redrive.Failed, status.Unreachable, ConfigError) as exc:
+    except (redrive.Failed, status.AdminUnreachable, ConfigError) as exc:
         sys.stderr.write(f"mldserver redrive: {exc}\n")
         return 2
 

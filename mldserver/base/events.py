@@ -2,7 +2,7 @@
 catalogue the logger checks names against and the documentation's log-event reference
 is generated from::
 
-    EVENTS["window_committed"]  ->  Event(area="coordinator", levels=("info",),
+    EVENTS["window_committed"]  ->  LogEvent(area="coordinator", levels=("info",),
                                           meaning="A closed window was committed to the sink ...")
     EVENTS["sink_commit_failed"].todo  ->  "Read `error`: ... fix the sink; the window is retried ..."
 
@@ -27,20 +27,20 @@ from typing import NamedTuple
 LEVELS = ("debug", "info", "warning", "error")
 
 
-class Event(NamedTuple):
+class LogEvent(NamedTuple):
     area: str  # the part of the server that logs it (a heading of the reference)
     levels: tuple[str, ...]  # the levels it is logged at
     meaning: str  # one line: what happened
     todo: str = ""  # what to do about it: every warning and error has one (the troubleshooting reference)
 
 
-def _area(area: str, entries: dict[str, tuple[str, ...]]) -> dict[str, Event]:
+def _area(area: str, entries: dict[str, tuple[str, ...]]) -> dict[str, LogEvent]:
     """An area's entries, ``name: (levels, meaning)`` or, for a warning or an error,
     ``name: (levels, meaning, what to do)``."""
-    return {name: Event(area, tuple(entry[0].split()), *entry[1:]) for name, entry in entries.items()}
+    return {name: LogEvent(area, tuple(entry[0].split()), *entry[1:]) for name, entry in entries.items()}
 
 
-EVENTS: dict[str, Event] = {
+EVENTS: dict[str, LogEvent] = {
     **_area("server", {
         "listening": ("info", "The server accepts connections: `host` and `port` (or `unix`), the `handler`, "
                               "the `pid`, the `open_files_limit` it runs under."),

@@ -59,7 +59,7 @@ class Session:
 
 
 @dataclass(slots=True)
-class Piece:
+class SessionPiece:
     shard: str
     rows: RowBatch
     sids: np.ndarray  # each row's session
@@ -70,7 +70,7 @@ class Piece:
 class Pane:
     number: int
     rows: WindowRows  # as ordering closed it: what it commits once let go
-    pieces: list[Piece]
+    pieces: list[SessionPiece]
     open: int = 0  # sessions not closed yet with rows here
 
 
@@ -135,7 +135,7 @@ class Sessions:
 
         number = self.panes
         self.panes += 1
-        pieces = [Piece(s, rows, np.empty(len(rows), dtype=np.int64), late)
+        pieces = [SessionPiece(s, rows, np.empty(len(rows), dtype=np.int64), late)
                   for late, group in ((True, pane_rows.late), (False, pane_rows.parts))
                   for s in sorted(group) for rows in group[s] if len(rows)]
         pane = Pane(number, pane_rows, pieces)
@@ -226,7 +226,7 @@ class Sessions:
                 parts.append((piece.shard, piece.rows.take(index), ranks))
         return SessionRows(parts, [spans[s.sid] for s in ended])
 
-    def _not_handed_over(self, piece: Piece, index: np.ndarray, spans: dict[int, tuple[int, int, bool]]) -> np.ndarray:
+    def _not_handed_over(self, piece: SessionPiece, index: np.ndarray, spans: dict[int, tuple[int, int, bool]]) -> np.ndarray:
         """Rows read again after a restart, less those whose session ended by the last
         handover and that were handed over then (at or below their shard's position)."""
         import numpy as np

@@ -84,18 +84,18 @@ async def _progress(server: Server, sent: list[int], started: float) -> None:
         )
 
 
-class Stopped(Exception):
+class DemoStopped(Exception):
     """The demo cannot go on: its one line says why (and which log to read)."""
 
 
 async def _sink_watch(server: Server, log_path: Path) -> None:
-    """Raise Stopped once one window's commit has failed FAILED_ATTEMPTS times."""
+    """Raise DemoStopped once one window's commit has failed FAILED_ATTEMPTS times."""
     committer = server.coordinator.committer  # type: ignore[union-attr]
     while True:
         await asyncio.sleep(0.2)
         failing = committer.failing
         if failing is not None and failing.attempts >= FAILED_ATTEMPTS:
-            raise Stopped(_sink_failing(failing, log_path))
+            raise DemoStopped(_sink_failing(failing, log_path))
 
 
 def _sink_failing(failing: SinkFailing, log_path: Path) -> str:

@@ -40,7 +40,7 @@ from ..base.config import DEFAULT_ADMIN
 TIMEOUT_S = 5.0
 
 
-class Unreachable(Exception):
+class AdminUnreachable(Exception):
     """No admin endpoint answered at the URL (exit status 1)."""
 
 
@@ -51,7 +51,7 @@ def base_url(admin: str | None) -> str:
 
 def request(admin: str | None, method: str, path: str, token: str | None = None,
             timeout: float = TIMEOUT_S) -> tuple[int, Any]:
-    """(HTTP status, the decoded JSON answer) or Unreachable."""
+    """(HTTP status, the decoded JSON answer) or AdminUnreachable."""
     url = base_url(admin) + path
     headers = {} if token is None else {"Authorization": f"Bearer {token}"}
     req = urllib.request.Request(url, method=method, data=b"" if method == "POST" else None, headers=headers)
@@ -66,7 +66,7 @@ def request(admin: str | None, method: str, path: str, token: str | None = None,
             return exc.code, {"error": body.decode("utf-8", "replace").strip()}
     except (urllib.error.URLError, OSError, ValueError) as exc:
         reason = getattr(exc, "reason", exc)
-        raise Unreachable(f"no mldserver admin endpoint answers at {url} ({reason}): is the server running, "
+        raise AdminUnreachable(f"no mldserver admin endpoint answers at {url} ({reason}): is the server running, "
                           f"with its admin endpoint there? (pass --admin URL)") from None
 
 

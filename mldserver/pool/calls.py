@@ -19,7 +19,7 @@ two apart; what changes is what a failure can be::
   (``HandlerPool.quarantine``), so a poisoned batch never kills a process that serves
   other shards twice; the shard goes back to the pool's processes after that action;
 - a call of another shard that was only waiting in that process is redone at once in a
-  live process, without counting (``handler_redone``), up to ``UNBLAMED_REDOS`` times;
+  live process, without counting (``handler_redone``), up to ``UNBLAMED_CALL_REDOS`` times;
 - the timers the call created (``mldserver.timers.pending``) come with its checkpoint
   requests and its ``done`` frame, and are committed before the daemon is asked and
   before the outcome is returned (so before the action's status); a commit that fails
@@ -61,7 +61,7 @@ from .process import START_TIMEOUT, HandlerImportFailed, HandlerProcess, Process
 
 # A call redone because its process died while another call was running (or while no
 # call ran: a kill from outside), at most this often before the deaths count against it too.
-UNBLAMED_REDOS = 3
+UNBLAMED_CALL_REDOS = 3
 # Seconds a call past execution_timeout has to end once it is cancelled or interrupted,
 # before its process is killed.
 STOP_GRACE = 1.0
@@ -199,7 +199,7 @@ class ProcessCalls(Calls):
                     self._quarantine = True
                 except ProcessDied as exc:
                     self._leave()
-                    if not exc.blamed and redone < UNBLAMED_REDOS:
+                    if not exc.blamed and redone < UNBLAMED_CALL_REDOS:
                         await self._settled()
                         redone += 1
                         self.log.warning("handler_redone", callback=action, error=str(exc))

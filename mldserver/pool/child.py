@@ -136,7 +136,7 @@ class _Skipped(Exception):
 class Proxy:
     """The server's end of a call's requests: checkpoints and SQL cursors."""
 
-    def __init__(self, child: "Child", call_id: int) -> None:
+    def __init__(self, child: "HandlerChild", call_id: int) -> None:
         self.child, self.call_id = child, call_id
 
     async def request(self, op: str, **fields: Any) -> dict[str, Any]:
@@ -173,7 +173,7 @@ class SparkProxy:
     (``break`` out of the loop) is closed when the call ends, before its ``done`` frame
     (not whenever the generator is collected, when the server no longer answers the call)."""
 
-    def __init__(self, child: "Child") -> None:
+    def __init__(self, child: "HandlerChild") -> None:
         self.child = child
         self.cursors = 0
         self.open: dict[int, list[Any]] = {}  # call id -> the cursors (async generators) it opened
@@ -212,7 +212,7 @@ class SparkProxy:
             await self.child.request({"op": "sql_close", "id": call_id, "cursor": cursor})
 
 
-class Child:
+class HandlerChild:
     def __init__(self, start: StartFrame, writer: asyncio.StreamWriter) -> None:
         self.writer = writer
         self.settings = Settings(**start["settings"])
@@ -453,7 +453,7 @@ async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> N
         if p not in sys.path:
             sys.path.insert(0, p)
     try:
-        child = Child(start, writer)
+        child = HandlerChild(start, writer)
     except ConfigError as exc:
         writer.write(encode({"op": "import_failed", "error": str(exc)}))
         await writer.drain()

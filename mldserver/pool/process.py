@@ -260,7 +260,7 @@ class HandlerProcess:
                 # Blame the call that was running (or whose time-out killed it); when none
                 # was, the only call in flight. Killed from outside while several calls
                 # awaited, none is blamed: the call's owner redoes each a few times
-                # (``calls.UNBLAMED_REDOS``) before the deaths count against it too.
+                # (``calls.UNBLAMED_CALL_REDOS``) before the deaths count against it too.
                 future.set_exception(ProcessDied(text, blamed=call_id == running or (running == 0 and alone)))
         self._calls.clear()
         # Requests being answered are not cancelled: a checkpoint round trip with the

@@ -96,7 +96,7 @@ class Letters:
 
 
 @dataclass
-class Result:
+class RedriveResult:
     run: str
     redriven: int = 0
     failed_again: int = 0
@@ -166,15 +166,15 @@ async def _nothing(position: Any) -> None:
 
 
 class Redrive:
-    """One run (see the module): ``await Redrive(server).run(timeout)`` -> ``Result``."""
+    """One run (see the module): ``await Redrive(server).run(timeout)`` -> ``RedriveResult``."""
 
     def __init__(self, server: Any) -> None:  # the Server (its parts, coordinator, attach)
         self.server = server
         now = time.time()
         self.run_id = "redrive-" + utc_timestamp(now).replace("-", "").replace(":", "").replace(".", "")
-        self.result = Result(self.run_id)
+        self.result = RedriveResult(self.run_id)
 
-    async def run(self, timeout: float) -> Result:
+    async def run(self, timeout: float) -> RedriveResult:
         started = time.perf_counter()
         server, result = self.server, self.result
         dead_letters = server.parts.dead_letters
@@ -307,7 +307,7 @@ async def _close(feed: Feed) -> None:
     await feed.close()
 
 
-async def redrive(server: Any, timeout: float) -> Result:
+async def redrive(server: Any, timeout: float) -> RedriveResult:
     """A run, refused (``Busy``) while paused, shutting down, or with one under way."""
     if server.paused:
         raise Busy("the server is paused: resume it (mldserver resume) and redrive again")

@@ -81,7 +81,7 @@ from ..timers import api as timers_api
 
 if TYPE_CHECKING:
     from .admin import Admin
-    from .redrive import Result as RedriveResult
+    from .redrive import RedriveResult
     from ..base.deadletters import DeadLetters
     from ..api.context import Context
     from ..coordinator import Coordinator

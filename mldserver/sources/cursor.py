@@ -3,7 +3,7 @@ source reader (``reader``, which hands each page to the server as a daemon would
 the Python API (``stream``, which yields its records). What the service says goes
 wrong is handled here, once::
 
-    cursor = ShardCursor(streams, ShardInfo("shardId-000000000001", (), False), ("TRIM_HORIZON", None),
+    cursor = ShardCursor(streams, ListedShard("shardId-000000000001", (), False), ("TRIM_HORIZON", None),
                          log=log, stop=stopping)
     page = await cursor.read()      # Page(records=[<daemon-shaped>, ...], read=2, next_iterator="AAAA...")
     cursor.last = Position.parse(page.records[-1]["sequenceNumber"], 0)   # handed over: resume after it
@@ -44,7 +44,7 @@ from typing import Any, Awaitable
 from ..base.backoff import Backoff
 from ..base.logs import EventLogger
 from ..base.positions import Position
-from .service import IteratorExpired, Page, Service, ShardInfo, Throttled, Trimmed, Unreachable
+from .service import IteratorExpired, ListedShard, Page, Service, Throttled, Trimmed, Unreachable
 
 THROTTLE = Backoff(first=0.5, cap=30.0)
 UNREACHABLE = Backoff(first=1.0, cap=30.0)
@@ -81,7 +81,7 @@ async def until(aw: Awaitable[Any], stop: asyncio.Event | None) -> Any:
 
 
 class ShardCursor:
-    def __init__(self, streams: Service, shard: ShardInfo, first: tuple[str, str | None], *, log: EventLogger,
+    def __init__(self, streams: Service, shard: ListedShard, first: tuple[str, str | None], *, log: EventLogger,
                  last: Position | None = None, since_ms: int | None = None, at_ms: int | None = None,
                  stop: asyncio.Event | None = None) -> None:
         """``first``: (iterator type, sequence number) of the first iterator when

@@ -3,7 +3,7 @@ with the service's errors turned into the few that change what a reader does::
 
     async with DynamoDBStreams("orders", region="us-east-1") as streams:
         arn = await streams.stream_arn()          # a table's latest stream (or the ARN given)
-        shards = await streams.shards()           # [ShardInfo("shardId-...", parents=("shardId-...",)), ...]
+        shards = await streams.shards()           # [ListedShard("shardId-...", parents=("shardId-...",)), ...]
         it = await streams.iterator("shardId-...", "AFTER_SEQUENCE_NUMBER", "000000000000000000017")
         page = await streams.records(it)          # Page(records=[<daemon-shaped, the KCL adapter's>], ...)
 
@@ -26,9 +26,9 @@ from typing import Any
 from ..api.adapter import adapter_change, dynamodb_record
 from ..base.aws import client
 from ..errors import ConfigError
-from .service import OpenClient, Page, ShardInfo, Throttled, Unreachable, call, describe, error_code, service_errors
+from .service import ListedShard, OpenClient, Page, Throttled, Unreachable, call, describe, error_code, service_errors
 
-__all__ = ["LIMIT", "DynamoDBStreams", "Page", "ShardInfo", "Throttled", "Unreachable", "endpoint"]
+__all__ = ["LIMIT", "DynamoDBStreams", "ListedShard", "Page", "Throttled", "Unreachable", "endpoint"]
 
 LIMIT = 1000  # records a GetRecords page holds at most (the service's own limit)
 
@@ -105,10 +105,10 @@ class DynamoDBStreams(OpenClient):
         """Read the table's new stream (``identity``'s) from now on."""
         self._arn = arn
 
-    async def shards(self) -> list[ShardInfo]:
+    async def shards(self) -> list[ListedShard]:
         """Every shard the stream lists (DescribeStream, page after page)."""
         arn = await self.stream_arn()
-        out: list[ShardInfo] = []
+        out: list[ListedShard] = []
         after: str | None = None
         while True:
             args: dict[str, Any] = {"StreamArn": arn}
@@ -118,7 +118,7 @@ class DynamoDBStreams(OpenClient):
             for shard in description.get("Shards", []):
                 parent = shard.get("ParentShardId")
                 closed = bool((shard.get("SequenceNumberRange") or {}).get("EndingSequenceNumber"))
-                out.append(ShardInfo(shard["ShardId"], (parent,) if parent else (), closed))
+                out.append(ListedShard(shard["ShardId"], (parent,) if parent else (), closed))
             after = description.get("LastEvaluatedShardId")
             if not after:
                 return out

@@ -6,8 +6,8 @@ them, or the ``aws_endpoint_url`` setting)::
         arn = await streams.stream_arn()                        # DescribeStreamSummary's StreamARN
         streams.created                                         # its StreamCreationTimestamp, epoch ms
         shards = await streams.shards()                         # ListShards, page after page (NextToken)
-        # [ShardInfo("shardId-000000000000", (), True),
-        #  ShardInfo("shardId-000000000001", ("shardId-000000000000",), False), ...]   (a merge: two parents)
+        # [ListedShard("shardId-000000000000", (), True),
+        #  ListedShard("shardId-000000000001", ("shardId-000000000000",), False), ...]   (a merge: two parents)
         it = await streams.iterator("shardId-000000000001", "AT_TIMESTAMP", at_ms=1769767200000)
         page = await streams.records(it)                        # GetRecords
         page.records[0] == {"action": "record", "data": "aGVsbG8=", "partitionKey": "k",
@@ -41,7 +41,7 @@ from typing import Any
 
 from ..errors import ConfigError
 from ..shard.kpl import MAGIC, deaggregate
-from .service import OpenClient, Page, ShardInfo, Unreachable, call, describe, error_code, service_errors
+from .service import ListedShard, OpenClient, Page, Unreachable, call, describe, error_code, service_errors
 
 LIMIT = 10_000  # records a GetRecords page holds at most (the service's own limit)
 READ_INTERVAL = 0.2  # 5 GetRecords a second per shard
@@ -106,17 +106,17 @@ class KinesisStreams(OpenClient):
         """Read the stream created again (``identity``'s) from now on."""
         self._arn, self.created = arn, created
 
-    async def shards(self) -> list[ShardInfo]:
+    async def shards(self) -> list[ListedShard]:
         """Every shard the stream lists (ListShards, page after page: a NextToken alone
         asks for the next page)."""
-        out: list[ShardInfo] = []
+        out: list[ListedShard] = []
         args: dict[str, Any] = {"StreamName": self.name}
         while True:
             page = await call(self._client, "list_shards", **args)
             for shard in page.get("Shards", []):
                 parents = tuple(p for p in (shard.get("ParentShardId"), shard.get("AdjacentParentShardId")) if p)
                 closed = bool((shard.get("SequenceNumberRange") or {}).get("EndingSequenceNumber"))
-                out.append(ShardInfo(shard["ShardId"], parents, closed))
+                out.append(ListedShard(shard["ShardId"], parents, closed))
             token = page.get("NextToken")
             if not token:
                 return out

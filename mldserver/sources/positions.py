@@ -155,7 +155,7 @@ class SavedPositions:
                 return
             version, data, ended = self._version, self._encode(), _ended(self._shards)
             if self.write is not None:
-                await self.write(data)  # (LeaseLost: the lease went to another server)
+                await self.write(data)  # (LeaseNotHeld: the lease went to another server)
             else:
                 assert self.path is not None
                 await until_written(lambda: self._put(data), self.path, log, what="source positions",

@@ -90,9 +90,9 @@ from ..errors import ConfigError
 from .dynamodb import DynamoDBStreams
 from .kinesis import KinesisStreams
 from .cursor import UNREACHABLE, ShardCursor, sleep
-from .service import Invalid, NotFound, Service, ShardInfo, Throttled, Unreachable
+from .service import Invalid, ListedShard, NotFound, Service, Throttled, Unreachable
 from .feed import LINE_LIMIT, CheckpointRefused, Feed, FeedClosed
-from .shard_leases import LeaseLost, ShardLeases
+from .shard_leases import LeaseNotHeld, ShardLeases
 from .positions import SHARD_END, SavedPositions
 from .spec import SourceSpec, Start
 
@@ -126,7 +126,7 @@ class SourceReader:
         self.saved: SavedPositions | None = None
         self.streams: Service | None = None
         self.task: asyncio.Task[None] | None = None
-        self.listed: dict[str, ShardInfo] = {}
+        self.listed: dict[str, ListedShard] = {}
         self.reading: dict[str, asyncio.Task[None]] = {}
         self.feeds: dict[str, Feed] = {}
         self.cursors: dict[str, ShardCursor] = {}  # the shards being read
@@ -404,7 +404,7 @@ class SourceReader:
         """The shard's id as the server knows it (``NAME/shardId`` with several sources)."""
         return f"{self.spec.name}/{shard_id}" if self.qualify else shard_id
 
-    def _may_start(self, shard: ShardInfo) -> bool:
+    def _may_start(self, shard: ListedShard) -> bool:
         assert self.saved is not None
         return may_start(shard, self.listed, self.saved.ended)
 
@@ -412,7 +412,7 @@ class SourceReader:
         """May this server read the shard (without ``--lease-table``, every one)?"""
         return self.leases is None or self.leases.holds(shard_id)
 
-    def _start_shard(self, shard: ShardInfo) -> None:
+    def _start_shard(self, shard: ListedShard) -> None:
         self._shard_stops[shard.shard_id] = asyncio.Event()
         self._lost_shards.discard(shard.shard_id)
         task = asyncio.create_task(self._read_shard(shard), name=f"source {self.spec.text} {shard.shard_id}")
@@ -432,7 +432,7 @@ class SourceReader:
 
     # -- one shard ------------------------------------------------------------------
 
-    async def _read_shard(self, shard: ShardInfo) -> None:
+    async def _read_shard(self, shard: ListedShard) -> None:
         assert self.streams is not None and self.saved is not None
         shard_id = shard.shard_id
         log = self.log.bind(shard_id=shard_id)
@@ -451,7 +451,7 @@ class SourceReader:
         async def store(position: Any) -> None:
             try:
                 await positions.store(shard_id, position)
-            except LeaseLost:
+            except LeaseNotHeld:
                 raise CheckpointRefused("ShutdownException") from None  # as the KCL answers a lost lease
             if position == SHARD_END:  # said now, before discovery can start a child (no await between)
                 cursor = self.cursors.get(shard_id)
@@ -503,7 +503,7 @@ class SourceReader:
                                  "sequence number): the shard's children are not read until a restart reads it "
                                  "to its end again and SHARD_END is stored")
 
-    async def _not_found(self, shard: ShardInfo, saved: Any, exc: Exception, log: EventLogger) -> None:
+    async def _not_found(self, shard: ListedShard, saved: Any, exc: Exception, log: EventLogger) -> None:
         """The service says what was asked of the shard does not exist: the stream is
         gone or was created again (discovery sees to it: this shard waits for its stop),
         the shard is gone (trimmed: it ends here), or the position the shard resumes
@@ -537,7 +537,7 @@ class SourceReader:
         raise ConfigError(f"--source {self.spec.text}: the {whose} of {shard.shard_id} (after {position.text}, in "
                           f"{where}) is not in the stream ({exc}): {what_to_do}")
 
-    async def _pump(self, shard: ShardInfo, feed: Feed, first: tuple[str, str | None],
+    async def _pump(self, shard: ListedShard, feed: Feed, first: tuple[str, str | None],
                     log: EventLogger) -> tuple[str, ...] | None:
         """Read the shard into the feed until it ends (its children, as the last page
         names them) or the source stops (None)."""
@@ -583,11 +583,11 @@ def first_iterator(start: Start, *, from_parent: bool, at_timestamp: bool) -> st
     return "AT_TIMESTAMP" if at_timestamp else "TRIM_HORIZON"
 
 
-def may_start(shard: ShardInfo, listed: dict[str, ShardInfo] | set[str], ended: Callable[[str], bool]) -> bool:
+def may_start(shard: ListedShard, listed: dict[str, ListedShard] | set[str], ended: Callable[[str], bool]) -> bool:
     """May ``shard`` be read now? Not if it is read to its end already; else once each
     parent is read to its end (``ended``) or gone from the stream (not ``listed``)::
 
-        may_start(ShardInfo("child", ("parent",), False), {"parent", "child"}, ended={"parent"}.__contains__)  # True
+        may_start(ListedShard("child", ("parent",), False), {"parent", "child"}, ended={"parent"}.__contains__)  # True
     """
     if ended(shard.shard_id):
         return False

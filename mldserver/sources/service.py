@@ -5,7 +5,7 @@ few that change what a reader does::
 
     async with KinesisStreams("orders") as streams:           # or DynamoDBStreams("orders")
         arn = await streams.stream_arn()                       # the stream's identity (saved beside positions)
-        shards = await streams.shards()                        # [ShardInfo("shardId-000000000002", ("shardId-000000000000",), False), ...]
+        shards = await streams.shards()                        # [ListedShard("shardId-000000000002", ("shardId-000000000000",), False), ...]
         it = await streams.iterator("shardId-000000000002", "AT_TIMESTAMP", at_ms=1769767200000)
         page = await streams.records(it)
         page.records      # [{"action": "record", "data": "aGVsbG8=", "partitionKey": "k", "sequenceNumber": "4959...",
@@ -111,7 +111,7 @@ class OpenClient:
             await opened.__aexit__(*exc)
 
 
-class ShardInfo(NamedTuple):
+class ListedShard(NamedTuple):
     shard_id: str
     parents: tuple[str, ...]  # one after a split, two after a merge (Kinesis), none for a first shard
     closed: bool  # an ending sequence number: no new record will come
@@ -153,7 +153,7 @@ class Service(Protocol):
     def follow(self, arn: str, created: int | None) -> None:
         """Read the stream ``identity`` found (created again) from now on."""
 
-    async def shards(self) -> list[ShardInfo]: ...
+    async def shards(self) -> list[ListedShard]: ...
 
     async def iterator(self, shard_id: str, kind: str, sequence_number: str | None = None,
                        at_ms: int | None = None) -> str: ...

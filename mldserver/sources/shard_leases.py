@@ -28,7 +28,7 @@ first use if absent)::
         leases.offer(shards)                      # each listing: the shards that exist, with their parents
         running = asyncio.create_task(leases.run(stopping))   # a cycle every period/3: renew, take, steal
         leases.holds("shardId-000000000001")      # read it only while True
-        await leases.store("shardId-000000000001", position)  # conditional on holding it: else LeaseLost
+        await leases.store("shardId-000000000001", position)  # conditional on holding it: else LeaseNotHeld
         await leases.release_all()                # clean stop: source_shard_lease_released, peers take them at once
 
 - a cycle reads every item of the source (a consistent Scan), renews those held here
@@ -68,12 +68,12 @@ from ..base.positions import Position
 from ..errors import ConfigError
 from .balance import plan
 from .positions import SHARD_END, Saved
-from .service import OpenClient, ShardInfo, describe, service_errors
+from .service import ListedShard, OpenClient, describe, service_errors
 
 RETRY = Backoff(first=0.2, cap=5.0)
 
 
-class LeaseLost(Exception):
+class LeaseNotHeld(Exception):
     """This server no longer holds the shard's lease: it must not read it or write its position."""
 
 
@@ -105,7 +105,7 @@ class ShardLeases(OpenClient):
         self.stream: str | None = None
         self.created: int | None = None
         self.leases: dict[str, Lease] = {}  # every shard's item, as last read
-        self.listed: dict[str, ShardInfo] = {}  # the stream's shards, as last listed
+        self.listed: dict[str, ListedShard] = {}  # the stream's shards, as last listed
         self.held: dict[str, float] = {}  # shard id -> monotonic time the last renewal that went through was sent
         self.servers = 1  # live servers, as last counted
         self._seen: dict[str, tuple[int, float]] = {}  # shard id -> (counter, monotonic time first seen at it)
@@ -152,7 +152,7 @@ class ShardLeases(OpenClient):
                 self._migrated = {k: v if v == SHARD_END else Position.from_json(v) for k, v in doc["shards"].items()}
         await self._read()
 
-    def offer(self, shards: Iterable[ShardInfo]) -> None:
+    def offer(self, shards: Iterable[ListedShard]) -> None:
         """The stream's shards as just listed (the next cycle makes their items)."""
         self.listed = {s.shard_id: s for s in shards}
         self._poke.set()
@@ -177,7 +177,7 @@ class ShardLeases(OpenClient):
 
     async def store(self, shard_id: str, saved: Saved) -> None:
         """Keep ``saved`` as the shard's position, if its lease is still held here (else
-        LeaseLost); ``SHARD_END`` lets the lease go in the same write. DynamoDB
+        LeaseNotHeld); ``SHARD_END`` lets the lease go in the same write. DynamoDB
         unreachable is waited out as long as the lease lasts."""
         ended = saved == SHARD_END
         text, sub = _checkpoint(saved)
@@ -189,7 +189,7 @@ class ShardLeases(OpenClient):
         failures = 0
         while True:
             if shard_id not in self.held:
-                raise LeaseLost(f"the lease of {shard_id} is not held here")
+                raise LeaseNotHeld(f"the lease of {shard_id} is not held here")
             try:
                 done = await self._update(shard_id, UpdateExpression=update,
                                           ConditionExpression="#leaseOwner = :me", ExpressionAttributeValues=values)
@@ -203,7 +203,7 @@ class ShardLeases(OpenClient):
                 continue
             if done is None:
                 self._lose(shard_id, "taken by another server")
-                raise LeaseLost(f"the lease of {shard_id} was taken by another server")
+                raise LeaseNotHeld(f"the lease of {shard_id} was taken by another server")
             self.leases[shard_id] = _lease(done, self.stream, self.created)
             if ended:
                 self._ended.add(shard_id)
@@ -367,7 +367,7 @@ class ShardLeases(OpenClient):
             return None
         return reply.get("Attributes") or {}
 
-    async def _create(self, shard: ShardInfo) -> None:
+    async def _create(self, shard: ListedShard) -> None:
         """The item of a shard new to the table, free (its position from the old
         per-source item, if that named it)."""
         item: dict[str, Any] = {**self._key(shard.shard_id), "source": {"S": self.source},

@@ -69,7 +69,7 @@ from .dynamodb import DynamoDBStreams
 from .kinesis import KinesisStreams
 from .positions import SHARD_END
 from .reader import may_start
-from .service import Service, ShardInfo
+from .service import ListedShard, Service
 from .spec import SourceSpec
 
 __all__ = ["Change", "Stream", "StreamRecord", "open_stream"]
@@ -140,7 +140,7 @@ Where = Union[Position, At, str]  # str: TRIM_HORIZON, LATEST, AT_TIMESTAMP (wit
 class _Shard:
     __slots__ = ("info", "at", "since_ms", "cursor", "buffered", "head", "empties", "clamp")
 
-    def __init__(self, info: ShardInfo, at: Where, since_ms: int | None = None) -> None:
+    def __init__(self, info: ListedShard, at: Where, since_ms: int | None = None) -> None:
         self.info = info
         self.at = at  # where reading goes on, as the token says it
         self.since_ms = since_ms

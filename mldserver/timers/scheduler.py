@@ -62,7 +62,7 @@ MAX_IN_FLIGHT = 1_000  # timers being fired at once, per server: what a crash ma
 BATCH = 250  # timers per fire frame
 HORIZON_MS = 2_000  # read ahead this far
 POLL_MS = 500  # a shared store is read again this often
-UNBLAMED_REDOS = 10  # a timer redone (its process died under another call) this often counts a failure
+UNBLAMED_TIMER_REDOS = 10  # a timer redone (its process died under another call) this often counts a failure
 STORE_RETRY = Backoff(first=0.1, cap=5.0)
 
 Answer = Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]
@@ -404,7 +404,7 @@ class Scheduler:
                     continue
                 if not result.counted:
                     redos = self._redos[key] = self._redos.get(key, 0) + 1
-                    if redos <= UNBLAMED_REDOS:
+                    if redos <= UNBLAMED_TIMER_REDOS:
                         self.log.warning("timer_redone", callback=timer.callback, reference=timer.reference,
                                          error=result.error)
                         release.append(timer)

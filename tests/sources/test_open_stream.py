@@ -268,19 +268,19 @@ async def test_kinesis_move_to_a_time_starts_at_timestamp_and_latest_skips_all(k
 
 async def test_a_shard_read_to_its_end_and_gone_from_the_stream_is_forgotten():
     # (a trim takes a day on the real services: the listing is written out here)
-    from mldserver.sources.service import ShardInfo
+    from mldserver.sources.service import ListedShard
     from mldserver.sources.stream import SHARD_END, Stream, _Shard
     from mldserver.sources.spec import SourceSpec
 
     class Listing:
         async def shards(self):
-            return [ShardInfo("child", ("parent",), False)]
+            return [ListedShard("child", ("parent",), False)]
 
     stream = Stream(SourceSpec.parse("dynamodb:orders"))
     stream.streams = Listing()
-    ended = _Shard(ShardInfo("parent", (), True), SHARD_END)
+    ended = _Shard(ListedShard("parent", (), True), SHARD_END)
     ended.cursor = object()  # (it was read: its cursor ended)
-    waiting = _Shard(ShardInfo("other", (), True), Position.parse("5", 0))
+    waiting = _Shard(ListedShard("other", (), True), Position.parse("5", 0))
     waiting.cursor = object()  # (still yielding what it read)
     stream._shards = {"parent": ended, "other": waiting}
     await stream._list()

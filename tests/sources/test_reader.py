@@ -5,12 +5,12 @@ shard with no saved position starts."""
 from __future__ import annotations
 
 from mldserver.sources.reader import first_iterator, may_start
-from mldserver.sources.service import ShardInfo
+from mldserver.sources.service import ListedShard
 from mldserver.sources.spec import Start
 
-PARENT = ShardInfo("parent", (), True)
-CHILD = ShardInfo("child", ("parent",), False)
-MERGED = ShardInfo("merged", ("a", "b"), False)
+PARENT = ListedShard("parent", (), True)
+CHILD = ListedShard("child", ("parent",), False)
+MERGED = ListedShard("merged", ("a", "b"), False)
 
 
 def test_a_child_waits_until_its_parent_is_read_to_its_end():
@@ -67,7 +67,7 @@ async def test_what_the_reader_keeps_of_its_shards_stays_bounded_as_they_roll_ov
 
         async def shards(self):
             first = max(0, self.generation - kept + 1)
-            return [ShardInfo(f"shard-{g}-{p}", (f"shard-{g - 1}-{p}",) if g > first else (), g < self.generation)
+            return [ListedShard(f"shard-{g}-{p}", (f"shard-{g - 1}-{p}",) if g > first else (), g < self.generation)
                     for g in range(first, self.generation + 1) for p in range(partitions)]
 
     reader = SourceReader(SourceSpec.parse("dynamodb:orders"), Start.parse("trim_horizon"),

@@ -19,15 +19,15 @@ import pytest
 from mldserver.base.positions import Position
 from mldserver.errors import ConfigError
 from mldserver.sources.positions import SHARD_END
-from mldserver.sources.service import ShardInfo
-from mldserver.sources.shard_leases import LeaseLost, ShardLeases
+from mldserver.sources.service import ListedShard
+from mldserver.sources.shard_leases import LeaseNotHeld, ShardLeases
 
 from ..harness import MLDSERVER, ROOT, eventually
 
 PERIOD = 2.0
 SOURCE = "kinesis:clicks"
 ARN = "arn:aws:kinesis:us-east-1:000000000000:stream/clicks"
-SHARDS = [ShardInfo(f"shardId-00000000000{i}", (), False) for i in range(4)]
+SHARDS = [ListedShard(f"shardId-00000000000{i}", (), False) for i in range(4)]
 _tables = itertools.count(1)
 
 
@@ -78,7 +78,7 @@ async def test_a_second_server_steals_its_share_one_a_cycle_and_the_loser_stops(
     assert b.get("shardId-000000000003") == Position.parse("000000000000000000017", 2)
     taken = [r.fields for r in caplog.records if r.getMessage() == "source_shard_lease_taken"][-1]
     assert taken["stolen"] == ["shardId-000000000003"] and taken["was"] == [a.owner]
-    with pytest.raises(LeaseLost):  # a's position write after the steal: refused
+    with pytest.raises(LeaseNotHeld):  # a's position write after the steal: refused
         await a.store("shardId-000000000003", Position.parse("000000000000000000018", 0))
     assert a.lost == ["shardId-000000000003"]
     await a.cycle()
@@ -117,9 +117,9 @@ async def test_a_dead_servers_leases_are_taken_after_a_period_and_released_ones_
 
 
 async def test_children_are_leased_only_once_their_parents_are_read_to_their_end(aws, servers):
-    parent = ShardInfo("shardId-000000000000", (), True)
-    children = [ShardInfo("shardId-000000000001", (parent.shard_id,), False),
-                ShardInfo("shardId-000000000002", (parent.shard_id,), False)]
+    parent = ListedShard("shardId-000000000000", (), True)
+    children = [ListedShard("shardId-000000000001", (parent.shard_id,), False),
+                ListedShard("shardId-000000000002", (parent.shard_id,), False)]
     a, b = await servers(2, shards=[parent, *children])
     await a.cycle()
     await b.cycle()

@@ -180,7 +180,7 @@ class Poison(NamedTuple):
 
 
 @dataclass
-class Report:
+class ChaosReport:
     seed: int
     shards: int
     seconds: float = 0.0
@@ -237,7 +237,7 @@ async def campaign(
     fault_rate: float = 0.08,
     kill_interval: float = 1.5,
     read_timeout: float = READ_TIMEOUT,
-) -> Report:
+) -> ChaosReport:
     """Drive ``shards`` shards with ``batches`` batches each, or for ``duration`` seconds
     (whichever ends first), poisoning batches and killing handler processes (``pids()``:
     the live ones) as the module docstring says; 0 for ``fault_rate`` or ``kill_interval``
@@ -248,7 +248,7 @@ async def campaign(
         raise ValueError("give batches, duration or both")
     loop = asyncio.get_running_loop()
     daemon = FakeDaemon(relay_command(*server_address), timeout=read_timeout)
-    report = Report(seed, shards)
+    report = ChaosReport(seed, shards)
     started = loop.time()
     deadline = None if duration is None else started + duration
     children: list[Shard] = []
@@ -389,7 +389,7 @@ def read_log(path: str | os.PathLike) -> list[dict]:
     return [json.loads(line) for line in Path(path).read_text().splitlines() if line.startswith("{")]
 
 
-def checks(report: Report, *, handled_dir: str | os.PathLike, state_dir: str | os.PathLike,
+def checks(report: ChaosReport, *, handled_dir: str | os.PathLike, state_dir: str | os.PathLike,
            events: Iterable[dict], rows: tuple[Counter, Counter] | None = None) -> list[Check]:
     """What the server promised, held against what the campaign sent and what the
     handler processes, the dead letters and the server's log (``events``: dicts with an
@@ -491,7 +491,7 @@ def _error(event: dict) -> str:
     return event.get("error") or (lines[-1] if lines else "")
 
 
-def summary(report: Report, results: list[Check] | None = None) -> str:
+def summary(report: ChaosReport, results: list[Check] | None = None) -> str:
     """A few lines: what was sent and what happened (and the checks, if given)."""
     faults = ", ".join(f"{k} {report.faults[k]}" for k in FAULTS if report.faults[k]) or "none"
     lines = [f"chaos seed {report.seed}: {report.shards} shards, {report.seconds:.1f} s, {report.actions} actions, "
@@ -538,9 +538,9 @@ def handler_pids(server_pid: int) -> list[int]:
 
 
 @dataclass
-class Run:
+class ChaosRun:
     name: str
-    report: Report
+    report: ChaosReport
     results: list[Check]
     events: list[dict]
 
@@ -550,7 +550,7 @@ class Run:
 
 async def served(tmp: str, name: str, seed: int, seconds: float, fault_rate: float, kill_interval: float, *,
                  sink_dir: str | os.PathLike | None = None, outside_faults: Iterable[str] = (),
-                 shards: int = SHARDS, batches: int | None = None) -> Run:
+                 shards: int = SHARDS, batches: int | None = None) -> ChaosRun:
     """A campaign against ``mldserver serve`` in its own process, and its checks. With
     ``sink_dir``, the server commits ``ChaosRowsHandler``'s rows there (``--sink file:``,
     2 s windows, the admin port on), and ``outside_faults`` (``OUTSIDE_FAULTS``) break the
@@ -608,10 +608,10 @@ async def served(tmp: str, name: str, seed: int, seconds: float, fault_rate: flo
     left = sorted(pid for pid in seen_pids if alive(pid))
     results.append(Check("no handler process left running once the server stopped", not left,
                          f"{len(seen_pids)} seen" + (f"; left: {left[:5]}" if left else "")))
-    return Run(name, report, results, events)
+    return ChaosRun(name, report, results, events)
 
 
-def _table(runs: list[Run]) -> list[str]:
+def _table(runs: list[ChaosRun]) -> list[str]:
     width = max(len(c.name) for r in runs for c in r.results) + 2
 
     def row(label: str, values: Iterable[Any]) -> str:

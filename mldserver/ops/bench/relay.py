@@ -82,7 +82,7 @@ def batch_line(first_seq: int, records: int, size: int) -> tuple[bytes, dict]:
 
 
 @dataclass
-class Result:
+class RelayResult:
     name: str
     shards: int
     records: int = 0
@@ -108,7 +108,7 @@ class Result:
     def rate(self) -> float:
         return self.records / self.seconds if self.seconds else 0.0
 
-    def row(self, baseline: "Result | None") -> str:
+    def row(self, baseline: "RelayResult | None") -> str:
         rt = sorted(self.round_trips) or [0.0]
         p50 = rt[len(rt) // 2] * 1000
         p99 = rt[min(len(rt) - 1, int(len(rt) * 0.99))] * 1000
@@ -125,7 +125,7 @@ HEADER = (f"  {'variant':13} {'K':>4} {'records/s':>12} {'vs kclpy':>6} {'MB/s':
           f"{'us CPU/r':>7} {'vs kclpy':>6} {'MiB/shd':>7} {'MiB all':>8}")
 
 
-async def drive(shards: list[Shard], line: bytes, last: dict, batches: int, result: Result) -> None:
+async def drive(shards: list[Shard], line: bytes, last: dict, batches: int, result: RelayResult) -> None:
     async def one(shard: Shard) -> None:
         for _ in range(batches):
             t0 = time.perf_counter()
@@ -145,7 +145,7 @@ TOUCH = "mldserver.ops.bench.relay:TouchHandler"
 
 async def run_variant(name: str, k: int, records: int, size: int, batches: int, tmp: str,
                       workers: int | None = None, scrape: float | None = None, *, handler: str = TOUCH,
-                      kclpy_child: str = KCLPY_CHILD) -> Result:
+                      kclpy_child: str = KCLPY_CHILD) -> RelayResult:
     """One run on a fresh server (memory left by an earlier run must not count);
     ``workers``: its handler processes (their memory counts as the server's);
     ``handler`` the server's, ``kclpy_child`` the script each amazon_kclpy child runs."""
@@ -184,7 +184,7 @@ async def _scrape(url: str, every: float) -> None:
 
 
 async def _run_variant(name: str, k: int, records: int, size: int, batches: int, port: int | None,
-                       server_pid: int | None, tmp: str, kclpy_child: str = KCLPY_CHILD) -> Result:
+                       server_pid: int | None, tmp: str, kclpy_child: str = KCLPY_CHILD) -> RelayResult:
     line, last = batch_line(10**50, records, size)
     daemon = FakeDaemon("", timeout=600)
     sampler = Sampler()
@@ -206,7 +206,7 @@ async def _run_variant(name: str, k: int, records: int, size: int, batches: int,
         sampler.pids["children"] = [s.child.proc.pid for s in shards]
     if server_pid and name != "amazon_kclpy":
         sampler.trees["server"] = server_pid  # with its handler processes
-    result = Result(name, k, records * batches * k, len(line) * batches * k)
+    result = RelayResult(name, k, records * batches * k, len(line) * batches * k)
     sampler.start()
     sides = ([server_pid] if server_pid else []) + [s.child.proc.pid for s in shards if name != "direct"]
     cpu, every = cpu_s(server_pid) if server_pid else 0.0, tree_cpu_s(sides)
@@ -225,9 +225,9 @@ async def _run_variant(name: str, k: int, records: int, size: int, batches: int,
     return result
 
 
-def ceiling(records: int, size: int, batches: int) -> Result:
+def ceiling(records: int, size: int, batches: int) -> RelayResult:
     line, _ = batch_line(10**50, records, size)
-    result = Result("ceiling", 1, records * batches, len(line) * batches)
+    result = RelayResult("ceiling", 1, records * batches, len(line) * batches)
     started, cpu = time.perf_counter(), time.process_time()
     for _ in range(batches):
         t0 = time.perf_counter()

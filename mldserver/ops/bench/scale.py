@@ -73,7 +73,7 @@ EXTRA = {"failoverTimeMillis": "10000", "shardSyncIntervalMillis": "10000"}
 
 
 @dataclass
-class Phase:
+class ScalePhase:
     name: str
     began: float  # time.time(): its start or kill, then (once settled) the start of its figures
     ended: float = 0.0
@@ -85,7 +85,7 @@ class Phase:
 @dataclass
 class Scale:
     shards: int
-    phases: list[Phase] = field(default_factory=list)
+    phases: list[ScalePhase] = field(default_factory=list)
     put: set[tuple[str, str]] = field(default_factory=set)  # (shard, sequence number)
     rows: Counter = field(default_factory=Counter)  # (shard, sequence number) -> rows in the table
     events: dict[str, list[dict]] = field(default_factory=dict)  # server name -> its log
@@ -122,21 +122,21 @@ class Scale:
                                    f"{len(self.phases)} phases")),
         ]
 
-    def _in(self, event: dict, phase: Phase) -> bool:
+    def _in(self, event: dict, phase: ScalePhase) -> bool:
         return phase.began <= event["at"] < phase.ended
 
-    def _rows(self, name: str, phase: Phase) -> int:
+    def _rows(self, name: str, phase: ScalePhase) -> int:
         return sum(e["rows"] for e in self.events[name] if e["event"] == "window_committed" and self._in(e, phase))
 
-    def _count(self, event: str, phase: Phase) -> int:
+    def _count(self, event: str, phase: ScalePhase) -> int:
         return sum(1 for es in self.events.values() for e in es if e["event"] == event and self._in(e, phase))
 
-    def _durations(self, phase: Phase) -> list[float]:
+    def _durations(self, phase: ScalePhase) -> list[float]:
         return [e["duration_ms"] for es in self.events.values() for e in es
                 if e["event"] == "window_committed" and self._in(e, phase)]
 
 
-def _span(phase: Phase) -> float:
+def _span(phase: ScalePhase) -> float:
     return max(phase.ended - phase.began, 1e-9)
 
 
@@ -150,7 +150,7 @@ def _ms(values: list[float], q: int) -> str:
     return f"{statistics.quantiles(values, n=100)[q - 1]:.0f}"
 
 
-class Server:
+class ServerProcess:
     """One ``mldserver run`` with its own state dir, log and daemon."""
 
     def __init__(self, base: Path, name: str, properties: Path, config: Path, sink: str) -> None:
@@ -252,7 +252,7 @@ class Bench:
         else:  # SQLite in one folder every server reaches
             self.sink = f"iceberg:{base / 'lake'}"
             self.config.write_text(CONFIG)
-        self.servers: list[Server] = []
+        self.servers: list[ServerProcess] = []
         self.producer = Producer(kinesis, shards)
         self.measure = MEASURE
         self.result = Scale(shards)
@@ -274,7 +274,7 @@ class Bench:
             return None
         return next((i["ownerName"]["S"] for i in items if "ownerName" in i), None)
 
-    def settled(self, live: list[Server]) -> tuple[str, ...] | None:
+    def settled(self, live: list[ServerProcess]) -> tuple[str, ...] | None:
         """Who holds each lease when every lease is held by a live server and each live
         server holds one at least (None before): the assignment the phase waits to be
         stable. KCL 3.x balances by each worker's load, not by count: 4 / 2 is balanced
@@ -287,11 +287,11 @@ class Bench:
             return None
         return tuple(owners.get(w, 0) for w in workers)
 
-    async def phase(self, name: str, live: list[Server], limit: float) -> None:
+    async def phase(self, name: str, live: list[ServerProcess], limit: float) -> None:
         """A phase begins (a start or a kill just happened): until the leases are settled
         and stay so for ``STABLE`` s, then its figures over ``measure`` s more."""
         began = time.time()
-        phase = Phase(name, began)
+        phase = ScalePhase(name, began)
         self.result.phases.append(phase)
         deadline = time.monotonic() + limit
         last, changed = None, began
@@ -314,8 +314,8 @@ class Bench:
         phase.ended = time.time()
         phase.put = self.producer.count() - put
 
-    def start(self) -> Server:
-        server = Server(self.base, f"server-{len(self.servers) + 1}", self.properties, self.config, self.sink)
+    def start(self) -> ServerProcess:
+        server = ServerProcess(self.base, f"server-{len(self.servers) + 1}", self.properties, self.config, self.sink)
         self.servers.append(server)
         return server
 
