@@ -37,11 +37,11 @@ async def servers(aws):
     opened: list[ShardLeases] = []
     table = f"shard-leases-{next(_tables)}"
 
-    async def open_(n: int, shards=SHARDS) -> list[ShardLeases]:
+    async def open_(n: int, shards=SHARDS, period_s: float = PERIOD) -> list[ShardLeases]:
         out = []
         for _ in range(n):
             lost: list[str] = []
-            leases = ShardLeases(table, SOURCE, period_s=PERIOD, on_lost=lost.append)
+            leases = ShardLeases(table, SOURCE, period_s=period_s, on_lost=lost.append)
             leases.lost = lost  # type: ignore[attr-defined]
             await leases.__aenter__()
             await leases.bind(ARN, None)
@@ -105,7 +105,7 @@ async def test_a_dead_servers_leases_are_taken_after_a_period_and_released_ones_
     stop = asyncio.Event()
     running = asyncio.create_task(b.run(stop))
     await eventually(lambda: len(b.held) == 4, 10 * PERIOD, what="b holding all four")
-    assert PERIOD <= loop.time() - started <= 3 * PERIOD
+    assert loop.time() - started >= PERIOD  # not before a's leases expired (how long after: the machine's load)
     stop.set()
     await running
 
@@ -148,7 +148,9 @@ async def test_the_old_per_source_items_positions_are_the_shards_starting_points
 
 
 async def test_reset_positions_is_refused_while_a_lease_is_live(aws, servers):
-    [a] = await servers(1)
+    # (a lease that stays live through the test: with PERIOD's 2 s, a loaded machine once
+    # let it expire, nothing renewing it here, before the reset looked)
+    [a] = await servers(1, period_s=600)
     await a.cycle()
     await a.store("shardId-000000000001", Position.parse("000000000000000000017"))
     async with ShardLeases(servers.table, SOURCE) as other:
