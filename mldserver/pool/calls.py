@@ -159,6 +159,7 @@ class ProcessCalls(Calls):
         attempts = retries + 1
         attempt = redone = 0
         error = ""
+        timed_out = False  # the last attempt ran past the time-out
         checked: list[bool] = []  # check's answer, once it ran (the call is held until then)
 
         def run_check() -> bool:
@@ -177,7 +178,7 @@ class ProcessCalls(Calls):
                     return Outcome(FAILED, f"not called: {self._aborted}")
                 if checked and not checked[0]:
                     return Outcome(SKIPPED)  # (the attempt that was told so ended otherwise: redone, it is not called)
-                traceback = None
+                traceback, timed_out = None, False
                 proc = frame = None
                 try:
                     proc = await self._placed()
@@ -192,6 +193,7 @@ class ProcessCalls(Calls):
                     message, rows = await self._wait(proc, frame, body, cp, action, run_check if held else None)
                 except _TimedOut as exc:
                     error = f"timed out after {self.timeout} s (execution_timeout): {exc.how}"
+                    timed_out = True
                     self.count({"timeout_count": 1})
                     self._timed_out(proc, action, exc)
                     if exc.how == KILLED:
@@ -234,7 +236,7 @@ class ProcessCalls(Calls):
                                retry=retry, traceback=traceback)
                 if retry:
                     await asyncio.sleep(self.backoff.delay(attempt - 1))
-            return Outcome(FAILED, error, isolate=self._quarantine)
+            return Outcome(FAILED, error, isolate=self._quarantine, timed_out=timed_out)
         finally:
             self._acting(None)
             self._quarantine = False

@@ -8,7 +8,10 @@ until only records that fail alone are left. Those are dead-lettered with their 
 never passes a record not yet in the dead letters); every other record is handled and
 its rows kept, in the batch's order. Past ``deadline`` (monotonic seconds) a failing
 half is not split further: its records are dead-lettered whole, so a handler that times
-out on every call does not hold its shard for n log n time-outs. A handler may see a
+out on every call does not hold its shard for n log n time-outs. A half whose call ran
+past ``execution_timeout`` (``Outcome.timed_out``) has spent that budget by itself and is
+dead-lettered whole at once, whatever the clocks say (an event loop's timers and
+``time.monotonic`` may disagree by a loop iteration). A handler may see a
 record more than once when its batch is bisected, as it may on any retry.
 
 One bad record in a batch of 200 (handlers that raise on it)::
@@ -48,8 +51,8 @@ async def bisect(call: Callable[[Sequence[Any]], Awaitable[Outcome]], records: S
     records that fail alone, and the rows of all the others (see the module)."""
     done = Bisected()
 
-    async def failing(lo: int, hi: int, error: str, calls: int) -> None:
-        if hi - lo == 1 or time.monotonic() >= deadline:
+    async def failing(lo: int, hi: int, error: str, calls: int, spent: bool = False) -> None:
+        if hi - lo == 1 or spent or time.monotonic() >= deadline:
             failed = [(i, error, calls) for i in range(lo, hi)]
             done.failed.extend(failed)
             await on_failed(failed)
@@ -65,7 +68,7 @@ async def bisect(call: Callable[[Sequence[Any]], Awaitable[Outcome]], records: S
                     done.failed.extend(failed)
                     await on_failed(failed)
             else:
-                await failing(a, b, outcome.error or error, calls + 1)
+                await failing(a, b, outcome.error or error, calls + 1, outcome.timed_out)
 
     await failing(0, len(records), error, attempts)
     return done

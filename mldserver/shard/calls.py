@@ -91,6 +91,9 @@ class Outcome(NamedTuple):
     # the failure killed its handler process or ran past execution_timeout: the calls that
     # bisect its batch run in a process of their own (``quarantine``), as its retries did
     isolate: bool = False
+    # its last attempt ran past execution_timeout (a bisected part that did has spent the
+    # bisect's budget by itself: ``bisect.py``)
+    timed_out: bool = False
 
     @property
     def ok(self) -> bool:
@@ -209,6 +212,7 @@ class HandlerCalls(Calls):
         self.grace = min(GRACE_CAP, max(timeout / 2, 0.05)) if grace is None else grace
         self.handler: Any = None
         self._failure: BaseException | None = None  # the last attempt's exception, for its traceback
+        self._timed_out = False  # the last attempt ran past the time-out
 
     def create(self) -> str | None:
         """Make this shard's handler; why it failed, or None."""
@@ -268,14 +272,14 @@ class HandlerCalls(Calls):
             if not retry:
                 break
             await asyncio.sleep(self.backoff.delay(attempt))
-        return Outcome(FAILED, error)
+        return Outcome(FAILED, error, timed_out=self._timed_out)
 
     async def _attempt(
         self, action: str, arg: Any, checkpointer: Callable[[], Checkpointer]
     ) -> tuple[Outcome | None, str, bool]:
         """One call in its own task: (the outcome, or None and why it failed, and
         whether that failure is final: not worth a retry)."""
-        self._failure = None
+        self._failure, self._timed_out = None, False
         try:
             started = _invoke(self.handler, action, arg, checkpointer())
         except CheckpointError as exc:
@@ -329,12 +333,14 @@ class HandlerCalls(Calls):
                         what_to_do="the handler swallows asyncio.CancelledError: let it propagate (re-raise it); "
                         "the call is abandoned and the action answered as failed",
                     )
+                    self._timed_out = True
                     return None, f"abandoned: still running {self.grace} s after its time-out cancelled it", True
                 if not task.cancelled():
                     task.exception()  # retrieved: the time-out is what counts
                 if self._aborted is not None:
                     return None, f"cancelled: {self._aborted}", True
                 self.count({"timeout_count": 1})
+                self._timed_out = True
                 return None, f"timed out after {self.timeout} s (execution_timeout)", False
         except asyncio.CancelledError:  # our own cancellation: the call goes with it
             task.cancel()

@@ -66,3 +66,22 @@ async def test_past_the_deadline_a_failing_half_is_dead_lettered_whole():
 
     done = await bisect(call, list(range(8)), "e", attempts=1, deadline=time.monotonic() - 1, on_failed=on_failed)
     assert [i for i, _, _ in done.failed] == list(range(8)) and done.calls == 0
+
+
+async def test_a_half_that_timed_out_is_dead_lettered_whole_however_much_time_is_left():
+    # its call ran past execution_timeout, the whole budget: an event loop's clock may
+    # fire that time-out before time.monotonic reaches the deadline, so it is not asked
+    calls = []
+
+    async def call(part):
+        calls.append(list(part))
+        if 5 in part:
+            return Outcome(FAILED, "timed out after 0.3 s (execution_timeout)", timed_out=True)
+        return Outcome(OK, rows=list(part))
+
+    async def on_failed(failed):
+        pass
+
+    done = await bisect(call, list(range(8)), "e", attempts=2, deadline=time.monotonic() + 60, on_failed=on_failed)
+    assert calls == [[0, 1, 2, 3], [4, 5, 6, 7]] and done.rows == [[0, 1, 2, 3]]
+    assert [i for i, _, _ in done.failed] == [4, 5, 6, 7]
