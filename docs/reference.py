@@ -2,7 +2,7 @@
 (``mldserver.base.config.Settings``, each with its Rule), every command and option (the
 parser of ``mldserver.cli``), every metric (each Prometheus instrument the package
 makes), every log event (``mldserver.base.events.EVENTS``), what to do about each
-warning and error, and the Python API (``mldserver.__all__`` and ``mldserver.testing``,
+warning and error, and the Python API (``mldserver.__all__`` and ``mldserver.api.testing``,
 rendered by mkdocstrings from the docstrings).
 
 mkdocs runs it as a hook (``hooks:`` in mkdocs.yml): ``on_files`` puts the pages
@@ -354,19 +354,19 @@ def _areas() -> dict[str, None]:
 # -- the Python API ------------------------------------------------------------------------
 
 class Name(NamedTuple):
-    public: str  # as a user imports it: mldserver.Handler, mldserver.testing.FakeDaemon
+    public: str  # as a user imports it: mldserver.Handler, mldserver.api.testing.FakeDaemon
     path: str  # where it is defined, which mkdocstrings loads: mldserver.api.handler.Handler
     value: Any
 
 
 def api() -> list[Name]:
     """Every public name: ``mldserver.__all__`` (exported lazily, each from its module)
-    and ``mldserver.testing.__all__``, in their order."""
+    and ``mldserver.api.testing.__all__``, in their order."""
     import mldserver
     from mldserver.api import testing
 
     out = []
-    for module, names in (("mldserver", mldserver.__all__), ("mldserver.testing", testing.__all__)):
+    for module, names in (("mldserver", mldserver.__all__), ("mldserver.api.testing", testing.__all__)):
         for name in names:
             value = getattr(mldserver if module == "mldserver" else testing, name)
             defined = (f"{value.__module__}.{value.__qualname__}" if inspect.isclass(value) or inspect.isfunction(value)
@@ -428,7 +428,7 @@ def api_page() -> str:
     names = api()
     out = ["# Python API", "",
            "Every public name of `mldserver` (what `import mldserver` gives: the handler API, the stream "
-           "reader, the errors) and of `mldserver.testing` (a fake daemon and records for testing handlers), "
+           "reader, the errors) and of `mldserver.api.testing` (a fake daemon and records for testing handlers), "
            "with its signature and docstring. The names of `mldserver` are imported lazily, each from the "
            "module named below; import them from `mldserver` (`mldserver.Handler`), not from there.", "",
            GENERATED + " A public name without a docstring fails `tests/test_docs.py`.", "",

@@ -26,8 +26,6 @@ once per shard) pays for none of them.
 from __future__ import annotations
 
 import importlib
-import importlib.machinery
-import sys
 from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
@@ -78,37 +76,3 @@ def __getattr__(name: str) -> Any:
     value = getattr(importlib.import_module(module), name)
     globals()[name] = value
     return value
-
-
-# Modules that moved into the folders keep their old names (``mldserver.records``,
-# ``mldserver.testing``, ...): importing one gives the module itself, not a copy.
-_MOVED = {
-    "mldserver.records": "mldserver.api.records",
-    "mldserver.testing": "mldserver.api.testing",
-    "mldserver.dynamodb_json": "mldserver.api.dynamodb_json",
-    "mldserver.handler": "mldserver.api.handler",
-    "mldserver.changes": "mldserver.api.changes",
-    "mldserver.context": "mldserver.api.context",
-    "mldserver.checkpointer": "mldserver.api.checkpointer",
-    "mldserver.config": "mldserver.base.config",
-    "mldserver.bindings": "mldserver.api.bindings",
-}
-
-
-class _MovedModules:
-    """``import mldserver.records`` finds ``mldserver.api.records``: the loader puts
-    the real module in ``sys.modules`` under the old name, which the import returns."""
-
-    def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
-        if fullname not in _MOVED:
-            return None
-        return importlib.machinery.ModuleSpec(fullname, self)
-
-    def create_module(self, spec: Any) -> None:
-        return None
-
-    def exec_module(self, module: Any) -> None:
-        sys.modules[module.__name__] = importlib.import_module(_MOVED[module.__name__])
-
-
-sys.meta_path.append(_MovedModules())

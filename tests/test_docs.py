@@ -181,7 +181,7 @@ def test_every_public_name_and_its_methods_have_a_docstring():
     names = reference.api()
     public = {n.public for n in names}
     assert {"mldserver.Handler", "mldserver.Batch", "mldserver.open_stream", "mldserver.CheckpointError",
-            "mldserver.testing.FakeDaemon", "mldserver.testing.make_records", "mldserver.testing.SHARD_END"} <= public
+            "mldserver.api.testing.FakeDaemon", "mldserver.api.testing.make_records", "mldserver.api.testing.SHARD_END"} <= public
     assert len(public) == len(names)
     assert reference.undocumented() == [], "give each a docstring that teaches its contract with an example"
 

@@ -1,5 +1,5 @@
 """The handler API: what a handler module imports and is given (``import mldserver``
-names these; their old module names, ``mldserver.records`` and the like, still work).
+names these; ``mldserver.api.testing`` is the fake daemon for a handler's own tests).
 It imports nothing of the server's parts: they import it.
 
 - ``handler.py``: ``Handler``, one instance per shard connection, and its callbacks.

@@ -47,7 +47,7 @@ from typing import Any, Callable, Iterable
 
 from .adapter import adapter_change, dynamodb_record  # noqa: F401  (re-exported: tests build records so)
 
-# What ``mldserver.testing`` offers (the documentation's Python API page lists these).
+# What ``mldserver.api.testing`` offers (the documentation's Python API page lists these).
 __all__ = ["FakeDaemon", "Shard", "Child", "SocketChild", "DaemonExit", "make_records", "errors_in_order",
            "kill_children", "relay_command", "parse_child_line", "adapter_change", "dynamodb_record", "SHARD_END"]
 

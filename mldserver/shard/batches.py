@@ -138,7 +138,7 @@ def _lazy(raws: LazyRecords, positions: bool, later: bool) -> LineRecords | None
 
 class LineRecords(Sequence[Record]):
     """The records of a processRecords line read lazily (a handler process reads them
-    from the line): a :class:`~mldserver.records.Record` is made only for the records
+    from the line): a :class:`~mldserver.api.records.Record` is made only for the records
     the server asks for (the last one, the records rows came from, a checkpoint's)."""
 
     __slots__ = ("raws", "positions", "arrivals", "_last")

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 
-from mldserver.testing import make_records
+from mldserver.api.testing import make_records
 
 from ..harness import eventually, running
 from .serving import MemorySink
