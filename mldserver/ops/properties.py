@@ -5,11 +5,15 @@ The daemon silently ignores a key it does not know, and some values defeat the
 server's guarantees, so ``mldserver check --properties`` and ``mldserver run`` report
 each finding with its line and what to do::
 
-    >>> props = read("mld.properties")
-    >>> for f in check(props, settings):
-    ...     print(f.render(props.path))
-    error    mld.properties:14 initialPositonInStream: not a key the KCL 3.1.3 daemon
-             knows (it ignores it silently): did you mean initialPositionInStream?
+    >>> import pathlib, tempfile
+    >>> path = pathlib.Path(tempfile.mkdtemp(), "mld.properties")
+    >>> lines = ["applicationName = orders-app", "streamName = orders", "regionName = us-east-1",
+    ...          "shutdownGraceMillis = 30000", "initialPositonInStream = TRIM_HORIZON"]
+    >>> _ = path.write_text("".join(line + chr(10) for line in lines))
+    >>> props = read(path)
+    >>> for f in check(props, Settings(), run=True):  # as ``mldserver run`` checks it
+    ...     print(f.render("mld.properties"))
+    error    mld.properties:5 initialPositonInStream: not a key the KCL 3.1.3 daemon knows (it ignores it silently): did you mean initialPositionInStream?
 
 The known keys are ``mldserver.base.kcl_keys`` (generated from the jars by
 scripts/kcl-property-keys), so checking needs no Java.

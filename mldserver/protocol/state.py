@@ -33,7 +33,7 @@ it reads and writes lines)::
     'PROCESSING'
     >>> m.move(Trigger.INITIALIZE, "initialize")
     Traceback (most recent call last):
-    RemoteProtocolError: initialize is out of order while PROCESSING (...)
+    mldserver.protocol.errors.RemoteProtocolError: initialize is out of order while PROCESSING (...)
     >>> m.state.name, m.owes_status
     ('PROCESSING', 'initialize')
     >>> m.move(Trigger.STATUS, "initialize").name  # the refused action's status
