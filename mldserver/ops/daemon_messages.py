@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import Iterable
 
 QUIET_S = 0.5  # the daemon quiet this long: the message under way has ended
 
@@ -61,8 +62,14 @@ class Message:
     @property
     def caused_by(self) -> str | None:
         """The deepest ``Caused by:`` of its exception, if any."""
-        causes = [line[len(CAUSED_BY):] for line in self.lines if line.startswith(CAUSED_BY)]
-        return causes[-1] if causes else None
+        return deepest_cause(self.lines)
+
+
+def deepest_cause(lines: Iterable[str]) -> str | None:
+    """The deepest ``Caused by:`` of a Java stack trace's ``lines``, where the trouble
+    began (as the JVM prints it, or as py4j quotes it in a Python error), if any."""
+    causes = [line.strip()[len(CAUSED_BY):] for line in lines if line.strip().startswith(CAUSED_BY)]
+    return causes[-1] if causes else None
 
 
 class Messages:

@@ -32,7 +32,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import re
 import shutil
 import sys
 import time
@@ -44,6 +43,7 @@ from ..examples.orders import change_record
 from ..base.logs import configure
 from ..server.server import Server
 from ..api.testing import SHARD_END, FakeDaemon, make_records, relay_command
+from .daemon_messages import EXCEPTION, deepest_cause
 
 BATCH = 1000
 WINDOW = 60.0
@@ -117,13 +117,10 @@ def cause(error: str, limit: int = 400) -> str:
     lines = [line.strip() for line in error.splitlines() if line.strip()]
     if not lines:
         return "(no message)"
-    java = [line.removeprefix(": ").removeprefix("Caused by: ") for line in lines[1:]
-            if _JAVA_EXCEPTION.match(line)]
-    text = lines[0] + (f" <- {java[-1]}" if java else "")
+    thrown = next((line.removeprefix(": ") for line in lines[1:] if EXCEPTION.match(line.removeprefix(": "))), None)
+    java = deepest_cause(lines[1:]) or thrown
+    text = lines[0] + (f" <- {java}" if java else "")
     return text if len(text) <= limit else text[:limit - 3] + "..."
-
-
-_JAVA_EXCEPTION = re.compile(r"^(: |Caused by: )?[\w.$]+(Exception|Error)\b")
 
 
 async def _feed(server: Server, daemon: FakeDaemon, shards: int, records: int, sent: list[int]) -> list:
