@@ -62,7 +62,7 @@ from typing import Any, AsyncIterator, Iterable
 
 import orjson
 
-from .durable import append_fsync, fsync_dir, safe_filename, until_written, utc_timestamp
+from .durable import append_fsync, atomic_write, fsync_dir, safe_filename, until_written, utc_timestamp
 from .logs import EventLogger, get_logger
 from .positions import Position
 
@@ -292,12 +292,7 @@ def _without(path: Path, lines: set[bytes]) -> int:
     if not data:
         path.unlink()
     else:
-        temp = path.with_name(path.name + ".tmp")
-        with open(temp, "wb") as out:
-            out.write(data)
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(temp, path)
+        atomic_write(path, data)
     fsync_dir(path.parent)
     return removed
 

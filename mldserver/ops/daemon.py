@@ -49,6 +49,7 @@ from . import properties, tether
 from .daemon_messages import QUIET_S, Message, Messages
 from ..base.config import Settings, state_path
 from ..errors import ConfigError, MldserverError
+from ..base.durable import atomic_write
 from ..base.logs import EventLogger, get_logger
 
 if TYPE_CHECKING:
@@ -254,9 +255,7 @@ class Daemon:
         if not self.worker_id:
             self.worker_id = tether.worker_id(self.dir)
             text += f"# This state dir's worker: a restart resumes its own leases.\nworkerId = {self.worker_id}\n"
-        tmp = self.properties_path.with_suffix(".tmp")
-        tmp.write_bytes(text.encode("latin-1", "backslashreplace"))
-        tmp.replace(self.properties_path)
+        atomic_write(self.properties_path, text.encode("latin-1", "backslashreplace"))
 
     async def _watch(self) -> None:
         proc = self.proc

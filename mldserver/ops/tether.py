@@ -46,6 +46,7 @@ import uuid
 from pathlib import Path
 from typing import Callable
 
+from ..base.durable import atomic_write
 from ..base.logs import EventLogger
 from ..errors import ConfigError
 
@@ -106,9 +107,7 @@ class Pidfile:
         me = os.getpid()
         held = {"pid": pid, "started": started(pid), "server_pid": me, "server_started": started(me)}
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(held) + "\n")
-        tmp.replace(self.path)
+        atomic_write(self.path, (json.dumps(held) + "\n").encode())
 
     def remove(self) -> None:
         self.path.unlink(missing_ok=True)
@@ -147,7 +146,5 @@ def worker_id(directory: Path) -> str:
         return found
     made = f"mldserver-{uuid.uuid4().hex[:16]}"
     directory.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(made + "\n")
-    tmp.replace(path)
+    atomic_write(path, (made + "\n").encode())
     return made

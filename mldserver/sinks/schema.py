@@ -28,6 +28,7 @@ import orjson
 import pyarrow as pa
 import pyarrow.json as pj
 
+from ..base.durable import atomic_write
 from ..base.handoff import JsonLines
 from ..errors import ConfigError
 
@@ -61,9 +62,7 @@ def load(path: Path) -> pa.Schema | None:
 
 def save(schema: pa.Schema, path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f"{path.name}.tmp")
-    tmp.write_bytes(schema.serialize().to_pybytes())
-    tmp.replace(path)
+    atomic_write(path, schema.serialize().to_pybytes())
 
 
 def rows_to_table(rows: JsonLines, schema: pa.Schema | None) -> tuple[pa.Table, list[tuple[int, str]]]:
