@@ -25,8 +25,9 @@ once per shard) pays for none of them.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from .lazy import lazy
 
 __version__ = "0.1.0"
 
@@ -67,12 +68,5 @@ if TYPE_CHECKING:
     from .sources.stream import Change, StreamRecord, open_stream
 
 
-def __getattr__(name: str) -> Any:
-    if name == "timers":  # the module: mldserver.timers.create / .cancel in timer callbacks
-        return importlib.import_module("mldserver.timers")
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'mldserver' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+# ``mldserver.timers``, the module: ``mldserver.timers.create`` / ``.cancel`` in timer callbacks
+__getattr__ = lazy(__name__, _EXPORTS, submodules=("timers",))

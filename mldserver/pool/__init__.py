@@ -11,8 +11,9 @@
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from ..lazy import lazy
 
 __all__ = ["HandlerPool", "ProcessCalls"]
 
@@ -21,10 +22,6 @@ if TYPE_CHECKING:
     from .pool import HandlerPool
 
 
-def __getattr__(name: str) -> Any:
-    """Imported when asked for: a handler process (``python -m mldserver.pool.child``)
-    loads this package, and none of the server's side."""
-    module = {"HandlerPool": ".pool", "ProcessCalls": ".calls"}.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(module, __name__), name)
+# Imported when asked for: a handler process (``python -m mldserver.pool.child``) loads
+# this package, and none of the server's side.
+__getattr__ = lazy(__name__, {"HandlerPool": ".pool", "ProcessCalls": ".calls"})

@@ -14,8 +14,9 @@
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from ..lazy import lazy
 
 __all__ = [
     "NEED_DATA", "Connection", "action_in", "MALFORMED_REPLY", "LocalProtocolError", "ProtocolError", "RemoteProtocolError",
@@ -74,10 +75,6 @@ _MODULES = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    """Imported when asked for: ``Settings`` needs ``DEFAULT_MAX_LINE_SIZE`` alone, and a
-    handler process nothing else of the protocol."""
-    module = _MODULES.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(module, __name__), name)
+# Imported when asked for: ``Settings`` needs ``DEFAULT_MAX_LINE_SIZE`` alone, and a
+# handler process nothing else of the protocol.
+__getattr__ = lazy(__name__, _MODULES)

@@ -14,8 +14,9 @@ for, so a handler process or the relay importing ``mldserver`` pays for none of 
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from ..lazy import lazy
 
 __all__ = ["Server", "ServerCrashed", "run"]
 
@@ -24,8 +25,4 @@ if TYPE_CHECKING:
     from .server import Server, run
 
 
-def __getattr__(name: str) -> Any:
-    module = {"Server": ".server", "run": ".server", "ServerCrashed": "..errors"}.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(module, __name__), name)
+__getattr__ = lazy(__name__, {"Server": ".server", "run": ".server", "ServerCrashed": "..errors"})

@@ -16,8 +16,9 @@ module.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from ..lazy import lazy
 
 __all__ = ["CoordinatorLink", "NoSink", "RedriveLink", "ShardDriver"]
 
@@ -26,10 +27,6 @@ if TYPE_CHECKING:
     from .driver import ShardDriver
 
 
-def __getattr__(name: str) -> Any:
-    """Imported when asked for: a handler process uses ``shard.calls`` alone."""
-    module = {"CoordinatorLink": ".downstream", "NoSink": ".downstream", "RedriveLink": ".downstream",
-              "ShardDriver": ".driver"}.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(module, __name__), name)
+# Imported when asked for: a handler process uses ``shard.calls`` alone.
+__getattr__ = lazy(__name__, {"CoordinatorLink": ".downstream", "NoSink": ".downstream", "RedriveLink": ".downstream",
+                              "ShardDriver": ".driver"})
