@@ -6,10 +6,9 @@ while their processors compute, and never wait for one that blocks::
         processor.process_records(process_records_input)
 
 Threads that all compute at once share one GIL: each runs in 5 ms slices, every batch
-in flight is parsed and alive at the same time, and the hand-overs cost CPU. Measured
-in one handler process with amazon_kclpy's sample, 16 shards and 4 batches of 10,000
-records at a time: 97,000 records/s and +40 MiB, against 177,000 records/s and +16 MiB
-when they ran one after another. So a thread waits for its turn, first come first
+in flight is parsed and alive at the same time, and the hand-overs cost CPU (taking
+turns nearly doubled the records/s of amazon_kclpy's sample at 16 shards, with less
+memory: docs/performance.md). So a thread waits for its turn, first come first
 served, while the threads that have one compute; it does not wait:
 
 - for a thread that stopped computing (``time.sleep``, a socket, a checkpoint's round
