@@ -36,8 +36,9 @@ not take), the action raises ``FeedClosed``.
 from __future__ import annotations
 
 import asyncio
-import json
 from typing import Any, Awaitable, Callable
+
+import orjson
 
 from ..base.positions import Position
 from .positions import SHARD_END, Saved
@@ -96,8 +97,7 @@ class Feed:
 
     async def process_records(self, records: list[dict[str, Any]], millis_behind_latest: int | None) -> None:
         """``records``: daemon-shaped records (``api.adapter.dynamodb_record``), in order."""
-        line = json.dumps({"action": "processRecords", "records": records,
-                           "millisBehindLatest": millis_behind_latest}, separators=(",", ":")).encode()
+        line = orjson.dumps({"action": "processRecords", "records": records, "millisBehindLatest": millis_behind_latest})
         if records:
             last = records[-1]
             position = Position.parse(last["sequenceNumber"], last.get("subSequenceNumber") or 0)
@@ -132,7 +132,7 @@ class Feed:
 
     async def _action(self, message: dict[str, Any] | bytes, phase: str | None = None) -> None:
         name = phase or message["action"]  # type: ignore[index]
-        line = message if isinstance(message, bytes) else json.dumps(message, separators=(",", ":")).encode()
+        line = message if isinstance(message, bytes) else orjson.dumps(message)
         self.phase, self.busy = name, True
         try:
             self.writer.write(line + b"\n")
@@ -160,7 +160,7 @@ class Feed:
                 raise FeedClosed(f"the server closed the connection while answering {self.phase}")
             if line.strip():
                 try:
-                    message = json.loads(line)
+                    message = orjson.loads(line)
                 except ValueError:
                     continue  # as the daemon: skipped
                 if isinstance(message, dict):
@@ -176,5 +176,5 @@ class Feed:
             except CheckpointRefused as exc:
                 error = exc.error
         reply = {"action": "checkpoint", "sequenceNumber": seq, "subSequenceNumber": sub, "error": error}
-        self.writer.write(json.dumps(reply, separators=(",", ":")).encode() + b"\n")
+        self.writer.write(orjson.dumps(reply) + b"\n")
         await self.writer.drain()
