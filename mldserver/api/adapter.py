@@ -23,8 +23,9 @@ read the stream::
 from __future__ import annotations
 
 import base64
-import json
 from typing import Any
+
+import orjson
 
 def adapter_change(api_record: dict[str, Any]) -> dict[str, Any]:
     """A DynamoDB Streams API ``Record`` (as boto3's ``dynamodbstreams`` client returns
@@ -81,7 +82,7 @@ def dynamodb_record(change: dict[str, Any], *, v1: bool = False) -> dict[str, An
     seq = stream.get("SequenceNumber")
     return {
         "action": "record",
-        "data": base64.b64encode(json.dumps(change, separators=(",", ":")).encode()).decode("ascii"),
+        "data": base64.b64encode(orjson.dumps(change)).decode("ascii"),
         "partitionKey": None if v1 else seq,
         "sequenceNumber": seq,
         "subSequenceNumber": 0,
