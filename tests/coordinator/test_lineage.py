@@ -9,6 +9,7 @@ import boto3
 import pytest
 from moto.server import ThreadedMotoServer
 
+from mldserver.coordinator import lineage as lineage_module
 from mldserver.coordinator.lineage import Lineage, StreamShards
 from mldserver.base.positions import Position
 
@@ -123,7 +124,15 @@ async def test_dynamodb_streams_describe_stream_gives_the_shards(moto_endpoint):
     assert shards and all(parents == () for parents in shards.values())
 
 
-async def test_unreachable_stream_api_falls_back_to_what_was_seen():
+async def test_a_stream_the_api_does_not_know_falls_back_to_what_was_seen(moto_endpoint):
+    lineage = Lineage(StreamShards("no-such-stream", region="us-east-1", endpoint_url=moto_endpoint))
+    lineage.ended("s0")
+    await lineage.started("s1", None)  # ResourceNotFoundException, answered at once
+    assert lineage.parents_of("s1") == ("s0",)
+
+
+async def test_unreachable_stream_api_falls_back_to_what_was_seen_after_the_lookups_time_out(monkeypatch):
+    monkeypatch.setattr(lineage_module, "LOOKUP_TIMEOUT", 1.0)  # (10 s: botocore retries a refused connection)
     lineage = Lineage(StreamShards("orders", region="us-east-1", endpoint_url=f"http://127.0.0.1:{free_port()}"))
     lineage.ended("s0")
     await lineage.started("s1", None)
