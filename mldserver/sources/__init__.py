@@ -18,7 +18,8 @@ job each:
 - ``shard_leases.py``: with ``--lease-table``, a source's shards spread over the servers
   sharing the table (a DynamoDB lease per shard, which also keeps its position);
 - ``cursor.py``: one shard read page after page (iterators, throttling, expiry, trimming);
-- ``reader.py``: a source's shards listed, read parents first, polled, fed;
+- ``reader.py``: a source's shards listed, started parents first, their leases kept, stopped;
+- ``shard_reading.py``: one shard read into the server: its feed, its pages, how it ends;
 - ``stream.py``: the same reading for scripts, ``mldserver.open_stream`` (no server).
 
 The server builds them with ``readers(settings, attach=..., empty_batches=...)``

@@ -74,6 +74,8 @@ Two reads of one shard are ``read_interval`` apart at least (Kinesis allows 5
 GetRecords a second per shard). ``millisBehindLatest``: Kinesis's own; for DynamoDB 0
 after a page that was not full, else the time since the last record's creation.
 The services are ``service.Service``s (``dynamodb``, ``kinesis``); all else is shared.
+Each shard's own reading, from its feed's ``initialize`` to how it ends, is
+``shard_reading.ShardReading``; this module lists, starts and stops them.
 """
 
 from __future__ import annotations
@@ -85,15 +87,14 @@ from typing import Any, Awaitable, Callable
 
 from ..base.config import Settings
 from ..base.logs import EventLogger, get_logger
-from ..base.positions import Position
 from ..errors import ConfigError
 from .dynamodb import DynamoDBStreams
 from .kinesis import KinesisStreams
-from .cursor import UNREACHABLE, ShardCursor, sleep
+from .cursor import UNREACHABLE, sleep
 from .service import Invalid, ListedShard, NotFound, Service, Throttled, Unreachable
-from .feed import LINE_LIMIT, CheckpointRefused, Feed, FeedClosed
-from .shard_leases import LeaseNotHeld, ShardLeases
-from .positions import SHARD_END, SavedPositions
+from .shard_leases import ShardLeases
+from .shard_reading import ShardReading
+from .positions import SavedPositions
 from .spec import SourceSpec, Start
 
 STOP_WAIT_S = 5.0  # past shutdown_timeout: how long a shard's feed gets once cancelled
@@ -128,17 +129,14 @@ class SourceReader:
         self.task: asyncio.Task[None] | None = None
         self.listed: dict[str, ListedShard] = {}
         self.reading: dict[str, asyncio.Task[None]] = {}
-        self.feeds: dict[str, Feed] = {}
-        self.cursors: dict[str, ShardCursor] = {}  # the shards being read
+        self.shards: dict[str, ShardReading] = {}  # the shards started (``shard_reading.py``)
         self.stream: str | None = None  # the stream's ARN, once found
         self.created: int | None = None  # its creation time, where the ARN does not say (Kinesis)
-        self._renewed = False  # the stream was created again while read: its shards from TRIM_HORIZON
+        self.renewed = False  # the stream was created again while read: its shards from TRIM_HORIZON
         self._deleted_logged = False
         self.leases: ShardLeases | None = None  # --lease-table
         self._stop = asyncio.Event()  # every shard's reading stops: the reader's stop, the stream made again
         self._closing = asyncio.Event()  # the reader's stop
-        self._shard_stops: dict[str, asyncio.Event] = {}  # one shard's reading stops (its lease lost)
-        self._lost_shards: set[str] = set()  # shards whose lease was lost: they get leaseLost
         self._wake = asyncio.Event()
 
     # -- lifecycle ------------------------------------------------------------------
@@ -219,7 +217,8 @@ class SourceReader:
 
             reader.lags() == {"shardId-000000000000": 0, "shardId-000000000001": 5200}
         """
-        return {shard_id: cursor.lag_ms for shard_id, cursor in list(self.cursors.items())}
+        return {shard_id: reading.cursor.lag_ms for shard_id, reading in list(self.shards.items())
+                if reading.cursor is not None}
 
     def status(self) -> dict[str, Any]:
         """What /status shows of the source::
@@ -243,8 +242,8 @@ class SourceReader:
     def _halt(self) -> None:
         """Every shard's reading stops."""
         self._stop.set()
-        for stop in self._shard_stops.values():
-            stop.set()
+        for reading in self.shards.values():
+            reading.stop.set()
 
     # -- the shards' leases (--lease-table) -------------------------------------------
 
@@ -303,10 +302,10 @@ class SourceReader:
     def _shard_lease_lost(self, shard_id: str) -> None:
         """A shard's lease is gone: its reading stops at once (after the action under
         way, ``leaseLost``)."""
-        self._lost_shards.add(shard_id)
-        stop = self._shard_stops.get(shard_id)
-        if stop is not None:
-            stop.set()
+        reading = self.shards.get(shard_id)
+        if reading is not None:
+            reading.lease_lost = True
+            reading.stop.set()
         self._wake.set()
 
     async def _finish(self, tasks: list[asyncio.Task[Any]]) -> None:
@@ -357,6 +356,7 @@ class SourceReader:
                 # leases, a shard let go may be taken again, and is then read again at once
                 if shard_id not in self.listed or self.saved.ended(shard_id) or self.leases is not None:
                     del self.reading[shard_id]
+                    self.shards.pop(shard_id, None)
             for shard in shards:
                 if shard.shard_id not in self.reading and self._may_start(shard) and self._held(shard.shard_id):
                     self._start_shard(shard)
@@ -386,21 +386,21 @@ class SourceReader:
         if self._closing.is_set():
             return False  # (stop stays set: the reader stops)
         old = set(self.reading) | set(self.saved.shard_ids())
-        self.reading, self.listed, self.feeds, self.cursors = {}, {}, {}, {}
+        self.reading, self.listed, self.shards = {}, {}, {}
         if self.restart is not None:
             for shard_id in sorted(old):
-                self.restart(self._name(shard_id))
+                self.restart(self.name(shard_id))
         self.log.warning("source_stream_recreated", stream=arn, was=self.stream, was_created=self.created,
                          created=created, shards=len(old), running=True,
                          what_to_do="the stream was deleted and created again while read: the old positions are "
                                     "dropped and the new stream is read from its trim horizon")
         await self.saved.restart(arn, created)
         self.streams.follow(arn, created)
-        self.stream, self.created, self._renewed, self._deleted_logged = arn, created, True, False
+        self.stream, self.created, self.renewed, self._deleted_logged = arn, created, True, False
         self._stop.clear()
         return False
 
-    def _name(self, shard_id: str) -> str:
+    def name(self, shard_id: str) -> str:
         """The shard's id as the server knows it (``NAME/shardId`` with several sources)."""
         return f"{self.spec.name}/{shard_id}" if self.qualify else shard_id
 
@@ -413,18 +413,10 @@ class SourceReader:
         return self.leases is None or self.leases.holds(shard_id)
 
     def _start_shard(self, shard: ListedShard) -> None:
-        self._shard_stops[shard.shard_id] = asyncio.Event()
-        self._lost_shards.discard(shard.shard_id)
+        self.shards[shard.shard_id] = ShardReading(self, shard, halted=self._stop, wake=self._wake.set)
         task = asyncio.create_task(self._read_shard(shard), name=f"source {self.spec.text} {shard.shard_id}")
         self.reading[shard.shard_id] = task
         task.add_done_callback(lambda _: self._wake.set())
-
-    def _stopping(self, shard_id: str) -> asyncio.Event:
-        """Set when the shard's reading stops (the reader's stop, or its lease lost)."""
-        stop = self._shard_stops.get(shard_id)
-        if stop is None or self._stop.is_set():
-            return self._stop
-        return stop
 
     async def _sleep(self, seconds: float, *, wake: bool = False) -> None:
         """Sleep, cut short by stop (and by a shard's end, with ``wake``)."""
@@ -433,154 +425,7 @@ class SourceReader:
     # -- one shard ------------------------------------------------------------------
 
     async def _read_shard(self, shard: ListedShard) -> None:
-        assert self.streams is not None and self.saved is not None
-        shard_id = shard.shard_id
-        log = self.log.bind(shard_id=shard_id)
-        saved = self.saved.get(shard_id)
-        ours, theirs = socket.socketpair()
-        try:
-            await self.attach(theirs)
-        except BaseException:
-            theirs.close()
-            ours.close()
-            raise
-        reader, writer = await asyncio.open_unix_connection(sock=ours, limit=LINE_LIMIT)
-        positions = self.saved  # this term's (a lease lost and taken again: new ones)
-        assert positions is not None
-
-        async def store(position: Any) -> None:
-            try:
-                await positions.store(shard_id, position)
-            except LeaseNotHeld:
-                raise CheckpointRefused("ShutdownException") from None  # as the KCL answers a lost lease
-            if position == SHARD_END:  # said now, before discovery can start a child (no await between)
-                cursor = self.cursors.get(shard_id)
-                log.info("source_shard_ended", position=feed.delivered.text if feed.delivered else None,
-                         children=list(cursor.children if cursor is not None else ()))
-
-        name = self._name
-        if self.lineage is not None:
-            self.lineage(name(shard_id), tuple(map(name, shard.parents)))
-        feed = Feed(reader, writer, name(shard_id), store=store, stored=saved)
-        self.feeds[shard_id] = feed
-        ended = False
-        try:
-            if isinstance(saved, Position):
-                first: tuple[str, str | None] = (self.streams.resume, saved.text)
-                await feed.initialize(saved.text, saved.sub)
-            else:
-                from_parent = self._renewed or any(p in self.listed for p in shard.parents)
-                kind = first_iterator(self.start_at, from_parent=from_parent,
-                                      at_timestamp=self.streams.at_timestamp)
-                first = (kind, None)
-                await feed.initialize(kind)
-            try:
-                children = await self._pump(shard, feed, first, log)
-            except (NotFound, Invalid) as exc:
-                children = await self._not_found(shard, saved, exc, log)
-            ended = children is not None
-            if not ended and shard_id in self._lost_shards:
-                await feed.lease_lost()  # another server reads it now: the handler lets go
-                log.info("source_shard_lease_lost", position=feed.stored if feed.stored == SHARD_END
-                         else getattr(feed.stored, "text", None))
-            elif not ended:
-                await feed.shutdown_requested()  # the source stops: the handler may checkpoint
-        except FeedClosed as exc:
-            if not self._stopping(shard_id).is_set():
-                log.warning("source_shard_closed", error=str(exc),
-                            what_to_do="the server closed the shard's connection; it is read again at the next start")
-            return
-        finally:
-            await feed.close()
-            self.feeds.pop(shard_id, None)
-            self.cursors.pop(shard_id, None)
-        if not ended:
-            return
-        # (its lease lost: the SHARD_END checkpoint was refused, and the new owner ends it)
-        if feed.stored != SHARD_END and shard_id not in self._lost_shards:
-            log.error("source_shard_end_not_stored", stored=str(feed.stored),
-                      what_to_do="the handler's shard_ended did not checkpoint SHARD_END (checkpoint() with no "
-                                 "sequence number): the shard's children are not read until a restart reads it "
-                                 "to its end again and SHARD_END is stored")
-
-    async def _not_found(self, shard: ListedShard, saved: Any, exc: Exception, log: EventLogger) -> None:
-        """The service says what was asked of the shard does not exist: the stream is
-        gone or was created again (discovery sees to it: this shard waits for its stop),
-        the shard is gone (trimmed: it ends here), or the position the shard resumes
-        after is not in it: ``source_position_invalid`` and a ConfigError (the server
-        stops; ``--reset-positions`` is the way on), never a retry for ever."""
-        assert self.streams is not None
-        cursor = self.cursors.get(shard.shard_id)
-        position = cursor.last if cursor is not None else None
-        try:
-            same = await self.streams.identity() == (self.stream, self.created)
-            listed = same and shard.shard_id in {s.shard_id for s in await self.streams.shards()}
-        except (Throttled, Unreachable, NotFound, Invalid):
-            same = listed = False  # not known now: discovery finds out
-        if not same:
-            self._wake.set()
-            await self._stop.wait()  # discovery stops the shards of a stream gone or created again
-            return None
-        if not listed:
-            log.info("source_shard_gone", position=position.text if position is not None else None, error=str(exc))
-            return None
-        if position is None:
-            raise exc  # (no position asked for: nothing a user can do; task_crashed says what)
-        where = (f"the lease table {self.settings.lease_table}" if self.settings.lease_table
-                 else str(self.saved.path if self.saved is not None else "the state dir"))
-        whose = "saved position" if position == saved else "position"
-        what_to_do = (f"the positions of {self.spec.text} are not this stream's (another stream's, or edited): "
-                      f"pass --reset-positions to delete them and read from --from (records of the stream handled "
-                      f"before may be handled again), or repair {where}")
-        log.error("source_position_invalid", position=position.text, sub=position.sub, where=where, error=str(exc),
-                  what_to_do=what_to_do)
-        raise ConfigError(f"--source {self.spec.text}: the {whose} of {shard.shard_id} (after {position.text}, in "
-                          f"{where}) is not in the stream ({exc}): {what_to_do}")
-
-    async def _pump(self, shard: ListedShard, feed: Feed, first: tuple[str, str | None],
-                    log: EventLogger) -> tuple[str, ...] | None:
-        """Read the shard into the feed until it ends (its children, as the last page
-        names them) or the source stops (None)."""
-        streams = self.streams
-        assert streams is not None
-        poll = self.settings.source_poll_interval
-        at_ms = self.start_at.at_ms if self.start_at.kind == "time" else None
-        stop = self._stopping(shard.shard_id)
-        cursor = ShardCursor(streams, shard, first, log=log, last=feed.delivered, since_ms=at_ms, at_ms=at_ms,
-                             stop=stop)
-        self.cursors[shard.shard_id] = cursor
-        while not stop.is_set():
-            page = await cursor.read()
-            if page is None:
-                return None
-            if page.records:
-                await feed.process_records(page.records, page.behind_ms)
-                cursor.last = feed.delivered
-            elif not cursor.ended and self.empty_batches and not page.read:
-                await feed.process_records([], page.behind_ms or 0)
-            # (a page all skipped: --from a time, or a resume's records read again: the iterator moves on)
-            if cursor.ended:
-                await feed.shard_ended()  # (its SHARD_END stored: source_shard_ended)
-                return page.children
-            if page.read >= streams.limit or (not page.read and (page.behind_ms or 0) > 0):
-                continue  # more is there: read again (no sooner than read_interval)
-            await sleep(poll if not page.read else poll / 4, stop)
-        return None
-
-
-def first_iterator(start: Start, *, from_parent: bool, at_timestamp: bool) -> str:
-    """Where a shard with no saved position starts: a child of a shard read here at
-    its trim horizon whatever ``--from`` says (else ``latest`` would lose what was
-    written between the split and its first read); else as ``--from`` says (a time:
-    ``AT_TIMESTAMP`` where the service has it, else the trim horizon, skipping)::
-
-        first_iterator(Start("time", 1769767200000), from_parent=False, at_timestamp=True)  # "AT_TIMESTAMP"
-    """
-    if from_parent or start.kind == "trim_horizon":
-        return "TRIM_HORIZON"
-    if start.kind == "latest":
-        return "LATEST"
-    return "AT_TIMESTAMP" if at_timestamp else "TRIM_HORIZON"
+        await self.shards[shard.shard_id].run()
 
 
 def may_start(shard: ListedShard, listed: dict[str, ListedShard] | set[str], ended: Callable[[str], bool]) -> bool:

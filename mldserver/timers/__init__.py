@@ -37,7 +37,9 @@ The parts:
 - ``store.py``: a stored ``Timer`` and what every timer store does.
 - ``sqlite.py``: the embedded store, the default, in the state dir.
 - ``dynamodb.py``: a store several servers share, one DynamoDB table.
-- ``scheduler.py``: what is due soon, in memory; firing; retries; dead letters.
+- ``scheduler.py``: the scheduler's loop: reads the store ahead, hands due timers to the firing.
+- ``due.py``: what the scheduler holds of the store (due when, in flight, where to read next), no I/O.
+- ``settle.py``: one batch fired and its end settled in the store: retries, redos, dead letters.
 - ``firing.py``: what a firing is, and callbacks fired in the server's loop (``workers = 0``).
 - ``remote.py``: the handler process's side: ``self.timers`` there, its ops on the wire.
 - ``stats.py``: the timers' metrics, read from the scheduler at each scrape.

@@ -2,7 +2,7 @@
 the server's loop), and settles each firing in the store. One per server, an owned
 task (``timer-scheduler``) started after the pool and stopped before it::
 
-    scheduler = scheduler_for(settings, firing=PoolFiring(pool, ...), dead_letters=dead_letters)
+    scheduler, local = scheduler_for(settings, firing=PoolFiring(pool, ...), dead_letters=dead_letters)
     await scheduler.start()                  # timers due while the server was down fire now
     await scheduler.create(Timer("handlers.orders:remind", "order-7", due_ms, b'{"order":7}'))
     await scheduler.cancel("handlers.orders:remind", "order-7")   # -> True
@@ -17,14 +17,14 @@ Tests drive it by hand with a fake clock (epoch milliseconds)::
     await scheduler.step()                   # the timers due by now are handed to the firing
     await scheduler.drain()                  # their results settled in the store
 
-Memory stays bounded whatever the store holds: ``held`` has at most ``max_held``
-timers, the earliest (those due within ``horizon_ms``, read from the store's due
-index a slice at a time), and at most ``max_in_flight`` are being fired. What is held
-is exactly what the store has up to a frontier (``_through``: every timer due by then;
-``_cursor``: every timer up to that key), kept true by every change the server makes
-(create, cancel, a firing's end) under one lock with the reads. A shared store
-(DynamoDB) also changes under other servers: there the scheduler reads again every
-``poll_ms`` and relies on claims, not on what it holds.
+Memory stays bounded whatever the store holds: at most ``max_held`` timers are held,
+the earliest (those due within ``horizon_ms``, read from the store's due index a slice
+at a time), and at most ``max_in_flight`` are being fired. What memory holds, and
+where to read next, is ``due.py``'s ``DueTimers`` (no I/O); this class reads the
+store for it and tells it each change the server makes (create, cancel, a firing's
+end) under one lock with the reads. A shared store (DynamoDB) also changes under
+other servers: there the scheduler reads again every ``poll_ms`` and relies on
+claims, not on what it holds.
 
 Firing is at least once. A timer leaves the store only after its callback returned
 (``finish(done=...)``, only that version: a replacement made meanwhile stays and fires
@@ -32,27 +32,25 @@ with its own context, a cancellation has deleted it already). A failed call is a
 attempt (``handler_retries`` + 1 in all, ``handler_backoff`` between them, kept in the
 store); the last one is dead-lettered with its context (``dead-letters/_timers.jsonl``)
 before the timer is deleted. A crash fires again only what was in flight: fired, not
-yet finished in the store, at most ``max_in_flight`` timers (per server).
+yet finished in the store, at most ``max_in_flight`` timers (per server). One batch's
+firing, from the call to the store's ``finish``, is ``settle.py``'s ``Settler``.
 """
 
 from __future__ import annotations
 
 import asyncio
-import heapq
-import itertools
 import time
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Awaitable, Callable, Sequence
-
-import orjson
 
 from ..base.backoff import Backoff, CallPolicy
 from ..base.config import Settings, TimerStoreSpec, state_path
 from ..base.logs import EventLogger, get_logger
 from .api import Timers, TimerError
-from .firing import Firing, LoopFiring, Result
+from .due import DueTimers
+from .firing import Firing, LoopFiring
 from .remote import decode
-from .store import Key, Op, Store, Timer, net, new_version
+from .settle import STORE_RETRY, Settlement, Settler, Stats
+from .store import Op, Store, Timer, net, new_version
 
 if TYPE_CHECKING:
     from ..base.deadletters import DeadLetters
@@ -62,26 +60,56 @@ MAX_IN_FLIGHT = 1_000  # timers being fired at once, per server: what a crash ma
 BATCH = 250  # timers per fire frame
 HORIZON_MS = 2_000  # read ahead this far
 POLL_MS = 500  # a shared store is read again this often
-UNBLAMED_TIMER_REDOS = 10  # a timer redone (its process died under another call) this often counts a failure
-STORE_RETRY = Backoff(first=0.1, cap=5.0)
 
 Answer = Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]
-
 
 def wall_clock_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
-@dataclass
-class Stats:
-    """What /metrics reads (Couchbase Eventing's names in brackets)."""
+class ReadBackoff:
+    """Reads of the store that failed in a row, and when (epoch ms) to read it again."""
 
-    created: int = 0  # timers stored by create (replacements included)
-    cancelled: int = 0  # pending timers cancel removed
-    create_failures: int = 0  # creates refused or not stored [timer_create_failure]
-    success: int = 0  # callbacks that returned [timer_callback_success]
-    failure: int = 0  # callback attempts that raised, timed out or died [timer_callback_failure]
-    dead_lettered: int = 0  # timers that failed every attempt
+    def __init__(self) -> None:
+        self.failures = 0
+        self.again = 0.0
+
+    def failed(self, now: float) -> bool:
+        """One more failed read at ``now``; whether it is the first in a row."""
+        self.failures += 1
+        self.again = now + STORE_RETRY.delay(min(self.failures - 1, 20)) * 1000
+        return self.failures == 1
+
+    def succeeded(self) -> int:
+        """A read worked; how many had failed in a row before it."""
+        failures, self.failures = self.failures, 0
+        return failures
+
+
+class Alarm:
+    """The scheduler's sleep between passes, and what cuts it short: a firing that
+    ended, or a timer held that is due before the sleep ends (epoch ms)."""
+
+    def __init__(self) -> None:
+        self._event = asyncio.Event()
+        self._until = 0.0
+
+    def ring(self) -> None:
+        self._event.set()
+
+    def poke(self, due_ms: int) -> None:
+        if due_ms <= self._until:
+            self._event.set()
+
+    def clear(self) -> None:
+        self._event.clear()
+
+    async def sleep(self, now: float, delay_ms: float) -> None:
+        self._until = now + delay_ms
+        try:
+            await asyncio.wait_for(self._event.wait(), delay_ms / 1000)
+        except TimeoutError:
+            pass
 
 
 class Scheduler:
@@ -103,38 +131,22 @@ class Scheduler:
         poll_ms: int = POLL_MS,
     ) -> None:
         self.store = store
-        self.firing = firing
-        self.attempts = attempts
-        self.backoff = backoff
         self.context_size = context_size
-        self.dead_letters = dead_letters
         self.log = log or get_logger("mldserver.timers")
         self.clock = clock
-        self.max_held = max_held
-        self.max_in_flight = max_in_flight
         self.batch = batch
-        self.horizon_ms = horizon_ms
-        self.poll_ms = poll_ms
         self.stats = Stats()
-        self.held: dict[Key, Timer] = {}
-        self.in_flight: dict[Key, Timer] = {}
+        self.due = DueTimers(shared=store.shared, max_held=max_held, max_in_flight=max_in_flight,
+                             horizon_ms=horizon_ms, poll_ms=poll_ms)
+        self.settler = Settler(store, firing, attempts=attempts, backoff=backoff, dead_letters=dead_letters,
+                               log=self.log, clock=clock, stats=self.stats)
         self.task: asyncio.Task[None] | None = None
-        self._heap: list[tuple[int, int, Key, int]] = []  # (due, seq, key, version); stale ones skipped
-        self._seq = itertools.count()
-        self._through: int | None = None  # every stored timer due by this is held or in flight
-        self._cursor: tuple[int, str, str] | None = None  # and every one up to this (due, callback, reference)
-        self._polled = -POLL_MS  # when a shared store was last read from scratch
         self._lock = asyncio.Lock()  # a store read and what it loads; what each change leaves in memory
-        self._deferred: dict[Key, Timer] = {}  # replacements of timers in flight, held once those end
-        self._superseded: set[Key] = set()  # timers in flight replaced or cancelled meanwhile
-        self._redos: dict[Key, int] = {}
         self._fires: set[asyncio.Task[None]] = set()
         self._crash: BaseException | None = None
-        self._wake = asyncio.Event()
-        self._asleep_until = 0.0
+        self._alarm = Alarm()
+        self._reads = ReadBackoff()
         self._closed = False
-        self._read_failures = 0  # reads of the store that failed in a row
-        self._read_again = 0.0  # when to read it again after one failed
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -163,31 +175,23 @@ class Scheduler:
 
     async def _run(self) -> None:
         while True:
-            self._wake.clear()
+            self._alarm.clear()
             await self.step()
             if self._crash is not None:
                 raise self._crash
-            delay = self._delay_ms()
-            self._asleep_until = self.clock() + delay
-            try:
-                await asyncio.wait_for(self._wake.wait(), delay / 1000)
-            except TimeoutError:
-                pass
+            await self._alarm.sleep(self.clock(), self._delay_ms())
 
     def _delay_ms(self) -> float:
         now = self.clock()
-        delay = self.horizon_ms / 2
-        if self._heap and len(self.in_flight) < self.max_in_flight:
-            delay = min(delay, self._heap[0][0] - now)
+        delay = self.due.horizon_ms / 2
+        due = self.due.next_due()
+        if due is not None:
+            delay = min(delay, due - now)
         if self.store.shared:
-            delay = min(delay, self._polled + self.poll_ms - now)
-        if self._read_failures:
-            delay = max(delay, self._read_again - now)
+            delay = min(delay, self.due.polled + self.due.poll_ms - now)
+        if self._reads.failures:
+            delay = max(delay, self._reads.again - now)
         return max(delay, 0.0)
-
-    def _poke(self, due_ms: int) -> None:
-        if due_ms <= self._asleep_until:
-            self._wake.set()
 
     # -- what handlers ask ----------------------------------------------------------------
 
@@ -234,23 +238,10 @@ class Scheduler:
         final, _, _ = net(ops)  # what each key is left with
         async with self._lock:
             for key, timer in final.items():
-                self._redos.pop(key, None)
-                if timer is None:
-                    self.held.pop(key, None)
-                    self._deferred.pop(key, None)
-                    if key in self.in_flight:
-                        self._superseded.add(key)
-                elif key in self.in_flight:
-                    self._superseded.add(key)
-                    if self._loaded(timer):
-                        self._deferred[key] = timer
-                    else:
-                        self._deferred.pop(key, None)
-                elif self._loaded(timer):
-                    self._hold(timer)
-                    self._poke(timer.due_ms)
-                else:
-                    self.held.pop(key, None)
+                self.settler.forget(key)
+                if self.due.written(key, timer):
+                    assert timer is not None
+                    self._alarm.poke(timer.due_ms)
         return found
 
     def refused(self, error: str) -> None:
@@ -276,61 +267,16 @@ class Scheduler:
         self.refused(str(message.get("error")))
         return {}
 
-    # -- what is held ---------------------------------------------------------------------
-
-    def _loaded(self, timer: Timer) -> bool:
-        """Is ``timer`` within what memory mirrors of the store?"""
-        return (self._through is not None and timer.due_ms <= self._through) or (
-            self._cursor is not None and timer.order <= self._cursor)
-
-    def _hold(self, timer: Timer) -> None:
-        self.held[timer.key] = timer
-        heapq.heappush(self._heap, (timer.due_ms, next(self._seq), timer.key, timer.version))
-        if len(self.held) > self.max_held * 5 // 4:
-            self._evict()
-        elif len(self._heap) > 2 * len(self.held) + 1000:
-            self._heap = [(t.due_ms, next(self._seq), t.key, t.version) for t in self.held.values()]
-            heapq.heapify(self._heap)
-
-    def _evict(self) -> None:
-        """Too many held (creates due soon came faster than they fire): keep the
-        earliest ``max_held``; the frontier moves back to the last one kept."""
-        keep = sorted(self.held.values(), key=lambda t: t.order)[: self.max_held]
-        last = keep[-1]
-        self._cursor = last.order
-        if self._through is not None and self._through >= last.due_ms:
-            self._through = last.due_ms - 1
-        self.held = {t.key: t for t in keep}
-        self._heap = [(t.due_ms, next(self._seq), t.key, t.version) for t in keep]
-        heapq.heapify(self._heap)
+    # -- reading ahead --------------------------------------------------------------------
 
     async def _refill(self, now: float) -> None:
-        if self.store.shared and now >= self._polled + self.poll_ms:
-            self._through = self._cursor = None  # others change it too: read it again from the start
-        if self._cursor is not None:
-            if len(self.held) >= self.max_held // 2:
-                return
-        elif self._through is not None and self._through >= now + self.horizon_ms / 2:
+        wanted = self.due.wanted(now)
+        if wanted is None:
             return
-        limit = self.max_held - len(self.held)
-        if limit <= 0:
-            return
-        until = int(now + self.horizon_ms)
+        until, limit = wanted
         async with self._lock:
-            after = self._cursor if self._cursor is not None else self._through
-            rows = await self.store.due(until, limit, after)
-            if self.store.shared:
-                self._polled = now
-            for timer in rows:
-                if timer.key in self.in_flight:
-                    continue
-                held = self.held.get(timer.key)
-                if held is None or held.version != timer.version or held.due_ms != timer.due_ms:
-                    self._hold(timer)
-            if len(rows) < limit:
-                self._through, self._cursor = until, None
-            else:
-                self._cursor = rows[-1].order
+            rows = await self.store.due(until, limit, self.due.after())
+            self.due.read(rows, until, limit, now)
 
     # -- firing ---------------------------------------------------------------------------
 
@@ -340,32 +286,19 @@ class Scheduler:
         if self._closed:
             return 0
         now = self.clock()
-        if now >= self._read_again:
+        if now >= self._reads.again:
             try:
                 await self._refill(now)
             except Exception as exc:  # the store is unreachable or failing: what is held still fires
-                self._read_failures += 1
-                self._read_again = now + STORE_RETRY.delay(min(self._read_failures - 1, 20)) * 1000
-                if self._read_failures == 1:
+                if self._reads.failed(now):
                     self.log.error("timer_store_failed", store=repr(self.store), error=f"{type(exc).__name__}: {exc}",
                                    what_to_do="reading the due timers is retried with backoff; the timers held "
                                               "in memory still fire")
             else:
-                if self._read_failures:
-                    self.log.warning("timer_store_recovered", store=repr(self.store), attempts=self._read_failures)
-                self._read_failures = 0
-        batch: list[Timer] = []
-        room = self.max_in_flight - len(self.in_flight)
-        heap = self._heap
-        while heap and room > 0 and heap[0][0] <= now:
-            due, _, key, version = heapq.heappop(heap)
-            timer = self.held.get(key)
-            if timer is None or timer.version != version or timer.due_ms != due:
-                continue  # replaced, cancelled or moved since
-            del self.held[key]
-            self.in_flight[key] = timer
-            batch.append(timer)
-            room -= 1
+                failures = self._reads.succeeded()
+                if failures:
+                    self.log.warning("timer_store_recovered", store=repr(self.store), attempts=failures)
+        batch = self.due.take(now)
         for i in range(0, len(batch), self.batch):
             task = asyncio.get_running_loop().create_task(self._fire(batch[i : i + self.batch]), name="timer-fire")
             self._fires.add(task)
@@ -376,7 +309,7 @@ class Scheduler:
         self._fires.discard(task)
         if not task.cancelled() and task.exception() is not None and self._crash is None:
             self._crash = task.exception()
-        self._wake.set()
+        self._alarm.ring()
 
     async def drain(self) -> None:
         """Wait until every firing handed out has been settled in the store."""
@@ -386,109 +319,16 @@ class Scheduler:
             raise self._crash
 
     async def _fire(self, batch: list[Timer]) -> None:
-        done: list[Timer] = []
-        retry: list[Timer] = []
-        release: list[Timer] = []
-        dead: list[tuple[Timer, Result, int]] = []
+        ended = Settlement()
         try:
-            fired = await self._claim(batch) if self.store.shared else batch
-            assert self.firing is not None
-            results = await self.firing.fire(fired) if fired else []
-            now = self.clock()
-            for timer, result in zip(fired, results):
-                key = timer.key
-                if result.ok:
-                    self._redos.pop(key, None)
-                    self.stats.success += 1
-                    done.append(timer)
-                    continue
-                if not result.counted:
-                    redos = self._redos[key] = self._redos.get(key, 0) + 1
-                    if redos <= UNBLAMED_TIMER_REDOS:
-                        self.log.warning("timer_redone", callback=timer.callback, reference=timer.reference,
-                                         error=result.error)
-                        release.append(timer)
-                        continue
-                self._redos.pop(key, None)
-                self.stats.failure += 1
-                attempt = timer.attempts + 1
-                again = attempt < self.attempts
-                self.log.error("timer_callback_failed", callback=timer.callback, reference=timer.reference,
-                               error=result.error, attempt=attempt, attempts=self.attempts, retry=again,
-                               traceback=result.traceback)
-                if again:
-                    delay_ms = round(self.backoff.delay(attempt - 1) * 1000)
-                    retry.append(timer._replace(due_ms=int(now) + delay_ms, attempts=attempt))
-                else:
-                    dead.append((timer, result, attempt))
-            if dead:
-                await self._dead_letter(dead)
-            await self._settle(done + [t for t, _, _ in dead], retry, release)
+            await self.settler.fire(batch, ended)
         finally:
-            retried = {t.key: t for t in retry}
-            finished = {t.key for t in done} | {t.key for t, _, _ in dead}
+            retried = {t.key: t for t in ended.retry}
+            finished = {t.key for t in ended.done} | {t.key for t, _, _ in ended.dead}
             async with self._lock:
                 for timer in batch:
-                    key = timer.key
-                    self.in_flight.pop(key, None)
-                    replacement = self._deferred.pop(key, None)
-                    if key in self._superseded:
-                        self._superseded.discard(key)
-                        if replacement is not None:
-                            self._hold(replacement)
-                        continue
-                    if key in finished:
-                        continue
-                    again = retried.get(key)
-                    if again is not None:
-                        if self._loaded(again):
-                            self._hold(again)
-                    elif not self.store.shared:
-                        self._hold(timer)  # not called (or cut short): still stored, due
-            self._wake.set()
-
-    async def _claim(self, batch: list[Timer]) -> list[Timer]:
-        try:
-            return await self.store.claim(batch, int(self.clock()))
-        except Exception as exc:
-            self.log.error("timer_claim_failed", timers=len(batch), error=f"{type(exc).__name__}: {exc}",
-                           store=repr(self.store), what_to_do="the timers are read again and claimed later")
-            return []
-
-    async def _dead_letter(self, dead: list[tuple[Timer, Result, int]]) -> None:
-        """Written to the dead letters first, then logged and counted: the logs and the
-        metrics never say a timer is dead-lettered while its entry waits on a full disk."""
-        if self.dead_letters is not None:
-            await self.dead_letters.timers([
-                {"callback": t.callback, "reference": t.reference, "due_ms": t.due_ms, "error": r.error,
-                 "attempts": attempts, "context": orjson.Fragment(t.context)}
-                for t, r, attempts in dead
-            ])
-        self.stats.dead_lettered += len(dead)
-        for timer, result, attempts in dead:
-            self.log.error("timer_dead_lettered", callback=timer.callback, reference=timer.reference,
-                           error=result.error, attempts=attempts,
-                           what_to_do="its context is in the dead letters (_timers.jsonl); fix the callback and "
-                                      "create the timer again from there")
-
-    async def _settle(self, done: list[Timer], retry: list[Timer], release: list[Timer]) -> None:
-        """Until the store takes it: the timers stay in flight (at most
-        ``max_in_flight``) while a failing store is retried."""
-        attempt = 0
-        while True:
-            try:
-                await self.store.finish(done, retry, release)
-                break
-            except Exception as exc:
-                if attempt == 0:
-                    self.log.error("timer_store_failed", store=repr(self.store), timers=len(done) + len(retry),
-                                   error=f"{type(exc).__name__}: {exc}",
-                                   what_to_do="retried until it works; meanwhile no more timers fire than are "
-                                              "in flight (a restart would fire these again)")
-                await asyncio.sleep(STORE_RETRY.delay(min(attempt, 20)))
-                attempt += 1
-        if attempt:
-            self.log.warning("timer_store_recovered", store=repr(self.store), attempts=attempt + 1)
+                    self.due.ended(timer, finished=timer.key in finished, again=retried.get(timer.key))
+            self._alarm.ring()
 
 
 class LocalTimers(Timers):
@@ -535,5 +375,5 @@ def scheduler_for(settings: Settings, *, firing: Firing | None, dead_letters: "D
         context_size=settings.timer_context_size, dead_letters=dead_letters, log=log,
     )  # fmt: skip
     local = LocalTimers(scheduler)
-    scheduler.firing = firing or LoopFiring(local, policy.timeout, log)
+    scheduler.settler.firing = firing or LoopFiring(local, policy.timeout, log)
     return scheduler, local

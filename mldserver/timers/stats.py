@@ -46,5 +46,5 @@ class TimerCollector(Collector):
         pending = s.store.pending
         yield GaugeMetricFamily("mldserver_pending_timers", "Timers in the store, not yet fired (NaN while unknown)",
                                 value=math.nan if pending is None else pending)
-        yield GaugeMetricFamily("mldserver_timers_held", "Timers due soon, held in memory", value=len(s.held))
-        yield GaugeMetricFamily("mldserver_timers_in_flight", "Timers being fired", value=len(s.in_flight))
+        yield GaugeMetricFamily("mldserver_timers_held", "Timers due soon, held in memory", value=len(s.due.held))
+        yield GaugeMetricFamily("mldserver_timers_in_flight", "Timers being fired", value=len(s.due.in_flight))

@@ -4,7 +4,8 @@ shard with no saved position starts."""
 
 from __future__ import annotations
 
-from mldserver.sources.reader import first_iterator, may_start
+from mldserver.sources.reader import may_start
+from mldserver.sources.shard_reading import first_iterator
 from mldserver.sources.service import ListedShard
 from mldserver.sources.spec import Start
 

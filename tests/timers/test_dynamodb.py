@@ -157,14 +157,14 @@ async def test_a_dead_schedulers_claims_are_taken_over(stores):
     b = Scheduler(b_store, alive, attempts=3, backoff=Backoff(), context_size=1024, clock=clock)
     await a.create_many([t(f"r{i}", T0) for i in range(20)])
     await a.step()  # a claims and "fires" all 20, then dies
-    assert len(a.in_flight) == 20
+    assert len(a.due.in_flight) == 20
     # its claims are conditional writes made by the firing tasks: b reads only once they hold
     await eventually(lambda: dead.waiting == 20, 30, what="a's 20 claims made and its calls started")
     await b.step()
     await b.drain()
     assert alive.fired == []  # a's claims live
     clock.advance(30_001)
-    b._polled = -10**12  # read the table again now
+    b.due.polled = -10**12  # read the table again now
     await b.step()
     await b.drain()
     assert sorted(x.reference for x in alive.fired) == sorted(f"r{i}" for i in range(20))

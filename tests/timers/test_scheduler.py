@@ -146,7 +146,7 @@ async def test_a_replacement_made_while_firing_fires_after_with_its_context(make
     await s.create(timer("a", T0, v=1))
     firing.gate = asyncio.Event()
     await s.step()
-    assert list(s.in_flight) == [(CB, "a")]
+    assert list(s.due.in_flight) == [(CB, "a")]
     await s.create(timer("a", T0, v=2))  # while v1's call runs
     assert await s.step() == 0  # not twice at once
     firing.gate.set()
@@ -154,6 +154,20 @@ async def test_a_replacement_made_while_firing_fires_after_with_its_context(make
     assert s.store.pending == 1  # v1's end did not delete v2
     await fire(s)
     assert firing.contexts() == [{"v": 1}, {"v": 2}] and s.store.pending == 0
+
+
+async def test_a_replacement_due_later_fires_though_read_ahead_while_the_old_one_was_firing(make, clock, firing):
+    s = await make()  # (the read skipped it, its key being in flight: it fired only after a restart)
+    await s.create(timer("a", T0, v=1))
+    firing.gate = asyncio.Event()
+    await s.step()
+    await s.create(timer("a", T0 + 10_000, v=2))  # beyond what memory holds of the store
+    clock.advance(9_000)
+    await s.step()  # reads ahead past it while v1's call runs
+    firing.gate.set()
+    await s.drain()
+    clock.advance(1_000)
+    assert await fire(s) == 1 and firing.contexts() == [{"v": 1}, {"v": 2}] and s.store.pending == 0
 
 
 async def test_a_timer_cancelled_while_firing_is_not_retried(make, clock, firing):
@@ -167,7 +181,7 @@ async def test_a_timer_cancelled_while_firing_is_not_retried(make, clock, firing
     await s.drain()
     clock.advance(60_000)
     await fire(s)
-    assert firing.refs() == ["a"] and s.store.pending == 0 and not s.held
+    assert firing.refs() == ["a"] and s.store.pending == 0 and not s.due.held
 
 
 async def test_a_failing_callback_is_retried_with_backoff_then_dead_lettered(tmp_path, make, clock, firing):
@@ -230,7 +244,7 @@ async def test_in_flight_is_bounded(make, clock, firing):
         await s.create(timer(f"r{i:03}", T0))
     firing.gate = asyncio.Event()
     assert await s.step() == 100
-    assert len(s.in_flight) == 100 and await s.step() == 0
+    assert len(s.due.in_flight) == 100 and await s.step() == 0
     firing.gate.set()
     await s.drain()
     for _ in range(3):
@@ -242,12 +256,12 @@ async def test_memory_holds_only_what_is_due_soon(make, clock, firing):
     s = await make(max_held=200, horizon_ms=10_000)
     await asyncio.gather(*(s.create(timer(f"r{i:05}", T0 + 60_000 + i * 10)) for i in range(5_000)))
     await fire(s)
-    assert len(s.held) == 0  # nothing due within the horizon
+    assert len(s.due.held) == 0  # nothing due within the horizon
     held = []
     while s.store.pending:
         clock.advance(997)
         await fire(s)
-        held.append(len(s.held))
+        held.append(len(s.due.held))
     assert max(held) <= 200 * 5 // 4
     assert firing.refs() == [f"r{i:05}" for i in range(5_000)]
     assert all(t.due_ms <= clock.now for t in firing.fired)
@@ -258,7 +272,7 @@ async def test_creates_due_soon_beyond_the_cap_stay_in_the_store_until_their_tur
     await fire(s)  # read ahead: everything due within the horizon is mirrored
     for i in range(1_000):
         await s.create(timer(f"r{i:04}", T0 + 500 + i))
-        assert len(s.held) <= 125
+        assert len(s.due.held) <= 125
     clock.advance(2_000)
     while s.store.pending:
         await fire(s)
@@ -276,7 +290,7 @@ async def test_a_firing_that_crashes_the_scheduler_surfaces(make, clock, firing)
     await s.step()
     with pytest.raises(TypeError, match="a bug"):
         await s.drain()
-    assert s.store.pending == 1 and list(s.held) == [(CB, "a")]  # still there, fired after a restart
+    assert s.store.pending == 1 and list(s.due.held) == [(CB, "a")]  # still there, fired after a restart
 
 
 async def test_creates_after_stop_are_refused(make):
