@@ -21,7 +21,8 @@
 - ``empty_dir(folder)``: a scratch folder emptied at start-up (the Spark sinks' input
   files, the coordinator's spill): what a crash left there goes.
 - ``utc_timestamp()``: ``"2026-11-21T10:01:05.120Z"``, the form every log line, commit-log
-  entry and dead letter carries.
+  entry and dead letter carries; ``wall_clock_ms()``: now in epoch milliseconds, the form
+  of event times and timers' due times.
 - ``safe_filename(shard_id)``: a name made from data that arrives from the network
   (a shard id), injective and bounded in length, yet readable for real ids::
 
@@ -95,6 +96,11 @@ def utc_timestamp(now: float | None = None) -> str:
     if now is None:
         now = time.time()
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now)) + f".{int(now % 1 * 1000):03d}Z"
+
+
+def wall_clock_ms() -> int:
+    """Now, in epoch milliseconds (an int, as every event time and timer's due time is)."""
+    return time.time_ns() // 1_000_000
 
 
 def fsync_dir(path: Path) -> None:

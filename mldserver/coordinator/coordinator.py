@@ -56,13 +56,13 @@ from __future__ import annotations
 
 import asyncio
 import math
-import time
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Mapping
 
 from ..api.rows import RowBatch
 from ..base.config import Settings, state_path
 from ..base.deadletters import DeadLetters
+from ..base.durable import wall_clock_ms
 from ..base.handoff import Sink, Window
 from ..base.intervals import to_json
 from ..base.logs import EventLogger, get_logger
@@ -76,10 +76,6 @@ from .shards import Shards
 from .spill import Spill
 from .spool import Spool
 from .watermarks import Watermarks
-
-
-def wall_clock_ms() -> int:
-    return time.time_ns() // 1_000_000
 
 
 @dataclass(frozen=True, slots=True)

@@ -60,7 +60,7 @@ from typing import Any
 import orjson
 
 from ..base.deadletters import Collected, redrivable
-from ..base.durable import utc_timestamp
+from ..base.durable import utc_timestamp, wall_clock_ms
 from ..base.logs import get_logger
 from ..base.positions import Position
 from ..sources.feed import LINE_LIMIT, Feed, FeedClosed
@@ -222,7 +222,7 @@ class Redrive:
 
     def _now_ms(self) -> int:
         coordinator = self.server.coordinator
-        return int(coordinator.clock()) if coordinator is not None else time.time_ns() // 1_000_000
+        return int(coordinator.clock()) if coordinator is not None else wall_clock_ms()
 
     @staticmethod
     def _failed(collected: Collected, letters: Letters) -> dict[Position, str]:

@@ -42,6 +42,7 @@ import time
 from typing import Any, Awaitable
 
 from ..base.backoff import Backoff
+from ..base.durable import wall_clock_ms
 from ..base.logs import EventLogger
 from ..base.positions import Position
 from .service import IteratorExpired, ListedShard, Page, Service, Throttled, Trimmed, Unreachable
@@ -206,7 +207,7 @@ def lag_ms(page: Page, millis_behind: bool, now_ms: int | None = None) -> int | 
     last = page.records[-1].get("approximateArrivalTimestamp") if page.records else None
     if not page.read or last is None:
         return 0 if not page.read else None
-    return max(0, (int(time.time() * 1000) if now_ms is None else now_ms) - last)
+    return max(0, (wall_clock_ms() if now_ms is None else now_ms) - last)
 
 
 def _at_or_before(record: dict[str, Any], position: Position) -> bool:

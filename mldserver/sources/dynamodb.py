@@ -20,10 +20,10 @@ Local serves a table's stream beside the table, on the same port.
 from __future__ import annotations
 
 import os
-import time
 from typing import Any
 
 from ..api.adapter import adapter_change, dynamodb_record
+from ..base.durable import wall_clock_ms
 from ..base.aws import client
 from ..errors import ConfigError
 from .service import ListedShard, OpenClient, Page, Throttled, Unreachable, call, describe, error_code, service_errors
@@ -139,7 +139,7 @@ class DynamoDBStreams(OpenClient):
         api = page.get("Records", [])
         records = [dynamodb_record(adapter_change(r)) for r in api]
         created = records[-1].get("approximateArrivalTimestamp") if records else None
-        behind = max(0, int(time.time() * 1000) - created) if len(api) >= limit and created else 0
+        behind = max(0, wall_clock_ms() - created) if len(api) >= limit and created else 0
         return Page(records, len(api), page.get("NextShardIterator"), behind)
 
     async def _call(self, method: str, **args: Any) -> Any:

@@ -63,6 +63,7 @@ import uuid
 from typing import Any, Callable, Iterable, NamedTuple
 
 from ..base.backoff import Backoff
+from ..base.durable import wall_clock_ms
 from ..base.logs import EventLogger, get_logger
 from ..base.positions import Position
 from ..errors import ConfigError
@@ -220,7 +221,7 @@ class ShardLeases(OpenClient):
                 done = await self._update(shard_id, UpdateExpression="REMOVE #leaseOwner SET #expires_ms = :now",
                                           ConditionExpression="#leaseOwner = :me",
                                           ExpressionAttributeValues={":me": {"S": self.owner},
-                                                                     ":now": {"N": str(int(time.time() * 1000))}})
+                                                                     ":now": {"N": str(wall_clock_ms())}})
             except service_errors() as exc:
                 self.log.warning("source_lease_release_failed", table=self.table, shard_id=shard_id,
                                  error=describe(exc), what_to_do="a peer takes the lease over once it expires "
@@ -425,7 +426,7 @@ class ShardLeases(OpenClient):
         server holds a lease (a ConfigError then); True if there were some."""
         self.stream = None
         await self._read()
-        now_ms = int(time.time() * 1000)
+        now_ms = wall_clock_ms()
         live = []
         for shard_id, lease in sorted(self.leases.items()):
             reply = await self._client.get_item(TableName=self.table, Key=self._key(shard_id), ConsistentRead=True)

@@ -44,6 +44,7 @@ import uuid
 import zlib
 from typing import Any, Callable, Sequence
 
+from ..base.durable import wall_clock_ms
 from ..base.aws import client
 from .store import After, Op, Timer, net
 
@@ -80,7 +81,7 @@ class DynamoStore:
                  clock: Callable[[], float] | None = None) -> None:
         """``clock``: epoch milliseconds (the scheduler's), to tell a live claim."""
         self.table = table
-        self.clock = clock or (lambda: time.time_ns() // 1_000_000)
+        self.clock = clock or wall_clock_ms
         self.region = region
         self.claim_ms = claim_ms
         self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"

@@ -39,11 +39,11 @@ firing, from the call to the store's ``finish``, is ``settle.py``'s ``Settler``.
 from __future__ import annotations
 
 import asyncio
-import time
 from typing import TYPE_CHECKING, Any, Awaitable, Callable, Sequence
 
 from ..base.backoff import Backoff, CallPolicy
 from ..base.config import Settings, TimerStoreSpec, state_path
+from ..base.durable import wall_clock_ms
 from ..base.logs import EventLogger, get_logger
 from .api import Timers, TimerError
 from .due import DueTimers
@@ -62,10 +62,6 @@ HORIZON_MS = 2_000  # read ahead this far
 POLL_MS = 500  # a shared store is read again this often
 
 Answer = Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]
-
-def wall_clock_ms() -> int:
-    return time.time_ns() // 1_000_000
-
 
 class ReadBackoff:
     """Reads of the store that failed in a row, and when (epoch ms) to read it again."""
