@@ -96,7 +96,7 @@ from ..api.emitted import EmittedRows
 from ..api.records import Record, row_time, row_times, times_valid
 from ..api.rows import ARRIVAL_TIME, NO_TIME
 from ..native import load_native
-from ..base.pipes import HEADER, encode, read_frame, read_frame_async
+from ..spark.pipes import HEADER, encode, read_frame, read_frame_async
 from ..shard.calls import SKIPPED  # a held call's done when its go frame says no (above)
 
 # Every record's data decoded from the line in one native pass (setup.py builds it); None
