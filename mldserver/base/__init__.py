@@ -2,8 +2,8 @@
 lives beside that part (``server/preflight.py``, ``shard/pausing.py``), not here.
 
 - ``config.py``: the settings, each with its Rule; ``load()`` for the file and the flags.
-- ``logs.py``: structured logs, one JSON object per line.
-- ``events.py``: the catalogue of every log event, its level and what it means.
+- ``logs.py``: structured logs, one JSON object per line, and the events they may name:
+  ``events.toml``, the catalogue (data) of every log event, its levels and what it means.
 - ``positions.py``: a shard position, parsed once at the edge.
 - ``intervals.py``: which positions of a shard are committed, as a short list of ranges.
 - ``durable.py``: files that survive a crash (whole or the old one, appended and fsynced).
