@@ -1,7 +1,7 @@
 """The reference pages, generated from the code so they cannot drift: every setting
 (``mldserver.base.config.Settings``, each with its Rule), every command and option (the
 parser of ``mldserver.cli``), every metric (each Prometheus instrument the package
-makes), every log event (``mldserver.base.events.EVENTS``), what to do about each
+makes), every log event (``mldserver/base/events.toml``), what to do about each
 warning and error, and the Python API (``mldserver.__all__`` and ``mldserver.api.testing``,
 rendered by mkdocstrings from the docstrings).
 
@@ -34,9 +34,10 @@ if str(ROOT) not in sys.path:  # the package of this checkout, as the tests impo
 
 from mldserver import cli  # noqa: E402
 from mldserver.base import config  # noqa: E402
-from mldserver.base.events import EVENTS, emitted  # noqa: E402
+from mldserver.base.logs import LEVELS, events  # noqa: E402
 
 PACKAGE = ROOT / "mldserver"
+EVENTS = events()  # the catalogue, mldserver/base/events.toml
 GENERATED = ("This page is generated from the code (`docs/reference.py`, at every build; the copy in the "
              "repository by `python docs/reference.py --write`).")
 WIDE = "---\nhide:\n  - toc\n---\n\n"  # a page that is one wide table: no table of contents beside it
@@ -295,10 +296,104 @@ def metrics_page() -> str:
 
 # -- log events ----------------------------------------------------------------------------
 
+# The catalogue (mldserver/base/events.toml) is what the code may log; the code's log calls,
+# read from its source, are what it does log, with the fields each passes: the pages list
+# both, and tests/test_events.py checks that they are the same events at the same levels.
+
+# Log calls whose event is not a string at the call, by "path:function": what they can
+# emit (``emitted`` resolves a module-level constant, ``EVENT = "..."``, itself).
+COMPUTED: dict[str, dict[str, tuple[str, ...]]] = {
+    "mldserver/ops/daemon.py:_told": {  # ops.daemon.PATTERNS: lines of the daemon's log
+        "daemon_lease_taken": ("info",), "daemon_lease_lost": ("info", "warning")},
+    "mldserver/ops/daemon.py:_error": {  # at the daemon's own level (ops.daemon_messages.LEVELS)
+        "daemon_error": ("debug", "info", "warning", "error")},
+    "mldserver/ops/daemon.py:report": {  # "properties_" + a finding's level
+        "properties_error": ("error",), "properties_warning": ("warning",)},
+}
+
+
+class Site(NamedTuple):
+    path: str  # relative to the package's parent: mldserver/shard/driver.py
+    line: int
+    function: str
+    level: str
+    fields: tuple[str, ...]  # the keyword arguments given at the call
+
+
+def emitted(root: Path = PACKAGE) -> tuple[dict[str, list[Site]], list[str]]:
+    """What the package's source logs: event -> its call sites, and the log calls whose
+    event could not be read (neither a string, a module constant nor in ``COMPUTED``).
+
+    A log call is a call of ``debug``/``info``/``warning``/``error`` on something whose
+    name says log (``log``, ``self.log``, ``wire.log``, ``get_logger(...)``), of either
+    of two such methods (``(log.debug if initial else log.info)(...)``), or of
+    ``getattr(<log>, level)``. Calls on ``context.log`` are a handler's own events."""
+    found: dict[str, list[Site]] = {}
+    unread: list[str] = []
+    for path in sorted(root.rglob("*.py")):
+        rel = path.relative_to(root.parent).as_posix()
+        if rel == "mldserver/base/logs.py":
+            continue
+        tree = ast.parse(path.read_text(), rel)
+        constants = {t.id: n.value.value for n in tree.body if isinstance(n, ast.Assign)
+                     for t in n.targets if isinstance(t, ast.Name)
+                     and isinstance(n.value, ast.Constant) and isinstance(n.value.value, str)}
+        for function, call in _calls(tree):
+            levels, receiver = _log_call(call.func)
+            if not levels or "log" not in receiver.lower() or receiver.endswith("context.log"):
+                continue
+            fields = tuple(k.arg for k in call.keywords if k.arg and k.arg != "exc_info")
+            first = call.args[0] if call.args else None
+            if levels == ("computed",):  # getattr(log, level)(...): only COMPUTED says what
+                names = COMPUTED.get(f"{rel}:{function}", {})
+                if not names:
+                    unread.append(f"{rel}:{call.lineno}: {ast.unparse(call)[:120]}")
+                    continue
+            elif isinstance(first, ast.Constant) and isinstance(first.value, str):
+                names = {first.value: levels}
+            elif isinstance(first, ast.Name) and first.id in constants:
+                names = {constants[first.id]: levels}
+            elif f"{rel}:{function}" in COMPUTED:
+                names = COMPUTED[f"{rel}:{function}"]
+            else:
+                unread.append(f"{rel}:{call.lineno}: {ast.unparse(call)[:120]}")
+                continue
+            for name, levels in names.items():
+                for lv in levels:
+                    found.setdefault(name, []).append(Site(rel, call.lineno, function, lv, fields))
+    return found, unread
+
+
+def _calls(tree: ast.AST):
+    """(enclosing function's name, call) for every call in ``tree``."""
+    def visit(node: ast.AST, function: str):
+        for child in ast.iter_child_nodes(node):
+            name = child.name if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)) else function
+            if isinstance(child, ast.Call):
+                yield function, child
+            yield from visit(child, name)
+    yield from visit(tree, "<module>")
+
+
+def _log_call(func: ast.expr) -> tuple[tuple[str, ...], str]:
+    """(levels, receiver's text) if ``func``, what a call calls, looks like a logger's
+    method: ``log.info``, ``(log.debug if initial else log.info)``, or
+    ``getattr(log, level)`` (levels ``("computed",)``); else ((), "")."""
+    if isinstance(func, ast.Attribute) and func.attr in LEVELS + ("exception", "critical"):
+        return (func.attr,), ast.unparse(func.value)
+    if isinstance(func, ast.IfExp):
+        (a, receiver), (b, other) = _log_call(func.body), _log_call(func.orelse)
+        return (a + b, receiver) if a and b and receiver == other else ((), "")
+    if (isinstance(func, ast.Call) and isinstance(func.func, ast.Name) and func.func.id == "getattr"
+            and func.args):
+        return ("computed",), ast.unparse(func.args[0])
+    return (), ""
+
+
 def log_events_page() -> str:
     sites, _ = emitted(PACKAGE)
     out = ["# Log events", "",
-           "Every event mldserver logs, from its catalogue, `mldserver.base.events.EVENTS`. Logs are one JSON "
+           "Every event mldserver logs, from its catalogue, `mldserver/base/events.toml`. Logs are one JSON "
            "object per line (`--log-format json`, the default), with `ts`, `level`, `event` and the fields "
            "below; follow one shard with `jq -c 'select(.shard_id==\"shardId-000000000001\")'`. The fields "
            "are the ones the code passes at its log calls; a shard's events also carry `conn` and `shard_id`. "
@@ -324,7 +419,7 @@ def warnings_page() -> str:
     (``LogEvent.todo``), by area: the reference half of troubleshooting."""
     out = ["# Warnings and errors: what to do", "",
            "Every event mldserver logs as a warning or an error, from its catalogue "
-           "(`mldserver.base.events.EVENTS`, which also says what to do about each), with the fields its log "
+           "(`mldserver/base/events.toml`, which also says what to do about each), with the fields its log "
            "lines carry. Find a line's `event` here: `jq -c 'select(.level==\"warning\" or "
            ".level==\"error\")' server.log` lists them. The first-hour questions (no windows committed, late "
            "rows, the daemon's first minute, dead letters) are answered in "

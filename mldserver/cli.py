@@ -477,7 +477,7 @@ def tune(*, sink: bool) -> None:
     import gc
     import resource
 
-    from .base.malloc import reuse_large_buffers
+    from .pool.malloc import reuse_large_buffers
 
     # Every shard is a connection (and a relay's pipe to the daemon under `run`): use all
     # the file handles the hard limit allows, not the soft 1,024 most shells start with.

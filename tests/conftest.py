@@ -8,7 +8,7 @@ import asyncio
 import os
 from pathlib import Path
 
-# Every log event must be in mldserver.base.events.EVENTS: checked in this process and in
+# Every log event must be in the catalogue, mldserver/base/events.toml: checked in this process and in
 # every server, handler process and Spark process the tests start (they inherit it). Set
 # before anything of mldserver is imported: the logger reads it once.
 os.environ["MLDSERVER_CHECK_EVENTS"] = "1"

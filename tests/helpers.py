@@ -8,12 +8,15 @@
     clock.advance(600_001)
     await coordinator.step()
 
-``small_tmpfs`` is a disk that really fills up.
+``small_tmpfs`` is a disk that really fills up. ``docs_reference()`` is
+docs/reference.py, the reference pages' generator and the reader of the code's log calls
+(``emitted()``), as a module.
 """
 
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import subprocess
 from pathlib import Path
 from typing import Iterator
@@ -73,3 +76,12 @@ def port_taken_first(monkeypatch: pytest.MonkeyPatch, module: object) -> Iterato
         yield port
     finally:
         holder.close()
+
+
+def docs_reference():
+    """docs/reference.py loaded as a module (it is a script of the checkout, not of the package)."""
+    path = Path(__file__).resolve().parent.parent / "docs" / "reference.py"
+    spec = importlib.util.spec_from_file_location("docs_reference", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

@@ -1,5 +1,5 @@
 """The admin token: read from a file or generated into the state directory
-(mldserver.base.admin_token), required by POST /pause, /resume and /reload of a
+(mldserver.server.admin_token), required by POST /pause, /resume and /reload of a
 ``mldserver serve`` whose admin endpoint listens beyond loopback or was given a token
 file, while the GETs stay open; sent by ``mldserver pause|resume|reload``; and a start
 refused, in one line, when the token cannot be had."""
@@ -16,7 +16,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from mldserver.base import admin_token
+from mldserver.server import admin_token
 from mldserver.errors import ConfigError
 
 from .harness import MLDSERVER, ROOT, ServerProcess, eventually, running

@@ -10,7 +10,6 @@ copies of those pages committed under ``docs/reference/`` are what the code gene
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import os
 import re
 import subprocess
@@ -23,20 +22,14 @@ import pytest
 
 from mldserver import cli
 from mldserver.base import config
-from mldserver.base.events import EVENTS, emitted
 
 from .handlers import Noop
+from .helpers import docs_reference
 from .harness import ROOT, running
 
 
-def _reference():
-    spec = importlib.util.spec_from_file_location("docs_reference", ROOT / "docs" / "reference.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-reference = _reference()
+reference = docs_reference()
+EVENTS, emitted = reference.EVENTS, reference.emitted
 
 
 @pytest.fixture(scope="module")

@@ -1,20 +1,29 @@
-"""The log-event catalogue against the code, both ways: every event a log call of the
-package names is in ``EVENTS`` at the levels it is logged at, and every entry is logged
-somewhere. The scan is checked on a planted package, so it can fail."""
+"""The log-event catalogue (``mldserver/base/events.toml``) against the code, both ways:
+every event a log call of the package names is in it at the levels it is logged at, and
+every entry is logged somewhere. The scan (``docs/reference.py``'s ``emitted``) is checked
+on a planted package, and the file's reading on planted catalogues, so both can fail."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from mldserver.base.events import COMPUTED, EVENTS, LEVELS, emitted
+import pytest
+
+from mldserver.base.logs import LEVELS, events
 from mldserver.ops import daemon
+
+from .helpers import docs_reference
+
+reference = docs_reference()
+COMPUTED, emitted = reference.COMPUTED, reference.emitted
+EVENTS = events()
 
 
 def test_every_event_the_code_logs_is_in_the_catalogue_and_the_reverse():
     found, unread = emitted()
-    assert unread == [], "a log call whose event is computed: give it in events.COMPUTED"
+    assert unread == [], "a log call whose event is computed: give it in docs/reference.py's COMPUTED"
     assert len(found) > 100 and "window_committed" in found  # the scan sees the real calls
-    assert sorted(set(found) - set(EVENTS)) == [], "logged but not in mldserver.base.events.EVENTS"
+    assert sorted(set(found) - set(EVENTS)) == [], "logged but not in mldserver/base/events.toml"
     assert sorted(set(EVENTS) - set(found)) == [], "in the catalogue but logged nowhere"
 
 
@@ -35,8 +44,8 @@ def test_every_warning_and_error_says_what_to_do_and_nothing_else_does():
     serious = {name for name, event in EVENTS.items() if {"warning", "error"} & set(event.levels)}
     assert len(serious) > 80 and "sink_commit_failed" in serious
     missing = sorted(name for name in serious if not EVENTS[name].todo.strip())
-    assert missing == [], ("a warning or an error without what to do: give each a third string in "
-                           "mldserver/base/events.py, (levels, meaning, what to do)")
+    assert missing == [], ("a warning or an error without what to do: give each a todo in "
+                           "mldserver/base/events.toml")
     assert all(EVENTS[name].todo.endswith((".", ")")) and "\n" not in EVENTS[name].todo for name in serious)
     assert sorted(name for name in set(EVENTS) - serious if EVENTS[name].todo) == []  # info and debug: nothing
 
@@ -67,3 +76,21 @@ def test_the_scan_finds_literals_constants_and_unread_calls_and_skips_handler_ev
     assert found["plain"][0].fields == ("records",) and found["bound"][0].level == "warning"
     assert [u.split(": ", 1)[1] for u in unread] == ["log.error(name)"]
     assert Path(found["plain"][0].path) == Path("mldserver/a.py")
+
+
+def test_the_catalogue_file_reads_in_its_order_and_refuses_an_event_twice_or_a_stray_key(tmp_path):
+    path = tmp_path / "events.toml"
+    path.write_text('[server.listening]\nlevels = ["info"]\nmeaning = "Up."\n\n'
+                    '["state directory".state_dir_full]\nlevels = ["warning", "error"]\nmeaning = """Full: \\\n'
+                    '   no room."""\ntodo = "Make room."\n')
+    read = events(path)
+    assert list(read) == ["listening", "state_dir_full"]
+    assert read["state_dir_full"] == ("state directory", ("warning", "error"), "Full: no room.", "Make room.")
+    assert read["listening"].todo == ""
+    path.write_text('[server.listening]\nlevels = ["info"]\nmeaning = "Up."\n'
+                    '[shard.listening]\nlevels = ["info"]\nmeaning = "Up."\n')
+    with pytest.raises(ValueError, match=r"'listening' is under two areas, 'server' and 'shard'"):
+        events(path)
+    path.write_text('[server.listening]\nlevels = ["info"]\nmeaning = "Up."\nwhat = "typo"\n')
+    with pytest.raises(ValueError, match=r"\[server.listening\] has \['levels', 'meaning', 'what'\]"):
+        events(path)

@@ -125,7 +125,7 @@ LAYERS = [
     "api",                  # what handlers import: Handler, records, checkpointer, context
     "timers",               # durable timers: the API, the stores, the scheduler
     "spark",                # the Spark process boundary
-    "base",                 # plumbing: config, logs, positions, durable files, pipes
+    "base",                 # plumbing: config, logs, positions, durable files, the sinks' contract
     "protocol",             # the MultiLangDaemon protocol, sans-IO
     "errors",               # the error hierarchy
     "native",               # whether the native parts may be used (MLDSERVER_NO_EXTENSIONS)

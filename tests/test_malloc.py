@@ -1,6 +1,6 @@
 """Large buffers are reused while batches flow (not faulted in again for each batch), and
 the memory of a burst of batches in flight is given back once they are freed; threads
-that take turns share one heap (``mldserver/base/malloc.py``)."""
+that take turns share one heap (``mldserver/pool/malloc.py``)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="gl
 
 PRELUDE = r"""
 import sys, time
-from mldserver.base.malloc import reuse_large_buffers
+from mldserver.pool.malloc import reuse_large_buffers
 
 def rss_mib():
     return int(open("/proc/self/statm").read().split()[1]) * 4096 / 2**20
@@ -68,7 +68,7 @@ print(rss_mib() - before)                 # what the burst left behind
 # of 1,400 bytes, malloc'ed) and frees it, with no trim in between
 TURNS = PRELUDE + r"""
 import threading
-from mldserver.base.malloc import one_heap
+from mldserver.pool.malloc import one_heap
 
 if sys.argv[2] == "one heap":
     assert one_heap()

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
-from mldserver.base.pausing import Pause
+from mldserver.shard.pausing import Pause
 
 from .harness import eventually
 

@@ -6,8 +6,8 @@ import asyncio
 
 import pytest
 
-from mldserver.base import pieces
-from mldserver.base.pieces import PieceReader
+from mldserver.shard import pieces
+from mldserver.shard.pieces import PieceReader
 
 
 async def test_a_piece_that_fits_is_handed_out_as_it_came_and_a_larger_one_is_cut():

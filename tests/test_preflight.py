@@ -11,7 +11,7 @@ import pytest
 
 from mldserver.errors import ConfigError
 from mldserver.base.config import Settings
-from mldserver.base.preflight import free_unix_path, probe_path, writable_sink, writable_state_dir
+from mldserver.server.preflight import free_unix_path, probe_path, writable_sink, writable_state_dir
 
 
 def test_a_missing_state_dir_is_created_and_probed_leaving_nothing_behind(tmp_path):

@@ -1,5 +1,5 @@
 """The daemon's properties file: read as Java reads it, checked against the KCL 3.x
-key set (``mldserver.base.kcl_keys``, generated from the jars) and what the server needs;
+key set (``mldserver.ops.kcl_keys``, generated from the jars) and what the server needs;
 ``mldserver check --properties`` prints each finding with its line, exit 1 on an error."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from mldserver.base import kcl_keys
+from mldserver.ops import kcl_keys
 from mldserver.ops import properties
 from mldserver.base.config import load
 
@@ -160,7 +160,7 @@ def test_a_long_enough_timeout_is_accepted(tmp_path):
 def test_the_committed_key_list_is_what_the_jars_give():
     done = subprocess.run([sys.executable, str(ROOT / "scripts" / "kcl-property-keys"), "--print"],
                           capture_output=True, text=True, timeout=120, check=True)
-    assert done.stdout == (ROOT / "mldserver" / "base" / "kcl_keys.py").read_text()
+    assert done.stdout == (ROOT / "mldserver" / "ops" / "kcl_keys.py").read_text()
 
 
 def test_run_takes_the_stream_its_daemon_reads_where_the_settings_leave_it_unset(tmp_path):

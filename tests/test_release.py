@@ -47,7 +47,7 @@ def test_the_sdist_carries_the_native_sources_and_the_docs(dist: Path) -> None:
     with tarfile.open(sdist) as tar:
         names = {name.split("/", 1)[1] for name in tar.getnames() if "/" in name}
     for source in ("mldserver/ops/relay.c", "setup.py", "pyproject.toml", "README.md", "CHANGELOG.md",
-                   *(f"{stem}.c" for stem in NATIVE)):
+                   "mldserver/base/events.toml", *(f"{stem}.c" for stem in NATIVE)):
         assert source in names, f"{source} is not in {sdist.name}"
 
 
@@ -57,6 +57,7 @@ def test_the_wheel_holds_the_native_parts(dist: Path) -> None:
         infos = {info.filename: info for info in zf.infolist()}
     relay = infos.get("mldserver/ops/mldserver-relay")
     assert relay is not None, "the native relay is not in the wheel"
+    assert "mldserver/base/events.toml" in infos, "the log-event catalogue is not in the wheel"
     assert (relay.external_attr >> 16) & 0o111, "the relay is in the wheel but not executable"
     for stem in NATIVE:
         assert any(name.startswith(stem) and name.endswith(".so") for name in infos), f"{stem} was not built"

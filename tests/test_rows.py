@@ -117,14 +117,14 @@ def test_held_bytes_is_the_memory_a_batch_from_a_handler_process_really_holds():
 
 
 def test_a_batch_on_loan_is_cut_where_it_lies_and_each_piece_gives_its_part_back():
-    """A handler process's rows, read in its rows arena (``base.loans``), cut at two
+    """A handler process's rows, read in its rows arena (``api/loans.py``), cut at two
     windows' ends: the pieces read the same memory (nothing copied), each holds and gives
     back its own part of the loan, and the parts make up the whole; rows not on loan
     are copied."""
     import gc
     import mmap
 
-    from mldserver.base.loans import lend
+    from mldserver.api.loans import lend
 
     seqs = [str(10**30 + i) for i in range(50)]
     lines = [b'{"i":%d,"pad":"%s"}\n' % (i, b"x" * i) for i in range(50)]

@@ -64,7 +64,7 @@ def test_a_server_killed_by_a_fatal_signal_leaves_every_threads_stack_on_stderr(
     assert server.proc.wait(20) == -signal.SIGSEGV
     said = server.stderr
     assert "Fatal Python error: Segmentation fault" in said
-    assert "Current thread 0x" in said and "\nThread 0x" in said  # the loop's, and the trimmer's (base/malloc.py)
+    assert "Current thread 0x" in said and "\nThread 0x" in said  # the loop's, and the trimmer's (pool/malloc.py)
 
 
 async def test_logs_are_json_lines_and_sigterm_shuts_down_in_order(serve):

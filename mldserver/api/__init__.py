@@ -10,6 +10,8 @@ It imports nothing of the server's parts: they import it.
 - ``rows.py``: the rows a batch emitted, as columns (``RowBatch``), as the server carries them.
 - ``emitted.py``: what ``batch.emit`` collects, a JSON line a row, and ``PyCollector``, its
   Python path.
+- ``loans.py``: another process's shared memory read in place (a handler process's rows),
+  given back when the last reference goes.
 - ``_emitted.c``: the same collector in C, ``batch.emit`` itself where setup.py built it.
 - ``checkpointer.py``: ``checkpointer.checkpoint(...)``, with the daemon's errors handled.
 - ``failures.py``: ``batch.fail(record, error)``, a record given up on alone.

@@ -67,7 +67,7 @@ static int grow(void **p, Py_ssize_t *cap, Py_ssize_t need, size_t item) {
 /* The largest buffers a collector let go of, for the next one to start with: a batch's
    lines grow to megabytes, and buffers taken afresh each batch were grown a dozen times
    and their pages faulted in again (a handler process gives its free pages back every
-   second: base/malloc.py). One spare of each kind, of at most SPARE_MAX bytes; under the
+   second: pool/malloc.py). One spare of each kind, of at most SPARE_MAX bytes; under the
    GIL, like everything here. */
 #define SPARE_MAX ((Py_ssize_t)64 << 20)
 static void *spare_buf, *spare_ends;

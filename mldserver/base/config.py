@@ -319,7 +319,7 @@ class Settings:
     admin: str | None = setting(None, str, empty=False)
     # the file holding the admin endpoint's bearer token, which POST /pause, /resume and /reload
     # then require (GETs stay open); beyond loopback one is required: without this file, the
-    # state dir's admin-token (generated at the first start) is used (mldserver.base.admin_token)
+    # state dir's admin-token (generated at the first start) is used (mldserver.server.admin_token)
     admin_token_file: str | None = setting(None, str, empty=False)
     # durable timers (mldserver.timers): where they are kept (sqlite, sqlite:PATH or
     # dynamodb:TABLE) and the largest context a timer may carry (its JSON, in bytes)

@@ -12,10 +12,15 @@ plus fields where they apply (``shard_id``, ``conn``, ``records``, ``duration_ms
 Follow one shard: ``tail -f server.log | jq -c 'select(.shard_id=="shardId-000000000001")'``.
 Only the CLI calls :func:`configure`; library code only gets loggers.
 
-Every event mldserver logs is in one catalogue, ``events.EVENTS``. With
-``MLDSERVER_CHECK_EVENTS=1`` in the environment (the tests' processes and the servers
-they start) a logger raises ``UncataloguedEvent`` for a name, or a level of it, that is
-not there; otherwise nothing is looked up. A handler's ``context.log``
+Every event mldserver logs is in one catalogue, the data file ``events.toml`` beside
+this module, read by :func:`events`::
+
+    events()["window_committed"]  ->  LogEvent(area="coordinator", levels=("info",),
+                                               meaning="A closed window was committed to the sink ...")
+
+With ``MLDSERVER_CHECK_EVENTS=1`` in the environment (the tests' processes and the
+servers they start) a logger raises ``UncataloguedEvent`` for a name, or a level of it,
+that is not there; otherwise nothing is looked up. A handler's ``context.log``
 (:func:`handler_logger`) logs the handler's own events, unchecked.
 """
 
@@ -26,7 +31,9 @@ import logging
 import logging.handlers
 import os
 import sys
-from typing import Any, Iterator, TextIO
+import tomllib
+from pathlib import Path
+from typing import Any, Iterator, NamedTuple, TextIO
 
 import orjson
 
@@ -35,19 +42,45 @@ from .secrets import scrub
 from ..errors import ConfigError
 
 _LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
+LEVELS = tuple(_LEVELS)  # the levels an event is logged at
+EVENTS_FILE = Path(__file__).with_name("events.toml")
+
+
+class LogEvent(NamedTuple):
+    """An entry of the catalogue: ``[area.name]`` in ``events.toml``."""
+
+    area: str  # the part of the server that logs it (a heading of the reference)
+    levels: tuple[str, ...]  # the levels it is logged at
+    meaning: str  # one line: what happened
+    todo: str = ""  # what to do about it: every warning and error has one (the troubleshooting reference)
+
+
+def events(path: Path = EVENTS_FILE) -> dict[str, LogEvent]:
+    """Every log event mldserver can emit, in the catalogue's order (its areas' too). An
+    entry with other keys than ``levels``, ``meaning`` and ``todo``, without the first two,
+    or an event under two areas, is a ValueError naming it."""
+    found: dict[str, LogEvent] = {}
+    for area, entries in tomllib.loads(path.read_text()).items():
+        for name, entry in entries.items():
+            if name in found:
+                raise ValueError(f"{path}: the event {name!r} is under two areas, {found[name].area!r} and "
+                                 f"{area!r}: keep one table, [{found[name].area}.{name}] or [{area}.{name}]")
+            if not {"levels", "meaning"} <= set(entry) <= {"levels", "meaning", "todo"}:
+                raise ValueError(f"{path}: [{area}.{name}] has {sorted(entry)}: give it levels, meaning and, "
+                                 f"for a warning or an error, todo")
+            found[name] = LogEvent(area, tuple(entry["levels"]), entry["meaning"], entry.get("todo", ""))
+    return found
 
 
 class UncataloguedEvent(AssertionError):
-    """An event (or a level of it) logged that ``events.EVENTS`` does not list."""
+    """An event (or a level of it) logged that the catalogue (``events.toml``) does not list."""
 
 
 def catalogue() -> frozenset[tuple[str, int]] | None:
     """The (event, level) pairs loggers check against, or None (no check)."""
     if os.environ.get("MLDSERVER_CHECK_EVENTS", "") in ("", "0"):
         return None
-    from .events import EVENTS
-
-    return frozenset((name, _LEVELS[level]) for name, event in EVENTS.items() for level in event.levels)
+    return frozenset((name, _LEVELS[level]) for name, event in events().items() for level in event.levels)
 
 
 _CATALOGUE = catalogue()  # read once: the hot path pays one comparison when it is off
@@ -70,7 +103,8 @@ class EventLogger:
         if _CATALOGUE is not None and self._checked and (event, level) not in _CATALOGUE:
             raise UncataloguedEvent(
                 f"log event {event!r} at level {logging.getLevelName(level).lower()} is not in "
-                f"mldserver.base.events.EVENTS: add it there (area, levels, one line on what it means)")
+                f"the catalogue, mldserver/base/events.toml: add it there ([area.{event}], its levels, one "
+                f"line on what it means and, for a warning or an error, what to do)")
         if self._logger.isEnabledFor(level):
             self._logger.log(level, event, extra={"fields": {**self._fields, **fields}}, exc_info=exc_info)
 

@@ -9,6 +9,8 @@
 - ``tether.py``: what ties that daemon to its server: it dies with it, a leftover is
   stopped, a restart is the same KCL worker.
 - ``properties.py``: the daemon's properties file, read as Java reads it and checked.
+- ``kcl_keys.py``: the daemon's property keys, generated from its jars by
+  ``scripts/kcl-property-keys`` (do not edit).
 - ``check.py``: ``mldserver check``, what ``serve`` would find at start-up, without serving.
 - ``status.py``: ``mldserver status``, ``pause``, ``resume``, ``reload``: clients of the
   admin endpoint.

@@ -53,7 +53,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, TextIO
 
-from ..base import admin_token, kcl_keys, logs, preflight
+from . import kcl_keys
+from ..base import logs
+from ..server import admin_token, preflight
 from . import properties as daemon_properties
 from ..base.config import Settings, SinkSpec
 from ..base.logs import EventLogger

@@ -44,7 +44,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
-from ..base import preflight
+from ..server import preflight
 from . import properties, tether
 from .daemon_messages import QUIET_S, Message, Messages
 from ..base.config import Settings, state_path

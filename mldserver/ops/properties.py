@@ -15,7 +15,7 @@ each finding with its line and what to do::
     ...     print(f.render("mld.properties"))
     error    mld.properties:5 initialPositonInStream: not a key the KCL 3.1.3 daemon knows (it ignores it silently): did you mean initialPositionInStream?
 
-The known keys are ``mldserver.base.kcl_keys`` (generated from the jars by
+The known keys are ``mldserver.ops.kcl_keys`` (generated from the jars by
 scripts/kcl-property-keys), so checking needs no Java.
 """
 
@@ -30,7 +30,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..base import kcl_keys
+from . import kcl_keys
 from ..base.config import Settings
 from ..errors import ConfigError
 

@@ -29,7 +29,7 @@ import json
 import urllib.parse
 from typing import Any, NamedTuple, TextIO
 
-from ..base import admin_token
+from ..server import admin_token
 from .status import request
 
 SHOWN = 10  # failures named on stderr

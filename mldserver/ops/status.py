@@ -34,7 +34,7 @@ import urllib.request
 from datetime import datetime, timezone
 from typing import Any, TextIO
 
-from ..base import admin_token
+from ..server import admin_token
 from ..base.config import DEFAULT_ADMIN
 
 TIMEOUT_S = 5.0

@@ -2,6 +2,7 @@
 
 - ``frames.py``: the frames both sides speak, the one module both import.
 - ``arena.py``: the shared memory a batch's line crosses in, and its rows come back in.
+- ``malloc.py``: large buffers reused while batches flow, given back when they stop.
 - ``child.py``: a handler process's main (``python -m mldserver.pool.child``).
 - ``process.py``: the server's side of one handler process.
 - ``pool.py``: ``HandlerPool``: assignment, supervision, memory, reload.

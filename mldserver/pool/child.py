@@ -64,8 +64,8 @@ from ..errors import CheckpointError, ConfigError, ExecutionTimeout  # (Executio
 from ..api.failures import FailureGuard
 from ..api.loading import load_handler
 from ..base.logs import configure, get_logger
-from ..base.malloc import one_heap, reuse_large_buffers
-from ..base.pieces import PieceReader
+from .malloc import one_heap, reuse_large_buffers
+from ..shard.pieces import PieceReader
 from ..api.records import Batch, EmittedRows, ShardInfo
 from ..api.checks import check_handler, emits
 from ..api import bindings as bindings_api

@@ -1,5 +1,5 @@
 """Frames between the server and a handler process (``child.py``): the one module
-both sides speak, built on the framing of every pipe of the server (``pipes.py``: an 8-byte
+both sides speak, built on the framing of every pipe of the server (``spark/pipes.py``: an 8-byte
 header, a JSON object, an optional binary body).
 
 What crosses, and how often (one shard's action is one ``call`` and one ``done``)::
@@ -96,7 +96,7 @@ from ..api.emitted import EmittedRows
 from ..api.records import Record, row_time, row_times, times_valid
 from ..api.rows import ARRIVAL_TIME, NO_TIME
 from ..native import load_native
-from ..base.pipes import HEADER, encode, read_frame, read_frame_async
+from ..spark.pipes import HEADER, encode, read_frame, read_frame_async
 from ..shard.calls import SKIPPED  # a held call's done when its go frame says no (above)
 
 # Every record's data decoded from the line in one native pass (setup.py builds it); None

@@ -42,7 +42,7 @@ from ..base.config import Settings, state_path
 from .arena import ARENA_MIN, Arena, ArenaView, Region, extent, rows_arena_bytes, shared_memory
 from ..errors import MldserverError
 from ..base.logs import EventLogger
-from ..base.pieces import PieceReader
+from ..shard.pieces import PieceReader
 from .frames import BEAT, BEAT_AT, RUN, STATE_SIZE, STOP, STOP_AT, WATCH_INTERVAL, StartFrame, encode, encode_head, read_frame_async
 
 PIPE_LIMIT = 1 << 24
@@ -296,7 +296,7 @@ class HandlerProcess:
     def _rows_body(self, region: list[int], wanted: bool) -> Any:
         """A done frame's rows, in the process's rows arena: read where they lie (if
         its call still waits for them), on loan until nothing refers to them (their
-        windows committed: ``base.loans``); else handed back at once."""
+        windows committed: ``api.loans``); else handed back at once."""
         held = extent(region)  # type: ignore[arg-type]
         self.rows_lent += held[1]
         if not wanted:
@@ -305,7 +305,7 @@ class HandlerProcess:
         if self.rows is None:  # (never: the arena is closed only once its frames are read)
             raise RuntimeError("a done frame names the rows arena, which is closed")
         self.rows.region(*held)  # ValueError if not inside it: the process is unreadable
-        from ..base.loans import lend  # (numpy: a server with a sink)
+        from ..api.loans import lend  # (numpy: a server with a sink)
 
         self.rows_read += 1
         return lend(self.rows.map, *held, self._give_back)[: region[1]]

@@ -57,7 +57,7 @@ class LineBuffer:
 
     The pieces fed are kept as they came and joined once, into the line: a line of
     megabytes is copied once here (a growing buffer copied it twice, each time into
-    pages fresh from the kernel: some 2 ms a 3 MB line, ``malloc.py``)."""
+    pages fresh from the kernel: some 2 ms a 3 MB line, ``pool/malloc.py``)."""
 
     __slots__ = ("_parts", "_size", "_scan", "_skipping", "_skipped", "max_line_size", "eof")
 

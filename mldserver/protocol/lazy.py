@@ -152,7 +152,7 @@ class LazyRecords(Sequence[Any]):
 
 # Parsers kept for reuse: a parser's buffers (some 8 MiB for a 3 MB line) are
 # allocated at its first parse, and allocating them again for every line (their pages
-# fresh from mmap: ``malloc.py``) cost 6 ms a line against 1 ms for the parse itself.
+# fresh from mmap: ``pool/malloc.py``) cost 6 ms a line against 1 ms for the parse itself.
 # A parser is reused only when nothing refers to its last document any more (pysimdjson
 # refuses otherwise); a line that finds none free gets a parser of its own, not kept.
 POOLED_PARSERS = 4

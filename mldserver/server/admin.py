@@ -25,7 +25,7 @@ embedded ``Server`` has none unless ``Settings.admin`` names one)::
     {"paused":true,"changed":true}
 
 The GETs are always open (Prometheus scrapes /metrics with no credentials). The POSTs
-(``/redrive`` too) need the admin token (``Authorization: Bearer TOKEN``; mldserver.base.admin_token) when
+(``/redrive`` too) need the admin token (``Authorization: Bearer TOKEN``; mldserver.server.admin_token) when
 there is one: ``--admin-token-file FILE`` always makes one; an endpoint that listens
 beyond loopback (``--admin 0.0.0.0:7071``) always has one, the state directory's
 ``admin-token`` (generated at its first start, mode 0600) unless a file is given. A
@@ -65,7 +65,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from ..errors import ConfigError
-from ..base import admin_token
+from .admin_token import Token, bearer, in_state_dir, matches, read as read_token
 from ..base.config import admin_address
 from ..base.logs import get_logger
 from ..sources.feed import FeedClosed
@@ -99,7 +99,7 @@ class Admin:
         self.value = value
         self.address = admin_address(value)
         self.token_file = token_file
-        self.token: admin_token.Token | None = None  # set by prepare(): the POSTs need it
+        self.token: Token | None = None  # set by prepare(): the POSTs need it
         self.bound: tuple[str, int] | None = None
         self._runner: web.AppRunner | None = None
         self._listener: asyncio.Server | None = None
@@ -115,11 +115,11 @@ class Admin:
             return
         if self.token_file:
             path = Path(self.token_file)
-            value = await asyncio.to_thread(admin_token.read, path, "--admin-token-file")
-            self.token = admin_token.Token(value, path)
+            value = await asyncio.to_thread(read_token, path, "--admin-token-file")
+            self.token = Token(value, path)
         elif not await _loopback(*self.address):
             try:
-                self.token = await asyncio.to_thread(admin_token.in_state_dir, state_dir)
+                self.token = await asyncio.to_thread(in_state_dir, state_dir)
             except ConfigError as exc:
                 raise ConfigError(f"--admin {self.value} listens beyond loopback, where POST /pause, /resume and "
                                   f"/reload need a token, and there is none: {exc}") from None
@@ -184,9 +184,9 @@ class Admin:
         if self.token is None or request.method in ("GET", "HEAD"):
             return await handler(request)
         header = request.headers.get("Authorization")
-        if admin_token.matches(header, self.token.value):
+        if matches(header, self.token.value):
             return await handler(request)
-        given = admin_token.bearer(header) is not None
+        given = bearer(header) is not None
         log.warning("admin_refused", method=request.method, path=request.path, peer=request.remote,
                     reason="wrong token" if given else "no token")
         challenge = 'Bearer realm="mldserver admin"' + (', error="invalid_token"' if given else "")

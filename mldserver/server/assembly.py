@@ -31,7 +31,7 @@ import asyncio
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from ..base import preflight
+from .preflight import extras
 from ..base.backoff import CallPolicy
 from ..api.bindings import Bindings
 from ..api.bindings import check as check_bindings
@@ -43,7 +43,7 @@ from ..api.checks import check_handler, emits
 from ..api.loading import handler_factory, load_handler
 from ..base.logs import get_logger
 from .metrics import Metrics
-from ..base.pausing import Pause
+from ..shard.pausing import Pause
 from ..pool import HandlerPool, ProcessCalls
 from ..pool.firing import PoolFiring
 from ..shard import CoordinatorLink, NoSink, RedriveLink, ShardDriver
@@ -111,7 +111,7 @@ def build(settings: Settings, factory: Callable[[Any], Any] | None = None, *,
     """The parts of a server for ``settings``. ``factory`` runs handlers in this loop;
     ``clock`` (epoch ms) is the coordinator's; ``sink`` replaces the one
     ``settings.sink`` names (a test's, or an embedder's own)."""
-    preflight.extras(settings)  # Spark or Iceberg asked for, and not installed: the extra to install
+    extras(settings)  # Spark or Iceberg asked for, and not installed: the extra to install
     check_bindings(settings)  # a read-write binding to the stream's own table: refused here
     pool = None
     if factory is None and settings.workers > 0:

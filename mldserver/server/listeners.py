@@ -31,7 +31,8 @@ import socket
 from pathlib import Path
 from typing import Any, Callable
 
-from ..base import pieces, preflight
+from .preflight import free_unix_path
+from ..shard import pieces
 from ..base.config import Settings
 from ..errors import ConfigError
 from ..base.logs import get_logger
@@ -126,7 +127,7 @@ class Listeners:
         return [srv for srv in (self._unix, self._tcp) if srv is not None]
 
     async def _bind_unix(self, path: str) -> asyncio.base_events.Server:
-        await asyncio.to_thread(preflight.free_unix_path, Path(path))
+        await asyncio.to_thread(free_unix_path, Path(path))
         try:
             srv = await pieces.serve_unix(self.accept, path, STREAM_LIMIT, start_serving=False)
         except (OSError, ValueError) as exc:

@@ -22,7 +22,7 @@ on uvloop. Lifecycle (uvicorn's shape)::
               ``--admin off``), the admin endpoint (mldserver.server.admin) is bound first,
               so /readyz answers 503 while Spark starts; it reads the server's
               metrics (mldserver.server.metrics), ``unhealthy()``, ``not_ready()``, and
-              calls ``pause()`` / ``resume()`` (the gate in mldserver.base.pausing). Its
+              calls ``pause()`` / ``resume()`` (the gate in mldserver.shard.pausing). Its
               token (which POSTs need: ``--admin-token-file``, or beyond loopback the
               state directory's ``admin-token``) is read before anything starts
     timers    once the handler processes are up, the timer scheduler (mldserver.timers)
@@ -66,7 +66,8 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
-from ..base import pieces, preflight
+from .preflight import java, writable_sink, writable_state_dir
+from ..shard import pieces
 from .assembly import Parts, build
 from ..api.bindings import current as current_bindings
 from ..base.config import Settings, admin_address
@@ -86,7 +87,7 @@ if TYPE_CHECKING:
     from ..api.context import Context
     from ..coordinator import Coordinator
     from .metrics import Metrics
-    from ..base.pausing import Pause
+    from ..shard.pausing import Pause
     from ..pool import HandlerPool
     from ..sinks import Sink
     from ..spark.process import SparkProcess
@@ -198,14 +199,14 @@ class Server:
 
     async def _start(self) -> None:
         s = self.settings
-        await asyncio.to_thread(preflight.writable_state_dir, Path(s.state_dir))
-        await asyncio.to_thread(preflight.writable_sink, s)
+        await asyncio.to_thread(writable_state_dir, Path(s.state_dir))
+        await asyncio.to_thread(writable_sink, s)
         if self.admin is not None:
             await self.admin.prepare(Path(s.state_dir))  # its token read (or made) before anything starts
         for source in self.sources:
             source.prepare()  # --from where positions are saved: said before anything starts
         if self.spark is not None and not s.spark_remote:  # (a Spark Connect client needs no Java here)
-            await asyncio.to_thread(preflight.java, "Spark (--pipeline, --sink parquet: or iceberg:)")
+            await asyncio.to_thread(java, "Spark (--pipeline, --sink parquet: or iceberg:)")
         self.loop_lag.start()
         await self.listeners.bind()  # bound first, served last: a port in use is said before anything starts
         if self.pool is not None:

@@ -10,6 +10,9 @@ module.
   handed to a handler (``api/checkpointer.py``).
 - ``progress.py``: what was delivered, what is stored, so where a checkpoint may go.
 - ``slots.py``: the wire of one connection and the in-flight slots all shards share.
+- ``pieces.py``: a stream reader that hands out the transport's pieces, not copies (the
+  shard connections', and the handler processes' pipes).
+- ``pausing.py``: the pause gate every driver passes (``POST /pause``, ``/resume``).
 - ``downstream.py``: what follows a batch: nothing, the coordinator, or a redrive.
 - ``status.py``: what ``/status`` and the metrics read of a shard.
 """

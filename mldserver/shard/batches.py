@@ -274,7 +274,7 @@ def encoded_rows(records: Sequence[Record], index: Any, times: Any, ends: Any, l
     offsets = np.zeros(n + 1, dtype=np.int64)
     offsets[1:] = np.frombuffer(ends, dtype=np.uint64, count=n)
     # The columns are copied (12 bytes a row): only the JSON lines stay where the body
-    # lies, which may be the rows arena, on loan until their window commits (``base.loans``).
+    # lies, which may be the rows arena, on loan until their window commits (``api/loans.py``).
     index = np.frombuffer(index, dtype=np.uint32, count=n).copy()
     times = np.frombuffer(times, dtype=np.int64, count=n).copy()
     arrival = times == ARRIVAL_TIME

@@ -38,8 +38,8 @@ from ..base.config import Settings
 from ..base.deadletters import DeadLetters
 from ..base.durable import on_blocked
 from ..base.logs import EventLogger
-from ..base.pausing import Pause
-from ..base.pieces import PieceReader
+from .pausing import Pause
+from .pieces import PieceReader
 from ..base.positions import Position
 from ..protocol import (
     Action, CheckpointReply, Connection, ConnectionClosed, Dialect, Event, Initialize, LeaseLost, ProcessRecords,

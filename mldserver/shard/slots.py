@@ -34,10 +34,10 @@ import time
 from typing import Any, AsyncIterator, Awaitable, Callable
 
 from ..base.logs import EventLogger
-from ..base.pieces import PieceReader
+from .pieces import PieceReader
 from ..protocol import NEED_DATA, Connection, Event, ProcessRecords, RemoteProtocolError, State, action_in
 
-# Read a quarter MiB at a time: below the fixed mmap threshold (``malloc.py``), so
+# Read a quarter MiB at a time: below the fixed mmap threshold (``pool/malloc.py``), so
 # each piece reuses heap memory; the line is joined from them once (``LineBuffer``).
 READ_CHUNK = 1 << 18
 # Waiting for the daemon's next action: the only time a shard takes a slot.

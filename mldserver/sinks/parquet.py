@@ -8,7 +8,7 @@ thread) written to ``<state-dir>/spark/windows/<id>.parquet`` (plain: no compres
 no dictionaries, as it is read once; Spark's own reader takes a 100,000-row window in
 less time than ``createDataFrame`` of the same Arrow table); the Spark process reads
 that file into a DataFrame, runs the pipeline, publishes ``DIR/window=<id>/`` and
-appends ``DIR/_commits/<id>.json`` (``sinks/commitlog.py``)::
+appends ``DIR/_commits/<id>.json`` (``spark/commitlog.py``)::
 
     DIR/window=1763719200000-1763719260000/part-00000-....parquet
     DIR/_commits/1763719200000-1763719260000.json
@@ -44,7 +44,7 @@ from ..base.handoff import Committed, Window
 from ..base.deadletters import DeadLetters
 from ..base.durable import empty_dir
 from ..base.logs import get_logger
-from ..base.commitlog import CommitLog
+from ..spark.commitlog import CommitLog
 from .schema import declared, load, rows_to_table, save
 from ..spark.frames import CommitRequest, window_frame
 from ..spark.process import SparkProcess

@@ -7,6 +7,10 @@ Spark (a Spark call from a thread of the busy server starves on the GIL).
 - ``session.py``: the Spark process's SparkSession and its daemon-friendly defaults.
 - ``pipeline.py``: the pipeline API (``pipeline(df, window)``) and ``WindowInfo``.
 - ``frames.py``: the wire format between the two, and the typed frames.
+- ``pipes.py``: the framing of every pipe to a child process (header, JSON, body), the
+  handler processes' too (``pool/frames.py``).
+- ``commitlog.py``: the parquet sink's commit log, one fsynced entry per committed window,
+  written by the Spark process and read by the server's side (``sinks/parquet.py``).
 - ``bench.py``: the bare hand-off ``mldserver bench --part spark`` compares against.
 
 Only ``child.py`` and ``session.py`` import pyspark, and only in the Spark process;

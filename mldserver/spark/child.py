@@ -52,7 +52,7 @@ from typing import Any, Callable
 
 from ..base.durable import publish_dir
 from ..base.importer import import_from_string
-from ..base.commitlog import CommitLog
+from .commitlog import CommitLog
 from .frames import CommitRequest, StartRequest, WindowFrame, commit_entry, encode, read_frame
 from .pipeline import WindowInfo, identity
 

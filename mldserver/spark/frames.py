@@ -1,7 +1,7 @@
 """Frames on the pipe between the server and the Spark process (``child.py``).
 
 One frame is a request or a reply, framed as every pipe of the server is
-(``mldserver/base/pipes.py``): a JSON object, then an optional binary body::
+(``spark/pipes.py``): a JSON object, then an optional binary body::
 
     >II | {"op": "commit", "id": 7, "window": {...}} | b""
     >II | {"id": 7, "ok": true, "rows_out": 41, "duration_ms": 212.5} | b""
@@ -18,7 +18,7 @@ from __future__ import annotations
 from typing import Any, Literal, NotRequired, TypedDict
 
 from ..base.handoff import Window
-from ..base.pipes import encode, read_frame, read_frame_async
+from .pipes import encode, read_frame, read_frame_async
 
 __all__ = ["StartRequest", "WindowFrame", "CommitRequest", "WriteRequest", "CommitEntry", "commit_entry",
            "window_frame", "encode", "read_frame", "read_frame_async"]
@@ -94,7 +94,7 @@ class WriteRequest(TypedDict):
 
 
 class CommitEntry(TypedDict):
-    """One entry of the commit log (``sinks/commitlog.py``), appended after the output."""
+    """One entry of the commit log (``spark/commitlog.py``), appended after the output."""
 
     window: str
     start: int

@@ -11,7 +11,7 @@ import orjson
 import pytest
 
 from mldserver.api.rows import Item, RowBatch
-from mldserver.base.commitlog import CommitLog
+from mldserver.spark.commitlog import CommitLog
 from mldserver.base.config import Settings, load
 from mldserver.base.handoff import Committed, Window
 from mldserver.base.positions import Position
@@ -117,7 +117,7 @@ async def test_a_late_row_within_the_allowed_lateness_amends_its_window_and_chec
 
 
 class ReplacingSink:
-    """JSON lines a window, with the real commit log (``base.commitlog``) written after
+    """JSON lines a window, with the real commit log (``spark/commitlog.py``) written after
     them: what the parquet sink does without Spark (tests/spark has it with Spark), an
     amended window (``version``) replacing what was written of it."""
 

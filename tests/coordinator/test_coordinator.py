@@ -16,7 +16,7 @@ import pytest
 from mldserver.base.backoff import Backoff
 from mldserver.base.config import Settings
 from mldserver.base.deadletters import DeadLetters
-from mldserver.base.commitlog import CommitLog
+from mldserver.spark.commitlog import CommitLog
 from mldserver.base.handoff import Committed
 from mldserver.base.intervals import after
 from mldserver.coordinator import Coordinator
@@ -769,7 +769,7 @@ async def test_a_late_row_is_dead_lettered_with_its_data_under_dead_letter(setti
 # -- committed intervals: a reading below where an earlier one started ---------------------------
 
 class LoggedSink(FileSink):
-    """The file sink's JSON lines and the parquet sink's commit log (``base.commitlog``),
+    """The file sink's JSON lines and the parquet sink's commit log (``spark/commitlog.py``),
     each entry as the Spark process writes it (``commit_entry`` of the window's frame):
     the parquet sink's commit without Spark."""
 

@@ -17,7 +17,7 @@ import uvloop
 from hypothesis import given, settings as hsettings, strategies as st
 
 from mldserver.api.rows import Item, RowBatch
-from mldserver.base.commitlog import CommitLog
+from mldserver.spark.commitlog import CommitLog
 from mldserver.base.config import Settings, load
 from mldserver.base.handoff import Committed, Window
 from mldserver.base.positions import Position
@@ -152,7 +152,7 @@ def test_session_windows_equal_duckdbs_whatever_the_gap_and_the_delivery(seed, g
 
 
 class LoggedSink:
-    """JSON lines a window, with the real commit log (``base.commitlog``) written after
+    """JSON lines a window, with the real commit log (``spark/commitlog.py``) written after
     them: what the parquet sink does, without Spark (tests/spark has it with Spark)."""
 
     def __init__(self, directory: Path) -> None:

@@ -214,8 +214,8 @@ def test_records_cross_as_the_line_that_arrived_when_the_server_kept_them_one_fo
 
 
 async def test_a_body_of_megabytes_is_read_whole_in_pieces_and_a_cut_one_reads_as_the_end():
-    from mldserver.base.pieces import PieceReader
-    from mldserver.base import pipes
+    from mldserver.shard.pieces import PieceReader
+    from mldserver.spark import pipes
 
     body = bytes(range(256)) * 5000  # 1.28 MB: more than one piece
     frame = pipes.encode({"op": "x"}, body)

@@ -8,7 +8,7 @@ import asyncio
 import orjson
 
 from mldserver.base.logs import EventLogger
-from mldserver.base.pieces import PieceReader
+from mldserver.shard.pieces import PieceReader
 from mldserver.protocol import Connection, ProcessRecords, State
 from mldserver.shard.slots import READ_CHUNK, Slots, Wire
 
@@ -48,7 +48,7 @@ async def test_a_batch_waiting_for_a_slot_keeps_all_but_one_read_in_the_kernel()
     """Every slot held: the next shard's batch waits, and the server reads no further
     than the read that brought its first bytes (uvloop's, at most 256 KiB): the rest
     of its 8 MB stays in the socket's buffers and with the sender, not in memory."""
-    from mldserver.base import pieces
+    from mldserver.shard import pieces
     from mldserver.server.listeners import STREAM_LIMIT
 
     from ..harness import eventually

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from mldserver.base.positions import Position
-from mldserver.base.commitlog import CommitLog
+from mldserver.spark.commitlog import CommitLog
 
 
 def entry(start, positions):
@@ -37,8 +37,8 @@ def test_compaction_folds_the_older_entries_into_one_file_and_reads_the_same(tmp
     end, every window counted once), a folded window still answers as committed, and a
     compaction a crash stopped before its deletions (entries left that it folded) is
     read without counting them twice."""
-    monkeypatch.setattr("mldserver.base.commitlog.COMPACT_AT", 10)
-    monkeypatch.setattr("mldserver.base.commitlog.KEEP", 5)
+    monkeypatch.setattr("mldserver.spark.commitlog.COMPACT_AT", 10)
+    monkeypatch.setattr("mldserver.spark.commitlog.KEEP", 5)
     log = CommitLog(tmp_path)
     for i in range(25):
         log.append(entry(i * 10, {f"S{i % 4}": [str(100 + i), 0], "A": [str(1000 + i), i % 3]}))

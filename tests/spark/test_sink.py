@@ -247,7 +247,7 @@ async def test_windows_prepared_ahead_commit_once_in_window_order_across_spark_p
     written while the one in front commits; the Spark process is SIGKILLed in the
     middle of two commits (one with a prepared window behind it): every window is
     committed once, in window order, with all its rows."""
-    from mldserver.base.commitlog import CommitLog
+    from mldserver.spark.commitlog import CommitLog
     from mldserver.base.handoff import JsonLines, Window
     from mldserver.base.positions import Position
     from mldserver.errors import retriable
@@ -312,7 +312,7 @@ async def test_a_window_prepared_while_the_one_in_front_is_in_spark_has_its_file
     """A window that closes while another commits (the coordinator seals it then and
     calls ``prepare``) has its Spark input written while that one is in Spark, not
     after: the file is there before the window in front is committed."""
-    from mldserver.base.commitlog import CommitLog
+    from mldserver.spark.commitlog import CommitLog
     from mldserver.base.handoff import JsonLines, Window
     from mldserver.base.positions import Position
 

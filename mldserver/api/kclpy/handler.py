@@ -55,7 +55,7 @@ class KclpyHandler(Handler):
     # its turn holds no parsed copy.
     parses_line = True
     # Its shards' threads take turns (``turns.py``): its handler process serves them
-    # from one heap (``base/malloc.one_heap``), not one heap per thread.
+    # from one heap (``pool/malloc.one_heap``), not one heap per thread.
     takes_turns = True
 
     @classmethod

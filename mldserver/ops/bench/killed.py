@@ -522,7 +522,7 @@ async def run_phase(tmp: str | os.PathLike, *, seed: int, kills: int = 3, shards
     daemon are not installed; RuntimeError or TimeoutError when the first start fails."""
     from ..daemon import jars
     from ..emulators import DynamoDBLocal, KinesisLocal
-    from ...base import preflight
+    from ...server import preflight
 
     jars()  # ConfigError, before anything is started
     preflight.java("the killed phase (mldserver run)")

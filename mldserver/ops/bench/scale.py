@@ -352,7 +352,7 @@ async def run_scale(tmp: str | os.PathLike, *, quick: bool = False, shards: int 
     ConfigError when the emulators or the daemon are not installed."""
     from ..daemon import jars
     from ..emulators import DynamoDBLocal, KinesisLocal
-    from ...base import preflight
+    from ...server import preflight
 
     jars()
     preflight.java("the scale bench (mldserver run)")

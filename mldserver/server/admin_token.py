@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from ..errors import ConfigError
-from .durable import fsync_dir
+from ..base.durable import fsync_dir
 
 FILE = "admin-token"  # in the state directory
 MIN_LENGTH, MAX_LENGTH = 16, 4096

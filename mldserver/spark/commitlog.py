@@ -56,10 +56,10 @@ from typing import Any
 
 import orjson
 
-from .handoff import Committed
-from .durable import atomic_write, utc_timestamp
-from .intervals import from_json, joined, to_json
-from .positions import Position
+from ..base.handoff import Committed
+from ..base.durable import atomic_write, utc_timestamp
+from ..base.intervals import from_json, joined, to_json
+from ..base.positions import Position
 
 COMMITS = "_commits"
 COMPACTED = "_compacted.json"

@@ -22,7 +22,7 @@ import time
 from typing import TYPE_CHECKING, Awaitable, Callable
 
 if TYPE_CHECKING:
-    from .logs import EventLogger
+    from ..base.logs import EventLogger
 
 # Paused, a batch waiting at the gate checkpoints what the sink committed this often.
 PAUSED_CHECKPOINT_S = 1.0

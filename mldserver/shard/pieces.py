@@ -4,7 +4,7 @@ asyncio's ``StreamReader`` appends every piece it is fed to one buffer and copie
 ``read`` returns out of it (twice, in Python 3.11: a slice, then ``bytes``). For the
 daemon's lines and the frames to a handler process, megabytes a batch, those copies
 were most of what the server and the handler processes did with the bytes (and each
-buffer past 1 MiB was pages fresh from the kernel: ``malloc.py``). ``PieceReader``
+buffer past 1 MiB was pages fresh from the kernel: ``pool/malloc.py``). ``PieceReader``
 keeps the pieces as they came (uvloop delivers ``bytes`` of up to 256 KiB) and
 ``read(n)`` returns the next one whole when it fits, so a line or a frame body is
 copied once, where its pieces are joined (``LineBuffer``, ``spark.frames``)::

@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING
 from ..errors import ConfigError
 
 if TYPE_CHECKING:
-    from .config import Settings
+    from ..base.config import Settings
 
 PROBE = ".mldserver-probe"
 
@@ -59,7 +59,7 @@ def extras(settings: "Settings") -> None:
     """What the settings use is installed: Spark (``mldserver[spark]``) for a pipeline or
     a parquet sink, Iceberg (``mldserver[iceberg]``) for the table sink; a ConfigError
     naming the extra otherwise. The core install runs everything else."""
-    from .config import uses_spark
+    from ..base.config import uses_spark
 
     if uses_spark(settings) and importlib.util.find_spec("pyspark") is None:
         raise ConfigError(f"{_spark_use(settings)} needs Spark, which this installation lacks: "
@@ -117,7 +117,7 @@ def writable_sink(settings: "Settings") -> Path | None:
     ``parquet:`` write there; ``iceberg:`` keeps its catalog and files there unless
     ``table_catalog`` names a catalog of its own): a sink that cannot be written is
     refused at the start, not found out at the first window. None without such a sink."""
-    from .config import SinkSpec
+    from ..base.config import SinkSpec
 
     if not settings.sink:
         return None

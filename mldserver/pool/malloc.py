@@ -23,7 +23,7 @@ a period. Measured with ``bench --part relay`` at 1 shard of 10,000 x 100 B, 1.9
 amazon_kclpy's records/s against 1.6x with every large buffer from ``mmap``; at 32
 shards the peak PSS is the same (197 MiB in all)::
 
-    from mldserver.base.malloc import reuse_large_buffers
+    from mldserver.pool.malloc import reuse_large_buffers
     reuse_large_buffers()   # once, at start-up: True if it took effect
 
 The period is that long because a line lives about a second at 32 shards: with a trim
