@@ -240,7 +240,7 @@ class ProcessCalls(Calls):
         finally:
             self._acting(None)
             self._quarantine = False
-            if self.proc is not None and self.proc.quarantine:
+            if self.proc is not None and self.pool.isolates(self.proc):
                 self._leave()  # the action is over: the shard goes back to the pool's processes
 
     def _timed_out(self, proc: HandlerProcess | None, action: str, exc: _TimedOut) -> None:
@@ -255,7 +255,7 @@ class ProcessCalls(Calls):
         if proc is not None:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(5):
-                    await proc.died.wait()
+                    await proc.life.died.wait()
         self._leave()
 
     async def _stop(self, proc: HandlerProcess, call: asyncio.Future[tuple[dict[str, Any], bytes]],
@@ -326,7 +326,7 @@ class ProcessCalls(Calls):
         process died, was killed or retires; a process of its own when the last attempt
         killed its process or ran too long (``_quarantine``)."""
         proc = self.proc
-        if proc is not None and proc.alive and not proc.retiring and proc.quarantine == self._quarantine:
+        if proc is not None and self.pool.fits(proc, self._quarantine):
             return proc
         assert self.shard is not None
         if proc is not None:
@@ -368,10 +368,10 @@ class ProcessCalls(Calls):
         process is stopped only once none is (``HandlerPool``), and its idle shards
         move at their next action."""
         if self._acting_in is not None:
-            self._acting_in.acting.discard(self)
+            self._acting_in.life.acting.discard(self)
         self._acting_in = proc
         if proc is not None:
-            proc.acting.add(self)
+            proc.life.acting.add(self)
 
     def _leave(self) -> None:
         """Off the shard's process (dead, killed, retiring or its quarantine over): the
