@@ -151,7 +151,7 @@ async def test_status_names_the_handler_process_that_holds_each_shard(tmp_path, 
         if workers:
             live = {p.pid for p in server.pool.processes if p.alive}
             for shard_id, s in got.items():
-                holder = next(p for p in server.pool.processes if shard_id in p.shards.values())
+                holder = next(p for p in server.pool.processes if shard_id in server.pool.shards_of(p).values())
                 assert s["handler_process"] == holder.pid and holder.pid in live
                 os.kill(holder.pid, 0)  # a process that runs
         else:  # in the server's own loop: no handler process

@@ -18,7 +18,7 @@ to a file, a lease lost, a sink's thread still reading a window, a batch redone:
     lent(second) is second; lent(second[5:]) is None      # the loan itself, not a view of it
 
 ``give_back`` is called where the last reference goes, in any thread (the caller
-makes it safe: ``HandlerProcess._give_back`` hands it to its event loop), never at
+makes it safe: ``pool.channel.Channel._give_back`` hands it to its event loop), never at
 interpreter exit. A loan that has been split is given back only through its parts.
 
 A loan held by a reference cycle is given back only at the cyclic GC's next full

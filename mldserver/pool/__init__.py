@@ -4,7 +4,9 @@
 - ``arena.py``: the shared memory a batch's line crosses in, and its rows come back in.
 - ``malloc.py``: large buffers reused while batches flow, given back when they stop.
 - ``child.py``: a handler process's main (``python -m mldserver.pool.child``).
-- ``process.py``: the server's side of one handler process.
+- ``process.py``: the server's side of one handler process: its boundary (spawn, pipes, death).
+- ``channel.py``: ``Channel``, the shared memory one process's lines and rows cross in, and its loans.
+- ``liveness.py``: ``Liveness``, what is known of one process's life, and whom its death is blamed on.
 - ``pool.py``: ``HandlerPool``: assignment, supervision, memory, reload.
 - ``calls.py``: ``ProcessCalls``, the ``shard/calls.py`` seam through the pool.
 - ``firing.py``: timer callbacks fired in a handler process.

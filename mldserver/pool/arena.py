@@ -14,7 +14,7 @@ wake-ups; now it is one copy, and the process parses it where it lies)::
 
 One owner at a time: a region is the process's from the call frame that names it until
 that call's ``done`` frame arrives, or the process dies; only then does the server
-free it (``HandlerProcess``), never when the server merely stops waiting for the call,
+free it (``channel.Channel``), never when the server merely stops waiting for the call,
 for the process may still be reading it. What the process keeps of a batch (its parsed
 records) is copied out by the parser, so nothing refers to a region after ``done``.
 

@@ -32,6 +32,14 @@ two apart; what changes is what a failure can be::
   the shard's current position (``shard_moved``); ``pid`` (``/status``'s
   ``handler_process``) follows the shard from process to process.
 
+Each attempt ends in one kind (``_Kind``: done, failed, timed out, died blamed or
+unblamed, no process, internal error), and one table (``_NEXT``) says what follows
+each: counted (``handler_failed``, retried after backoff, then given up) or redone at
+once (``handler_redone``), and whether the attempts after it run in quarantine::
+
+    _NEXT[_Kind.TIMED_OUT] == _Next(counts=True, isolate=True)
+    _NEXT[_Kind.DIED_UNBLAMED] == _Next(counts=False, isolate=False)
+
 One call is one ``call`` frame and one ``done`` frame; the rows come back columnar
 (``decode_rows``) and are handed to the driver as the coordinator's columns
 (``batches.EncodedRows``, a ``RowBatch``): each row the child's JSON line, read in
@@ -42,8 +50,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import enum
 import itertools
-from typing import Any, AsyncIterator, Callable
+from typing import Any, AsyncIterator, Callable, NamedTuple
 
 from ..base.backoff import Backoff
 from ..api.checkpointer import Checkpointer
@@ -88,6 +97,44 @@ class _TimedOut(Exception):
     def __init__(self, how: str, stack: str) -> None:
         super().__init__(how)
         self.how, self.stack = how, stack
+
+
+class _Kind(enum.Enum):
+    """How one attempt of an action ended."""
+
+    DONE = "done"  # the handler answered (or skipped): the outcome is returned
+    FAILED = "failed"  # the handler raised, or the timers it created were not committed
+    TIMED_OUT = "timed out"  # it ran past execution_timeout and was stopped
+    DIED_BLAMED = "died blamed"  # its process died while it ran (or, unblamed, once too often)
+    DIED_UNBLAMED = "died unblamed"  # its process died while another call ran, or none did
+    NO_PROCESS = "no process"  # no process could take the shard, or initialize failed in it
+    INTERNAL = "internal error"  # a bug of ours (action_failed_internally)
+
+
+class _Next(NamedTuple):
+    """What follows an attempt that did not end the action."""
+
+    counts: bool  # a failed attempt (handler_failed, then a retry after backoff), else redone at once (handler_redone)
+    isolate: bool  # the attempts after it run in a process of the shard's own (HandlerPool.quarantine)
+
+
+_NEXT = {
+    _Kind.FAILED: _Next(counts=True, isolate=False),
+    _Kind.TIMED_OUT: _Next(counts=True, isolate=True),
+    _Kind.DIED_BLAMED: _Next(counts=True, isolate=True),
+    _Kind.DIED_UNBLAMED: _Next(counts=False, isolate=False),
+    _Kind.NO_PROCESS: _Next(counts=True, isolate=False),
+    _Kind.INTERNAL: _Next(counts=True, isolate=False),
+}
+
+
+class _Attempt(NamedTuple):
+    """One attempt's end: its kind, and the outcome (DONE) or why it failed."""
+
+    kind: _Kind
+    error: str = ""
+    traceback: str | None = None  # the handler's, when it raised
+    outcome: Outcome | None = None
 
 
 class ProcessCalls(Calls):
@@ -157,7 +204,7 @@ class ProcessCalls(Calls):
     async def _call(self, action: str, arg: Any, checkpointer: Callable[[], Checkpointer],
                     collect_rows: bool, check: Callable[[], bool] | None, retries: int) -> Outcome:
         attempts = retries + 1
-        attempt = redone = 0
+        attempt = redone = 0  # attempts counted; attempts redone uncounted (_Kind.DIED_UNBLAMED)
         error = ""
         timed_out = False  # the last attempt ran past the time-out
         checked: list[bool] = []  # check's answer, once it ran (the call is held until then)
@@ -178,70 +225,79 @@ class ProcessCalls(Calls):
                     return Outcome(FAILED, f"not called: {self._aborted}")
                 if checked and not checked[0]:
                     return Outcome(SKIPPED)  # (the attempt that was told so ended otherwise: redone, it is not called)
-                traceback, timed_out = None, False
-                proc = frame = None
-                try:
-                    proc = await self._placed()
-                    self._acting(proc)
-                    if self._moved and action != "initialize":
-                        await self._initialize_here(proc)
-                    cp = checkpointer()
-                    frame, body = self._frame(action, arg, collect_rows)
-                    held = check is not None and not checked
-                    if held:
-                        frame["held"] = True
-                    message, rows = await self._wait(proc, frame, body, cp, action, run_check if held else None)
-                except _TimedOut as exc:
-                    error = f"timed out after {self.timeout} s (execution_timeout): {exc.how}"
-                    timed_out = True
-                    self.count({"timeout_count": 1})
-                    self._timed_out(proc, action, exc)
-                    if exc.how == KILLED:
-                        await self._dead(proc)
+                held = check is not None and not checked
+                tried = await self._attempt(action, arg, checkpointer, collect_rows, run_check if held else None,
+                                            may_redo=redone < UNBLAMED_CALL_REDOS)
+                if tried.outcome is not None:
+                    return tried.outcome
+                then = _NEXT[tried.kind]
+                if then.isolate:
                     self._quarantine = True
-                except ProcessDied as exc:
-                    self._leave()
-                    if not exc.blamed and redone < UNBLAMED_CALL_REDOS:
-                        await self._settled()
-                        redone += 1
-                        self.log.warning("handler_redone", callback=action, error=str(exc))
-                        continue
-                    error = str(exc)
-                    self._quarantine = True
-                except (_InitializeFailed, _NoProcess) as exc:
-                    error = str(exc)
-                except Exception as exc:  # a bug of ours: one failed attempt, never a closed connection
-                    error = f"internal error: {type(exc).__name__}: {exc}"
-                    self.log.error("action_failed_internally", callback=action, error=error, exc_info=True)
-                    self._leave()
-                else:
-                    if message["result"] == SKIPPED:
-                        return Outcome(SKIPPED)
-                    self.count(message.get("stats"))
-                    if message["result"] != FAILED:
-                        if action == "initialize":
-                            self._moved = False  # the instance is made
-                        lost = await self._write_timers(message.get("timers"))
-                        if lost is None:
-                            return Outcome(message["result"], message["error"],
-                                           self._rows(arg, message, rows) if collect_rows else None,
-                                           message.get("failed") or None)
-                        error = f"TimerError: {lost}"
-                    else:
-                        error, traceback = message["error"], message.get("traceback")
                 await self._settled()
+                if not then.counts:
+                    redone += 1
+                    self.log.warning("handler_redone", callback=action, error=tried.error)
+                    continue
+                error, timed_out = tried.error, tried.kind is _Kind.TIMED_OUT
                 attempt += 1
                 retry = attempt < attempts
                 self.log.error("handler_failed", callback=action, error=error, attempt=attempt, attempts=attempts,
-                               retry=retry, traceback=traceback)
+                               retry=retry, traceback=tried.traceback)
                 if retry:
                     await asyncio.sleep(self.backoff.delay(attempt - 1))
             return Outcome(FAILED, error, isolate=self._quarantine, timed_out=timed_out)
         finally:
             self._acting(None)
             self._quarantine = False
-            if self.proc is not None and self.proc.quarantine:
+            if self.proc is not None and self.pool.isolates(self.proc):
                 self._leave()  # the action is over: the shard goes back to the pool's processes
+
+    async def _attempt(self, action: str, arg: Any, checkpointer: Callable[[], Checkpointer], collect_rows: bool,
+                       check: Callable[[], bool] | None, may_redo: bool) -> _Attempt:
+        """One attempt of the action, and what kind of end it had (``_NEXT`` says what
+        follows each). ``check``: the call is held until it answers (``frame["held"]``).
+        What is particular to a kind happens here: a time-out counted and logged, the
+        shard off a process that died or was killed, a bug of ours logged."""
+        proc = None
+        try:
+            proc = await self._placed()
+            self._acting(proc)
+            if self._moved and action != "initialize":
+                await self._initialize_here(proc)
+            cp = checkpointer()
+            frame, body = self._frame(action, arg, collect_rows)
+            if check is not None:
+                frame["held"] = True
+            message, rows = await self._wait(proc, frame, body, cp, action, check)
+        except _TimedOut as exc:
+            self.count({"timeout_count": 1})
+            self._timed_out(proc, action, exc)
+            if exc.how == KILLED:
+                await self._dead(proc)
+            return _Attempt(_Kind.TIMED_OUT, f"timed out after {self.timeout} s (execution_timeout): {exc.how}")
+        except ProcessDied as exc:
+            self._leave()
+            return _Attempt(_Kind.DIED_UNBLAMED if not exc.blamed and may_redo else _Kind.DIED_BLAMED, str(exc))
+        except (_InitializeFailed, _NoProcess) as exc:
+            return _Attempt(_Kind.NO_PROCESS, str(exc))
+        except Exception as exc:  # a bug of ours: one failed attempt, never a closed connection
+            error = f"internal error: {type(exc).__name__}: {exc}"
+            self.log.error("action_failed_internally", callback=action, error=error, exc_info=True)
+            self._leave()
+            return _Attempt(_Kind.INTERNAL, error)
+        if message["result"] == SKIPPED:
+            return _Attempt(_Kind.DONE, outcome=Outcome(SKIPPED))
+        self.count(message.get("stats"))
+        if message["result"] == FAILED:
+            return _Attempt(_Kind.FAILED, message["error"], message.get("traceback"))
+        if action == "initialize":
+            self._moved = False  # the instance is made
+        lost = await self._write_timers(message.get("timers"))
+        if lost is not None:
+            return _Attempt(_Kind.FAILED, f"TimerError: {lost}")
+        return _Attempt(_Kind.DONE, outcome=Outcome(message["result"], message["error"],
+                                                    self._rows(arg, message, rows) if collect_rows else None,
+                                                    message.get("failed") or None))
 
     def _timed_out(self, proc: HandlerProcess | None, action: str, exc: _TimedOut) -> None:
         self.log.error("handler_timed_out", callback=action, pid=proc.pid if proc else None, timeout_s=self.timeout,
@@ -255,7 +311,7 @@ class ProcessCalls(Calls):
         if proc is not None:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(5):
-                    await proc.died.wait()
+                    await proc.life.died.wait()
         self._leave()
 
     async def _stop(self, proc: HandlerProcess, call: asyncio.Future[tuple[dict[str, Any], bytes]],
@@ -326,7 +382,7 @@ class ProcessCalls(Calls):
         process died, was killed or retires; a process of its own when the last attempt
         killed its process or ran too long (``_quarantine``)."""
         proc = self.proc
-        if proc is not None and proc.alive and not proc.retiring and proc.quarantine == self._quarantine:
+        if proc is not None and self.pool.fits(proc, self._quarantine):
             return proc
         assert self.shard is not None
         if proc is not None:
@@ -368,10 +424,10 @@ class ProcessCalls(Calls):
         process is stopped only once none is (``HandlerPool``), and its idle shards
         move at their next action."""
         if self._acting_in is not None:
-            self._acting_in.acting.discard(self)
+            self._acting_in.life.acting.discard(self)
         self._acting_in = proc
         if proc is not None:
-            proc.acting.add(self)
+            proc.life.acting.add(self)
 
     def _leave(self) -> None:
         """Off the shard's process (dead, killed, retiring or its quarantine over): the

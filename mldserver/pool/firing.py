@@ -47,7 +47,7 @@ class PoolFiring:
         frame = {"op": "fire", "id": next(self.pool.call_ids),
                  "timers": [[i, t.callback, t.reference, orjson.Fragment(t.context)] for i, t in zip(ids, timers)]}
         what = ("(timers)", f"{len(timers)} timer callbacks")
-        proc.acting.add(frame["id"])  # (a retiring process is not stopped before the call is in flight)
+        proc.life.acting.add(frame["id"])  # (a retiring process is not stopped before the call is in flight)
         call = asyncio.ensure_future(proc.call(frame, b"", _no_requests, what))
         blamed: int | None = None
         try:
@@ -62,13 +62,13 @@ class PoolFiring:
                 await self._kill(proc, timers[ids.index(running)], running)
             message, _ = call.result()
         except ProcessDied as exc:
-            if proc.alive or not proc.died.is_set():
+            if proc.alive or not proc.life.died.is_set():
                 try:
                     async with asyncio.timeout(5):
-                        await proc.died.wait()  # a broken pipe may come before the reader sees the death
+                        await proc.life.died.wait()  # a broken pipe may come before the reader sees the death
                 except TimeoutError:
                     pass
-            culprit = blamed if blamed is not None else proc.last_running
+            culprit = blamed if blamed is not None else proc.life.last_running
             results = []
             for i in ids:
                 if i == blamed:
@@ -79,7 +79,7 @@ class PoolFiring:
                     results.append(Result(False, str(exc), counted=False))
             return results
         finally:
-            proc.acting.discard(frame["id"])
+            proc.life.acting.discard(frame["id"])
             if not call.done():
                 call.cancel()
             del call  # (no cycle through its error's traceback: ``HandlerProcess.call``)

@@ -29,12 +29,20 @@
 - ``reload()`` starts a new generation that imports the module afresh; if it fails,
   ``reload_failed`` carries the importer's exact error and the old generation keeps
   serving; else the old processes retire as above (``reloaded``).
+
+What the pool has each process do is the pool's own record of it (``ProcessRole``:
+its shards, quarantine, retiring), never a flag set on the process: a call's owner
+asks the pool whether its process still ``fits`` the shard::
+
+    pool.fits(proc, quarantine=False)  # alive, not retiring, one of the pool's own: keep the shard there
+    pool.shards_of(proc)               # {3: "shardId-000000000003"}: the shards placed on it
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import itertools
 import time
 
@@ -47,6 +55,18 @@ from .process import HandlerImportFailed, HandlerProcess, Requests, clear_stale,
 # A process that dies younger than this counts towards the respawn backoff.
 YOUNG = 5.0
 CHECK_INTERVAL = 0.5
+
+
+@dataclasses.dataclass
+class ProcessRole:
+    """What the pool has one of its processes do: the shards placed on it (kept after
+    its death: what it held when it died), whether it was spawned for one shard's call
+    alone (quarantine), whether it is retiring (its shards move away between actions;
+    stopped once none is under way in it)."""
+
+    shards: dict[int, str] = dataclasses.field(default_factory=dict)  # shard key -> shard id
+    quarantine: bool = False
+    retiring: bool = False
 
 
 class HandlerPool:
@@ -68,6 +88,7 @@ class HandlerPool:
         self.replaced = 0
         self.services: dict[str, Requests] = {}  # what every process's requests may ask the server (timers)
         self.quarantined: list[HandlerProcess] = []  # one call each (``quarantine``), stopped once it is over
+        self._roles: dict[HandlerProcess, ProcessRole] = {}  # every process of this pool not stopped yet
 
     # -- lifecycle --------------------------------------------------------------------
 
@@ -77,7 +98,7 @@ class HandlerPool:
                                        return_exceptions=True)
         failed = [r for r in started if isinstance(r, BaseException)]
         if failed:
-            await asyncio.gather(*(p.stop() for p in started if isinstance(p, HandlerProcess)))
+            await asyncio.gather(*(self._stop(p) for p in started if isinstance(p, HandlerProcess)))
             if isinstance(failed[0], HandlerImportFailed):
                 raise ConfigError(str(failed[0]))
             raise failed[0]
@@ -89,20 +110,31 @@ class HandlerPool:
         if self.task is not None:  # not cancelled: a process it is starting must be known, to be stopped
             self._wake.set()
             await asyncio.gather(self.task, return_exceptions=True)
-        await asyncio.gather(*(p.stop() for p in self.processes + self.quarantined))
+        await asyncio.gather(*(self._stop(p) for p in self.processes + self.quarantined))
         self.log.info("handler_pool_stopped", deaths=self.deaths, replaced=self.replaced)
 
-    def _process(self, generation: int | None = None) -> HandlerProcess:
-        """A process of this pool, not started: its death reported here, its requests
-        answered by the pool's services."""
-        proc = HandlerProcess(self.settings, log=self.log, generation=generation or self.generation)
-        proc.on_death = self._died
-        proc.services = self.services
+    def _process(self, role: ProcessRole, generation: int | None = None) -> HandlerProcess:
+        """A process of this pool in ``role``, not started: its death reported here, its
+        requests answered by the pool's services."""
+        proc = HandlerProcess(self.settings, log=self.log, generation=generation or self.generation,
+                              on_death=self._died, services=self.services)
+        self._roles[proc] = role
         return proc
 
+    async def _stop(self, proc: HandlerProcess) -> None:
+        """Stopped, and no longer the pool's."""
+        try:
+            await proc.stop()
+        finally:
+            self._roles.pop(proc, None)
+
     async def _spawn(self, generation: int | None = None, initial: bool = False) -> HandlerProcess:
-        proc = self._process(generation)
-        await proc.start()
+        proc = self._process(ProcessRole(), generation)
+        try:
+            await proc.start()
+        except BaseException:
+            self._roles.pop(proc, None)
+            raise
         # The first ones are in ``listening`` (``workers``); a replacement is news.
         (self.log.debug if initial else self.log.info)(
             "handler_process_started", pid=proc.pid, process=proc.number, generation=proc.generation)
@@ -111,7 +143,26 @@ class HandlerPool:
     # -- shards -----------------------------------------------------------------------
 
     def serving(self) -> list[HandlerProcess]:
-        return [p for p in self.processes if p.alive and not p.retiring]
+        return [p for p in self.processes if p.alive and not self._role(p).retiring]
+
+    def _role(self, proc: HandlerProcess) -> ProcessRole:
+        """Its role; a process no longer the pool's (stopped) retires."""
+        return self._roles.get(proc) or ProcessRole(retiring=True)
+
+    def shards_of(self, proc: HandlerProcess) -> dict[int, str]:
+        """The shards placed on ``proc`` (shard key -> shard id); a dead one's, what it
+        held when it died."""
+        return self._role(proc).shards
+
+    def fits(self, proc: HandlerProcess, quarantine: bool) -> bool:
+        """A shard placed on ``proc`` stays there: it is alive, not retiring, and a
+        process of the shard's own exactly when ``quarantine``."""
+        role = self._role(proc)
+        return proc.alive and not role.retiring and role.quarantine == quarantine
+
+    def isolates(self, proc: HandlerProcess) -> bool:
+        """``proc`` was spawned for one shard's call alone (``quarantine``)."""
+        return self._role(proc).quarantine
 
     async def assign(self, key: int, shard_id: str) -> HandlerProcess:
         """The least loaded live process of the current generation whose loop is not
@@ -120,8 +171,8 @@ class HandlerPool:
         while True:
             live = self.serving()
             if live:
-                proc = min(live, key=lambda p: (p.blocked(), p.load, p.number))
-                proc.shards[key] = shard_id
+                proc = min(live, key=lambda p: (p.blocked(), len(self._role(p).shards), p.number))
+                self._role(proc).shards[key] = shard_id
                 return proc
             self._added.clear()
             self._wake.set()
@@ -134,7 +185,7 @@ class HandlerPool:
         while True:
             live = self.serving()
             if live:
-                return min(live, key=lambda p: (p.blocked(), len(p.in_flight), p.number))
+                return min(live, key=lambda p: (p.blocked(), len(p.life.in_flight), p.number))
             self._added.clear()
             self._wake.set()
             await self._added.wait()
@@ -145,14 +196,13 @@ class HandlerPool:
         it does not start (or the pool stops)."""
         if self._stopping.is_set():
             raise HandlerImportFailed("the server is stopping")
-        proc = self._process()
-        proc.quarantine = True
-        proc.shards[key] = shard_id
+        proc = self._process(ProcessRole({key: shard_id}, quarantine=True))
         self.quarantined.append(proc)
         try:
             await proc.start()
         except BaseException:
             self.quarantined.remove(proc)
+            self._roles.pop(proc, None)
             raise
         self.log.info("handler_process_quarantined", pid=proc.pid, process=proc.number, shard_id=shard_id)
         return proc
@@ -162,39 +212,42 @@ class HandlerPool:
         keeps its list (what it held when it died); nothing is sent to it."""
         if not proc.alive:
             return
+        role = self._role(proc)
+        role.shards.pop(key, None)
         proc.drop(key)
-        if proc.retiring or proc.quarantine:
+        if role.retiring or role.quarantine:
             self._wake.set()
 
     # -- supervision ------------------------------------------------------------------
 
     def _died(self, proc: HandlerProcess) -> None:
         """Called by the process's reader when the pipe closes (before its calls fail)."""
-        if proc.stopping:
+        life, role = proc.life, self._role(proc)
+        if life.stopping:
             return
         self.deaths += 1
-        how = describe_exit(proc.returncode)
-        lived = time.monotonic() - proc.started
+        how = describe_exit(life.returncode)
+        lived = time.monotonic() - life.started
         fatal = "signal" in how and how["signal"] in ("SIGSEGV", "SIGBUS", "SIGABRT", "SIGFPE", "SIGILL")
-        running = proc.in_flight.get(proc.last_running) or proc.killed_what
+        running = life.in_flight.get(life.last_running) or life.killed_what
         self.log.error(
             "handler_process_died",
             pid=proc.pid,
             process=proc.number,
             **how,
-            shards=sorted(set(proc.shards.values())),
-            in_flight=[{"shard_id": s, "action": a} for s, a in proc.in_flight.values()],
+            shards=sorted(set(role.shards.values())),
+            in_flight=[{"shard_id": s, "action": a} for s, a in life.in_flight.values()],
             running=None if running is None else {"shard_id": running[0], "action": running[1]},
             lived_s=round(lived, 1),
-            quarantine=proc.quarantine,
-            stack=proc.crash_stack() if fatal else None,
+            quarantine=role.quarantine,
+            stack=life.crash_stack() if fatal else None,
             what_to_do="the action that was running is retried in a process of its own, then dead-lettered; "
                        "the other shards get fresh handler instances in the live processes and their actions "
                        "in flight are redone there",
         )
-        if proc.quarantine:
+        if role.quarantine:
             pass  # never respawned, and no reason to hold back the pool's own processes
-        elif lived < YOUNG and not proc.served:
+        elif lived < YOUNG and not life.served:
             self.failures += 1
         else:
             self.failures = 0
@@ -209,30 +262,32 @@ class HandlerPool:
                 pass
             self._wake.clear()
             for proc in [p for p in self.processes + self.quarantined
-                         if not p.alive and not p.killed and p.proc is not None]:
+                         if not p.alive and not p.life.killed and p.proc is not None]:
                 proc.kill()  # its stdin failed: no frame reaches it any more
-            for proc in [p for p in self.processes if p.died.is_set()]:
+            for proc in [p for p in self.processes if p.life.died.is_set()]:
                 self.processes.remove(proc)
-                await proc.stop()
-            for proc in [p for p in self.quarantined if p.died.is_set() or not p.shards]:
+                await self._stop(proc)
+            for proc in [p for p in self.quarantined if p.life.died.is_set() or not self._role(p).shards]:
                 self.quarantined.remove(proc)
-                await proc.stop()
+                await self._stop(proc)
             if limit > 0:
                 for proc in self.serving():
                     rss = proc.rss_mib()
                     if rss is not None and rss > limit:
-                        proc.retiring = True
+                        self._role(proc).retiring = True
                         self.log.warning("handler_process_memory", pid=proc.pid, process=proc.number,
-                                         rss_mib=round(rss, 1), max_handler_memory=limit, shards=proc.load,
+                                         rss_mib=round(rss, 1), max_handler_memory=limit,
+                                         shards=len(self._role(proc).shards),
                                          what_to_do="replaced: its shards move to a new process between actions")
             # A retiring process goes once no action is under way in it: a shard with
             # none (an idle one: the daemon sends nothing to an empty shard) moves at its
             # next action, as off a dead process, rather than keep it (and its old code
             # and memory) alive until then.
-            for proc in [p for p in self.processes if p.retiring and not p.acting and not p.in_flight]:
+            for proc in [p for p in self.processes
+                         if self._role(p).retiring and not p.life.acting and not p.life.in_flight]:
                 self.processes.remove(proc)
-                idle = sorted(set(proc.shards.values()))
-                await proc.stop()
+                idle = sorted(set(self._role(proc).shards.values()))
+                await self._stop(proc)
                 self.log.info("handler_process_retired", pid=proc.pid, process=proc.number,
                               generation=proc.generation, idle_shards=idle)
             while len(self.serving()) < self.size and not self._stopping.is_set():
@@ -262,13 +317,13 @@ class HandlerPool:
                                            return_exceptions=True)
             failed = [r for r in started if isinstance(r, BaseException)]
             if failed:
-                await asyncio.gather(*(p.stop() for p in started if isinstance(p, HandlerProcess)))
+                await asyncio.gather(*(self._stop(p) for p in started if isinstance(p, HandlerProcess)))
                 self.log.error("reload_failed", error=str(failed[0]), handler=self.settings.handler,
                                what_to_do="the processes already running keep serving; fix the module, SIGHUP again")
                 return False
-            old = [p for p in self.processes if not p.retiring]
+            old = [p for p in self.processes if not self._role(p).retiring]
             for proc in old:
-                proc.retiring = True
+                self._role(proc).retiring = True
             self.generation = generation
             self.processes.extend(started)  # type: ignore[arg-type]
             self.failures = 0

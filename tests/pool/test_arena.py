@@ -234,8 +234,8 @@ async def test_a_batch_line_crosses_in_the_arena_and_arrives_byte_for_byte(tmp_p
     async with running(tmp_path, **pooled("Digest", workers=2)) as (server, sink, daemon):
         opened = await every_row_committed(daemon, sink, shards, batches, records)
         processes = server.pool.serving()
-        assert sum(p.arena.puts for p in processes) == shards * batches  # every large line, none by the pipe
-        assert all(p.arena.used == 0 and not p._regions for p in processes)  # each given back by its done
+        assert sum(p.channel.arena.puts for p in processes) == shards * batches  # every large line, none by the pipe
+        assert all(p.channel.arena.used == 0 and not p.channel._regions for p in processes)  # each given back by its done
         for shard in opened:
             await shard.lease_lost()
             assert await shard.close() == 0
@@ -253,8 +253,8 @@ async def test_a_batchs_rows_come_back_in_the_rows_arena_and_each_region_is_hand
         datas = {(r["shard"], r["seq"]): r["data"] for r in sink.rows}
         assert all(base64.b64decode(datas[key]) == payload(int(key[1])) for key in wanted(shards, batches, records))
         processes = server.pool.serving()
-        assert sum(p.rows_read for p in processes) > 2 * (512 << 10) // (records * 1_450)  # regions came back
-        await eventually(lambda: all(p.rows_lent == 0 for p in processes), what="every region handed back")
+        assert sum(p.channel.read for p in processes) > 2 * (512 << 10) // (records * 1_450)  # regions came back
+        await eventually(lambda: all(p.channel.lent == 0 for p in processes), what="every region handed back")
         assert resident_rows_kib() > 0  # (the server reads them where they lie)
         await eventually(lambda: resident_rows_kib() == 0, timeout=10,
                          what="the rows arenas' pages given back to the system once unused (Arena.trim)")
@@ -275,12 +275,12 @@ async def test_rows_held_in_a_dead_processs_rows_arena_still_commit_byte_for_byt
             await asyncio.gather(*(shard.process_records(big_batch(1000 * (n + 1), records, T0 + n * 1_000),
                                                          millis_behind_latest=1000) for shard in opened))
         first = server.pool.serving()
-        assert sum(p.rows_read for p in first) == shards * 2 and all(p.rows_lent > 0 for p in first)
+        assert sum(p.channel.read for p in first) == shards * 2 and all(p.channel.lent > 0 for p in first)
         assert not sink.rows
         for p in first:
             os.kill(p.pid, signal.SIGKILL)
-        await eventually(lambda: all(p.died.is_set() for p in first), timeout=20, what="both processes reaped")
-        assert all(p.rows is None for p in first)  # let go by the server; mapped on by the rows it holds
+        await eventually(lambda: all(p.life.died.is_set() for p in first), timeout=20, what="both processes reaped")
+        assert all(p.channel.rows is None for p in first)  # let go by the server; mapped on by the rows it holds
         await asyncio.gather(*(shard.process_records(big_batch(99_000, 1, T0 + 600 * 60_000), millis_behind_latest=1000)
                                for shard in opened))  # closes the window: it commits
         want = {(f"shardId-{s:012d}", str(seq)): hashlib.sha256(payload(seq)).hexdigest()
@@ -291,7 +291,7 @@ async def test_rows_held_in_a_dead_processs_rows_arena_still_commit_byte_for_byt
         assert all(base64.b64decode(datas[key]) == payload(int(key[1])) for key in want)
         assert len(sink.rows) == len({(r["shard"], r["seq"]) for r in sink.rows})  # none twice
         assert not any(dead_letters(tmp_path, s.shard_id) for s in opened)
-        await eventually(lambda: all(p.rows_lent == 0 for p in first), what="the dead processes' rows let go")
+        await eventually(lambda: all(p.channel.lent == 0 for p in first), what="the dead processes' rows let go")
         for shard in opened:
             await shard.lease_lost()
             assert await shard.close() == 0
@@ -309,7 +309,7 @@ async def test_a_process_killed_right_after_its_done_frame_names_its_rows_loses_
         keys = [(r["shard"], r["seq"]) for r in sink.rows]
         assert len(keys) == len(set(keys))  # none twice
         assert not any(dead_letters(tmp_path, s.shard_id) for s in opened)
-        await eventually(lambda: any(p.died.is_set() for p in first), timeout=20, what="the process that died reaped")
+        await eventually(lambda: any(p.life.died.is_set() for p in first), timeout=20, what="the process that died reaped")
         for shard in opened:
             await shard.lease_lost()
             assert await shard.close() == 0
@@ -334,8 +334,8 @@ async def test_the_rows_of_a_batch_redone_after_its_process_died_are_let_go_with
             server.pool._process = lambda *args: processes.add(proc := make(*args)) or proc
             opened = await every_row_committed(daemon, sink, shards, batches, records)
             assert marker.exists(), "no process died"
-            assert sum(p.rows_read for p in processes) >= shards * batches
-            await eventually(lambda: all(p.rows_lent == 0 for p in processes),
+            assert sum(p.channel.read for p in processes) >= shards * batches
+            await eventually(lambda: all(p.channel.lent == 0 for p in processes),
                              what="every rows arena's bytes handed back once committed, with no collection")
             for shard in opened:
                 await shard.lease_lost()
@@ -381,13 +381,13 @@ async def test_handler_processes_killed_at_random_while_lines_land_in_their_aren
         got = {k: v for k, v in {**digests(sink), **lettered}.items() if k in want}
         assert got == want  # the exact bytes, whichever way each record went
         assert killed, "the campaign killed nothing"
-        await eventually(lambda: all(p.died.is_set() for p in killed), timeout=20, what="the killed processes reaped")
-        assert all(p.arena is None and p.rows is None for p in killed)  # let go with its process
+        await eventually(lambda: all(p.life.died.is_set() for p in killed), timeout=20, what="the killed processes reaped")
+        assert all(p.channel.arena is None and p.channel.rows is None for p in killed)  # let go with its process
         if handler == "DigestAndData":
-            assert sum(p.rows_read for p in {*killed, *server.pool.serving()}) > 0, "no rows in a rows arena"
+            assert sum(p.channel.read for p in {*killed, *server.pool.serving()}) > 0, "no rows in a rows arena"
         for p in server.pool.serving():
-            assert p.arena is not None and p.arena.used == 0 and not p._regions
-        await eventually(lambda: all(p.rows_lent == 0 for p in {*killed, *server.pool.serving()}),
+            assert p.channel.arena is not None and p.channel.arena.used == 0 and not p.channel._regions
+        await eventually(lambda: all(p.channel.lent == 0 for p in {*killed, *server.pool.serving()}),
                          what="every row in a rows arena, a dead process's too, let go once committed")
         for shard in opened:
             await shard.lease_lost()

@@ -7,6 +7,7 @@ stand-in plays it."""
 from __future__ import annotations
 
 import itertools
+import types
 
 from mldserver.api.records import Batch, ShardInfo
 from mldserver.base.backoff import Backoff
@@ -22,11 +23,11 @@ class DiesAfterGo:
     """A handler process that is told ``go: false`` (it runs the check) and dies before
     its ``skipped`` answer: not blamed, so the action is redone."""
 
-    alive, retiring, quarantine, pid = True, False, False, 7
+    alive, pid = True, 7
 
     def __init__(self) -> None:
         self.frames: list[dict] = []
-        self.acting: set[object] = set()
+        self.life = types.SimpleNamespace(acting=set())
 
     async def call(self, frame, body, requests, what, check=None):
         self.frames.append(frame)
@@ -41,6 +42,12 @@ class Pool:
 
     async def assign(self, key, shard_id):
         return self.proc
+
+    def fits(self, proc, quarantine) -> bool:
+        return proc.alive and not quarantine
+
+    def isolates(self, proc) -> bool:
+        return False
 
     def release(self, proc, key) -> None:
         pass

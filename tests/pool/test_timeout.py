@@ -116,9 +116,9 @@ async def test_a_process_killed_twice_before_its_death_is_noticed_is_reported_ki
         proc.kill()
     finally:
         gate.set()
-    await asyncio.wait_for(proc.died.wait(), 10)
+    await asyncio.wait_for(proc.life.died.wait(), 10)
     await proc.stop()
-    assert describe_exit(proc.returncode) == {"signal": "SIGKILL"}
+    assert describe_exit(proc.life.returncode) == {"signal": "SIGKILL"}
 
 
 class Killed:

@@ -121,7 +121,7 @@ async def test_a_pipe_that_fails_under_a_write_is_a_dead_process_not_a_closed_co
     caplog.set_level(logging.INFO, logger="mldserver")
     async with running(tmp_path, **pooled("Emit", sink=False)) as (server, _, daemon):
         shard = await daemon.shard("s")
-        proc = next(p for p in server.pool.processes if p.shards)
+        proc = next(p for p in server.pool.processes if server.pool.shards_of(p))
         stdin = proc.proc.stdin
 
         def closed(data):

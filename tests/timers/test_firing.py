@@ -91,8 +91,8 @@ async def test_a_process_killed_under_an_awaiting_batch_redoes_it_uncounted(tmp_
     p = await pool()
     firing = PoolFiring(p, 30.0, LOG)
     fire = asyncio.ensure_future(firing.fire([timer("a", "slow", sleep=30), timer("b", "slow", sleep=30)]))
-    await eventually(lambda: any(proc.in_flight for proc in p.processes), what="the batch sent")
-    [proc] = [proc for proc in p.processes if proc.in_flight]
+    await eventually(lambda: any(proc.life.in_flight for proc in p.processes), what="the batch sent")
+    [proc] = [proc for proc in p.processes if proc.life.in_flight]
     os.kill(proc.pid, signal.SIGKILL)
     results = await fire
     assert [(r.ok, r.counted) for r in results] == [(False, False), (False, False)]
