@@ -474,10 +474,9 @@ def tune(*, sink: bool) -> None:
     collections per batch, each walking the young objects: about a third of the
     decode time. Long-lived start-up objects are frozen out of collection altogether.
     """
-    import gc
     import resource
 
-    from .pool.malloc import reuse_large_buffers
+    from .pool.malloc import collect_less, reuse_large_buffers
 
     # Every shard is a connection (and a relay's pipe to the daemon under `run`): use all
     # the file handles the hard limit allows, not the soft 1,024 most shells start with.
@@ -488,9 +487,7 @@ def tune(*, sink: bool) -> None:
             resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
         except (ValueError, OSError):  # an unlimited hard limit past the kernel's nr_open: keep the soft one
             pass
-    gc.collect()
-    gc.freeze()
-    gc.set_threshold(50_000, 20, 100)
+    collect_less()
     reuse_large_buffers()  # a batch's megabyte buffers reused, not faulted in each time; trimmed every 10 s
     if sink:
         # Sink commits run in a thread that needs the GIL between its system calls;

@@ -48,7 +48,6 @@ import asyncio
 import ctypes
 import faulthandler
 import fcntl
-import gc
 import mmap
 import os
 import signal
@@ -64,7 +63,7 @@ from ..errors import CheckpointError, ConfigError, ExecutionTimeout  # (Executio
 from ..api.failures import FailureGuard
 from ..api.loading import load_handler
 from ..base.logs import configure, get_logger
-from .malloc import one_heap, reuse_large_buffers
+from .malloc import collect_less, one_heap, reuse_large_buffers
 from ..shard.pieces import PieceReader
 from ..api.records import Batch, EmittedRows, ShardInfo
 from ..api.checks import check_handler, emits
@@ -460,11 +459,7 @@ async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> N
         return
     timers_api.current.set(child.context.timers)  # timers.create in callbacks (tasks copy it)
     bindings_api.current.set(child.context.bindings)  # bindings.table in timer callbacks
-    # As the server does (cli.tune): a batch decodes into tens of thousands of objects;
-    # fewer, larger young collections, and the imported code frozen out of them.
-    gc.collect()
-    gc.freeze()
-    gc.set_threshold(50_000, 20, 100)
+    collect_less()  # as the server does (cli.tune)
     if getattr(child.factory, "takes_turns", False):  # (an amazon_kclpy processor: a thread per shard)
         one_heap()  # before the first thread: the trimmer's, the watchdog's, the shards'
     reuse_large_buffers()

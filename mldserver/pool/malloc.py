@@ -1,54 +1,49 @@
-"""Large buffers reused while batches flow, and given back to the system when they
-stop (glibc only; elsewhere a no-op).
+"""Memory for a process that decodes batches: large buffers reused while batches flow
+and given back to the system when they stop (glibc only; elsewhere a no-op), and the
+garbage collector tuned for batches of many small objects.
 
 A batch crosses the server as a few buffers of its line's size (the line, the frame to
 a handler process, the rows coming back, the parsed line there), megabytes each, many
 at a time. Where such a buffer comes from decides what it costs:
 
 - from ``mmap`` (glibc's choice for 128 KiB and more, until frees raise its threshold):
-  every page is faulted in on first write and unmapped on ``free``. A 3.4 MB buffer is
-  some 850 page faults; in the server a third of the CPU went there with a file sink
-  (``perf``: ``exc_page_fault`` under ``memmove``, then ``munmap``);
+  every page is faulted in on first write and unmapped on ``free``, so a few megabytes
+  are hundreds of page faults, batch after batch (``perf`` shows them under ``memmove``,
+  then ``munmap``);
 - from the heap (glibc's sliding threshold, after the first large ``free``): its pages
   stay mapped and the next batch reuses them, but the heap's free holes are kept, not
-  returned, and the processes' memory grows with the peak of lines ever in flight
-  (``mldserver bench --part relay``, 32 shards of 10,000 x 100 B: the server's peak PSS
-  484 MiB, each handler process's 52 MiB).
+  returned, and the processes' memory grows with the peak of lines ever in flight.
 
-So: buffers under ``THRESHOLD`` come from the heap, whose top is not trimmed on each
+So buffers under ``THRESHOLD`` come from the heap, whose top is not trimmed on each
 ``free``, and a thread gives every free page back once a ``period`` (``malloc_trim``),
 10 s by default (jemalloc's decay time for dirty pages): a page freed and taken again
 within a period is never faulted twice, and what a burst left behind is returned within
-a period. Measured with ``bench --part relay`` at 1 shard of 10,000 x 100 B, 1.95x
-amazon_kclpy's records/s against 1.6x with every large buffer from ``mmap``; at 32
-shards the peak PSS is the same (197 MiB in all)::
-
-    from mldserver.pool.malloc import reuse_large_buffers
-    reuse_large_buffers()   # once, at start-up: True if it took effect
-
-The period is that long because a line lives about a second at 32 shards: with a trim
-every second, the server gave back at each trim the 20 to 60 MiB of lines just freed and
-about to be taken again (``bench --part coordinator``, file sink: 110,000 to 160,000
-pages faulted a run against 50,000 to 75,000, the same peak PSS).
+a period. The period is that long because a line lives about a second at 32 shards: a
+trim every second gave back the lines just freed and about to be taken again.
 
 A process whose threads take turns (an amazon_kclpy processor's handler process, one
 thread per shard, ``api/kclpy/turns.py``) needs one heap, not glibc's one per thread
-(up to eight per core): each shard's thread kept the pages its last batch freed in a
-heap of its own, so a process of 16 shards held 16 batches' worth between two trims
-where one computes at a time. ``one_heap()`` serves every thread from the first heap:
-the pages a batch frees are the next batch's, whichever shard it is. Measured with
-``bench --part kclpy`` at 32 shards: memory per shard 7.1 MiB (0.64x amazon_kclpy's)
-against 4.6 MiB (0.42x) at 1,000 x 1 KiB, 10.5-11.0 against 6.8-7.1 MiB at 10,000 x
-100 B, the same CPU per record::
+(up to eight per core): each shard's thread would keep the pages its last batch freed in
+a heap of its own. ``one_heap()`` serves every thread from the first heap: the pages a
+batch frees are the next batch's, whichever shard it is.
 
-    one_heap()              # before the process starts a thread (each takes a heap at once)
-    reuse_large_buffers()
+A batch also decodes into tens of thousands of objects: ``collect_less()`` makes the
+young collections fewer and larger, and freezes what was imported so far out of them.
+The server (``cli``) and each handler process (``pool/child.py``) start so::
+
+    collect_less()
+    one_heap()              # (a process whose threads take turns) before it starts a thread
+    reuse_large_buffers()   # True if it took effect
+
+The figures behind these choices are in docs/performance.md (``mldserver bench --part
+relay``, ``--part coordinator`` and ``--part kclpy`` measure them again).
 """
 
 from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import gc
 import threading
 import time
 
@@ -57,6 +52,14 @@ THRESHOLD = 64 << 20  # buffers under 64 MiB (a batch's lines, frames and rows) 
 PERIOD = 10.0  # seconds between two trims
 
 _trimmer: threading.Thread | None = None
+
+
+def collect_less() -> None:
+    """Fewer, larger young collections (a batch decodes into tens of thousands of
+    objects), and everything imported so far frozen out of them (once, at start-up)."""
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(50_000, 20, 100)
 
 
 def reuse_large_buffers(period: float = PERIOD) -> bool:
