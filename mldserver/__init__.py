@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from .lazy import lazy
+from .faces import lazy_attributes
 
 __version__ = "0.1.0"
 
@@ -69,4 +69,4 @@ if TYPE_CHECKING:
 
 
 # ``mldserver.timers``, the module: ``mldserver.timers.create`` / ``.cancel`` in timer callbacks
-__getattr__ = lazy(__name__, _EXPORTS, submodules=("timers",))
+__getattr__ = lazy_attributes(__name__, _EXPORTS, submodules=("timers",))

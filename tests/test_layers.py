@@ -129,7 +129,7 @@ LAYERS = [
     "protocol",             # the MultiLangDaemon protocol, sans-IO
     "errors",               # the error hierarchy
     "native",               # whether the native parts may be used (MLDSERVER_NO_EXTENSIONS)
-    "lazy",                 # the packages' names imported when first asked for (PEP 562)
+    "faces",                # the packages' names imported when first asked for (PEP 562)
 ]
 
 

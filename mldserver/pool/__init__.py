@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ..lazy import lazy
+from ..faces import lazy_attributes
 
 __all__ = ["HandlerPool", "ProcessCalls"]
 
@@ -27,4 +27,4 @@ if TYPE_CHECKING:
 
 # Imported when asked for: a handler process (``python -m mldserver.pool.child``) loads
 # this package, and none of the server's side.
-__getattr__ = lazy(__name__, {"HandlerPool": ".pool", "ProcessCalls": ".calls"})
+__getattr__ = lazy_attributes(__name__, {"HandlerPool": ".pool", "ProcessCalls": ".calls"})

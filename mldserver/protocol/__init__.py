@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ..lazy import lazy
+from ..faces import lazy_attributes
 
 __all__ = [
     "NEED_DATA", "Connection", "action_in", "MALFORMED_REPLY", "LocalProtocolError", "ProtocolError", "RemoteProtocolError",
@@ -77,4 +77,4 @@ _MODULES = {
 
 # Imported when asked for: ``Settings`` needs ``DEFAULT_MAX_LINE_SIZE`` alone, and a
 # handler process nothing else of the protocol.
-__getattr__ = lazy(__name__, _MODULES)
+__getattr__ = lazy_attributes(__name__, _MODULES)

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ..lazy import lazy
+from ..faces import lazy_attributes
 
 __all__ = ["Server", "ServerCrashed", "run"]
 
@@ -29,4 +29,4 @@ if TYPE_CHECKING:
     from .server import Server, run
 
 
-__getattr__ = lazy(__name__, {"Server": ".server", "run": ".server", "ServerCrashed": "..errors"})
+__getattr__ = lazy_attributes(__name__, {"Server": ".server", "run": ".server", "ServerCrashed": "..errors"})

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ..lazy import lazy
+from ..faces import lazy_attributes
 
 __all__ = ["CoordinatorLink", "NoSink", "RedriveLink", "ShardDriver"]
 
@@ -31,5 +31,5 @@ if TYPE_CHECKING:
 
 
 # Imported when asked for: a handler process uses ``shard.calls`` alone.
-__getattr__ = lazy(__name__, {"CoordinatorLink": ".downstream", "NoSink": ".downstream", "RedriveLink": ".downstream",
+__getattr__ = lazy_attributes(__name__, {"CoordinatorLink": ".downstream", "NoSink": ".downstream", "RedriveLink": ".downstream",
                               "ShardDriver": ".driver"})

@@ -1,4 +1,4 @@
-"""The packages' names, imported when first asked for (``mldserver/lazy.py``): asking
+"""The packages' names, imported when first asked for (``mldserver/faces.py``): asking
 for one imports its module and no other; a name a package does not offer is an
 AttributeError naming the package."""
 
@@ -10,7 +10,7 @@ import sys
 import pytest
 
 import mldserver
-from mldserver.lazy import lazy
+from mldserver.faces import lazy_attributes
 
 
 def run(code: str) -> str:
@@ -25,6 +25,13 @@ def test_importing_mldserver_imports_none_of_the_server_until_a_name_is_asked_fo
     assert run(code).splitlines() == ["[]", "True"]
 
 
+def test_a_packages_submodules_are_not_shadowed_by_its_face():
+    # (``from ..faces import lazy`` once made ``from mldserver.protocol import lazy`` the
+    # function, not protocol/lazy.py)
+    code = "from mldserver.protocol import lazy\nprint(lazy.__name__)\n"
+    assert run(code) == "mldserver.protocol.lazy"
+
+
 def test_a_name_is_its_modules_own_object_and_kept_in_the_package():
     from mldserver.api.handler import Handler
     assert mldserver.Handler is Handler and mldserver.__dict__["Handler"] is Handler
@@ -35,6 +42,6 @@ def test_a_name_the_package_does_not_offer_is_an_attribute_error_naming_it():
     with pytest.raises(AttributeError, match="module 'mldserver.server' has no attribute 'Sever'"):
         import mldserver.server
         mldserver.server.Sever  # noqa: B018
-    getattr_ = lazy("mldserver", {"Nothing": ".errors"})
+    getattr_ = lazy_attributes("mldserver", {"Nothing": ".errors"})
     with pytest.raises(AttributeError, match="Nothing"):
         getattr_("Nothing")  # the module is there, the name is not

@@ -6,7 +6,7 @@ process, import ``mldserver`` and pay for none of the server. Every such face sa
 each name lives, once, and this makes its ``__getattr__``::
 
     __all__ = ["Server", "ServerCrashed", "run"]
-    __getattr__ = lazy(__name__, {"Server": ".server", "run": ".server", "ServerCrashed": "..errors"})
+    __getattr__ = lazy_attributes(__name__, {"Server": ".server", "run": ".server", "ServerCrashed": "..errors"})
 
 A name is looked up in its module (relative to the package, or absolute) the first time
 it is asked for, then kept in the package, so the next lookup is an ordinary attribute.
@@ -15,7 +15,7 @@ it is asked for, then kept in the package, so the next lookup is an ordinary att
 naming the package, as for any module.
 
 It imports nothing but the standard library, and sits below every layer
-(``tests/test_layers.py``).
+(``tests/test_layers.py``); ``tests/test_faces.py`` tests it.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import sys
 from typing import Any, Callable, Iterable
 
 
-def lazy(package: str, names: dict[str, str], submodules: Iterable[str] = ()) -> Callable[[str], Any]:
+def lazy_attributes(package: str, names: dict[str, str], submodules: Iterable[str] = ()) -> Callable[[str], Any]:
     """The ``__getattr__`` of the package ``package``: each of ``names`` imported from
     its module when first asked for, each of ``submodules`` as the module itself."""
     modules = frozenset(submodules)
