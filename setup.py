@@ -2,8 +2,11 @@
 
 - the relay the daemon starts once per shard (``mldserver/ops/relay.c`` ->
   ``mldserver/ops/mldserver-relay``, an executable, not a Python module);
-- the scan of a processRecords line for its records' sequence numbers
+- the scan of a processRecords line for its records' sequence numbers, in the server
   (``mldserver/protocol/_scan.c`` -> ``mldserver.protocol._scan``, an extension module);
+- the decoding of its records' base64 data, in a handler process
+  (``mldserver/pool/_b64.c`` -> ``mldserver.pool._b64``); the two read the line with one
+  JSON cursor (``mldserver/protocol/_cursor.h``, included by both);
 - the collector of the rows a handler emits (``mldserver/api/_emitted.c`` ->
   ``mldserver.api._emitted``: ``batch.emit`` itself);
 - the gather of a window's rows into merged order (``mldserver/coordinator/_gather.c``
@@ -13,7 +16,8 @@ Everything else about the package is in pyproject.toml. Without a C compiler the
 install still succeeds, with a warning: ``mldserver connect`` then runs the relay in
 Python (``relay.py``), the same program at about 3.5 MiB more memory per shard, and the
 server reads sequence numbers with pysimdjson (``protocol/lazy.py``), the same
-positions at some 0.3 us more a record with a sink, and ``batch.emit`` is Python's
+positions at some 0.3 us more a record with a sink, a handler's ``record.data`` is
+decoded a record at a time (``Record.data``, pybase64), and ``batch.emit`` is Python's
 (``api/emitted.py``), some 0.2 us more a row, and rows of shards that interleave are
 gathered by pyarrow (``coordinator/merge.py``), some 0.1 us more a row.
 """
@@ -26,6 +30,7 @@ from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 
 RELAY = "mldserver.ops.mldserver-relay"
+CURSOR = "mldserver/protocol/_cursor.h"  # (a depends: rebuilt when it changes, and in the sdist)
 
 
 class BuildRelay(build_ext):
@@ -53,7 +58,9 @@ class BuildRelay(build_ext):
 setup(
     ext_modules=[
         Extension(RELAY, sources=["mldserver/ops/relay.c"], optional=True),
-        Extension("mldserver.protocol._scan", sources=["mldserver/protocol/_scan.c"], optional=True,
+        Extension("mldserver.protocol._scan", sources=["mldserver/protocol/_scan.c"], depends=[CURSOR],
+                  optional=True, extra_compile_args=["-O2"]),
+        Extension("mldserver.pool._b64", sources=["mldserver/pool/_b64.c"], depends=[CURSOR], optional=True,
                   extra_compile_args=["-O2"]),
         Extension("mldserver.api._emitted", sources=["mldserver/api/_emitted.c"], optional=True,
                   extra_compile_args=["-O2"]),

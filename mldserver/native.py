@@ -13,12 +13,13 @@ and tested on a machine that has both::
     _scan = load_native("mldserver.protocol._scan")   # None: not built, or the variable set
     native_allowed()                                  # False with the variable set
 
-The places that ask: ``protocol/lazy.py`` and ``pool/frames.py`` (``protocol/_scan.c``,
-else pysimdjson and ``Record.data``), ``api/emitted.py`` (``api/_emitted.c``, else
-``PyCollector``), ``coordinator/merge.py`` (``coordinator/_gather.c``, else pyarrow) and
-``ops/relay.py``'s ``exec_lean`` (``mldserver-relay``, built from ``ops/relay.c``, else
-``relay.py``). Each asks once, when it is imported (or, the relay, when it starts): the
-variable is read from the environment of the process, not changed while it runs.
+The places that ask: ``protocol/lazy.py`` (``protocol/_scan.c``, else pysimdjson),
+``pool/frames.py`` (``pool/_b64.c``, else ``Record.data``), ``api/emitted.py``
+(``api/_emitted.c``, else ``PyCollector``), ``coordinator/merge.py``
+(``coordinator/_gather.c``, else pyarrow) and ``ops/relay.py``'s ``exec_lean``
+(``mldserver-relay``, built from ``ops/relay.c``, else ``relay.py``). Each asks once,
+when it is imported (or, the relay, when it starts): the variable is read from the
+environment of the process, not changed while it runs.
 
 It sits below every layer (``tests/test_layers.py``): the protocol core, the lowest of
 them, asks it too. It imports nothing but the standard library.

@@ -15,8 +15,15 @@ os.environ["MLDSERVER_CHECK_EVENTS"] = "1"
 
 import pytest
 import uvloop
+from hypothesis import HealthCheck, settings
 
 from .harness import ROOT, ServerProcess
+
+# Property tests judge what they find, not how fast: on a loaded machine (CI's, shared
+# cores) generating one example may take seconds, which Hypothesis's too_slow health
+# check and its deadline would fail. Every @settings in the suite inherits this profile.
+settings.register_profile("mldserver", suppress_health_check=[HealthCheck.too_slow], deadline=None)
+settings.load_profile("mldserver")
 
 DATA = Path(__file__).resolve().parent / "data"  # conformance scenarios and KPL vectors, copied as they are
 

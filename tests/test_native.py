@@ -26,8 +26,8 @@ from mldserver.pool import frames
 from mldserver.api import emitted
 from mldserver.coordinator import merge
 print(json.dumps({
-    "protocol/_scan.c (lazy.py)": lazy._sequence_numbers is not None,
-    "protocol/_scan.c (pool/frames.py)": frames._datas is not None,
+    "protocol/_scan.c": lazy._sequence_numbers is not None,
+    "pool/_b64.c": frames._datas is not None,
     "api/_emitted.c": emitted.Collector is not emitted.PyCollector,
     "coordinator/_gather.c": merge.native_gather is not None,
 }))
@@ -88,8 +88,10 @@ def test_without_it_the_native_parts_built_here_are_the_ones_in_use(value):
 
 def test_allowed_reads_the_variable_each_time_it_is_asked(monkeypatch):
     monkeypatch.delenv(native.VARIABLE, raising=False)
-    assert native.native_allowed() and native.load_native("mldserver.protocol._scan") is not None
+    for name in ("mldserver.protocol._scan", "mldserver.pool._b64"):
+        assert native.native_allowed() and native.load_native(name) is not None
     monkeypatch.setenv(native.VARIABLE, "1")
-    assert not native.native_allowed() and native.load_native("mldserver.protocol._scan") is None
+    for name in ("mldserver.protocol._scan", "mldserver.pool._b64"):
+        assert not native.native_allowed() and native.load_native(name) is None
     monkeypatch.setenv(native.VARIABLE, "0")
     assert native.native_allowed() and native.load_native("mldserver.no_such_part") is None  # not built: the Python path

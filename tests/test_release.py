@@ -2,8 +2,8 @@
 ``scripts/release`` builds the sdist, then the wheel *from that sdist* (so the sdist
 carries everything the native parts are built from), and ``twine check --strict``
 passes on both. The wheel holds the native parts (the relay, an executable; ``_scan``,
-``_emitted``, ``_gather``), and installed on its own, away from the checkout, it runs
-``mldserver check`` on the shipped example handler with the native parts loaded.
+``_b64``, ``_emitted``, ``_gather``), and installed on its own, away from the checkout, it
+runs ``mldserver check`` on the shipped example handler with the native parts loaded.
 
 Built from a copy of the tracked files (as a fresh clone has them), with the project's
 own virtualenv and no build isolation, so nothing is downloaded while testing."""
@@ -22,7 +22,7 @@ import pytest
 
 from .harness import ROOT
 
-NATIVE = ("mldserver/protocol/_scan", "mldserver/api/_emitted", "mldserver/coordinator/_gather")
+NATIVE = ("mldserver/protocol/_scan", "mldserver/pool/_b64", "mldserver/api/_emitted", "mldserver/coordinator/_gather")
 
 
 @pytest.fixture(scope="module")
@@ -46,8 +46,8 @@ def test_the_sdist_carries_the_native_sources_and_the_docs(dist: Path) -> None:
     (sdist,) = dist.glob("mldserver-*.tar.gz")
     with tarfile.open(sdist) as tar:
         names = {name.split("/", 1)[1] for name in tar.getnames() if "/" in name}
-    for source in ("mldserver/ops/relay.c", "setup.py", "pyproject.toml", "README.md", "CHANGELOG.md",
-                   "mldserver/base/events.toml", *(f"{stem}.c" for stem in NATIVE)):
+    for source in ("mldserver/ops/relay.c", "mldserver/protocol/_cursor.h", "setup.py", "pyproject.toml",
+                   "README.md", "CHANGELOG.md", "mldserver/base/events.toml", *(f"{stem}.c" for stem in NATIVE)):
         assert source in names, f"{source} is not in {sdist.name}"
 
 
@@ -74,7 +74,8 @@ def test_the_installed_wheel_runs_away_from_the_checkout(dist: Path, tmp_path: P
     subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-index",
                     "--target", str(target), str(wheel)], check=True, timeout=300)
     env = {**os.environ, "PYTHONPATH": str(target)}
-    probe = ("import mldserver, mldserver.protocol._scan, mldserver.api._emitted, mldserver.coordinator._gather;"
+    probe = ("import mldserver, mldserver.protocol._scan, mldserver.pool._b64, mldserver.api._emitted,"
+             " mldserver.coordinator._gather;"
              "print(mldserver.__file__)")
     where = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, env=env, capture_output=True,
                            text=True, check=True).stdout.strip()

@@ -1,6 +1,8 @@
 """Handler processes: users' code out of the server's process (``workers`` setting).
 
 - ``frames.py``: the frames both sides speak, the one module both import.
+- ``_b64.c``: a batch's records' data base64-decoded from its line in one native pass,
+  in a handler process (``Record.data`` where it was not built).
 - ``arena.py``: the shared memory a batch's line crosses in, and its rows come back in.
 - ``malloc.py``: large buffers reused while batches flow, given back when they stop.
 - ``child.py``: a handler process's main (``python -m mldserver.pool.child``).

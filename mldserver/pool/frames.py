@@ -99,10 +99,10 @@ from ..native import load_native
 from ..spark.pipes import HEADER, encode, read_frame, read_frame_async
 from ..shard.calls import SKIPPED  # a held call's done when its go frame says no (above)
 
-# Every record's data decoded from the line in one native pass (setup.py builds it); None
+# Every record's data decoded from the line in one native pass (``_b64.c``, setup.py builds it); None
 # without a C compiler, or with MLDSERVER_NO_EXTENSIONS set: Record.data serves.
-_scan = load_native("mldserver.protocol._scan")
-_datas = _scan.datas if _scan is not None else None
+_b64 = load_native("mldserver.pool._b64")
+_datas = _b64.datas if _b64 is not None else None
 
 __all__ = [
     "CallFrame",
@@ -221,7 +221,7 @@ def records_from(body: bytes | memoryview, line: bool = False) -> list[Record]:
 class LineData:
     """The line a batch's ``LineRecord``s were read from, while its call runs: the first
     ``data`` a handler reads decodes every record's at once, from the line's bytes in
-    one native pass (``_scan.datas``: base64 in C, no str per record), so a handler that
+    one native pass (``_b64.datas``: base64 in C, no str per record), so a handler that
     reads every record's data pays some 0.1 us a record for it, and one that reads none
     pays nothing."""
 

@@ -8,8 +8,9 @@
 - ``state.py``: the states and the one table of transitions between them.
 - ``errors.py``: the protocol errors, classed by who broke the protocol.
 - ``lazy.py``: a ``processRecords`` line read without a Python object per record.
-- ``_scan.c``: its records' sequence numbers and arrival times in one native pass, and
-  their data base64-decoded (pysimdjson and ``Record.data`` where it was not built).
+- ``_scan.c``: its records' sequence numbers and arrival times in one native pass, for
+  the server (pysimdjson where it was not built); its JSON cursor (``_cursor.h``) is
+  ``pool/_b64.c``'s too.
 """
 
 from __future__ import annotations

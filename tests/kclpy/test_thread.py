@@ -100,3 +100,57 @@ async def test_the_thread_ends_when_its_handler_instance_is_dropped():
     gc.collect()
     await asyncio.to_thread(worker.join, 10)
     assert not worker.is_alive()
+
+
+async def test_a_stop_waits_while_the_thread_holds_a_lock_of_loggings_and_leaves_none_held():
+    # A processor's print() is a log event: a stop raised just as logging's Handler.acquire
+    # took the handler's lock (before the try that releases it) left the lock held by an
+    # idle thread, and the next line the loop's thread logged waited for it forever.
+    import logging
+    import sys
+
+    class Kept(logging.Handler):
+        def emit(self, record):
+            pass
+
+    logger = logging.getLogger("test.kclpy.thread.locks")
+    kept = Kept()
+    logger.addHandler(kept)
+    logger.setLevel(logging.INFO)
+    try:
+        thread = ShardThread("shardId-1", get_logger("test.kclpy.thread.locks"))
+
+        def chatty():
+            while True:
+                print("a line")  # (one handler_output event a line, through ``kept``)
+
+        def in_acquire():
+            frame = sys._current_frames().get(thread._thread.ident)
+            return frame is not None and frame.f_code.co_name == "acquire" and "logging" in frame.f_code.co_filename
+
+        stops = []
+        stop = thread._stop
+        thread._stop = lambda future: stops.append(future) or stop(future)  # (noted as it is tried)
+        kept.lock.acquire()  # the thread will wait for it, inside Handler.acquire, when the stop comes
+        try:
+            call = asyncio.ensure_future(thread.run(chatty))
+            await eventually(in_acquire, timeout=30, what="the thread waiting for the handler's lock")
+            call.cancel()
+            await eventually(lambda: stops, what="the stop tried")
+        finally:
+            kept.lock.release()
+        with pytest.raises(ProcessorStopped):
+            await call
+
+        def free():  # (another thread than the stopped one, which could take the RLock again)
+            taken = kept.lock.acquire(timeout=10)
+            if taken:
+                kept.lock.release()
+            return taken
+
+        assert await asyncio.to_thread(free), "the stopped thread left the handler's lock held"
+        logger.info("the loop's thread logs on")
+        assert await thread.run(lambda: threading.current_thread().name) == "kclpy shardId-1"
+        thread.close()
+    finally:
+        logger.removeHandler(kept)

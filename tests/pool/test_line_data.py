@@ -1,6 +1,6 @@
 """A handler process's records of a batch's line (``frames.records_from``: ``LineRecord``,
 ``LineData``): the first ``data`` read decodes every record's at once, from the line's
-bytes in one native pass (``_scan.datas``), and gives exactly what ``Record.data``
+bytes in one native pass (``pool/_b64.c``'s ``datas``), and gives exactly what ``Record.data``
 gives (its strict SIMD reading, else binascii's lenient one), raising where it raises.
 After the call (``release``) the line may be reused: a record read then decodes the
 usual way, from what pysimdjson copied."""
@@ -27,17 +27,17 @@ from ..protocol.test_lazy import line_of
 @pytest.fixture(autouse=True, scope="module")
 def native_datas():
     """These are the native decoding's tests: with ``MLDSERVER_NO_EXTENSIONS`` set, a
-    handler process's records are plain ``Record``s (checked here), so ``_scan.datas``
+    handler process's records are plain ``Record``s (checked here), so ``_b64.datas``
     is put back by hand and tested all the same (it is built)."""
     if native.native_allowed():
         yield
         return
-    from mldserver.protocol import _scan
+    from mldserver.pool._b64 import datas
 
-    assert frames._datas is None, "MLDSERVER_NO_EXTENSIONS is set, yet pool/frames.py uses _scan"
+    assert frames._datas is None, "MLDSERVER_NO_EXTENSIONS is set, yet pool/frames.py uses _b64"
     assert type(frames.records_from(line_of(make_records(1, 1)), line=True)[0]) is Record
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(frames, "_datas", _scan.datas)
+        patch.setattr(frames, "_datas", datas)
         yield
 
 

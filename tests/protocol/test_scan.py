@@ -247,7 +247,8 @@ def long_string_lines(draw) -> bytes:
 @given(long_string_lines(), st.integers(0, 10_000))
 def test_long_strings_with_escapes_anywhere_scan_as_the_columns_read_them_and_a_cut_batch_is_refused(line, cut):
     assert scanned(line) == columns(line)
-    from mldserver.protocol._scan import datas, sequence_numbers
+    from mldserver.pool._b64 import datas
+    from mldserver.protocol._scan import sequence_numbers
 
     short = line[: cut % len(line)]  # the scan never reads past a line's end, wherever it is cut
     if len(short) <= line.rindex(b"]"):  # cut inside the records: not read (past them, the rest is not looked at)

@@ -16,6 +16,15 @@ a call blocked in C (``time.sleep``, a socket read) ends only when that returns;
 server then kills the handler process after a grace, as for any call that does not
 stop (``pool/calls.py``). A stop that arrives after the call has ended is dropped.
 
+A stop never lands while the thread holds one of ``logging``'s locks (a handler's, or
+the module's): a processor's ``print()`` is a log event (``output.py``), and Python
+raises a stop at the next bytecode, which may be just after ``Handler.acquire`` took
+the lock and before the ``try`` that releases it; the lock stayed held by a thread that
+went on idle, and the next log line of the loop's own thread (a server's, at its close)
+waited for it forever. So while the thread holds one, a stop waits, and is raised as it
+lets go of the last (``_hold`` and ``_unhold``, around ``logging``'s acquire and
+release, from the first ``ShardThread`` on).
+
 Writes to ``sys.stdout`` and ``sys.stderr`` from the thread, and from the threads it
 starts, become ``handler_output`` log events with the shard id (``output.py``).
 """
@@ -26,6 +35,7 @@ import asyncio
 import concurrent.futures
 import contextvars
 import ctypes
+import logging
 import queue
 import threading
 from typing import Any, Awaitable, Callable, TypeVar
@@ -56,7 +66,10 @@ class ShardThread:
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._running: concurrent.futures.Future[Any] | None = None  # the call the thread is in
+        self._held = 0  # logging's locks the thread holds (in its call): a stop waits for none
+        self._deferred = False  # a stop came while it held one: raised as it lets go of the last
         install()
+        _hold_stops_in_logging()
         self._thread = threading.Thread(target=self._serve, args=(lines or Lines(log.bind(shard_id=shard_id)),),
                                         name=f"kclpy {shard_id}", daemon=True)
         self._thread.start()
@@ -94,10 +107,14 @@ class ShardThread:
         with self._lock:
             if self._running is not future or self._thread.ident is None:
                 return False
-            _set_async_exc(self._thread.ident, ProcessorStopped)
+            if self._held:
+                self._deferred = True  # raised by _unhold, once the thread holds no lock of logging's
+            else:
+                _set_async_exc(self._thread.ident, ProcessorStopped)
             return True
 
     def _serve(self, lines: Lines) -> None:
+        _serving.shard = self
         bind(lines)
         while True:
             item = self._queue.get()
@@ -138,6 +155,7 @@ class ShardThread:
             try:
                 with self._lock:
                     self._running = None
+                    self._held, self._deferred = 0, False  # (a stop that landed in a hold: never let go)
                     _set_async_exc(threading.get_ident(), _NULL)
                 return
             except ProcessorStopped:
@@ -152,3 +170,57 @@ def _flushed(lines: Lines, fn: Callable[..., T], args: tuple[Any, ...]) -> T:
 
 
 _NULL = ctypes.py_object()  # PyThreadState_SetAsyncExc(id, NULL) clears a pending exception
+
+_serving = threading.local()  # .shard: the ShardThread whose thread this is (unset elsewhere)
+
+
+def _hold() -> None:
+    """The calling thread is about to take a lock of logging's: a stop of its shard's call
+    waits (nothing, outside a shard's thread). A stop already pending is raised here, at
+    the latest as the ``with`` below ends: before the lock is taken."""
+    shard = getattr(_serving, "shard", None)
+    if shard is not None:
+        with shard._lock:
+            shard._held += 1
+
+
+def _unhold() -> None:
+    """The calling thread let go of a lock of logging's: once it holds none, a stop that
+    waited is raised (at its next bytecode, as any stop)."""
+    shard = getattr(_serving, "shard", None)
+    if shard is not None:
+        with shard._lock:
+            shard._held = max(shard._held - 1, 0)
+            if shard._held == 0 and shard._deferred and shard._running is not None:
+                shard._deferred = False
+                _set_async_exc(threading.get_ident(), ProcessorStopped)
+
+
+def _hold_stops_in_logging() -> None:
+    """``logging.Handler.acquire`` and ``release``, and ``logging``'s module lock, wrapped
+    in ``_hold`` and ``_unhold`` (once a process)."""
+    handler = logging.Handler
+    if getattr(handler.acquire, "holds_stops", False):
+        return
+    acquire, release = handler.acquire, handler.release
+    module_acquire, module_release = logging._acquireLock, logging._releaseLock  # type: ignore[attr-defined]
+
+    def held_acquire(self: logging.Handler) -> None:
+        _hold()
+        acquire(self)
+
+    def held_release(self: logging.Handler) -> None:
+        release(self)
+        _unhold()
+
+    def held_module_acquire() -> None:
+        _hold()
+        module_acquire()
+
+    def held_module_release() -> None:
+        module_release()
+        _unhold()
+
+    held_acquire.holds_stops = True  # type: ignore[attr-defined]
+    handler.acquire, handler.release = held_acquire, held_release  # type: ignore[method-assign]
+    logging._acquireLock, logging._releaseLock = held_module_acquire, held_module_release  # type: ignore[attr-defined]
