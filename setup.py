@@ -7,8 +7,8 @@
 - the decoding of its records' base64 data, in a handler process
   (``mldserver/pool/_b64.c`` -> ``mldserver.pool._b64``); the two read the line with one
   JSON cursor (``mldserver/protocol/_cursor.h``, included by both);
-- the collector of the rows a handler emits (``mldserver/api/_emitted.c`` ->
-  ``mldserver.api._emitted``: ``batch.emit`` itself);
+- the collector of the rows a handler emits (``mldserver/rows/_emitted.c`` ->
+  ``mldserver.rows._emitted``: ``batch.emit`` itself);
 - the gather of a window's rows into merged order (``mldserver/coordinator/_gather.c``
   -> ``mldserver.coordinator._gather``).
 
@@ -62,7 +62,7 @@ setup(
                   optional=True, extra_compile_args=["-O2"]),
         Extension("mldserver.pool._b64", sources=["mldserver/pool/_b64.c"], depends=[CURSOR], optional=True,
                   extra_compile_args=["-O2"]),
-        Extension("mldserver.api._emitted", sources=["mldserver/api/_emitted.c"], optional=True,
+        Extension("mldserver.rows._emitted", sources=["mldserver/rows/_emitted.c"], optional=True,
                   extra_compile_args=["-O2"]),
         Extension("mldserver.coordinator._gather", sources=["mldserver/coordinator/_gather.c"], optional=True,
                   extra_compile_args=["-O2"]),

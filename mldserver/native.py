@@ -14,8 +14,8 @@ and tested on a machine that has both::
     native_allowed()                                  # False with the variable set
 
 The places that ask: ``protocol/lazy.py`` (``protocol/_scan.c``, else pysimdjson),
-``pool/frames.py`` (``pool/_b64.c``, else ``Record.data``), ``api/emitted.py``
-(``api/_emitted.c``, else ``PyCollector``), ``coordinator/merge.py``
+``pool/frames.py`` (``pool/_b64.c``, else ``Record.data``), ``rows/emitted.py``
+(``rows/_emitted.c``, else ``PyCollector``), ``coordinator/merge.py``
 (``coordinator/_gather.c``, else pyarrow) and ``ops/relay.py``'s ``exec_lean``
 (``mldserver-relay``, built from ``ops/relay.c``, else ``relay.py``). Each asks once,
 when it is imported (or, the relay, when it starts): the variable is read from the

@@ -353,7 +353,7 @@ async def test_a_lease_the_daemon_takes_holds_its_shards_windows_open_before_its
     has rows for is not committed before they come (they would be late)."""
     import orjson
 
-    from mldserver.api.rows import Item, RowBatch
+    from mldserver.rows.batch import Item, RowBatch
     from mldserver.base.config import Settings
     from mldserver.base.positions import Position
     from mldserver.coordinator import Coordinator

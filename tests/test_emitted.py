@@ -1,4 +1,4 @@
-"""The rows a batch's handler emits, kept as they are emitted (``api.emitted``): JSON
+"""The rows a batch's handler emits, kept as they are emitted (``rows.emitted``): JSON
 lines written at once, their records and times beside them; a row that is not JSON set
 aside with why; a failed attempt's rows taken back; a given-up record's rows dropped."""
 
@@ -8,8 +8,8 @@ import orjson
 import pytest
 
 from mldserver import native
-from mldserver.api import emitted
-from mldserver.api.emitted import Emitted, EmittedRows, PyCollector
+from mldserver.rows import emitted
+from mldserver.rows.emitted import Emitted, EmittedRows, PyCollector
 from mldserver.api.records import Record
 
 

@@ -120,9 +120,10 @@ LAYERS = [
     "sources",              # streams the server reads itself (--source), fed as daemon connections
     "pool",                 # handler processes (pool/child.py: a handler process's main)
     "shard",                # one shard connection's driver and its policy
+    "api",                  # what handlers import: Handler, records, checkpointer, context
     "coordinator",          # ordering, watermarks, windows, the ledger
     "sinks",                # file, parquet (through Spark), iceberg
-    "api",                  # what handlers import: Handler, records, checkpointer, context
+    "rows",                 # the rows handlers emit, as the server carries them (RowBatch)
     "timers",               # durable timers: the API, the stores, the scheduler
     "spark",                # the Spark process boundary
     "base",                 # plumbing: config, logs, positions, durable files, the sinks' contract

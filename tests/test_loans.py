@@ -1,4 +1,4 @@
-"""Memory on loan (``api/loans.py``): read in place, given back exactly once, when the last
+"""Memory on loan (``rows/loans.py``): read in place, given back exactly once, when the last
 reference to it goes, whatever kind of view it was (numpy's, a memoryview, pyarrow's),
 in whichever thread; split in place into parts given back on their own."""
 
@@ -12,7 +12,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from mldserver.api.loans import lend, lent, origin, split
+from mldserver.rows.loans import lend, lent, origin, split
 
 
 @pytest.fixture

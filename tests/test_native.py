@@ -23,12 +23,12 @@ PROBE = """
 import json
 from mldserver.protocol import lazy
 from mldserver.pool import frames
-from mldserver.api import emitted
+from mldserver.rows import emitted
 from mldserver.coordinator import merge
 print(json.dumps({
     "protocol/_scan.c": lazy._sequence_numbers is not None,
     "pool/_b64.c": frames._datas is not None,
-    "api/_emitted.c": emitted.Collector is not emitted.PyCollector,
+    "rows/_emitted.c": emitted.Collector is not emitted.PyCollector,
     "coordinator/_gather.c": merge.native_gather is not None,
 }))
 """

@@ -22,7 +22,7 @@ import pytest
 
 from .harness import ROOT
 
-NATIVE = ("mldserver/protocol/_scan", "mldserver/pool/_b64", "mldserver/api/_emitted", "mldserver/coordinator/_gather")
+NATIVE = ("mldserver/protocol/_scan", "mldserver/pool/_b64", "mldserver/rows/_emitted", "mldserver/coordinator/_gather")
 
 
 @pytest.fixture(scope="module")
@@ -74,7 +74,7 @@ def test_the_installed_wheel_runs_away_from_the_checkout(dist: Path, tmp_path: P
     subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-index",
                     "--target", str(target), str(wheel)], check=True, timeout=300)
     env = {**os.environ, "PYTHONPATH": str(target)}
-    probe = ("import mldserver, mldserver.protocol._scan, mldserver.pool._b64, mldserver.api._emitted,"
+    probe = ("import mldserver, mldserver.protocol._scan, mldserver.pool._b64, mldserver.rows._emitted,"
              " mldserver.coordinator._gather;"
              "print(mldserver.__file__)")
     where = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, env=env, capture_output=True,

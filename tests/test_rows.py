@@ -9,7 +9,7 @@ import sys
 import numpy as np
 
 from mldserver.base.positions import Position
-from mldserver.api.rows import NO_TIME, Item, RowBatch, concat_lines
+from mldserver.rows.batch import NO_TIME, Item, RowBatch, concat_lines
 
 
 def loaded_after(script: str, *modules: str) -> list[str]:
@@ -68,7 +68,7 @@ def test_batches_are_joined_into_one_with_their_positions_one_after_another():
 
 def test_importing_rows_loads_neither_the_coordinator_nor_numpy():
     # A handler process imports it (pool.frames): it must stay as light as positions.
-    script = "import mldserver.api.rows, mldserver.pool.child\n"
+    script = "import mldserver.rows.batch, mldserver.pool.child\n"
     assert loaded_after(script, "mldserver.coordinator", "numpy") == []
 
 
@@ -117,14 +117,14 @@ def test_held_bytes_is_the_memory_a_batch_from_a_handler_process_really_holds():
 
 
 def test_a_batch_on_loan_is_cut_where_it_lies_and_each_piece_gives_its_part_back():
-    """A handler process's rows, read in its rows arena (``api/loans.py``), cut at two
+    """A handler process's rows, read in its rows arena (``rows/loans.py``), cut at two
     windows' ends: the pieces read the same memory (nothing copied), each holds and gives
     back its own part of the loan, and the parts make up the whole; rows not on loan
     are copied."""
     import gc
     import mmap
 
-    from mldserver.api.loans import lend
+    from mldserver.rows.loans import lend
 
     seqs = [str(10**30 + i) for i in range(50)]
     lines = [b'{"i":%d,"pad":"%s"}\n' % (i, b"x" * i) for i in range(50)]

@@ -33,7 +33,7 @@ from typing import Any, Callable, Sequence
 import pybase64
 
 from ..base.positions import Position
-from .emitted import Emitted, EmittedRows  # noqa: F401  (Emitted: what batch.rows gives back)
+from ..rows.emitted import Emitted, EmittedRows  # noqa: F401  (Emitted: what batch.rows gives back)
 
 
 @dataclass(frozen=True, slots=True)
@@ -214,7 +214,7 @@ class Batch:
             batch.emit(record, row, event_time_ms=1763719200000)  # event time from the data
 
     A row is a dict that orjson can encode, encoded at its ``emit``: changing the dict
-    afterwards does not change the row (``api.emitted``). Without ``event_time_ms`` its
+    afterwards does not change the row (``rows.emitted``). Without ``event_time_ms`` its
     event time is the record's ``approximate_arrival_timestamp``. An event time is epoch
     milliseconds, an ``int`` in [0, ``MAX_EVENT_TIME_MS``) (1970 to 9999); a row that
     cannot be encoded, or whose event time is anything else, is a bad row: dead-lettered

@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-from .adapter import adapter_change, dynamodb_record  # noqa: F401  (re-exported: tests build records so)
+from ..protocol.dynamodb_records import adapter_change, dynamodb_record  # noqa: F401  (re-exported: tests build records so)
 
 # What ``mldserver.api.testing`` offers (the documentation's Python API page lists these).
 __all__ = ["FakeDaemon", "Shard", "Child", "SocketChild", "DaemonExit", "make_records", "errors_in_order",

@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING
 from .windows import Tumbling, WindowRows
 
 if TYPE_CHECKING:
-    from ..api.rows import RowBatch
+    from ..rows.batch import RowBatch
 
 
 class Amends:

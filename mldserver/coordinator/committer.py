@@ -35,7 +35,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, Iterable
 
-from ..api.rows import RowBatch
+from ..rows.batch import RowBatch
 from ..base.backoff import Backoff
 from ..base.deadletters import DeadLetters
 from ..base.handoff import PreparingSink, SharedSink, Sink, Window

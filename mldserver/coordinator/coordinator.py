@@ -59,7 +59,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Mapping
 
-from ..api.rows import RowBatch
+from ..rows.batch import RowBatch
 from ..base.config import Settings, state_path
 from ..base.deadletters import DeadLetters
 from ..base.durable import wall_clock_ms

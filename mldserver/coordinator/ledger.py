@@ -51,7 +51,7 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 from ..base.positions import Position
-from ..api.rows import RowBatch
+from ..rows.batch import RowBatch
 
 @dataclass(slots=True)
 class Piece:

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any, Iterator
 
 from ..native import load_native
 from ..base.positions import Position
-from ..api.rows import RowBatch, concat_lines, nondecreasing
+from ..rows.batch import RowBatch, concat_lines, nondecreasing
 from ..base.direct import BLOCK
 from ..base.handoff import JsonLines, Made, Window
 from .ordering import WindowRows

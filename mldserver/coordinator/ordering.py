@@ -1,7 +1,7 @@
 """Ordering: every shard's rows into one plausible total order, cut into windows.
 Pure: no I/O, no clock of its own (``now`` is passed in), no asyncio.
 
-Rows arrive a batch at a time as columns (a :class:`~mldserver.api.rows.RowBatch`) and
+Rows arrive a batch at a time as columns (a :class:`~mldserver.rows.batch.RowBatch`) and
 wait in their shard's own queue. A closed window's rows are ordered by the merge key
 (event time ms, shard id, sequence number as an integer, sub-sequence number, then the
 row's place in its shard), so one shard is never reordered. What keeps that promise
@@ -74,7 +74,7 @@ from typing import Callable, Iterable
 from ..base.config import Settings
 from ..base.intervals import Intervals, after, joined, spans, top, union
 from ..base.positions import Position
-from ..api.rows import NO_TIME, RowBatch, nondecreasing
+from ..rows.batch import NO_TIME, RowBatch, nondecreasing
 from .amends import Amends
 from .ledger import highest_below
 from .panes import Panes

@@ -45,7 +45,7 @@ from .windows import SessionRows, WindowRows
 if TYPE_CHECKING:
     import numpy as np
 
-    from ..api.rows import RowBatch
+    from ..rows.batch import RowBatch
 
 
 @dataclass(slots=True)

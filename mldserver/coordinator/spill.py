@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 from ..base.durable import empty_dir
 
 if TYPE_CHECKING:
-    from ..api.rows import RowBatch
+    from ..rows.batch import RowBatch
     from ..base.logs import EventLogger
 
 SEGMENT = 64 << 20  # bytes a segment file holds (a larger batch gets one of its own)

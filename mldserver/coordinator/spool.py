@@ -29,7 +29,7 @@ import orjson
 from ..base.durable import atomic_write, safe_filename, until_written
 from ..base.logs import EventLogger, get_logger
 from ..base.positions import Position
-from ..api.rows import Item, RowBatch
+from ..rows.batch import Item, RowBatch
 
 
 @dataclass

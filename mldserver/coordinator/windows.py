@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     import numpy as np
 
-    from ..api.rows import RowBatch
+    from ..rows.batch import RowBatch
     from ..base.positions import Position
 
 

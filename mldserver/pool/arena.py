@@ -28,7 +28,7 @@ allocates in (``rows_arena``: the same class, on the process's side), the server
 mapping it read-only (``ArenaView``). A batch's rows body, megabytes, was written into
 the pipe, read out in pieces and joined, then copied again into each window's piece:
 now the process copies its parts into a region, and the server reads the rows where
-they lie until their window commits, holding the region on loan (``api.loans``). A
+they lie until their window commits, holding the region on loan (``rows.loans``). A
 batch whose rows span windows is cut in place, one loan a window, and each part is
 handed back (a ``free`` frame naming its bytes exactly) when nothing refers to it any
 more: committed, spilled, dropped with a lost lease. One owner at a time again: the

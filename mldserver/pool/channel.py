@@ -9,7 +9,7 @@ only writes frames; this class decides what crosses in memory and gives it back:
     start.update(channel.start_fields())        # {"arena": [fd, size], "rows_arena": [fd, size]}
     frame, body = channel.put(frame, line)      # 1.4 MB: {..., "arena": (0, 1400000)}, b""
     channel.done(frame["id"])                   # its done frame came: the region is the server's again
-    rows = channel.rows_body([4096, 2000000], wanted=True)   # read in place, on loan (api.loans)
+    rows = channel.rows_body([4096, 2000000], wanted=True)   # read in place, on loan (rows.loans)
     channel.close()                             # once the process has exited
 
 A region of the line's arena is the process's from the call frame that names it until
@@ -88,7 +88,7 @@ class Channel:
     def rows_body(self, region: list[int], wanted: bool) -> Any:
         """A done frame's rows, in the process's rows arena: read where they lie (if
         its call still waits for them), on loan until nothing refers to them (their
-        windows committed: ``api.loans``); else handed back at once. ValueError if the
+        windows committed: ``rows.loans``); else handed back at once. ValueError if the
         region is not inside the arena (the process is unreadable)."""
         held = extent(region)  # type: ignore[arg-type]
         self.lent += held[1]
@@ -98,7 +98,7 @@ class Channel:
         if self.rows is None:  # (never: the arena is closed only once its frames are read)
             raise RuntimeError("a done frame names the rows arena, which is closed")
         self.rows.region(*held)
-        from ..api.loans import lend  # (numpy: a server with a sink)
+        from ..rows.loans import lend  # (numpy: a server with a sink)
 
         self.read += 1
         return lend(self.rows.map, *held, self._give_back)[: region[1]]

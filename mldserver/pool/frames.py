@@ -92,9 +92,9 @@ from typing import Any, Iterable, Literal, NamedTuple, NotRequired, Sequence, Ty
 import orjson
 
 from ..protocol.lazy import LazyRecords
-from ..api.emitted import EmittedRows
+from ..rows.emitted import EmittedRows
 from ..api.records import Record, row_time, row_times, times_valid
-from ..api.rows import ARRIVAL_TIME, NO_TIME
+from ..rows.batch import ARRIVAL_TIME, NO_TIME
 from ..native import load_native
 from ..spark.pipes import HEADER, encode, read_frame, read_frame_async
 from ..shard.calls import SKIPPED  # a held call's done when its go frame says no (above)
@@ -280,7 +280,7 @@ _U32, _I64, _U64 = "I", "q", "Q"
 
 def encode_rows(emitted: EmittedRows | Iterable[tuple[Any, Any, Any]],
                 records: Sequence[Any], read_arrivals: bool = False) -> tuple[int, list[Any], list[tuple[int, str]]]:
-    """One body for a batch's rows (already JSON lines: ``api.emitted``; or
+    """One body for a batch's rows (already JSON lines: ``rows.emitted``; or
     ``(record, row, event_time_ms)`` tuples), emitted for the batch's ``records``.
     Returns the row count, the body as its parts (the columns, then the JSON lines
     where ``emit`` wrote them: written one after another, never joined, for a batch's

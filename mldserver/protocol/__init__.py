@@ -7,6 +7,8 @@
 - ``events.py``: the events of the conversation, small frozen value types.
 - ``state.py``: the states and the one table of transitions between them.
 - ``errors.py``: the protocol errors, classed by who broke the protocol.
+- ``dynamodb_records.py``: DynamoDB stream records as the KCL's Streams adapter hands them
+  to the daemon (what ``--source dynamodb:`` feeds and ``api.testing`` builds).
 - ``lazy.py``: a ``processRecords`` line read without a Python object per record.
 - ``_scan.c``: its records' sequence numbers and arrival times in one native pass, for
   the server (pysimdjson where it was not built); its JSON cursor (``_cursor.h``) is

@@ -46,9 +46,9 @@ from typing import TYPE_CHECKING, Any, Iterable, NamedTuple, Sequence
 
 from ..base.positions import Position, Positions
 from ..protocol.lazy import LazyRecords
-from ..api.emitted import EmittedRows
+from ..rows.emitted import EmittedRows
 from ..api.records import MAX_EVENT_TIME_MS, Record, row_time, row_times, times_valid
-from ..api.rows import ARRIVAL_TIME, NO_TIME, ODD_TIME, Item, RowBatch
+from ..rows.batch import ARRIVAL_TIME, NO_TIME, ODD_TIME, Item, RowBatch
 from .kpl import deaggregate, is_aggregate
 
 MALFORMED = "malformed records"
@@ -219,7 +219,7 @@ class EncodedRows(NamedTuple):
 def encode_rows(emitted: EmittedRows | EncodedRows | Iterable[tuple[Any, Any, Any]] | None
                 ) -> tuple[RowBatch, list[BadRecords]]:
     """The coordinator's columns for what a batch emitted (JSON lines already:
-    ``api.emitted``; or ``(record, row, event_time_ms)`` tuples), in order, and the
+    ``rows.emitted``; or ``(record, row, event_time_ms)`` tuples), in order, and the
     rows that cannot be rows there (their records, to dead-letter): a row orjson could
     not encode, a record with no position, or an event time (``emit``'s, else the
     record's arrival time) that is neither None nor epoch milliseconds
@@ -274,7 +274,7 @@ def encoded_rows(records: Sequence[Record], index: Any, times: Any, ends: Any, l
     offsets = np.zeros(n + 1, dtype=np.int64)
     offsets[1:] = np.frombuffer(ends, dtype=np.uint64, count=n)
     # The columns are copied (12 bytes a row): only the JSON lines stay where the body
-    # lies, which may be the rows arena, on loan until their window commits (``api/loans.py``).
+    # lies, which may be the rows arena, on loan until their window commits (``rows/loans.py``).
     index = np.frombuffer(index, dtype=np.uint32, count=n).copy()
     times = np.frombuffer(times, dtype=np.int64, count=n).copy()
     arrival = times == ARRIVAL_TIME

@@ -12,7 +12,7 @@ can later run the handler in another process::
     await calls.call("initialize", shard_info, checkpointer)
     outcome = await calls.call("process_records", batch, checkpointer, collect_rows=True)
     outcome.ok, outcome.result, outcome.error, outcome.rows
-    #   True, "ok", None, EmittedRows: {"k": 1} from record, ...   (api.emitted)
+    #   True, "ok", None, EmittedRows: {"k": 1} from record, ...   (rows.emitted)
     #   (outcome.failed: [(41, "ValueError: bad", 3)], the records batch.fail gave up on)
     #   False, "failed", "ValueError: bad order", None       (after every attempt failed)
     #   True, "checkpoint_failed", "ThrottlingException", None   (a CheckpointError escaped)

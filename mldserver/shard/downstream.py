@@ -53,7 +53,7 @@ from ..base.positions import Position
 
 if TYPE_CHECKING:
     from ..coordinator import Coordinator
-    from ..api.rows import RowBatch
+    from ..rows.batch import RowBatch
 
 
 class Downstream(Protocol):

@@ -47,7 +47,7 @@ from ..protocol import (
 )
 from ..api.checkpointer import Checkpointer
 from ..api.records import Batch, Record, ShardInfo
-from ..api.rows import RowBatch
+from ..rows.batch import RowBatch
 from .batches import INITIALIZE_FAILED, INVALID_AGGREGATE, BadRecords, LineRecords, decode_records, encode_rows
 from .bisect import Failed, bisect
 from .calls import SKIPPED, Calls, Outcome

@@ -22,7 +22,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from ..api.adapter import adapter_change, dynamodb_record
+from ..protocol.dynamodb_records import adapter_change, dynamodb_record
 from ..base.durable import wall_clock_ms
 from ..base.aws import client
 from ..errors import ConfigError

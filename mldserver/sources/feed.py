@@ -96,7 +96,7 @@ class Feed:
                             "subSequenceNumber": sub_sequence_number})
 
     async def process_records(self, records: list[dict[str, Any]], millis_behind_latest: int | None) -> None:
-        """``records``: daemon-shaped records (``api.adapter.dynamodb_record``), in order."""
+        """``records``: daemon-shaped records (``protocol.dynamodb_records.dynamodb_record``), in order."""
         line = orjson.dumps({"action": "processRecords", "records": records, "millisBehindLatest": millis_behind_latest})
         if records:
             last = records[-1]

@@ -10,7 +10,7 @@ import random
 import orjson
 import pytest
 
-from mldserver.api.rows import Item, RowBatch
+from mldserver.rows.batch import Item, RowBatch
 from mldserver.spark.commitlog import CommitLog
 from mldserver.base.config import Settings, load
 from mldserver.base.handoff import Committed, Window

@@ -13,7 +13,7 @@ from mldserver.base.logs import get_logger
 from mldserver.base.positions import Position
 from mldserver.coordinator.committer import Committer
 from mldserver.coordinator.ordering import WindowRows
-from mldserver.api.rows import Item, RowBatch
+from mldserver.rows.batch import Item, RowBatch
 from mldserver.sinks.file import FileSink
 
 

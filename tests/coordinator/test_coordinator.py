@@ -23,7 +23,7 @@ from mldserver.coordinator import Coordinator
 from mldserver.errors import SparkError
 from mldserver.server.metrics import Metrics
 from mldserver.base.positions import Position
-from mldserver.api.rows import Item, RowBatch
+from mldserver.rows.batch import Item, RowBatch
 from mldserver.sinks.file import FileSink
 from mldserver.spark.frames import commit_entry, window_frame
 

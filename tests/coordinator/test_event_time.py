@@ -21,7 +21,7 @@ import orjson
 import uvloop
 from hypothesis import HealthCheck, given, settings as hsettings, strategies as st
 
-from mldserver.api.rows import Item, RowBatch
+from mldserver.rows.batch import Item, RowBatch
 from mldserver.base.config import Settings
 from mldserver.base.positions import Position
 from mldserver.coordinator import Coordinator

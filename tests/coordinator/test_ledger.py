@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from mldserver.coordinator.ledger import Ledger
 from mldserver.base.positions import Position
-from mldserver.api.rows import Item, RowBatch
+from mldserver.rows.batch import Item, RowBatch
 
 
 def row(seq, sub=0, data=b"{}"):

@@ -146,7 +146,7 @@ def test_gathering_a_window_of_interleaved_shards_never_loads_pandas():
     script = ("from mldserver.coordinator.merge import seal\n"
               "from mldserver.coordinator.ordering import Ordering\n"
               "from mldserver.base.positions import Position\n"
-              "from mldserver.api.rows import Item, RowBatch\n"
+              "from mldserver.rows.batch import Item, RowBatch\n"
               "o = Ordering(window_ms=60_000, blocks=lambda s, now: False, parents_of=lambda s: ())\n"
               "for shard_id in 'AB':\n"
               "    rows = RowBatch.of(Item(1000 + i, Position.parse(str(i)), b'{}') for i in range(3))\n"

@@ -9,7 +9,7 @@ import orjson
 from mldserver.coordinator.merge import seal
 from mldserver.coordinator.ordering import Ordering
 from mldserver.base.positions import Position
-from mldserver.api.rows import Item, RowBatch
+from mldserver.rows.batch import Item, RowBatch
 
 MINUTE = 60_000
 

@@ -16,7 +16,7 @@ import pytest
 import uvloop
 from hypothesis import given, settings as hsettings, strategies as st
 
-from mldserver.api.rows import Item, RowBatch
+from mldserver.rows.batch import Item, RowBatch
 from mldserver.spark.commitlog import CommitLog
 from mldserver.base.config import Settings, load
 from mldserver.base.handoff import Committed, Window

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from mldserver.coordinator.spool import Spool
 from mldserver.base.positions import Position
-from mldserver.api.rows import Item, RowBatch
+from mldserver.rows.batch import Item, RowBatch
 
 
 def test_spool_round_trips_rows_positions_and_parents(tmp_path):

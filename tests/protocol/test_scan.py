@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mldserver import native
-from mldserver.api.rows import NO_TIME, ODD_TIME
+from mldserver.rows.batch import NO_TIME, ODD_TIME
 from mldserver.base.positions import Position, Positions
 from mldserver.protocol import _scan, lazy as lazy_module
 from mldserver.protocol.lazy import LazyRecords

@@ -7,7 +7,7 @@ import mldserver
 from mldserver.base.config import Settings
 from mldserver.coordinator import Coordinator
 from mldserver.base.positions import Position
-from mldserver.api.rows import Item, RowBatch
+from mldserver.rows.batch import Item, RowBatch
 from mldserver.shard.downstream import CoordinatorLink, NoSink
 from mldserver.sinks.file import FileSink
 from mldserver.api.testing import SHARD_END, make_records

@@ -180,7 +180,7 @@ class RowBatch:
         cuts a batch whose rows span windows at the windows' ends, and a window's commit
         frees its piece (were the pieces slices, the batch's buffers would be held whole
         until its last window commits). Rows on loan (a handler process's rows arena:
-        ``api/loans.py``) are cut where they lie, their JSON not copied, the loan split
+        ``rows/loans.py``) are cut where they lie, their JSON not copied, the loan split
         (this batch, whose bytes the pieces now own, is not read again); any others are
         copied (``compact``)::
 
@@ -302,7 +302,7 @@ class RowBatch:
 
 def _root(buffer: Any) -> Any:
     """The object that owns a buffer's memory: a view's (numpy's ``base``, a
-    memoryview's ``obj``), followed to the end, or to a loan (``api/loans.py``: bytes of
+    memoryview's ``obj``), followed to the end, or to a loan (``rows/loans.py``: bytes of
     a handler process's rows arena, held until given back)."""
     while True:
         if getattr(buffer, "given", None) is not None:

@@ -1,9 +1,9 @@
 /* The rows a batch's handler emits, kept in C: batch.emit is this type's add, called
    once a row, and what it costs is most of what a sink adds to a handler process.
-   Built into the package as mldserver.api._emitted when a C compiler is there at
+   Built into the package as mldserver.rows._emitted when a C compiler is there at
    install time (setup.py); emitted.py keeps the same collector in Python without it.
 
-       >>> from mldserver.api._emitted import Collector
+       >>> from mldserver.rows._emitted import Collector
        >>> rows = Collector()
        >>> rows.add(record, {"k": 1})                  # orjson.dumps(row, None, OPT_APPEND_NEWLINE),
        >>> rows.add(record, {"k": 2}, 1763719200000)   # written at once into one buffer
@@ -357,7 +357,7 @@ static PyType_Slot collector_slots[] = {
 };
 
 static PyType_Spec collector_spec = {
-    "mldserver.api._emitted.Collector", sizeof(Collector), 0,
+    "mldserver.rows._emitted.Collector", sizeof(Collector), 0,
     Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC, collector_slots,
 };
 

@@ -118,7 +118,7 @@ class PyCollector:
 
 # The native collector (setup.py builds it); PyCollector without a C compiler, or with
 # MLDSERVER_NO_EXTENSIONS set.
-_native = load_native("mldserver.api._emitted")
+_native = load_native("mldserver.rows._emitted")
 Collector = _native.Collector if _native is not None else PyCollector
 
 _U64 = "Q"
