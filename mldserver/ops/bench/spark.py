@@ -18,6 +18,12 @@ than the eight timed windows take; it is reported on its own line). Both move th
 same rows (the passthrough handler's seven columns). Reported: rows/s for both and
 their ratio, the p50/p99 time from a window's close (the watermark passing its end)
 to its commit, and the server's worst event-loop lag.
+
+Beside them, the floor of that latency on this machine: one window's serial work,
+each step timed alone in this process (the median of three parses of its JSON lines
+into Arrow, as the sink does; the bare hand-off's median file and Spark job). A window
+cannot commit sooner than that after it closes; what the end-to-end p50 adds on top is
+the server's own share of the cores and the windows queued behind a commit.
 """
 
 from __future__ import annotations
@@ -100,8 +106,10 @@ async def run(quick: bool, tmp: str) -> None:
     windows = 2 if quick else 8
     rows = RECORDS * BATCHES_PER_WINDOW
     print(f"\nspark: {windows} windows of {rows:,} rows (passthrough rows, identity pipeline, embedded Spark)")
-    table, _ = rows_to_table(JsonLines.of(passthrough_rows(rows)), None)
-    bare = await asyncio.to_thread(bare_handoff, Path(tmp) / "bare", table, windows)
+    window_rows = passthrough_rows(rows)
+    table, _ = rows_to_table(JsonLines.of(window_rows), None)
+    parse_ms = parse_time(window_rows, table.schema)
+    bare, file_ms, job_ms = await asyncio.to_thread(bare_handoff, Path(tmp) / "bare", table, windows)
     e2e, latencies, lag, cold = await end_to_end(tmp, windows)
     q = statistics.quantiles(latencies, n=100, method="inclusive") if len(latencies) > 1 else latencies * 99
     print(f"  {'bare handoff rows/s':>20} {'end to end rows/s':>18} {'ratio':>6} "
@@ -109,3 +117,16 @@ async def run(quick: bool, tmp: str) -> None:
     print(f"  {bare:20,.0f} {e2e:18,.0f} {100 * e2e / bare:5.0f}% "
           f"{q[49]:12,.0f} / {q[98]:,.0f} ms {lag if lag is not None else float('nan'):10.1f} ms")
     print(f"  the first window (Spark's first job, before the clock): closed to committed in {cold:,.0f} ms")
+    print(f"  floor, one {rows:,}-row window at a time on this machine: {parse_ms + file_ms + job_ms:,.0f} ms "
+          f"(rows into Arrow {parse_ms:,.0f} + its file {file_ms:,.0f} + Spark's job {job_ms:,.0f})")
+
+
+def parse_time(rows: list[bytes], schema) -> float:
+    """The median milliseconds of three parses of a window's rows into Arrow, with the
+    schema known (as every window after the first is parsed)."""
+    times = []
+    for _ in range(3):
+        started = time.perf_counter()
+        rows_to_table(JsonLines.of(rows), schema)
+        times.append(time.perf_counter() - started)
+    return statistics.median(times) * 1000
