@@ -1,8 +1,9 @@
 """The rows handlers emit, on their way from ``batch.emit`` to the coordinator. No
 handler imports this folder: ``Batch.emit`` (``api/records.py``) collects into it, a
 shard's worker and the handler processes carry its batches, the coordinator orders,
-windows and commits them. It imports nothing of the server's but ``base.positions``, so
-every layer that handles rows sits above it::
+windows and commits them. It imports nothing of the server's but ``base.positions`` and
+``native`` (whether the C collector may be used), so every layer that handles rows sits
+above it::
 
     from mldserver.rows.emitted import PyCollector      # what batch.emit appends to
     from mldserver.rows.batch import Item, RowBatch     # a batch's rows, as columns
