@@ -136,7 +136,7 @@ def _parser():
     bench.add_argument("--workers", type=int, nargs="+", default=None,
                        help="handler processes of the servers measured, side by side (default: the default and 0)")
     bench.add_argument("--part", choices=["all", "relay", "coordinator", "spark", "changes", "timers", "table",
-                                          "kclpy", "chaos", "source", "scale"],
+                                          "kclpy", "chaos", "source", "stream", "scale"],
                        default="all",
                        help="relay: against amazon_kclpy; kclpy: amazon_kclpy's sample processor behind "
                             "mldserver against the same class under KCLProcess; "
@@ -151,6 +151,9 @@ def _parser():
                             "source (not part of all): a Kinesis stream on kinesis-local read by serve --source "
                             "against the real KCL daemon through the relay (mldserver run): records/s, CPU per "
                             "record, put to handler p50/p99 (needs scripts/setup --test's emulators); "
+                            "stream (not part of all): DynamoDB changes on DynamoDB Local read by "
+                            "mldserver.open_stream against Bloop's Stream: CPU per change, beside the floor "
+                            "(needs scripts/setup --test's DynamoDB Local and Bloop); "
                             "scale (not part of all): mldserver run servers with their real KCL daemons joining "
                             "and dying on one stream into one Iceberg table: time to balance, rows/s per server, "
                             "commit conflicts and latency, every record once (the leader's death left out with "

@@ -1,6 +1,6 @@
 """``mldserver bench``: what mldserver costs, measured against what it replaces, in one run.
 
-Ten parts, each in its own module, all sharing ``common.py``::
+Eleven parts, each in its own module, all sharing ``common.py``::
 
     mldserver bench --part relay         # relay.py: throughput, latency, memory vs amazon_kclpy
     mldserver bench --part coordinator   # coordinator.py: the coordinator's cost (file sink vs none)
@@ -15,9 +15,11 @@ Ten parts, each in its own module, all sharing ``common.py``::
                                          #   then killed.py: mldserver run SIGKILLed (the real daemon)
     mldserver bench --part source        # source.py: serve --source kinesis: vs the KCL daemon + relay on
                                          #   kinesis-local: records/s, CPU per record, put to handler
+    mldserver bench --part stream        # stream.py: mldserver.open_stream vs Bloop's Stream on the same
+                                         #   DynamoDB changes (DynamoDB Local): CPU per change, the floor
     mldserver bench --part scale         # scale.py: mldserver run servers joining and dying on one stream,
                                          #   one Iceberg table: balance times, rows/s, conflicts, once each
-    mldserver bench                      # every part but chaos (which runs for --duration), source and scale
+    mldserver bench                      # every part but chaos (which runs for --duration), source, stream and scale
     mldserver bench --workers 2 0        # servers with 2 handler processes and with none, side by side
 
 The bare hand-off runs Spark in this process, through ``mldserver.spark.bench``: only
@@ -37,6 +39,8 @@ The bare hand-off runs Spark in this process, through ``mldserver.spark.bench``:
 - ``outside.py``: the chaos campaign's faults from outside the handler (sink, admin port).
 - ``killed.py``: the chaos bench's last phase, ``mldserver run`` SIGKILLed and run again.
 - ``source.py``: ``--part source``, ``serve --source kinesis:`` against the KCL daemon.
+- ``stream.py``: ``--part stream``, ``mldserver.open_stream`` against Bloop's Stream.
+- ``bloop_side.py``: Bloop's side of ``--part stream``, a script run in its own process.
 - ``scale.py``: ``--part scale``, servers joining and dying on one stream, one table.
 """
 
@@ -96,6 +100,10 @@ async def amain(args) -> None:
             from . import source
 
             await source.run(args, tmp)
+        if args.part == "stream":
+            from . import stream
+
+            await stream.run(args, tmp)
         if args.part == "scale":
             from . import scale
 
