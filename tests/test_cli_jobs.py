@@ -116,3 +116,5 @@ def test_bench_source_prints_the_server_reading_beside_the_daemon(tmp_path):
         assert re.search(rf"^\s+{path}\s+([\d,]+|nan)\s+([\d.]+|nan)\s", out.stdout, re.M), (path, out.stdout)
     assert re.search(r"^\s+serve --source kinesis:.*\s\d+ / \d+ ms$", out.stdout, re.M), out.stdout
     assert "--source against the daemon:" in out.stdout
+    # the floor, on every record of the stream (2,000 with --quick)
+    assert re.search(r"^\s+floor \(orjson, base64\)\s+[\d.]+\s+\(2,000 records: ", out.stdout, re.M), out.stdout

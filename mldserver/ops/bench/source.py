@@ -16,6 +16,8 @@ side:
 - CPU per record: every process of the side (the server and its handler processes;
   with the daemon, the JVM and the relays too: the JVM's share is shown) over the
   same span;
+- the floor: the same pages, read once, parsed by orjson and every record's data
+  base64-decoded in one loop (no call, no process between: the relay part's ceiling);
 - from a put to the handler, p50 and p99 (each side polls an idle shard every 250 ms:
   the daemon's ``idleTimeBetweenReadsInMillis``, the server's ``source_poll_interval``).
 
@@ -28,12 +30,15 @@ The handler counts into one file per process and shard under ``MLDSERVER_BENCH_O
 from __future__ import annotations
 
 import asyncio
+import binascii
 import os
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+import orjson
 
 from ...api.handler import Handler
 from .common import cpu_spent, descendants, tree_cpu_s
@@ -151,6 +156,34 @@ async def measure(side: str, argv: list[str], env: dict[str, str], out: Path, to
     }
 
 
+def floor(client, stream: str) -> tuple[int, float]:
+    """(records, CPU us a record) with no call and no process between: the stream's
+    pages, read once as kinesis-local sent them, parsed by orjson and every record's
+    data base64-decoded in one loop (the relay part's ceiling, on these pages)."""
+    bodies: list[bytes] = []
+
+    def keep(response_dict, **_) -> None:
+        bodies.append(bytes(response_dict["body"]))
+
+    event = "before-parse.kinesis.GetRecords"
+    client.meta.events.register_first(event, keep)
+    try:
+        for shard in client.list_shards(StreamName=stream)["Shards"]:
+            it = client.get_shard_iterator(StreamName=stream, ShardId=shard["ShardId"],
+                                           ShardIteratorType="TRIM_HORIZON")["ShardIterator"]
+            while it:
+                page = client.get_records(ShardIterator=it, Limit=10_000)
+                it = page.get("NextShardIterator") if page.get("Records") else None  # (an empty page: its head)
+    finally:
+        client.meta.events.unregister(event, keep)
+    records, cpu = 0, time.process_time()
+    for body in bodies:
+        for record in orjson.loads(body).get("Records") or ():
+            binascii.a2b_base64(record["Data"])
+            records += 1
+    return records, (time.process_time() - cpu) / max(records, 1) * 1e6
+
+
 def _cmdline(pid: int) -> bytes:
     try:
         return Path(f"/proc/{pid}/cmdline").read_bytes()
@@ -171,6 +204,7 @@ async def run(args, tmp: str) -> None:
     try:
         kinesis.create_stream("bench", shards)
         await asyncio.to_thread(put_all, kinesis.client, "bench", records)
+        parsed, least = await asyncio.to_thread(floor, kinesis.client, "bench")
         aws = {"AWS_ACCESS_KEY_ID": "local", "AWS_SECRET_ACCESS_KEY": "local", "AWS_REGION": "us-east-1"}
         common = ["--handler", f"{__name__}:Timed", "--port", "0", "--admin", "off", "--log-level", "info"]
         polling = base / "source.toml"  # polled as often as the daemon's properties ask (250 ms)
@@ -193,5 +227,7 @@ async def run(args, tmp: str) -> None:
     for name, r in (("serve --source kinesis:", own), ("KCL daemon + relay (run)", daemon)):
         print(f"  {name:<28} {r['records/s']:10,.0f} {r['cpu']:14.1f} {r['jvm']:13.1f} "
               f"{r['p50']:11.0f} / {r['p99']:.0f} ms")
+    print(f"  {'floor (orjson, base64)':<28} {'':>10} {least:14.1f}    ({parsed:,} records: the pages parsed and "
+          f"their data decoded in one loop)")
     print(f"  --source against the daemon: {own['records/s'] / daemon['records/s']:.2f}x records/s, "
           f"{own['cpu'] / daemon['cpu']:.2f}x CPU per record")
