@@ -95,6 +95,10 @@ def test_bench_prints_every_variant_side_by_side(tmp_path):
         assert re.search(rf"^\s+{workers}\s+[\d,]+\s+[\d,]+\s+([\d,]+|-)$", out.stdout, re.M), out.stdout
         assert re.search(rf"^\s+{workers}\s+[\d,]+/s\s+[\d.]+ MiB$", out.stdout, re.M), out.stdout
     assert re.search(r"memory, idle: [\d,]+ pending [\d.]+ MiB PSS against [\d.]+ MiB with none", out.stdout)
+    # the coordinator part: under its rows, the floor beside what the file sink adds a row (one figure a row)
+    assert re.search(r"floor: a row encoded and written \(orjson a batch at a time, one file, one loop\) [\d.]+ us "
+                     r"of CPU, against the file sink's [-+][\d.]+, [-+][\d.]+, [-+][\d.]+, [-+][\d.]+ us a row",
+                     out.stdout), out.stdout
     # the Spark part: end to end and the bare handoff side by side, latency and loop lag
     assert re.search(r"^\s+[\d,]+\s+[\d,]+\s+\d+%\s+[\d,]+ / [\d,]+ ms\s+[\d.]+ ms$", out.stdout, re.M), out.stdout
     assert re.search(r"floor, one [\d,]+-row window at a time on this machine: [\d,]+ ms \(rows into Arrow [\d,]+ "

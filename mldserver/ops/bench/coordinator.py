@@ -23,7 +23,9 @@ and highest; the median CPU the server used a row, its handler processes include
 the coordinator used in any round: its buffered rows as the ledger counts them (the
 memory they hold) against ``max_buffered_bytes``, which they stay under (what lands
 past it is spilled to files: how much is reported), and the peak PSS of the server
-and its handler processes against the no-pipeline server's.
+and its handler processes against the no-pipeline server's. Under the rows, the floor:
+what a row costs to keep at the least (encoded as JSON by orjson, a batch at a time, and
+written to a file, in one loop of one process), beside what the file sink adds to each row's CPU.
 """
 
 from __future__ import annotations
@@ -101,6 +103,29 @@ async def run_one(name: str, k: int, batch_lines: list, tmp: str, workers: int |
     return Run(total / seconds, cpu / total * 1e6, sampler.peak.get("server", 0), peak, spilled)
 
 
+def floor(batch_lines: list, tmp: str) -> float:
+    """The least a row can add: CPU us a row to encode the passthrough handler's rows of
+    these batches as JSON (orjson, a batch at a time) and write them to a file, fsynced, in one loop
+    (the no-pipeline run makes the same rows and drops them: this is what keeping them
+    costs at the least, with no ordering, no window and no process between)."""
+    path = Path(tmp) / "coordinator-floor.jsonl"
+    batches = [[{"shard_id": "shardId-000000000000", "sequence_number": r["sequenceNumber"],
+                 "sub_sequence_number": r.get("subSequenceNumber"), "partition_key": r["partitionKey"],
+                 "approximate_arrival_timestamp": r["approximateArrivalTimestamp"], "data": r["data"]}
+                for r in orjson.loads(line)["records"]] for line, _ in batch_lines]  # (made by both runs alike)
+    rows = sum(map(len, batches))
+    dumps = orjson.dumps
+    cpu = time.process_time()
+    with open(path, "wb") as out:
+        for batch in batches:
+            out.write(dumps(batch))  # (one call a batch: a row's own bytes object would cost more than its encoding)
+        out.flush()
+        os.fsync(out.fileno())
+    spent = time.process_time() - cpu
+    path.unlink()
+    return spent / max(rows, 1) * 1e6
+
+
 async def run(shard_counts: list[int], quick: bool, tmp: str, workers: list[int | None] | None = None) -> None:
     from ...base.config import Settings
 
@@ -110,6 +135,7 @@ async def run(shard_counts: list[int], quick: bool, tmp: str, workers: list[int 
           f"{rounds} round{'s' if rounds > 1 else ''} taking turns: the median round, the cost's lowest and highest")
     print(f"  {'workers':>7} {'K':>4} {'no pipeline rows/s':>19} {'file sink rows/s':>17} {'cost':>7} {'(range)':>17} "
           f"{'CPU us/row (none / sink)':>25} {'peak buffered / cap':>20} {'spilled':>10} {'server PSS (none / sink)':>25}")
+    added: list[float] = []  # each row's CPU us a row, file sink over no pipeline
     for k in shard_counts:
         batches = 2 if quick else max(8, 240 // k)
         batch_lines = lines(batches)
@@ -130,3 +156,6 @@ async def run(shard_counts: list[int], quick: bool, tmp: str, workers: list[int 
             print(f"  {'-' if w is None else w:>7} {k:4d} {bare:19,.0f} {sink:17,.0f} {statistics.median(costs):+6.1f}% "
                   f"{spread:>17} {bare_cpu:16.2f} / {sink_cpu:.2f} {peak / 2**20:9.1f} / {cap:.0f} MiB "
                   f"{spilled / 2**20:6.1f} MiB {bare_pss / 1024:11.1f} / {sink_pss / 1024:.1f} MiB")
+            added.append(sink_cpu - bare_cpu)
+    print(f"  floor: a row encoded and written (orjson a batch at a time, one file, one loop) {floor(lines(8), tmp):.2f} us of CPU, "
+          f"against the file sink's {', '.join(f'{a:+.2f}' for a in added)} us a row over no pipeline (the rows above)")
