@@ -27,12 +27,14 @@ from typing import Any
 
 import orjson
 
-def adapter_change(api_record: dict[str, Any]) -> dict[str, Any]:
+def adapter_change(api_record: dict[str, Any], *, as_sent: bool = False) -> dict[str, Any]:
     """A DynamoDB Streams API ``Record`` (as boto3's ``dynamodbstreams`` client returns
     it from ``get_records``: binary as bytes, times as datetime) as the KCL's DynamoDB
     Streams adapter writes it into a record's data (its ``RecordObjectMapper``): binary
     as base64, ``ApproximateCreationDateTime`` as epoch milliseconds, ``userIdentity``
-    as ``principalId`` and ``type``; absent fields left out."""
+    as ``principalId`` and ``type``; absent fields left out. ``as_sent``: the record is
+    as the service sent it (a raw client's: binary already base64), so its images are
+    taken as they are, not walked value by value (the same dicts, not copies)."""
     out: dict[str, Any] = {}
     for key in ("awsRegion", "eventID", "eventName", "eventSource", "eventVersion"):
         if api_record.get(key) is not None:
@@ -45,8 +47,9 @@ def adapter_change(api_record: dict[str, Any]) -> dict[str, Any]:
             seconds = created.timestamp() if hasattr(created, "timestamp") else float(created)
             change["ApproximateCreationDateTime"] = round(seconds * 1000)
         for key in ("Keys", "NewImage", "OldImage"):
-            if stream.get(key) is not None:
-                change[key] = {name: _adapter_value(v) for name, v in stream[key].items()}
+            image = stream.get(key)
+            if image is not None:
+                change[key] = image if as_sent else {name: _adapter_value(v) for name, v in image.items()}
         for key in ("SequenceNumber", "SizeBytes", "StreamViewType"):
             if stream.get(key) is not None:
                 change[key] = stream[key]

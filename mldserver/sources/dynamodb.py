@@ -137,7 +137,7 @@ class DynamoDBStreams(OpenClient):
         not say how far behind a reader is)."""
         page = await self._call("get_records", ShardIterator=iterator, Limit=limit)
         api = page.get("Records", [])
-        records = [dynamodb_record(adapter_change(r)) for r in api]
+        records = [dynamodb_record(adapter_change(r, as_sent=True)) for r in api]  # (raw: binary as sent, base64)
         created = records[-1].get("approximateArrivalTimestamp") if records else None
         behind = max(0, wall_clock_ms() - created) if len(api) >= limit and created else 0
         return Page(records, len(api), page.get("NextShardIterator"), behind)
