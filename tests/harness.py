@@ -35,6 +35,14 @@ BIN = Path(sys.executable).parent
 MLDSERVER = str(BIN / "mldserver")
 
 
+def bench(*args: str, timeout: float) -> str:
+    """``mldserver bench ARGS``'s output, once it has exited 0 (else the test fails with
+    what it printed)."""
+    out = subprocess.run([MLDSERVER, "bench", *args], capture_output=True, text=True, timeout=timeout)
+    assert out.returncode == 0, out.stderr + out.stdout
+    return out.stdout
+
+
 def relay_command(port: int) -> str:
     """executableName as a user would write it, for a server on loopback."""
     return testing.relay_command("127.0.0.1", port)

@@ -9,7 +9,7 @@ import subprocess
 import pyarrow.dataset as ds
 import pytest
 
-from .harness import MLDSERVER
+from .harness import MLDSERVER, bench
 
 pytestmark = pytest.mark.spark  # the demo's pipeline and the bench's Spark part run in embedded Spark
 
@@ -113,12 +113,10 @@ def test_bench_prints_every_variant_side_by_side(tmp_path):
 def test_bench_source_prints_the_server_reading_beside_the_daemon(tmp_path):
     # kinesis-local and DynamoDB Local (scripts/setup --test), the real KCL daemon for the
     # second row: a few minutes
-    out = subprocess.run([MLDSERVER, "bench", "--part", "source", "--quick"], capture_output=True, text=True,
-                         timeout=900)
-    assert out.returncode == 0, out.stderr + out.stdout
+    out = bench("--part", "source", "--quick", timeout=900)
     for path in ("serve --source kinesis:", r"KCL daemon \+ relay \(run\)"):
-        assert re.search(rf"^\s+{path}\s+([\d,]+|nan)\s+([\d.]+|nan)\s", out.stdout, re.M), (path, out.stdout)
-    assert re.search(r"^\s+serve --source kinesis:.*\s\d+ / \d+ ms$", out.stdout, re.M), out.stdout
-    assert "--source against the daemon:" in out.stdout
+        assert re.search(rf"^\s+{path}\s+([\d,]+|nan)\s+([\d.]+|nan)\s", out, re.M), (path, out)
+    assert re.search(r"^\s+serve --source kinesis:.*\s\d+ / \d+ ms$", out, re.M), out
+    assert "--source against the daemon:" in out
     # the floor, on every record of the stream (2,000 with --quick)
-    assert re.search(r"^\s+floor \(orjson, base64\)\s+[\d.]+\s+\(2,000 records: ", out.stdout, re.M), out.stdout
+    assert re.search(r"^\s+floor \(orjson, base64\)\s+[\d.]+\s+\(2,000 records: ", out, re.M), out

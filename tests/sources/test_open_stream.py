@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-import subprocess
 import time
 import uuid
 from datetime import datetime, timezone
@@ -22,7 +21,7 @@ import mldserver
 from mldserver.base.positions import Position
 from mldserver.sources.stream import At, _decode, _encode, _target
 
-from ..harness import MLDSERVER
+from ..harness import bench
 from ..integration.components import AWS, KinesisLocal, wait_for
 from ..integration.test_dynamodb_changes import make_table
 
@@ -294,10 +293,8 @@ async def test_a_shard_read_to_its_end_and_gone_from_the_stream_is_forgotten():
 def test_bench_stream_prints_open_stream_beside_bloop_and_the_floor():
     # DynamoDB Local and Bloop (scripts/setup --test: .deps/bloop); both sides must read
     # every change made, or the bench fails instead of printing
-    out = subprocess.run([MLDSERVER, "bench", "--part", "stream", "--quick"], capture_output=True, text=True,
-                         timeout=600)
-    assert out.returncode == 0, out.stderr + out.stdout
+    out = bench("--part", "stream", "--quick", timeout=600)
     for reader in ("mldserver.open_stream", r"Bloop's Stream \(bloop 3.1.1\)"):
-        assert re.search(rf"^\s+{reader}\s+1,000\s+[\d,]+\s+[\d.]+$", out.stdout, re.M), (reader, out.stdout)
-    assert re.search(r"^\s+floor \(orjson, images decoded\)\s+1,000\s+[\d,]+$", out.stdout, re.M), out.stdout
-    assert re.search(r"open_stream against Bloop: \d+\.\d\dx CPU per change", out.stdout), out.stdout
+        assert re.search(rf"^\s+{reader}\s+1,000\s+[\d,]+\s+[\d.]+$", out, re.M), (reader, out)
+    assert re.search(r"^\s+floor \(orjson, images decoded\)\s+1,000\s+[\d,]+$", out, re.M), out
+    assert re.search(r"open_stream against Bloop: \d+\.\d\dx CPU per change", out), out
