@@ -157,5 +157,6 @@ async def run(shard_counts: list[int], quick: bool, tmp: str, workers: list[int 
                   f"{spread:>17} {bare_cpu:16.2f} / {sink_cpu:.2f} {peak / 2**20:9.1f} / {cap:.0f} MiB "
                   f"{spilled / 2**20:6.1f} MiB {bare_pss / 1024:11.1f} / {sink_pss / 1024:.1f} MiB")
             added.append(sink_cpu - bare_cpu)
-    print(f"  floor: a row encoded and written (orjson a batch at a time, one file, one loop) {floor(lines(8), tmp):.2f} us of CPU, "
+    least = floor(lines(8), tmp)
+    print(f"  floor: a row encoded and written (orjson a batch at a time, one file, one loop) {least:.2f} us of CPU, "
           f"against the file sink's {', '.join(f'{a:+.2f}' for a in added)} us a row over no pipeline (the rows above)")
