@@ -30,7 +30,7 @@ ALLOWED = {
     "Orders": {"examples/orders.py", "examples/quickstart.py"},
     # Bloop reads a model's settings from a nested class it names Meta (bench --part
     # stream's peer, a script run with Bloop's own folder); the handler API's Meta is a
-    # change's metadata, named by DESIGN.md.
+    # change's metadata (docs/sources.md and docs/handlers.md: a ChangeHandler's meta).
     "Meta": {"api/changes.py", "ops/bench/bloop_side.py"},
 }
 

@@ -41,6 +41,7 @@ from pathlib import Path
 import orjson
 
 from ...api.handler import Handler
+from ...sources.kinesis import LIMIT
 from .common import cpu_spent, descendants, tree_cpu_s
 
 RECORDS, SIZE, PROBES = 20_000, 1024, 100
@@ -172,7 +173,7 @@ def floor(client, stream: str) -> tuple[int, float]:
             it = client.get_shard_iterator(StreamName=stream, ShardId=shard["ShardId"],
                                            ShardIteratorType="TRIM_HORIZON")["ShardIterator"]
             while it:
-                page = client.get_records(ShardIterator=it, Limit=10_000)
+                page = client.get_records(ShardIterator=it, Limit=LIMIT)
                 it = page.get("NextShardIterator") if page.get("Records") else None  # (an empty page: its head)
     finally:
         client.meta.events.unregister(event, keep)
