@@ -83,6 +83,11 @@ windows closed at once, which window comes next, before the one in front commits
 It may start that work while ``w1`` commits (``sinks/parquet.py``: once ``w1``'s file
 is handed over), never publish anything of ``w2`` before ``commit(w2)``; ``w2`` may
 never be committed (the server stops first). Commits stay one at a time, in order.
+
+Such a sink may also be told each batch's rows as the coordinator keeps them, before
+their window closes (``sinks.ahead``: the Spark sink parses them into Arrow there)::
+
+        def arrived(self, pieces: list[RowBatch]) -> None: ...   # not awaited, never raises
 """
 
 from __future__ import annotations
@@ -114,14 +119,22 @@ class JsonLines:
     ``chunks(..., blocks=True)`` (the file sink's, written past the page cache:
     ``base.direct``): the runs gathered are cut at disk blocks' edges, not between lines,
     and lie at page-aligned addresses, so they are written from where they are.
+
+    ``pieces`` (given by ``merge.seal``; None for rows made otherwise): the batches of
+    rows these lines are, and ``order``, the index of each line's row in those batches'
+    rows one after another (None: in that order already), so a sink that turned each
+    batch into another form as it arrived (``sinks.ahead``) can put them in merged
+    order without parsing the lines again.
     """
 
-    __slots__ = ("_n", "_make", "_chunks", "_buffer", "_offsets")
+    __slots__ = ("_n", "_make", "_chunks", "_buffer", "_offsets", "pieces")
 
-    def __init__(self, n: int, make: Callable[[], Made], chunks: Chunks | None = None) -> None:
+    def __init__(self, n: int, make: Callable[[], Made], chunks: Chunks | None = None,
+                 pieces: tuple[Sequence[Any], Any] | None = None) -> None:
         self._n = n
         self._make: Callable[[], Made] | None = make
         self._chunks = chunks
+        self.pieces = pieces
         self._buffer: memoryview | None = None
         self._offsets: Sequence[int] = ()
 
@@ -258,6 +271,15 @@ class PreparingSink(Sink, Protocol):
     that publishes nothing with the commit in front of it."""
 
     def prepare(self, window: Window) -> None: ...
+
+
+@runtime_checkable
+class ArrivingSink(Sink, Protocol):
+    """A sink told each batch's rows as the coordinator keeps them (``rows.RowBatch``
+    pieces, tagged), to turn them into its own form before their window closes
+    (``sinks.ahead``). Called on the loop: it must return at once and never raise."""
+
+    def arrived(self, pieces: Sequence[Any]) -> None: ...
 
 
 @runtime_checkable

@@ -38,7 +38,7 @@ from typing import Any, Awaitable, Callable, Iterable
 from ..rows.batch import RowBatch
 from ..base.backoff import Backoff
 from ..base.deadletters import DeadLetters
-from ..base.handoff import PreparingSink, SharedSink, Sink, Window
+from ..base.handoff import ArrivingSink, PreparingSink, SharedSink, Sink, Window
 from ..base.intervals import Intervals, to_json
 from ..base.logs import EventLogger
 from ..base.positions import Position
@@ -84,6 +84,7 @@ class Committer:
     def __init__(self, sink: Sink, *, log: EventLogger, on_commit: Callable[[Window, dict[str, list[RowBatch]]], Awaitable[None]],
                  metrics: Any = None, late_policy: str = "next", dead_letters: DeadLetters | None = None) -> None:
         self.sink = sink
+        self._arrived = sink.arrived if isinstance(sink, ArrivingSink) else None
         self.late_policy = late_policy  # what a late row's window does with it: next, drop, dead-letter
         self.dead_letters = dead_letters  # where late rows go under dead-letter
         self.late_dropped = 0  # late rows left out of the windows (dropped or dead-lettered)
@@ -117,6 +118,12 @@ class Committer:
     @property
     def tasks(self) -> list[asyncio.Task[None]]:
         return list(self._tasks)
+
+    def arrived(self, pieces: list[RowBatch]) -> None:
+        """A batch's rows kept (``ordering.add``'s pieces): told to a sink that wants
+        them before their window closes (``ArrivingSink``)."""
+        if self._arrived is not None and pieces:
+            self._arrived(pieces)
 
     def wake(self) -> None:
         """Something changed: a pass runs soon."""

@@ -114,11 +114,8 @@ class Coordinator:
         if settings.stream:
             stream = StreamShards(settings.stream, region=settings.aws_region, endpoint_url=settings.aws_endpoint_url)
         self.lineage = Lineage(stream)
-        self.watermarks = Watermarks(
-            margin_ms=settings.watermark_margin * 1000,
-            idle_timeout_ms=settings.idle_timeout * 1000,
-            children_of=self.lineage.children_of,
-        )
+        self.watermarks = Watermarks(margin_ms=settings.watermark_margin * 1000,
+                                     idle_timeout_ms=settings.idle_timeout * 1000, children_of=self.lineage.children_of)
         self.ordering = Ordering.of(settings, blocks=self.watermarks.live, parents_of=self.lineage.parents_of)
         self.ledger = Ledger()
         self.spool = Spool(state_path(settings, "spool"), self.log)
@@ -229,6 +226,7 @@ class Coordinator:
                                  self.settings.max_buffered_bytes, self.log)
         pieces = self.ordering.add(shard_id, rows, last, now, keep)
         self.ledger.add(shard_id, pieces, last)
+        self.committer.arrived(pieces)
         if not redriven:
             self.watermarks.batch(shard_id, self.ordering.progress(shard_id, pieces), millis_behind == 0, now, rows.timed)
         if self.ordering.duplicates != dropped:

@@ -82,7 +82,7 @@ def seal(closed: WindowRows) -> tuple[Window, dict[str, list[RowBatch]]]:
         output = {s: max(map(highest, rows)) for s, rows in commits.items() if rows}
         positions = closed.below
     owners = [shard_id for shard_id in shards for _ in closed.parts[shard_id]]
-    rows = JsonLines(n, partial(_gather, parts, order), partial(_chunks, parts, order))
+    rows = JsonLines(n, partial(_gather, parts, order), partial(_chunks, parts, order), pieces=(parts, order))
     window = Window(closed.start, closed.end, rows, closed.late_rows, positions, RowSources(owners, parts, order),
                     closed.kind, output, version=closed.version, final_until=closed.final_until, amends=amends)
     closed.parts, closed.late, closed.amending = {}, {}, {}

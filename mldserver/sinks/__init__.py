@@ -8,6 +8,8 @@ the one ``--sink`` names (``file:DIR``, ``parquet:DIR``, ``iceberg:DIR``).
   exactly once across lease moves (Spark only with a pipeline).
 - ``maintenance.py``: the Iceberg table's old snapshots expired, orphan files removed.
 - ``schema.py``: a window's rows into one Arrow table, the schema declared or inferred.
+- ``ahead.py``: those tables made a batch at a time as the rows arrive (the Spark and
+  Iceberg sinks, ``ArrivingSink``), put in merged order when the window closes.
 """
 
 from __future__ import annotations

@@ -105,6 +105,7 @@ from ..errors import ConfigError, MldserverError
 from ..base.logs import get_logger
 from ..base.positions import Position
 from ..base.secrets import redacted, scrub
+from .ahead import TablesAhead
 from .schema import declared, rows_to_table
 from ..spark.frames import WriteRequest
 
@@ -174,11 +175,16 @@ def read_intervals(properties: dict[str, str], stream: str, shard_id: str) -> In
     return intervals
 
 
-def window_table(window: Window, schema: pa.Schema | None) -> tuple[pa.Table, list[int], list[tuple[bytes, str]]]:
+def window_table(window: Window, schema: pa.Schema | None,
+                 ahead: TablesAhead | None = None) -> tuple[pa.Table, list[int], list[tuple[bytes, str]]]:
     """The one place this sink reads a window's rows: them as Arrow (with the ``window``
     column), the index in ``window.rows`` of each table row, and the rows that do not
-    fit ``schema`` with the reason (None: inferred from the rows)."""
-    table, rejected = rows_to_table(window.rows, schema)
+    fit ``schema`` with the reason (None: inferred from the rows). ``ahead``: the rows'
+    tables made as they arrived, where it has them."""
+    table = ahead.table(window.rows, schema) if ahead is not None and schema is not None else None
+    rejected: list[tuple[int, str]] = []
+    if table is None:
+        table, rejected = rows_to_table(window.rows, schema)
     if rejected:
         out = {i for i, _ in rejected}
         indices = [i for i in range(len(window.rows)) if i not in out]
@@ -262,6 +268,7 @@ class IcebergSink:
         self._maintaining: asyncio.Future | None = None
         # the window being committed, parsed with this schema: its Arrow rows, their indices
         self._prepared: tuple[str, pa.Schema | None, pa.Table, list[int]] | None = None
+        self.ahead = TablesAhead(settings.max_buffered_bytes // 4)  # rows into Arrow as they arrive
 
     # -- the Sink protocol -------------------------------------------------------------
 
@@ -275,6 +282,9 @@ class IcebergSink:
                 f"check the folder (writable?) or table_catalog"
             ) from exc
         return Committed()  # positions are read per shard, when it is initialized here
+
+    def arrived(self, pieces: list) -> None:  # rows.RowBatch pieces, as the coordinator keeps them
+        self.ahead.arrived(pieces, self.row_schema)
 
     async def committed_position(self, shard_id: str) -> Position | None:
         return top(await self.committed_intervals(shard_id))
@@ -300,6 +310,7 @@ class IcebergSink:
         else:
             raise TableConflict(f"window {window.id}: {CONFLICT_RETRIES} commits in a row lost to other servers")
         self._prepared = None
+        self.ahead.committed(window)
         self._maybe_maintain()
 
     def _maybe_maintain(self) -> None:
@@ -372,7 +383,7 @@ class IcebergSink:
         may find the table made meanwhile by another server, with its own schema)."""
         if self._prepared is not None and self._prepared[:2] == (window.id, self.row_schema):
             return []
-        table, indices, rejected = window_table(window, self.row_schema)
+        table, indices, rejected = window_table(window, self.row_schema, self.ahead)
         self._prepared = (window.id, self.row_schema, table, indices)
         return rejected
 

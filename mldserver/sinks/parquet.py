@@ -3,8 +3,9 @@ each closed window goes through the user's pipeline in the Spark process and is
 committed exactly once.
 
 Here, on the server's side, a window's rows (JSON lines, in merged order) become an
-Arrow table (``schema.py``: pyarrow's JSON reader on the window's buffer as it is, in a
-thread) written to ``<state-dir>/spark/windows/<id>.parquet`` (plain: no compression,
+Arrow table (``ahead.py``: each batch's rows parsed as they arrive, once the schema is
+known, and put in merged order at the close; else ``schema.py``, pyarrow's JSON reader
+on the window's buffer as it is, in a thread) written to ``<state-dir>/spark/windows/<id>.parquet`` (plain: no compression,
 no dictionaries, as it is read once; Spark's own reader takes a 100,000-row window in
 less time than ``createDataFrame`` of the same Arrow table); the Spark process reads
 that file into a DataFrame, runs the pipeline, publishes ``DIR/window=<id>/`` and
@@ -45,6 +46,7 @@ from ..base.deadletters import DeadLetters
 from ..base.durable import empty_dir
 from ..base.logs import get_logger
 from ..spark.commitlog import CommitLog
+from .ahead import TablesAhead
 from .schema import declared, load, rows_to_table, save
 from ..spark.frames import CommitRequest, window_frame
 from ..spark.process import SparkProcess
@@ -62,6 +64,9 @@ class SparkSink:
         self.schema_path = directory / "_schema.arrow"
         self.schema = declared(settings.schema)  # a ConfigError before the server binds
         self.rows_out = 0
+        # each batch's rows parsed into Arrow as they arrive, once the schema is known
+        # (a quarter of the rows' cap: some two windows' worth, at the defaults)
+        self.ahead = TablesAhead(settings.max_buffered_bytes // 4)
         self._next: Window | None = None  # prepare's window: its file is begun once the one in front is handed over
         self._with_spark = False  # a window's file is written and Spark commits it: the next file may begin
         self._inputs: dict[str, asyncio.Future[list[tuple[bytes, str]]]] = {}  # window id -> its file being written
@@ -74,6 +79,9 @@ class SparkSink:
             return self.commit_log.read()
 
         return await asyncio.to_thread(prepare)
+
+    def arrived(self, pieces: list) -> None:  # rows.RowBatch pieces, as the coordinator keeps them
+        self.ahead.arrived(pieces, self.schema)
 
     def prepare(self, window: Window) -> None:
         """``window`` is committed after the one committing next (or now): its file is
@@ -106,6 +114,7 @@ class SparkSink:
         # input_ms: its file written, or waited for (near 0 when prepared ahead); spark_ms: the job and commit there
         log.debug("window_handed_over", window=window.id, input_ms=round((handed_over - started) * 1000, 1),
                   spark_ms=reply.get("spark_ms"))
+        self.ahead.committed(window)
         await asyncio.to_thread(path.unlink, True)
         self.rows_out += reply.get("rows_out") or 0
         if reply.get("already"):
@@ -125,7 +134,10 @@ class SparkSink:
         return self.inputs / f"{window.id}.parquet"
 
     def _write_input(self, window: Window, path: Path) -> list[tuple[bytes, str]]:
-        table, rejected = rows_to_table(window.rows, self.schema)
+        table = self.ahead.table(window.rows, self.schema) if self.schema is not None else None
+        rejected: list[tuple[int, str]] = []
+        if table is None:
+            table, rejected = rows_to_table(window.rows, self.schema)
         if self.schema is None:
             self.schema = table.schema
             save(table.schema, self.schema_path)

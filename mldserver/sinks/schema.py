@@ -72,20 +72,20 @@ def rows_to_table(rows: JsonLines, schema: pa.Schema | None) -> tuple[pa.Table, 
     try:
         if schema is not None:
             return _parse_runs(rows, schema), []
-        return typed(_parse(rows.buffer(), schema)), []
+        return typed(parse(rows.buffer(), schema)), []
     except pa.ArrowInvalid:
         if schema is None:  # the rows disagree among themselves: the first one decides
-            schema = typed(_parse(rows.buffer(0, 1), None)).schema
+            schema = typed(parse(rows.buffer(0, 1), None)).schema
     # Slow path, only when something does not fit: find the rows, keep the others.
     rejected, kept = [], []
     for i in range(len(rows)):
         line = rows.buffer(i, i + 1)
         try:
-            _parse(line, schema)
+            parse(line, schema)
             kept.append(line)
         except pa.ArrowInvalid as exc:
             rejected.append((i, _explain(rows[i], schema, exc)))
-    return (_parse(b"".join(kept), schema) if kept else schema.empty_table()), rejected
+    return (parse(b"".join(kept), schema) if kept else schema.empty_table()), rejected
 
 
 def typed(table: pa.Table) -> pa.Table:
@@ -118,16 +118,16 @@ def _parse_runs(rows: JsonLines, schema: pa.Schema) -> pa.Table:
     for run in rows.chunks():  # each valid until the next is asked for: parsed, or copied, before
         if len(run) >= MIN_BLOCK:
             if small:
-                tables.append(_parse(small, schema))
+                tables.append(parse(small, schema))
                 small = bytearray()
-            tables.append(_parse(run, schema))
+            tables.append(parse(run, schema))
         else:
             small += run
             if len(small) >= MIN_BLOCK:
-                tables.append(_parse(small, schema))
+                tables.append(parse(small, schema))
                 small = bytearray()
     if small:
-        tables.append(_parse(small, schema))
+        tables.append(parse(small, schema))
     return pa.concat_tables(tables) if tables else schema.empty_table()
 
 
@@ -141,7 +141,9 @@ def _explain(row: bytes, schema: pa.Schema, exc: Exception) -> str:
     return f"{what} (schema: {expected})"
 
 
-def _parse(lines: bytes | memoryview, schema: pa.Schema | None) -> pa.Table:
+def parse(lines: bytes | memoryview, schema: pa.Schema | None) -> pa.Table:
+    """JSON lines as a table (``schema``: exactly its fields, or ``pa.ArrowInvalid``;
+    None: inferred)."""
     options = pj.ParseOptions(explicit_schema=schema, unexpected_field_behavior="error") if schema else None
     # One thread: beside the event loop, the handler processes and Spark on a few cores,
     # a pool of parsers only competes with them (bench --part spark: the loop's worst lag

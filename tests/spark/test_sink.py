@@ -337,3 +337,59 @@ async def test_a_window_prepared_while_the_one_in_front_is_in_spark_has_its_file
     finally:
         await spark.stop()
     assert committed_rows(out) == Counter({("s0", str(n * 100 + i)): 1 for n in (1, 2) for i in range(10)})
+
+
+async def test_rows_parsed_as_they_arrive_are_committed_once_and_a_row_that_does_not_fit_is_dead_lettered(tmp_path):
+    """The Spark sink told each batch's rows as the coordinator keeps them (a real
+    ``Ordering``, two shards interleaving): a window's table is made from them, and
+    Spark commits every row once, in merged order; a window with a row that does not
+    fit the declared schema is parsed the usual way, that row dead-lettered, the rest
+    committed."""
+    import pyarrow.parquet as pq
+
+    from mldserver.base.config import Settings
+    from mldserver.base.deadletters import DeadLetters
+    from mldserver.base.positions import Position
+    from mldserver.coordinator.merge import seal
+    from mldserver.coordinator.ordering import Ordering
+    from mldserver.rows.batch import Item, RowBatch
+    from mldserver.sinks.parquet import SparkSink
+    from mldserver.spark.process import SparkProcess
+
+    out = tmp_path / "out"
+    settings = Settings(handler="x:y", state_dir=str(tmp_path / "state"), schema={"shard_id": "string", "n": "int64"})
+    spark = SparkProcess(settings, sink_dir=out)
+    sink = SparkSink(settings, spark, out, DeadLetters(tmp_path / "dead-letters"))
+    ordering = Ordering(window_ms=60_000, blocks=lambda s, now: False, parents_of=lambda s: ())
+
+    def arrive(shard_id: str, first: int, times: list[int], odd: bool = False) -> None:
+        rows = RowBatch.of(Item(t, Position(first + i, 0, str(first + i)),
+                                orjson.dumps({"shard_id": shard_id, "n": "odd" if odd and i == 0 else t}))
+                           for i, t in enumerate(times))
+        sink.arrived(ordering.add(shard_id, rows, rows.position(-1), now=0))
+
+    await spark.start()
+    try:
+        await sink.start()
+        arrive("s0", 1, [1_000, 20_000, 40_000, 61_000])
+        arrive("s1", 1, [500, 30_000, 59_999, 70_000])
+        [first] = ordering.close(until=60_000)
+        window, _ = seal(first)
+        await asyncio.wait_for(sink.commit(window), 120)
+        arrive("s0", 5, [90_000, 100_000], odd=True)  # its first row's n is not an int64
+        arrive("s1", 5, [121_000])
+        [second] = ordering.close(until=120_000)
+        window2, _ = seal(second)
+        await asyncio.wait_for(sink.commit(window2), 120)
+    finally:
+        await spark.stop()
+    assert sink.ahead.made == 1  # the first window from the tables made ahead; the second parsed as before
+    [part] = (out / f"window={window.id}").glob("*.parquet")
+    assert pq.read_table(part).to_pylist() == [
+        {"shard_id": s, "n": t} for t, s in sorted([(500, "s1"), (1_000, "s0"), (20_000, "s0"), (30_000, "s1"),
+                                                    (40_000, "s0"), (59_999, "s1")])]
+    [part2] = (out / f"window={window2.id}").glob("*.parquet")
+    assert pq.read_table(part2).to_pylist() == [{"shard_id": "s0", "n": 61_000}, {"shard_id": "s1", "n": 70_000},
+                                                {"shard_id": "s0", "n": 100_000}]
+    [letter] = [orjson.loads(line) for line in (tmp_path / "dead-letters" / "rows.jsonl").read_bytes().splitlines()]
+    assert orjson.loads(letter["row"]) == {"shard_id": "s0", "n": "odd"} and letter["window"] == window2.id

@@ -244,11 +244,13 @@ async def start_server(
     raise RuntimeError(f"bench server exited as it started, {STARTS} times (its port taken each time?)")
 
 
-def lines(batches: int, ms_per_batch: int = 10_000) -> list[tuple[bytes, dict]]:
+def lines(batches: int, ms_per_batch: int = 10_000, align_ms: int = 1) -> list[tuple[bytes, dict]]:
     """``batches`` processRecords lines of RECORDS records, each batch covering
-    ``ms_per_batch`` of event time, starting a day ago."""
+    ``ms_per_batch`` of event time, starting a day ago (at a multiple of ``align_ms``:
+    say, the start of a window)."""
     payload = base64.b64encode(os.urandom(SIZE)).decode("ascii")
     start = time.time_ns() // 1_000_000 - 86_400_000  # a day ago: a caught-up watermark passes it all
+    start -= start % align_ms
     out = []
     for b in range(batches):
         recs = [

@@ -1,0 +1,95 @@
+"""A window's Arrow table made as its rows arrive (``sinks.ahead``): the same table the
+window's JSON lines parse to, in merged order, from pieces a real ``Ordering`` kept and
+``merge.seal`` sealed; the usual parse where a row does not fit; bounded memory."""
+
+from __future__ import annotations
+
+import orjson
+import pyarrow as pa
+
+from mldserver.base.positions import Position
+from mldserver.coordinator.merge import seal
+from mldserver.rows.batch import Item, RowBatch
+from mldserver.sinks import ahead as sinks_ahead
+from mldserver.sinks.ahead import TablesAhead
+from mldserver.sinks.schema import rows_to_table
+
+from ..coordinator.test_ordering import MINUTE, ordering
+
+SCHEMA = pa.schema([("seq", pa.string()), ("tag", pa.string()), ("n", pa.int64())])
+
+
+def batch(first_seq: int, times: list[int], tag: str, extra: dict | None = None) -> RowBatch:
+    return RowBatch.of(
+        Item(t, Position.parse(str(first_seq + i)),
+             orjson.dumps({"seq": str(first_seq + i), "tag": tag, "n": t, **(extra if i == 1 and extra else {})}))
+        for i, t in enumerate(times)
+    )
+
+
+def feed(o, ahead: TablesAhead, shard_id: str, rows: RowBatch) -> None:
+    ahead.arrived(o.add(shard_id, rows, rows.position(-1), now=0), SCHEMA)
+
+
+def test_each_window_made_ahead_is_the_table_its_lines_parse_to_in_merged_order(monkeypatch):
+    o, ahead = ordering(), TablesAhead(budget=1 << 20)
+    # three shards whose rows interleave in time, batches that span two windows (cut
+    # into a piece a window), and rows arriving after their window closed (late)
+    feed(o, ahead, "C", batch(1, [1_000, 30_000, 59_000, 61_000, 90_000], "C"))
+    feed(o, ahead, "A", batch(1, [2_000, 29_000, 70_000], "A"))
+    feed(o, ahead, "B", batch(100, [1_000, 45_000, 62_000, 119_000], "B"))
+    [first] = o.close(until=MINUTE)
+    feed(o, ahead, "D", batch(1, [59_500, 80_000], "D"))  # 59,500: late, with the next window
+    [second] = o.close(until=2 * MINUTE)
+    for made_ahead in list(ahead._tables.values()):
+        made_ahead.table.result()
+    parses = []
+    monkeypatch.setattr(sinks_ahead, "parse", lambda *a: parses.append(a))  # none from here on
+    for closed in (first, second):
+        window, _ = seal(closed)
+        assert window.rows.pieces is not None and window.rows.pieces[1] is not None  # interleaved: an order
+        made = ahead.table(window.rows, SCHEMA)
+        assert not parses
+        parsed, rejected = rows_to_table(window.rows, SCHEMA)
+        assert made is not None and not rejected
+        assert made.to_pylist() == parsed.to_pylist() and made.schema.equals(SCHEMA)
+        ahead.committed(window)
+    assert window.late_rows == 1 and made.to_pylist()[0]["n"] == 59_500
+    assert ahead.held == 0  # every table let go once its window committed
+
+
+def test_a_row_that_does_not_fit_leaves_the_window_to_the_usual_parse_which_rejects_it():
+    o, ahead = ordering(), TablesAhead(budget=1 << 20)
+    feed(o, ahead, "A", batch(1, [1_000, 2_000, 3_000], "A", extra={"surprise": 1}))
+    feed(o, ahead, "B", batch(1, [1_500], "B"))
+    [closed] = o.close(until=MINUTE)
+    window, _ = seal(closed)
+    assert ahead.table(window.rows, SCHEMA) is None
+    table, rejected = rows_to_table(window.rows, SCHEMA)
+    assert [i for i, _ in rejected] == [2] and table.num_rows == 3  # A's second row, after B's
+
+
+def test_rows_past_the_budget_are_parsed_when_their_window_commits():
+    o = ordering()
+    one = batch(1, [1_000, 2_000], "A")
+    ahead = TablesAhead(budget=one.nbytes())  # room for one batch
+    feed(o, ahead, "A", one)
+    feed(o, ahead, "B", batch(1, [1_500, 2_500], "B"))
+    assert ahead.held == one.nbytes()
+    [closed] = o.close(until=MINUTE)
+    window, _ = seal(closed)
+    made = ahead.table(window.rows, SCHEMA)
+    assert made is not None and made.to_pylist() == rows_to_table(window.rows, SCHEMA)[0].to_pylist()
+
+
+def test_lines_not_cut_from_batches_and_rows_before_a_schema_are_not_made_ahead():
+    o, ahead = ordering(), TablesAhead(budget=1 << 20)
+    ahead.arrived(o.add("A", batch(1, [1_000], "A"), Position.parse("1"), now=0), None)  # no schema yet
+    assert ahead.held == 0
+    [closed] = o.close(until=MINUTE)
+    window, _ = seal(closed)
+    made = ahead.table(window.rows, SCHEMA)  # the piece is parsed here, on its own
+    assert made is not None and made.to_pylist() == [{"seq": "1", "tag": "A", "n": 1_000}]
+    from mldserver.base.handoff import JsonLines
+
+    assert ahead.table(JsonLines.of([b'{"seq":"1"}']), SCHEMA) is None
