@@ -264,6 +264,10 @@ class RowBatch:
         """The rows' JSON, newlines included."""
         return int(self.offsets[-1] - self.offsets[0])
 
+    def on_disk(self) -> bool:
+        """Are these rows' JSON lines in a spill file (``spilled``), not in memory?"""
+        return type(_root(self.body)) is mmap.mmap
+
     def held_bytes(self) -> int:
         """The memory this batch keeps alive, which its slices share: each buffer whole
         (the frame its JSON lines were read from, with the columns a handler process

@@ -13,18 +13,19 @@ slices and one ``take``, no parse)::
     table = ahead.table(window.rows, schema)  # in the sink's thread: the window's table, or None
     ahead.committed(window)                   # its tables let go
 
-``table`` gives None where the rows must be parsed at commit as before: lines not cut
-from batches (``JsonLines.pieces`` is None: sessions, a hand-made window), or a batch
-with a row that does not fit the schema (the whole window is then parsed the usual way,
-which finds and dead-letters that row). A piece not parsed ahead (spilled to a file,
-arrived before the schema was known, past the budget) is parsed at commit on its own.
+``table`` gives None, and the window's rows are parsed at commit the usual way (whole,
+small runs gathered first), wherever a part of it was not made ahead: lines not cut from
+batches (``JsonLines.pieces`` is None: a hand-made window), a batch spilled to a file,
+arrived before the schema was known or past the budget, a parse that failed (a row that
+does not fit the schema: the usual parse finds it and dead-letters it). Sessions' rows
+are never made ahead (each row gains its session's bounds): the sinks do not ask.
 
 The tables ahead are held beside the rows' JSON, so they are bounded: past ``budget``
 bytes of rows, a batch is not parsed ahead. A window's tables are let go once it
-commits, and with them those of rows all before its start that no window took (rows
-dropped with a lost lease, late rows dropped by ``late_policy``). A batch's rows in two
-windows (rows late for one, the rest in the next; a hopping window's panes) are parsed
-again for the second.
+commits; those of rows all before its start that no window took (rows dropped with a
+lost lease, late rows dropped by ``late_policy``) once a further window has committed
+since they arrived (late rows that arrive while a window commits go with the next one).
+A batch's rows in two windows (a hopping window's panes) are parsed again for the second.
 """
 
 from __future__ import annotations
@@ -40,11 +41,14 @@ from .schema import parse
 
 @dataclass(slots=True)
 class _Ahead:
-    body: int  # id() of the piece's body: a part of it shares that body
+    # id() of the piece's body: a part of it shares that body. An id is reused only once
+    # its object is gone; a body made from a live piece (``RowBatch.take``) never has its id.
+    body: int
     offsets: Any  # the piece's offsets, a copy (a part's are a slice of them)
     last_time: int  # its latest row's event time (ms)
     nbytes: int
     schema: pa.Schema
+    since: int  # the windows committed when it arrived
     table: concurrent.futures.Future[pa.Table | None]
 
 
@@ -55,6 +59,7 @@ class TablesAhead:
         self._tables: dict[int, _Ahead] = {}  # by the piece's tag
         self._parser: concurrent.futures.ThreadPoolExecutor | None = None
         self.made = 0  # windows whose table ``table`` made (not left to the usual parse)
+        self.commits = 0
 
     def arrived(self, pieces: Sequence[Any], schema: pa.Schema | None) -> None:
         """Rows the coordinator keeps (``rows.RowBatch`` pieces, tagged): parsed with
@@ -65,18 +70,22 @@ class TablesAhead:
 
         for piece in pieces:
             nbytes = piece.nbytes()
-            if not piece.tag or piece.tag in self._tables or not nbytes or piece.held_bytes() < nbytes:
-                continue  # (held less than its rows: spilled to a file, read at commit)
+            if not piece.tag or piece.tag in self._tables or not nbytes or piece.on_disk():
+                continue  # (spilled: read back at commit, not now)
             if self.held + nbytes > self.budget:
                 return
             if self._parser is None:
                 self._parser = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="mldserver-rows-ahead")
+            try:
+                parsed = self._parser.submit(_parse_or_none, piece, schema)
+            except RuntimeError:  # the interpreter is shutting down
+                return
             self.held += nbytes
             # (its offsets copied: a batch from a handler process has them in the frame it
             # read, whose shared memory they would keep from being given back)
             offsets = np.array(piece.offsets, dtype=np.int64)
             self._tables[piece.tag] = _Ahead(id(piece.body), offsets, int(np.max(piece.times)), nbytes, schema,
-                                             self._parser.submit(_parse_or_none, piece, schema))
+                                             self.commits, parsed)
 
     def table(self, rows: Any, schema: pa.Schema) -> pa.Table | None:
         """The window's rows (``handoff.JsonLines``) as a table with ``schema``, in their
@@ -97,35 +106,42 @@ class TablesAhead:
             return None
         table = pa.concat_tables(tables)
         self.made += 1
-        return table if order is None else table.take(order)
+        if order is None:
+            return table
+        import numpy as np
+
+        # (an Arrow array over the order's memory: ``take`` of a numpy array imports pandas)
+        order = np.ascontiguousarray(order, dtype=np.int64)
+        return table.take(pa.Array.from_buffers(pa.int64(), len(order), [None, pa.py_buffer(order)]))
 
     def committed(self, window: Any) -> None:
         """``window`` (``handoff.Window``) committed: the tables of its rows go, and those
-        of rows all before its start that no window took (dropped, or late and gone to a
-        window of their own)."""
+        of rows all before its start that no window took, one commit after they arrived."""
+        self.commits += 1
         used = {part.tag for part in window.rows.pieces[0]} if window.rows.pieces is not None else set()
-        for tag in [tag for tag, ahead in self._tables.items() if tag in used or ahead.last_time < window.start]:
+        for tag in [tag for tag, ahead in self._tables.items()
+                    if tag in used or (ahead.last_time < window.start and ahead.since < self.commits - 1)]:
             ahead = self._tables.pop(tag)
             ahead.table.cancel()
             self.held -= ahead.nbytes
 
     def _part(self, part: Any, schema: pa.Schema) -> pa.Table | None:
+        """The part's rows as a slice of its piece's table made ahead, or None."""
         import numpy as np
 
         ahead = self._tables.get(part.tag)
-        if ahead is not None and ahead.body == id(part.body) and ahead.schema.equals(schema):
-            try:
-                made = ahead.table.result()
-            except concurrent.futures.CancelledError:  # let go meanwhile (``committed``): parsed here
-                return _parse_or_none(part, schema)
-            first = int(np.searchsorted(ahead.offsets, part.offsets[0]))
-            last = first + len(part)
-            if made is not None and last < len(ahead.offsets) and ahead.offsets[first] == part.offsets[0] \
-                    and ahead.offsets[last] == part.offsets[-1]:
-                return made.slice(first, len(part))
-            if made is None:
-                return None  # a row there does not fit: the window is parsed the usual way
-        return _parse_or_none(part, schema)
+        if ahead is None or ahead.body != id(part.body) or not ahead.schema.equals(schema):
+            return None
+        try:
+            made = ahead.table.result()
+        except BaseException:  # let go meanwhile (``committed``), or a parse that failed: the usual parse
+            return None
+        first = int(np.searchsorted(ahead.offsets, part.offsets[0]))
+        last = first + len(part)
+        if made is None or last >= len(ahead.offsets) or ahead.offsets[first] != part.offsets[0] \
+                or ahead.offsets[last] != part.offsets[-1]:
+            return None
+        return made.slice(first, len(part))
 
 
 def _parse_or_none(rows: Any, schema: pa.Schema) -> pa.Table | None:

@@ -268,7 +268,8 @@ class IcebergSink:
         self._maintaining: asyncio.Future | None = None
         # the window being committed, parsed with this schema: its Arrow rows, their indices
         self._prepared: tuple[str, pa.Schema | None, pa.Table, list[int]] | None = None
-        self.ahead = TablesAhead(settings.max_buffered_bytes // 4)  # rows into Arrow as they arrive
+        # rows into Arrow as they arrive (not for sessions: each row gains its session's bounds)
+        self.ahead = TablesAhead(settings.max_buffered_bytes // 4 if settings.session_gap is None else 0)
 
     # -- the Sink protocol -------------------------------------------------------------
 

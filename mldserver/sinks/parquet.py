@@ -66,7 +66,8 @@ class SparkSink:
         self.rows_out = 0
         # each batch's rows parsed into Arrow as they arrive, once the schema is known
         # (a quarter of the rows' cap: some two windows' worth, at the defaults)
-        self.ahead = TablesAhead(settings.max_buffered_bytes // 4)
+        # (none for sessions: each row gains its session's bounds at the close)
+        self.ahead = TablesAhead(settings.max_buffered_bytes // 4 if settings.session_gap is None else 0)
         self._next: Window | None = None  # prepare's window: its file is begun once the one in front is handed over
         self._with_spark = False  # a window's file is written and Spark commits it: the next file may begin
         self._inputs: dict[str, asyncio.Future[list[tuple[bytes, str]]]] = {}  # window id -> its file being written

@@ -7,6 +7,7 @@ from __future__ import annotations
 import orjson
 import pyarrow as pa
 
+from mldserver.base.handoff import Window
 from mldserver.base.positions import Position
 from mldserver.coordinator.merge import seal
 from mldserver.rows.batch import Item, RowBatch
@@ -69,7 +70,7 @@ def test_a_row_that_does_not_fit_leaves_the_window_to_the_usual_parse_which_reje
     assert [i for i, _ in rejected] == [2] and table.num_rows == 3  # A's second row, after B's
 
 
-def test_rows_past_the_budget_are_parsed_when_their_window_commits():
+def test_a_window_with_rows_past_the_budget_is_left_to_the_usual_parse():
     o = ordering()
     one = batch(1, [1_000, 2_000], "A")
     ahead = TablesAhead(budget=one.nbytes())  # room for one batch
@@ -78,18 +79,49 @@ def test_rows_past_the_budget_are_parsed_when_their_window_commits():
     assert ahead.held == one.nbytes()
     [closed] = o.close(until=MINUTE)
     window, _ = seal(closed)
-    made = ahead.table(window.rows, SCHEMA)
-    assert made is not None and made.to_pylist() == rows_to_table(window.rows, SCHEMA)[0].to_pylist()
+    assert ahead.table(window.rows, SCHEMA) is None and ahead.made == 0
+    ahead.committed(window)
+    assert ahead.held == 0
 
 
-def test_lines_not_cut_from_batches_and_rows_before_a_schema_are_not_made_ahead():
+def test_a_parse_that_failed_leaves_the_window_to_the_usual_parse_at_every_attempt(monkeypatch):
+    def failing(lines, schema):
+        raise MemoryError("no room")
+
+    monkeypatch.setattr(sinks_ahead, "parse", failing)
+    o, ahead = ordering(), TablesAhead(budget=1 << 20)
+    feed(o, ahead, "A", batch(1, [1_000, 2_000], "A"))
+    [closed] = o.close(until=MINUTE)
+    window, _ = seal(closed)
+    assert ahead.table(window.rows, SCHEMA) is None and ahead.table(window.rows, SCHEMA) is None  # a retry too
+
+
+def test_rows_before_a_schema_and_lines_not_cut_from_batches_are_not_made_ahead():
     o, ahead = ordering(), TablesAhead(budget=1 << 20)
     ahead.arrived(o.add("A", batch(1, [1_000], "A"), Position.parse("1"), now=0), None)  # no schema yet
     assert ahead.held == 0
     [closed] = o.close(until=MINUTE)
     window, _ = seal(closed)
-    made = ahead.table(window.rows, SCHEMA)  # the piece is parsed here, on its own
-    assert made is not None and made.to_pylist() == [{"seq": "1", "tag": "A", "n": 1_000}]
+    assert ahead.table(window.rows, SCHEMA) is None
     from mldserver.base.handoff import JsonLines
 
     assert ahead.table(JsonLines.of([b'{"seq":"1"}']), SCHEMA) is None
+
+
+def test_rows_no_window_took_are_let_go_a_commit_after_they_arrived_and_late_rows_wait_for_theirs():
+    o, ahead = ordering(), TablesAhead(budget=1 << 20)
+    feed(o, ahead, "A", batch(1, [1_000, 61_000, 121_000], "A"))
+    [w1] = [seal(closed)[0] for closed in o.close(until=MINUTE)]
+    ahead.committed(w1)
+    [w2] = [seal(closed)[0] for closed in o.close(until=2 * MINUTE)]
+    feed(o, ahead, "B", batch(1, [30_000], "B"))  # late, and older than w2: it arrives while w2 commits
+    ahead.committed(w2)
+    [w3] = [seal(closed)[0] for closed in o.close(until=3 * MINUTE)]
+    made = ahead.table(w3.rows, SCHEMA)  # B's late row still made ahead, for the window it goes with
+    assert w3.late_rows == 1 and made is not None and [r["n"] for r in made.to_pylist()] == [30_000, 121_000]
+    lost = batch(50, [40_000], "lost").tagged()
+    ahead.arrived([lost], SCHEMA)  # rows no window will take (say, of a lease lost)
+    ahead.committed(w3)
+    assert ahead.held == lost.nbytes()
+    ahead.committed(Window(180_000, 240_000))  # a further commit since it arrived: let go
+    assert ahead.held == 0
