@@ -8,10 +8,12 @@ from the first window), each batch's rows are parsed when the coordinator keeps 
 commit the window's table is those tables cut and put in merged order (``table``:
 slices and one ``take``, no parse)::
 
-    ahead = TablesAhead(budget=64 << 20)
+    ahead = TablesAhead.of(settings)          # a quarter of max_buffered_bytes (none for sessions)
     ahead.arrived(pieces, schema)             # on the loop, as a batch's rows are kept
-    table = ahead.table(window.rows, schema)  # in the sink's thread: the window's table, or None
+    table, rejected = ahead.rows_to_table(window.rows, schema)   # in the sink's thread
     ahead.committed(window)                   # its tables let go
+
+(``table(rows, schema)``: the table made ahead alone, or None.)
 
 ``table`` gives None, and the window's rows are parsed at commit the usual way (whole,
 small runs gathered first), wherever a part of it was not made ahead: lines not cut from
@@ -36,7 +38,7 @@ from typing import Any, Sequence
 
 import pyarrow as pa
 
-from .schema import parse
+from .schema import parse, rows_to_table
 
 
 @dataclass(slots=True)
@@ -60,6 +62,19 @@ class TablesAhead:
         self._parser: concurrent.futures.ThreadPoolExecutor | None = None
         self.made = 0  # windows whose table ``table`` made (not left to the usual parse)
         self.commits = 0
+
+    @classmethod
+    def of(cls, settings: Any) -> TablesAhead:
+        """A sink's (``base.config.Settings``): a quarter of the rows' cap, some two
+        windows' worth at the defaults; nothing for sessions, whose rows each gain their
+        session's bounds at the close."""
+        return cls(settings.max_buffered_bytes // 4 if settings.session_gap is None else 0)
+
+    def rows_to_table(self, rows: Any, schema: pa.Schema | None) -> tuple[pa.Table, list[tuple[int, str]]]:
+        """``schema.rows_to_table``'s answer, from the tables made ahead where they are all
+        there (nothing rejected), else by parsing the rows."""
+        table = self.table(rows, schema) if schema is not None else None
+        return (table, []) if table is not None else rows_to_table(rows, schema)
 
     def arrived(self, pieces: Sequence[Any], schema: pa.Schema | None) -> None:
         """Rows the coordinator keeps (``rows.RowBatch`` pieces, tagged): parsed with

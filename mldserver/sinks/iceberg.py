@@ -181,10 +181,7 @@ def window_table(window: Window, schema: pa.Schema | None,
     column), the index in ``window.rows`` of each table row, and the rows that do not
     fit ``schema`` with the reason (None: inferred from the rows). ``ahead``: the rows'
     tables made as they arrived, where it has them."""
-    table = ahead.table(window.rows, schema) if ahead is not None and schema is not None else None
-    rejected: list[tuple[int, str]] = []
-    if table is None:
-        table, rejected = rows_to_table(window.rows, schema)
+    table, rejected = (ahead.rows_to_table if ahead is not None else rows_to_table)(window.rows, schema)
     if rejected:
         out = {i for i, _ in rejected}
         indices = [i for i in range(len(window.rows)) if i not in out]
@@ -268,8 +265,7 @@ class IcebergSink:
         self._maintaining: asyncio.Future | None = None
         # the window being committed, parsed with this schema: its Arrow rows, their indices
         self._prepared: tuple[str, pa.Schema | None, pa.Table, list[int]] | None = None
-        # rows into Arrow as they arrive (not for sessions: each row gains its session's bounds)
-        self.ahead = TablesAhead(settings.max_buffered_bytes // 4 if settings.session_gap is None else 0)
+        self.ahead = TablesAhead.of(settings)  # rows into Arrow as they arrive, once the schema is known
 
     # -- the Sink protocol -------------------------------------------------------------
 

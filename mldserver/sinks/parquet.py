@@ -5,8 +5,8 @@ committed exactly once.
 Here, on the server's side, a window's rows (JSON lines, in merged order) become an
 Arrow table (``ahead.py``: each batch's rows parsed as they arrive, once the schema is
 known, and put in merged order at the close; else ``schema.py``, pyarrow's JSON reader
-on the window's buffer as it is, in a thread) written to ``<state-dir>/spark/windows/<id>.parquet`` (plain: no compression,
-no dictionaries, as it is read once; Spark's own reader takes a 100,000-row window in
+on the window's buffer as it is, in a thread) written to
+``<state-dir>/spark/windows/<id>.parquet`` (plain: no compression, no dictionaries, as it is read once; Spark's own reader takes a 100,000-row window in
 less time than ``createDataFrame`` of the same Arrow table); the Spark process reads
 that file into a DataFrame, runs the pipeline, publishes ``DIR/window=<id>/`` and
 appends ``DIR/_commits/<id>.json`` (``spark/commitlog.py``)::
@@ -47,7 +47,7 @@ from ..base.durable import empty_dir
 from ..base.logs import get_logger
 from ..spark.commitlog import CommitLog
 from .ahead import TablesAhead
-from .schema import declared, load, rows_to_table, save
+from .schema import declared, load, save
 from ..spark.frames import CommitRequest, window_frame
 from ..spark.process import SparkProcess
 
@@ -64,10 +64,7 @@ class SparkSink:
         self.schema_path = directory / "_schema.arrow"
         self.schema = declared(settings.schema)  # a ConfigError before the server binds
         self.rows_out = 0
-        # each batch's rows parsed into Arrow as they arrive, once the schema is known
-        # (a quarter of the rows' cap: some two windows' worth, at the defaults)
-        # (none for sessions: each row gains its session's bounds at the close)
-        self.ahead = TablesAhead(settings.max_buffered_bytes // 4 if settings.session_gap is None else 0)
+        self.ahead = TablesAhead.of(settings)  # each batch's rows into Arrow as they arrive, once the schema is known
         self._next: Window | None = None  # prepare's window: its file is begun once the one in front is handed over
         self._with_spark = False  # a window's file is written and Spark commits it: the next file may begin
         self._inputs: dict[str, asyncio.Future[list[tuple[bytes, str]]]] = {}  # window id -> its file being written
@@ -135,10 +132,7 @@ class SparkSink:
         return self.inputs / f"{window.id}.parquet"
 
     def _write_input(self, window: Window, path: Path) -> list[tuple[bytes, str]]:
-        table = self.ahead.table(window.rows, self.schema) if self.schema is not None else None
-        rejected: list[tuple[int, str]] = []
-        if table is None:
-            table, rejected = rows_to_table(window.rows, self.schema)
+        table, rejected = self.ahead.rows_to_table(window.rows, self.schema)
         if self.schema is None:
             self.schema = table.schema
             save(table.schema, self.schema_path)
