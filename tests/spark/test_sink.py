@@ -393,3 +393,48 @@ async def test_rows_parsed_as_they_arrive_are_committed_once_and_a_row_that_does
                                                 {"shard_id": "s0", "n": 100_000}]
     [letter] = [orjson.loads(line) for line in (tmp_path / "dead-letters" / "rows.jsonl").read_bytes().splitlines()]
     assert orjson.loads(letter["row"]) == {"shard_id": "s0", "n": "odd"} and letter["window"] == window2.id
+
+
+async def test_a_big_window_is_read_by_every_core_spark_has_and_committed_in_merged_order(tmp_path):
+    """A window of 10 MB of rows is written for Spark cut into one row group per task
+    it runs at once (``spark/inputs.py``: none under 4 MiB, so two here at most): an
+    identity pipeline writes a file per group, and the window read back in the files'
+    order is the merged order, every row once."""
+    import pyarrow.dataset as ds
+
+    from mldserver.base.config import Settings
+    from mldserver.base.deadletters import DeadLetters
+    from mldserver.base.positions import Position
+    from mldserver.coordinator.merge import seal
+    from mldserver.coordinator.ordering import Ordering
+    from mldserver.rows.batch import Item, RowBatch
+    from mldserver.sinks.parquet import SparkSink
+    from mldserver.spark.process import SparkProcess
+
+    out = tmp_path / "out"
+    settings = Settings(handler="x:y", state_dir=str(tmp_path / "state"), schema={"shard": "string", "t": "int64",
+                                                                                  "text": "string"})
+    spark = SparkProcess(settings, sink_dir=out)
+    sink = SparkSink(settings, spark, out, DeadLetters(tmp_path / "dead-letters"))
+    ordering = Ordering(window_ms=60_000, blocks=lambda s, now: False, parents_of=lambda s: ())
+    text = "x" * 500
+    expected = []
+    await spark.start()
+    try:
+        await sink.start()
+        for shard, offset in (("s0", 0), ("s1", 1)):
+            times = list(range(offset, 40_000, 2))  # the two shards' rows interleave in event time
+            rows = RowBatch.of(Item(t, Position(i + 1, 0, str(i + 1)),
+                                    orjson.dumps({"shard": shard, "t": t, "text": text})) for i, t in enumerate(times))
+            sink.arrived(ordering.add(shard, rows, rows.position(-1), now=0))
+            expected += [(t, shard) for t in times]
+        [first] = ordering.close(until=60_000)
+        window, _ = seal(first)
+        await asyncio.wait_for(sink.commit(window), 120)
+    finally:
+        await spark.stop()
+    assert spark.parallelism == spark.info["parallelism"] >= 1
+    parts = sorted((out / f"window={window.id}").glob("*.parquet"))
+    assert len(parts) == min(spark.parallelism, 2)
+    table = ds.dataset(parts, format="parquet").to_table(columns=["shard", "t"])
+    assert list(zip(table.column("t").to_pylist(), table.column("shard").to_pylist())) == sorted(expected)
