@@ -108,7 +108,6 @@ from ..base.secrets import redacted, scrub
 from .ahead import TablesAhead
 from .schema import declared, rows_to_table
 from ..spark.frames import WriteRequest
-from ..spark.inputs import write_input
 
 if TYPE_CHECKING:
     from .maintenance import Report
@@ -528,8 +527,7 @@ class IcebergSink:
     async def _spark_files(self, window: Window, attempt: Attempt) -> list[str]:
         assert self.spark is not None
         path = self.inputs / f"{window.id}.parquet"
-        await asyncio.to_thread(write_input, self._rows(attempt).drop_columns([WINDOW_COLUMN]), path,
-                                self.spark.parallelism)
+        await asyncio.to_thread(_write_parquet, self._rows(attempt).drop_columns([WINDOW_COLUMN]), path)
         if attempt.base is not None:
             base: str | None = attempt.base.location()
         else:  # a REST catalog places the table when it makes it: the files wait here until then (_finish)
@@ -735,6 +733,13 @@ def _iceberg_types(schema: pa.Schema) -> pa.Schema:
             t = pa.timestamp("us", t.tz)
         fields.append(pa.field(f.name, t, True))
     return pa.schema(fields)
+
+
+def _write_parquet(table: pa.Table, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f"_{path.name}")
+    pq.write_table(table, tmp, compression="none")
+    tmp.replace(path)
 
 
 def _local(location: str) -> bool:

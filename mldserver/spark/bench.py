@@ -4,8 +4,7 @@ against, here because only ``mldserver/spark/`` imports pyspark::
     table, _ = rows_to_table(JsonLines.of(rows), None)       # sinks/schema.py
     rows_per_s, file_ms, job_ms = bare_handoff(Path("/tmp/bare"), table, windows=8)
 
-A window's rows, already an Arrow table, are written to a parquet file (as the sinks
-write it, ``inputs.py``), read by Spark
+A window's rows, already an Arrow table, are written to a parquet file, read by Spark
 with an explicit schema and written out as parquet (the identity pipeline's work),
 one window after another, in an embedded Spark session of the calling process. The
 median time of each step a window (its file, Spark's job) is part of the floor the
@@ -24,10 +23,10 @@ from typing import Any
 def bare_handoff(work: Path, table: Any, windows: int) -> tuple[float, float, float]:
     """rows/s for pyarrow table -> parquet file -> Spark read -> parquet output, and the
     median milliseconds a window spends on its file and on Spark's job."""
+    import pyarrow.parquet as pq
     from pyspark.sql.pandas.types import from_arrow_schema
 
     from . import session
-    from .inputs import write_input
 
     work.mkdir(parents=True, exist_ok=True)
     spark = session.build({"work_dir": str(work)})
@@ -39,7 +38,7 @@ def bare_handoff(work: Path, table: Any, windows: int) -> tuple[float, float, fl
         for w in range(windows):
             path = work / f"in-{w}.parquet"
             begun = time.perf_counter()
-            write_input(table, path, spark.sparkContext.defaultParallelism)  # as the sink writes it
+            pq.write_table(table, path, compression="none", use_dictionary=False)  # as the sink writes it
             written = time.perf_counter()
             spark.read.schema(spark_schema).parquet(str(path)).write.parquet(str(work / f"out-{w}"))
             files.append(written - begun)

@@ -9,7 +9,7 @@ The first frame (``frames.StartRequest``) configures it; the reply says it is re
     {"op": "start", "id": 1, "master": "local[*]", "remote": null, "conf": {},
      "work_dir": ".../state/spark", "sink_dir": ".../output", "format": "parquet",
      "pipeline": "handlers.orders:per_customer", "sys_path": [...]}
-    -> {"id": 1, "ok": true, "spark_version": "4.3.0", "classic": true, "parallelism": 2}
+    -> {"id": 1, "ok": true, "spark_version": "4.3.0", "classic": true}
 
 Then:
 
@@ -82,9 +82,7 @@ class SparkChild:
         self.cursors: dict[int, Any] = {}
 
     def ready(self) -> dict[str, Any]:
-        # parallelism: the tasks that read a window's file at once, where Spark reads the file itself
-        parallelism = self.spark.sparkContext.defaultParallelism if self.local else None
-        return {"spark_version": self.spark.version, "classic": self.classic, "parallelism": parallelism}
+        return {"spark_version": self.spark.version, "classic": self.classic}
 
     def executors(self) -> list[str] | None:
         """The cluster's live executors' ids (the driver left out), or None where Spark

@@ -95,13 +95,6 @@ class SparkProcess:
             return "up"
         return "restarting" if self.task is not None else "starting"
 
-    @property
-    def parallelism(self) -> int:
-        """The tasks Spark runs at once on a window's input file read where it was written
-        (a local master's ``defaultParallelism``); 1 until it has started, or where Spark
-        reads it elsewhere (Spark Connect, a cluster)."""
-        return int(self.info.get("parallelism") or 1)
-
     async def start(self) -> None:
         """Start the Spark process and wait for its session; a failure here is raised."""
         await self._spawn()
