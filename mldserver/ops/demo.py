@@ -123,9 +123,11 @@ def cause(error: str, limit: int = 400) -> str:
     return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
-async def _feed(server: Server, daemon: FakeDaemon, shards: int, records: int, sent: list[int]) -> list:
+async def _feed(server: Server, daemon: FakeDaemon, shards: int, records: int, sent: list[int],
+                fed: list[float]) -> list:
     """Every shard's orders through the relays, the split midway; the live shards once
-    every window is committed (or 120 s have passed)."""
+    every window is committed (or 120 s have passed). ``fed`` gets the time
+    (``time.perf_counter``) the last order was in."""
     coordinator = server.coordinator
     assert coordinator is not None
     now = int(time.time() * 1000)
@@ -151,6 +153,7 @@ async def _feed(server: Server, daemon: FakeDaemon, shards: int, records: int, s
             for i, c in enumerate(children)
         )
     )
+    fed.append(time.perf_counter())
     deadline = time.monotonic() + 120
     while coordinator.status().buffered_rows and time.monotonic() < deadline:  # every window closed and committed
         await asyncio.sleep(0.2)
@@ -203,7 +206,8 @@ async def run(shards: int, records: int, directory: Path, admin: str = "off") ->
     daemon = FakeDaemon(relay_command(host, port), timeout=120.0)  # a failing sink is _sink_watch's to tell
     progress = asyncio.create_task(_progress(server, sent, started))
     watch = asyncio.create_task(_sink_watch(server, log_path))
-    feed = asyncio.create_task(_feed(server, daemon, shards, records, sent))
+    fed: list[float] = []
+    feed = asyncio.create_task(_feed(server, daemon, shards, records, sent, fed))
     stopped: str | None = None
     try:
         await asyncio.wait([feed, watch], return_when=asyncio.FIRST_COMPLETED)
@@ -254,6 +258,9 @@ async def run(shards: int, records: int, directory: Path, admin: str = "off") ->
     if elapsed > 0 and stopped is None:
         print(f"  throughput          {coordinator.committer.rows_committed / elapsed:,.0f} records/s end to end "
               f"({elapsed:.1f} s, relay to committed Spark output)")
+        if fed:  # the stream goes quiet: its last window closes at the idle timeout, not by a later record
+            print(f"                      every order in at {fed[0] - started:.1f} s; the last window then waits "
+                  f"for the {settings.idle_timeout:g} s idle_timeout (no later order closes it)")
         stored = sum(1 for v in daemon.checkpoints.values() if v != SHARD_END)
         print(f"  checkpoints         {stored} shards at their last committed record, 1 at SHARD_END")
     buffered = coordinator.status().buffered_rows
