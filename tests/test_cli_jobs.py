@@ -33,6 +33,9 @@ def test_demo_processes_every_record_and_ends_the_split_parent(tmp_path):
     # its children's over the rest, is 875 orders a minute, then 1,250 (rounding aside).
     assert re.search(r"late rows +0$", out.stdout, re.M), out.stdout
     assert re.search(r"dead letters +0$", out.stdout, re.M), out.stdout
+    # the stream goes quiet: its last window closes at the idle timeout, and the summary says so
+    assert re.search(r"every order in at [\d.]+ s; the last window then waits for the 10 s idle_timeout",
+                     out.stdout), out.stdout
     [stopped] = [json.loads(line) for line in (tmp_path / "d" / "server.log").read_text().splitlines()
                  if '"coordinator_stopped"' in line]
     assert (stopped["late"], stopped["clamped"]) == (0, 0), stopped
