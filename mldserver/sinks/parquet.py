@@ -6,10 +6,11 @@ Here, on the server's side, a window's rows (JSON lines, in merged order) become
 Arrow table (``ahead.py``: each batch's rows parsed as they arrive, once the schema is
 known, and put in merged order at the close; else ``schema.py``, pyarrow's JSON reader
 on the window's buffer as it is, in a thread) written to
-``<state-dir>/spark/windows/<id>.parquet`` (plain: no compression, no dictionaries, as it is read once; Spark's own reader takes a 100,000-row window in
-less time than ``createDataFrame`` of the same Arrow table); the Spark process reads
-that file into a DataFrame, runs the pipeline, publishes ``DIR/window=<id>/`` and
-appends ``DIR/_commits/<id>.json`` (``spark/commitlog.py``)::
+``<state-dir>/spark/windows/<id>.parquet`` (plain: no compression, no dictionaries, as
+it is read once; Spark's own reader takes a 100,000-row window in less time than
+``createDataFrame`` of the same Arrow table); the Spark process reads that file into a
+DataFrame, runs the pipeline, publishes ``DIR/window=<id>/`` and appends
+``DIR/_commits/<id>.json`` (``spark/commitlog.py``)::
 
     DIR/window=1763719200000-1763719260000/part-00000-....parquet
     DIR/_commits/1763719200000-1763719260000.json
