@@ -77,7 +77,12 @@ _junk = st.one_of(
     _b64.map(lambda s: s.replace("/", "\\/")),  # written with an escape (json.dumps keeps it)
     st.sampled_from(["QR==", "QUJ=", "QUI=", "=", "==", "A===", "Zg", "Zg=", "Zg==", "Zm9v", ""]),
 )
-_data = st.one_of(_b64, _b64, _junk, st.none(), st.integers(), st.booleans(), st.just("absent"))
+# Long enough for the AVX2 steps (32 characters each, pool/_b64.c's quads32), whole or
+# with one character put anywhere: outside the alphabet, padding, or another of it.
+_long = st.binary(min_size=24, max_size=400).map(lambda b: base64.b64encode(b).decode())
+_one_put = st.tuples(_long, st.integers(0, 1 << 20), st.sampled_from(list("=-_.:@[`{~*,A/+0\x7f"))).map(
+    lambda t: t[0][: t[1] % len(t[0])] + t[2] + t[0][t[1] % len(t[0]) + 1 :])
+_data = st.one_of(_b64, _b64, _long, _one_put, _junk, st.none(), st.integers(), st.booleans(), st.just("absent"))
 
 
 @st.composite
