@@ -119,3 +119,29 @@ def test_the_native_decoding_gives_what_the_usual_one_gives(line):
     usual = [outcome(Record(raw)) for raw in lazy.objects()]  # Record.data on the same lazy objects
     records = frames.records_from(line, line=True)
     assert [outcome(r) for r in reversed(records)] == usual[::-1]  # the first read (the last record) decodes all
+
+
+def test_the_32_character_steps_refuse_what_the_four_character_loop_refuses():
+    """A seeded campaign on ``datas`` itself, the line's bytes as given (the property test
+    above writes its lines with ``json.dumps``, which escapes every byte past ASCII): long
+    plain base64 with one character put anywhere, raw UTF-8 among them, decodes exactly
+    where strict, canonical base64 does, and is left to the usual reading (None) elsewhere."""
+    import random
+
+    from mldserver.pool._b64 import datas
+
+    rng = random.Random(56)
+    put = [*"=-_.:@[`{~*, A/+0z\x7f\x01", "é", "ÿ", "€", "\U0001f600"]
+    for _ in range(3000):
+        text = base64.b64encode(rng.randbytes(rng.randrange(0, 700))).decode()
+        if text and rng.random() < 0.7:
+            at = rng.randrange(len(text))
+            text = text[:at] + rng.choice(put) + text[at + 1 :]
+        try:
+            strict = base64.b64decode(text, validate=True)
+        except ValueError:  # (binascii.Error; past ASCII, a ValueError of its own)
+            strict = None
+        if strict is not None and base64.b64encode(strict).decode() != text:
+            strict = None  # not canonical (its last bits, or a padding put where a character was)
+        line = b'{"records":[{"data":"' + text.encode() + b'"}]}'
+        assert datas(line) == [strict], text
