@@ -74,7 +74,7 @@ from ..timers import pending as timer_ops
 from ..timers import remote as timers_remote
 from ..timers.api import TimerError
 from .arena import ARENA_MIN, TRIM_PERIOD, Arena, ArenaView
-from .frames import BEAT, BEAT_AT, RUN, SKIPPED, STATE_SIZE, STOP, STOP_AT, WATCH_INTERVAL, CallFrame, StartFrame, encode, encode_head, encode_rows, read_frame_async, records_from, release
+from .frames import BEAT, BEAT_AT, BLOCKED, IDLE_INTERVAL, RUN, SKIPPED, STATE_SIZE, STOP, STOP_AT, WATCH_INTERVAL, CallFrame, StartFrame, encode, encode_head, encode_rows, read_frame_async, records_from, release
 
 log = get_logger("mldserver.handler")
 
@@ -92,9 +92,10 @@ class Running:
     def set(self, call_id: int) -> None:
         RUN.pack_into(self.map, 0, call_id)
 
-    def beat(self) -> None:
-        """The loop turned (the server places no new shard on a loop that stopped turning)."""
-        BEAT.pack_into(self.map, BEAT_AT, time.monotonic_ns())
+    def beat(self, period: float) -> None:
+        """The loop turned, and turns again within ``period`` seconds: the server places no
+        new shard on a loop that missed BLOCKED beats of it."""
+        BEAT.pack_into(self.map, BEAT_AT, time.monotonic_ns() + int(BLOCKED * period * 1e9))
 
     def interrupt(self, signum: int, frame: Any) -> None:
         """SIGUSR2: the call the server stops, if its code is the one executing."""
@@ -240,7 +241,10 @@ class HandlerChild:
         self.calls: dict[asyncio.Task[Any], int] = {}
         self.what: dict[int, dict[str, str]] = {}  # call id -> shard id and action, for the watchdog
         self.gates: dict[int, asyncio.Future[bool]] = {}  # held calls: does the server's ``go`` say call?
-        self.beat = time.monotonic()
+        self.beat = time.monotonic()  # when the loop last turned
+        self.period = WATCH_INTERVAL  # how often it beats now: IDLE_INTERVAL with nothing in flight
+        self.busy = asyncio.Event()  # a call or a fire came: the heartbeat's short period again
+        self.watch_wake = threading.Event()  # the same, for the watchdog's thread
 
     def send_done(self, done: dict[str, Any], rows: list[Any]) -> None:
         """A call's ``done`` frame; its rows body, when large, in the rows arena (the
@@ -285,12 +289,14 @@ class HandlerChild:
             self.what[message["id"]] = {"shard_id": message["info"][0], "action": message["action"]}
             self.tasks.add(task)
             task.add_done_callback(self._finished)
+            self._woken()
         elif op == "fire":
             task = asyncio.get_running_loop().create_task(self.fire(message))
             self.calls[task] = message["id"]
             self.what[message["id"]] = {"timers": len(message["timers"])}  # type: ignore[dict-item]
             self.tasks.add(task)
             task.add_done_callback(self._finished)
+            self._woken()
         elif op == "go":  # a held call: the server has read the batch's positions
             gate = self.gates.get(message["id"])
             if gate is not None and not gate.done():
@@ -410,24 +416,47 @@ class HandlerChild:
 
     # -- the loop's heartbeat, watched by a thread -----------------------------------
 
+    def _woken(self) -> None:
+        """A call or a fire arrived: if it is the only one in flight, the process was
+        idle, beating once a second; the short period starts now, not at the next beat."""
+        if len(self.what) == 1 and self.period != WATCH_INTERVAL:
+            self.beat, self.period = time.monotonic(), WATCH_INTERVAL
+            self.running.beat(WATCH_INTERVAL)
+            self.busy.set()
+            self.watch_wake.set()
+
     async def heartbeat(self) -> None:
-        """Beats while the loop runs; once a trim period, the rows arena's pages no row
-        has used since the last give back to the system (``Arena.trim``)."""
+        """Beats while the loop runs: every WATCH_INTERVAL while a call or a timer fire is
+        in flight, every IDLE_INTERVAL while none is (``_woken`` ends the long wait); once
+        a trim period, the rows arena's pages no row has used since the last give back to
+        the system (``Arena.trim``)."""
         trim_at = time.monotonic() + TRIM_PERIOD
         while True:
+            self.period = WATCH_INTERVAL if self.what else IDLE_INTERVAL
             now = self.beat = time.monotonic()
-            self.running.beat()
+            self.running.beat(self.period)
             if now >= trim_at and self.rows_arena is not None:
                 self.rows_arena.trim()
                 trim_at = now + TRIM_PERIOD
-            await asyncio.sleep(WATCH_INTERVAL)
+            if self.what:
+                await asyncio.sleep(WATCH_INTERVAL)
+                continue
+            self.busy.clear()
+            try:
+                await asyncio.wait_for(self.busy.wait(), IDLE_INTERVAL)
+            except asyncio.TimeoutError:
+                pass
 
     def watch(self, threshold: float, main: int) -> None:
+        """The watchdog's thread: logs ``handler_blocked`` once the loop has not turned
+        for ``threshold`` seconds past its beat's period (each period it looks again)."""
         warned = False
         while True:
-            time.sleep(WATCH_INTERVAL)
+            if self.watch_wake.wait(self.period):
+                self.watch_wake.clear()
+            period = self.period
             blocked = time.monotonic() - self.beat
-            if blocked < threshold:
+            if blocked < threshold + period - WATCH_INTERVAL:
                 warned = False
                 continue
             if warned:

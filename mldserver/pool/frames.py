@@ -125,13 +125,19 @@ __all__ = [
 # The state file a child shares with the server (shared memory, little-endian i64s): the
 # id of the call whose code is executing (RUN, written by the child around every step),
 # the id of a call the server stops (STOP, written by the server before its SIGUSR2), and
-# when the child's loop last turned (BEAT, time.monotonic_ns(), every WATCH_INTERVAL).
+# by when the child's loop turns again at the latest (BEAT, time.monotonic_ns(): its last
+# turn plus BLOCKED beats of its period; past it, its loop is blocked). The loop beats
+# every WATCH_INTERVAL while a call or a timer fire is in flight, every IDLE_INTERVAL
+# otherwise: an idle process wakes twice a second (its beat and its watchdog), not forty
+# times; a call's arrival brings the short period back at once.
 RUN = struct.Struct("<q")
 STOP = struct.Struct("<q")
 BEAT = struct.Struct("<q")
 STOP_AT, BEAT_AT = RUN.size, RUN.size + STOP.size
 STATE_SIZE = RUN.size + STOP.size + BEAT.size
 WATCH_INTERVAL = 0.05
+IDLE_INTERVAL = 1.0
+BLOCKED = 4  # beats missed: the loop is blocked
 
 ACTIONS = ("initialize", "process_records", "shutdown_requested", "shard_ended", "lease_lost")
 

@@ -9,7 +9,7 @@ reads it to place work and to log a death, a call's owner to wait for one::
     life.ready()                                 # it imported the handler: its age starts
     life.sent(12, ("shardId-000000000001", "process_records"))   # in_flight {12: (...)}, served 1
     life.running()                               # 12 while its handler code executes, else 0
-    life.blocked()                               # True once its loop missed BLOCKED beats
+    life.blocked()                               # True once its loop missed BLOCKED beats (frames.BEAT)
     life.kill_for(12, ("shardId-000000000001", "process_records"))   # its time-out kills it
     running = life.ended(-9, life.running())     # died: 12, the call its death is blamed on
     await life.died.wait()
@@ -28,9 +28,7 @@ import os
 import time
 from pathlib import Path
 
-from .frames import BEAT, BEAT_AT, RUN, STATE_SIZE, STOP, STOP_AT, WATCH_INTERVAL
-
-BLOCKED = 4  # heartbeats missed: its loop is blocked
+from .frames import BEAT, BEAT_AT, RUN, STATE_SIZE, STOP, STOP_AT
 
 
 class Liveness:
@@ -77,12 +75,15 @@ class Liveness:
         return RUN.unpack_from(self._map)[0] if self._map is not None else 0
 
     def blocked(self) -> bool:
-        """Its loop has not turned for BLOCKED beats: a call blocks it (``time.sleep``,
-        a long computation), and a call sent now would wait behind it."""
-        if self._map is None:
-            return False
-        beat = BEAT.unpack_from(self._map, BEAT_AT)[0]
-        return beat != 0 and time.monotonic_ns() - beat > BLOCKED * WATCH_INTERVAL * 1e9
+        """Its loop has missed BLOCKED beats of its period (the time it wrote is past): a
+        call blocks it (``time.sleep``, a long computation), and a call sent now would
+        wait behind it."""
+        due = self.beat_due()
+        return due != 0 and time.monotonic_ns() > due
+
+    def beat_due(self) -> int:
+        """By when (``time.monotonic_ns()``) its loop said it would turn again; 0: not yet."""
+        return BEAT.unpack_from(self._map, BEAT_AT)[0] if self._map is not None else 0
 
     def mark_stop(self, call_id: int) -> bool:
         """``call_id`` written as the one to stop (the process raises ExecutionTimeout

@@ -331,7 +331,7 @@ class HandlerProcess:
         return self.life.running()
 
     def blocked(self) -> bool:
-        """Its loop has not turned for a few beats (``liveness.BLOCKED``): a call blocks
+        """Its loop has not turned for a few beats (``frames.BLOCKED``): a call blocks
         it, and a call sent now would wait behind it."""
         return self.life.blocked()
 

@@ -1,12 +1,16 @@
 """``max_handler_memory``: a process over it is replaced between actions, its shards
 move with fresh instances and nothing is lost. ``handler_block_warning``: a handler
-that blocks its loop gets one log line with its stack, and is not killed."""
+that blocks its loop gets one log line with its stack, and is not killed. An idle
+process beats once a second, and a call brings its short beat back at once."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import logging
+import time
+
+from mldserver.pool.frames import BLOCKED, WATCH_INTERVAL
 
 from ..harness import eventually, running
 from .serving import T0, batch, dead_letters, drive, events, expected, pooled, seen
@@ -63,3 +67,26 @@ async def test_a_handler_blocking_its_loop_is_logged_once_with_its_stack_and_not
     assert blocked["blocked_ms"] >= 300
     assert blocked["in_flight"] == [{"shard_id": "shardId-000000000000", "action": "process_records"}]
     assert not events(caplog, "handler_failed") and not events(caplog, "handler_process_died")
+
+
+async def test_an_idle_process_beats_once_a_second_and_a_call_that_blocks_is_seen_within_short_beats(
+        tmp_path, monkeypatch):
+    monkeypatch.setenv("MLDSERVER_TEST_SLEEP", "2.0")
+    short = BLOCKED * WATCH_INTERVAL * 1e9  # nanoseconds: how far ahead a busy loop's beat is due
+
+    async with running(tmp_path, **pooled("Blocker", sink=False, workers=1)) as (server, _, daemon):
+        shard = await daemon.shard("shardId-000000000000")
+        [proc] = server.pool.processes
+        await eventually(lambda: proc.life.beat_due() - time.monotonic_ns() > short, timeout=10,
+                         what="an idle beat, due later than a busy one")
+        assert not proc.blocked()
+        # the batch blocks its loop 2 s: blocked from 0.2 s on (its beat short from the
+        # call's arrival), where the idle beat would have said nothing for up to 4 s
+        blocking = asyncio.ensure_future(shard.process_records(batch(0, 1, 1000, poison=True)))
+        await eventually(proc.blocked, timeout=1.8, what="the blocked loop seen within its short beats")
+        await blocking
+        assert not proc.blocked()  # it beat as it came back
+        await eventually(lambda: proc.life.beat_due() - time.monotonic_ns() > short, timeout=10,
+                         what="the idle beat again")
+        await shard.shard_ended()
+        assert await shard.close() == 0
