@@ -1,11 +1,13 @@
 """Shared fixtures: each test's event loops, ``serve`` (servers in subprocesses, the real
 CLI, stopped when the test ends: ``harness.ServerProcess``), DynamoDB Local and
-kinesis-local."""
+kinesis-local, ``sleepers`` (processes that stand for a daemon or a server)."""
 
 from __future__ import annotations
 
 import asyncio
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 # Every log event must be in the catalogue, mldserver/base/events.toml: checked in this process and in
@@ -71,6 +73,23 @@ def pytest_runtest_makereport(item, call):
     if report.failed:
         for server in ServerProcess.started:
             report.sections.append((f"server {' '.join(server.args[:2])} ({call.when})", server.tail()))
+
+
+@pytest.fixture
+def sleepers():
+    """Start processes that sleep 300 s (a daemon, a server, a pid in use), each killed
+    at the test's end: ``proc = sleepers()``."""
+    procs: list[subprocess.Popen] = []
+
+    def start() -> subprocess.Popen:
+        procs.append(subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"], start_new_session=True))
+        return procs[-1]
+
+    yield start
+    for proc in procs:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
 
 
 @pytest.fixture

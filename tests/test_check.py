@@ -320,3 +320,36 @@ def test_for_run_says_what_run_would_warn_of_the_daemon(tmp_path):
     assert done.returncode == 0 and done.stderr == "", done.stderr
     (line,) = [line for line in done.stdout.splitlines() if line.startswith("daemon ")]
     assert "the KCL jars in " in line and "; warning: without the JAXB API jar one malformed KPL aggregate" in line
+
+
+def _pidfile(state, daemon, server=None) -> None:
+    """``state``'s daemon.pid as a ``run`` writes it: ``daemon`` its daemon, ``server``
+    the run (None: one that is gone)."""
+    path = state / "daemon" / "daemon.pid"
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps({"pid": daemon.pid, "started": started(daemon.pid),
+                                "server_pid": server.pid if server else 0,
+                                "server_started": started(server.pid) if server else None}) + "\n")
+
+
+def test_check_for_run_refuses_a_state_dir_a_live_run_uses_with_runs_line(tmp_path, sleepers):
+    daemon, server = sleepers(), sleepers()
+    _pidfile(tmp_path / "state", daemon, server)
+    args = ["--properties", sample_properties(tmp_path), "--handler", SAMPLE_HANDLER, "--state-dir",
+            str(tmp_path / "state"), "--log-file", str(tmp_path / "server.log"), "--port", "0", "--admin", "off"]
+    checked = run("check", *args, "--for", "run")
+    verdict, said = started_or_refused(tmp_path, args)
+    assert verdict == "refused" and f"mldserver run (pid {server.pid}) still uses it" in said
+    assert (checked.returncode, checked.stderr) == (2, said)
+    assert daemon.poll() is None and server.poll() is None  # neither stops anything
+
+
+def test_check_for_run_names_a_daemon_an_earlier_run_left_and_stops_nothing(tmp_path, sleepers):
+    leftover = sleepers()
+    _pidfile(tmp_path / "state", leftover)
+    checked = run("check", "--properties", sample_properties(tmp_path), "--handler", SAMPLE_HANDLER,
+                  "--state-dir", str(tmp_path / "state"), "--for", "run")
+    assert checked.returncode in (0, 1), checked.stderr
+    [line] = [line for line in checked.stdout.splitlines() if line.startswith("daemon ")]
+    assert f"a daemon an earlier run of this state dir left runs (pid {leftover.pid}): run stops it" in line
+    assert leftover.poll() is None

@@ -20,26 +20,10 @@ from mldserver.ops.tether import Pidfile, alive, die_with, started, worker_id
 
 from .harness import eventually
 
-SLEEPER = [sys.executable, "-c", "import time; time.sleep(300)"]
 
 
 def wait_gone(pid: int, timeout: float) -> None:
     asyncio.run(eventually(lambda: started(pid) is None, timeout, what=f"pid {pid} gone", interval=0.05))
-
-
-@pytest.fixture
-def sleepers():
-    procs: list[subprocess.Popen] = []
-
-    def start() -> subprocess.Popen:
-        procs.append(subprocess.Popen(SLEEPER, start_new_session=True))
-        return procs[-1]
-
-    yield start
-    for proc in procs:
-        if proc.poll() is None:
-            proc.kill()
-        proc.wait()
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")

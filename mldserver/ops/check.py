@@ -169,7 +169,9 @@ def sources(given: Given) -> tuple[str, str] | None:
 
 def daemon(given: Given) -> tuple[str, str] | None:
     """``--for run``: the daemon built as ``run`` builds it (its file, Java, the jars),
-    not started; what it would log at start-up (no JAXB jar) said on the line."""
+    not started; what it would log at start-up (no JAXB jar) said on the line; the state
+    dir's ``daemon.pid`` read as run reads it: run's ConfigError when the ``run`` that
+    wrote it still runs, and a daemon an earlier run left (run stops it first) named."""
     if given.command != "run" or not given.properties:
         return None
     from .daemon import Daemon, jars
@@ -179,6 +181,10 @@ def daemon(given: Given) -> tuple[str, str] | None:
     quiet.addHandler(said)
     built = Daemon(given.settings, given.properties, log=EventLogger(quiet))
     warnings = [getattr(r, "fields", {}).get("what_to_do", r.getMessage()) for r in said.buffer]
+    left = built.pidfile.left()
+    if left is not None:
+        warnings.append(f"a daemon an earlier run of this state dir left runs (pid {left['pid']}): "
+                        f"run stops it (SIGKILL) before it listens, logged as daemon_leftover_stopped")
     return "daemon", f"{built.java}, the KCL jars in {jars()}" + "".join(f"; warning: {w}" for w in warnings)
 
 

@@ -9,6 +9,7 @@ stranger:
     # the server is SIGKILLed (an OOM kill): the kernel SIGKILLs the daemon at once
 
     pidfile = Pidfile(Path("state/daemon/daemon.pid"))
+    pidfile.left()            # what clear would find, nothing stopped (check --for run)
     pidfile.clear(log)        # a daemon an earlier run of this state dir left: SIGKILLed,
                               # logged as daemon_leftover_stopped; a live server still
                               # using the state dir: ConfigError
@@ -112,26 +113,32 @@ class Pidfile:
     def remove(self) -> None:
         self.path.unlink(missing_ok=True)
 
-    def clear(self, log: EventLogger) -> None:
-        """Stop the daemon an earlier run left, if it runs; refuse (ConfigError) when the
-        server that started it still runs: two servers on one state dir would share its
-        ledger and the daemon's worker identity."""
+    def left(self) -> dict | None:
+        """What ``clear`` finds, nothing stopped (``mldserver check --for run`` asks): the
+        file's fields when the daemon an earlier run left still runs, else None;
+        ConfigError when the server that started it still runs: two servers on one
+        state dir would share its ledger and the daemon's worker identity."""
         held = self.read()
         if held is None:
-            self.remove()
-            return
+            return None
         server = held.get("server_pid")
         if isinstance(server, int) and server != os.getpid() and alive(server, held.get("server_started")):
             raise ConfigError(f"--state-dir {self.path.parent.parent}: mldserver run (pid {server}) still uses it, "
                               f"with its daemon (pid {held['pid']}): stop it first, or give another --state-dir")
-        pid = held["pid"]
-        if alive(pid, held.get("started")):
+        return held if alive(held["pid"], held.get("started")) else None
+
+    def clear(self, log: EventLogger) -> None:
+        """Stop the daemon an earlier run left, if it runs, and drop the file; refuse
+        (``left``'s ConfigError) when the server that started it still runs."""
+        held = self.left()
+        if held is not None:
+            pid = held["pid"]
             os.kill(pid, signal.SIGKILL)
             deadline = time.monotonic() + STOP_WAIT_S
             while started(pid) is not None and time.monotonic() < deadline:
                 time.sleep(0.05)
-            log.warning("daemon_leftover_stopped", pid=pid, server_pid=server, gone=started(pid) is None,
-                        pidfile=str(self.path))
+            log.warning("daemon_leftover_stopped", pid=pid, server_pid=held.get("server_pid"),
+                        gone=started(pid) is None, pidfile=str(self.path))
         self.remove()
 
 
