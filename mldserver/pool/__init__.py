@@ -6,6 +6,7 @@
 - ``arena.py``: the shared memory a batch's line crosses in, and its rows come back in.
 - ``malloc.py``: large buffers reused while batches flow, given back when they stop.
 - ``child.py``: a handler process's main (``python -m mldserver.pool.child``).
+- ``heartbeat.py``: ``Heartbeat``, a handler process's loop beat (fast while calls run, slow idle) and its watchdog.
 - ``process.py``: the server's side of one handler process: its boundary (spawn, pipes, death).
 - ``channel.py``: ``Channel``, the shared memory one process's lines and rows cross in, and its loans.
 - ``liveness.py``: ``Liveness``, what is known of one process's life, and whom its death is blamed on.

@@ -38,7 +38,8 @@ that fails makes the call's ``done`` a failure. A ``fire`` frame runs due timers
 callbacks, each tracked as a call of its own, and is answered by one ``done``.
 
 A watchdog thread logs ``handler_blocked`` with the stack, once per episode, when the
-loop has not turned for ``handler_block_warning`` seconds. The process dies with the
+loop has not turned for ``handler_block_warning`` seconds (``heartbeat.py``: the loop
+beats every 50 ms while a call or a fire is in flight, once a second otherwise). The process dies with the
 server (PR_SET_PDEATHSIG) and ignores SIGINT (a Ctrl-C is the server's to handle).
 """
 
@@ -73,8 +74,9 @@ from ..timers import api as timers_api
 from ..timers import pending as timer_ops
 from ..timers import remote as timers_remote
 from ..timers.api import TimerError
-from .arena import ARENA_MIN, TRIM_PERIOD, Arena, ArenaView
-from .frames import BEAT, BEAT_AT, BLOCKED, IDLE_INTERVAL, RUN, SKIPPED, STATE_SIZE, STOP, STOP_AT, WATCH_INTERVAL, CallFrame, StartFrame, encode, encode_head, encode_rows, read_frame_async, records_from, release
+from .arena import ARENA_MIN, Arena, ArenaView
+from .heartbeat import Heartbeat
+from .frames import BEAT, BEAT_AT, BLOCKED, RUN, SKIPPED, STATE_SIZE, STOP, STOP_AT, CallFrame, StartFrame, encode, encode_head, encode_rows, read_frame_async, records_from, release
 
 log = get_logger("mldserver.handler")
 
@@ -241,10 +243,8 @@ class HandlerChild:
         self.calls: dict[asyncio.Task[Any], int] = {}
         self.what: dict[int, dict[str, str]] = {}  # call id -> shard id and action, for the watchdog
         self.gates: dict[int, asyncio.Future[bool]] = {}  # held calls: does the server's ``go`` say call?
-        self.beat = time.monotonic()  # when the loop last turned
-        self.period = WATCH_INTERVAL  # how often it beats now: IDLE_INTERVAL with nothing in flight
-        self.busy = asyncio.Event()  # a call or a fire came: the heartbeat's short period again
-        self.watch_wake = threading.Event()  # the same, for the watchdog's thread
+        self.heartbeat = Heartbeat(self.running.beat, self.what,
+                                   self.rows_arena.trim if self.rows_arena is not None else None)
 
     def send_done(self, done: dict[str, Any], rows: list[Any]) -> None:
         """A call's ``done`` frame; its rows body, when large, in the rows arena (the
@@ -289,14 +289,14 @@ class HandlerChild:
             self.what[message["id"]] = {"shard_id": message["info"][0], "action": message["action"]}
             self.tasks.add(task)
             task.add_done_callback(self._finished)
-            self._woken()
+            self.heartbeat.woken()
         elif op == "fire":
             task = asyncio.get_running_loop().create_task(self.fire(message))
             self.calls[task] = message["id"]
             self.what[message["id"]] = {"timers": len(message["timers"])}  # type: ignore[dict-item]
             self.tasks.add(task)
             task.add_done_callback(self._finished)
-            self._woken()
+            self.heartbeat.woken()
         elif op == "go":  # a held call: the server has read the batch's positions
             gate = self.gates.get(message["id"])
             if gate is not None and not gate.done():
@@ -414,61 +414,6 @@ class HandlerChild:
         await self.close_cursors(self.current_call())
         self.send(done)
 
-    # -- the loop's heartbeat, watched by a thread -----------------------------------
-
-    def _woken(self) -> None:
-        """A call or a fire arrived: if it is the only one in flight, the process was
-        idle, beating once a second; the short period starts now, not at the next beat."""
-        if len(self.what) == 1 and self.period != WATCH_INTERVAL:
-            self.beat, self.period = time.monotonic(), WATCH_INTERVAL
-            self.running.beat(WATCH_INTERVAL)
-            self.busy.set()
-            self.watch_wake.set()
-
-    async def heartbeat(self) -> None:
-        """Beats while the loop runs: every WATCH_INTERVAL while a call or a timer fire is
-        in flight, every IDLE_INTERVAL while none is (``_woken`` ends the long wait); once
-        a trim period, the rows arena's pages no row has used since the last give back to
-        the system (``Arena.trim``)."""
-        trim_at = time.monotonic() + TRIM_PERIOD
-        while True:
-            self.period = WATCH_INTERVAL if self.what else IDLE_INTERVAL
-            now = self.beat = time.monotonic()
-            self.running.beat(self.period)
-            if now >= trim_at and self.rows_arena is not None:
-                self.rows_arena.trim()
-                trim_at = now + TRIM_PERIOD
-            if self.what:
-                await asyncio.sleep(WATCH_INTERVAL)
-                continue
-            self.busy.clear()
-            try:
-                await asyncio.wait_for(self.busy.wait(), IDLE_INTERVAL)
-            except asyncio.TimeoutError:
-                pass
-
-    def watch(self, threshold: float, main: int) -> None:
-        """The watchdog's thread: logs ``handler_blocked`` once the loop has not turned
-        for ``threshold`` seconds past its beat's period (each period it looks again)."""
-        warned = False
-        while True:
-            if self.watch_wake.wait(self.period):
-                self.watch_wake.clear()
-            period = self.period
-            blocked = time.monotonic() - self.beat
-            if blocked < threshold + period - WATCH_INTERVAL:
-                warned = False
-                continue
-            if warned:
-                continue
-            warned = True
-            frame = sys._current_frames().get(main)
-            stack = "".join(traceback.format_stack(frame)) if frame is not None else ""
-            log.warning("handler_blocked", pid=os.getpid(), blocked_ms=round(blocked * 1000),
-                        in_flight=list(self.what.values()), stack=stack,
-                        what_to_do="a handler blocks its loop (and every shard of this process): "
-                                   "await asyncio.to_thread(...) for blocking work")
-
 
 async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
     first = await read_frame_async(reader)
@@ -496,9 +441,10 @@ async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> N
     faulthandler.enable(stack, all_threads=True)
     faulthandler.register(signal.SIGUSR1, stack, all_threads=True)
     signal.signal(signal.SIGUSR2, child.running.interrupt)
-    threading.Thread(target=child.watch, args=(float(s.get("handler_block_warning", 1.0)), threading.get_ident()),
+    threading.Thread(target=child.heartbeat.watch,
+                     args=(float(s.get("handler_block_warning", 1.0)), threading.get_ident(), log),
                      daemon=True, name="watchdog").start()
-    beat = asyncio.get_running_loop().create_task(child.heartbeat())
+    beat = asyncio.get_running_loop().create_task(child.heartbeat.run())
     child.send({"op": "ready", "pid": os.getpid(), "emits": child.emits})
     while True:
         frame = await read_frame_async(reader)
