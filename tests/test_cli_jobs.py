@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import signal
 import subprocess
 
 import pyarrow.dataset as ds
@@ -40,6 +41,33 @@ def test_demo_processes_every_record_and_ends_the_split_parent(tmp_path):
                  if '"coordinator_stopped"' in line]
     assert (stopped["late"], stopped["clamped"]) == (0, 0), stopped
     assert max(c["rows"] for c in commits) <= 1_260, sorted(c["rows"] for c in commits)
+
+
+def test_a_ctrl_c_stops_the_demo_in_order_with_its_summary_and_no_traceback(tmp_path):
+    """The first SIGINT (a Ctrl-C) stops the server as ``serve`` stops: one line saying
+    so, the summary of what was done, nothing dead-lettered, no traceback, exit 130."""
+    d = tmp_path / "d"
+    demo = subprocess.Popen([MLDSERVER, "demo", "--records", "200000", "--shards", "2", "--dir", str(d), "--admin",
+                             "off"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    lines = []
+    for line in demo.stdout:
+        lines.append(line)
+        progress = re.match(r" +[\d.]+ s +records in +([\d,]+) ", line)
+        if progress and progress[1] != "0" and not any(x.startswith("demo stopped") for x in lines):
+            demo.send_signal(signal.SIGINT)  # records are flowing
+    code, stderr = demo.wait(timeout=300), demo.stderr.read()
+    demo.stdout.close(), demo.stderr.close()
+    out = "".join(lines)
+    assert code == 130, out + stderr
+    assert "Traceback" not in out + stderr and stderr == "", out + stderr
+    [stopped] = [line for line in lines if line.startswith("demo stopped")]
+    assert stopped == "demo stopped: interrupted (Ctrl-C); a second one stops it at once\n"
+    summary = out[out.index("\nsummary\n"):]
+    assert re.search(r"^  records in +[1-9][\d,]* over 2 shards$", summary, re.M), summary
+    assert re.search(r"^  dead letters +0$", summary, re.M), summary
+    assert not list((d / "state" / "dead-letters").glob("*.jsonl"))
+    events = [json.loads(line)["event"] for line in (d / "server.log").read_text().splitlines()]
+    assert "stopped" in events and "task_crashed" not in events
 
 
 def test_a_sink_that_keeps_failing_stops_the_demo_with_one_line_naming_the_cause(tmp_path):

@@ -25,6 +25,11 @@ line naming the cause and the log to read, and exit status 1::
     demo stopped: the sink cannot commit window 1795814160000-1795814220000 (3 attempts): SparkError:
     Py4JJavaError: An error occurred while calling o62.save. <- org.apache.hadoop.fs.ParentNotDirectoryException:
     Parent path is not a directory: file:/.../output/_staging; see mldserver-demo/server.log (sink_commit_failed)
+
+A Ctrl-C (SIGINT) or a SIGTERM stops it the same way, in order (exit status 130 for
+a Ctrl-C); a second one is Python's own (it stops at once)::
+
+    demo stopped: interrupted (Ctrl-C); a second one stops it at once
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ import asyncio
 import contextlib
 import os
 import shutil
+import signal
 import sys
 import time
 from pathlib import Path
@@ -160,6 +166,22 @@ async def _feed(server: Server, daemon: FakeDaemon, shards: int, records: int, s
     return conversations[1:] + list(children)
 
 
+async def _interrupted() -> str:
+    """Returns at the first Ctrl-C (SIGINT) or SIGTERM, saying which; the next one is
+    the default again (a second Ctrl-C stops the demo at once, as in ``serve``)."""
+    loop = asyncio.get_running_loop()
+    got: asyncio.Future[int] = loop.create_future()
+    signals = (signal.SIGINT, signal.SIGTERM)
+    for sig in signals:
+        loop.add_signal_handler(sig, lambda sig=sig: got.done() or got.set_result(sig))
+    try:
+        sig = await got
+    finally:
+        for s in signals:
+            loop.remove_signal_handler(s)
+    return "interrupted (Ctrl-C)" if sig == signal.SIGINT else "stopped by SIGTERM"
+
+
 def dead_letters(state: Path) -> tuple[int, int]:
     """(entries, files) in the state dir's dead letters: one JSON line each."""
     files = sorted((state / "dead-letters").glob("*.jsonl"))
@@ -208,10 +230,15 @@ async def run(shards: int, records: int, directory: Path, admin: str = "off") ->
     watch = asyncio.create_task(_sink_watch(server, log_path))
     fed: list[float] = []
     feed = asyncio.create_task(_feed(server, daemon, shards, records, sent, fed))
+    interrupt = asyncio.create_task(_interrupted())
     stopped: str | None = None
+    code = 1  # the exit status when it stops early: 130 for a Ctrl-C, as a shell says it
     try:
-        await asyncio.wait([feed, watch], return_when=asyncio.FIRST_COMPLETED)
-        if watch.done():
+        await asyncio.wait([feed, watch, interrupt], return_when=asyncio.FIRST_COMPLETED)
+        if interrupt.done():
+            stopped = f"{interrupt.result()}; a second one stops it at once"
+            code = 130
+        elif watch.done():
             stopped = str(watch.exception())
         elif feed.exception() is not None:
             exc = feed.exception()
@@ -221,9 +248,9 @@ async def run(shards: int, records: int, directory: Path, admin: str = "off") ->
             if failing is not None:  # the daemon's wait ran out behind a failing commit
                 stopped = _sink_failing(failing, log_path)
     finally:
-        for task in (progress, watch, feed):
+        for task in (progress, watch, feed, interrupt):
             task.cancel()
-        await asyncio.gather(progress, watch, feed, return_exceptions=True)
+        await asyncio.gather(progress, watch, feed, interrupt, return_exceptions=True)
     elapsed = time.perf_counter() - started
     if stopped is None:
         live = feed.result()
@@ -271,7 +298,7 @@ async def run(shards: int, records: int, directory: Path, admin: str = "off") ->
     print(f"  server stderr       {directory / 'stderr.log'}")
     print(f"  Spark log           {state / 'spark' / 'spark.log'}")
     if stopped is not None or buffered:
-        raise SystemExit(1)
+        raise SystemExit(code)
 
 
 def main(args) -> None:
