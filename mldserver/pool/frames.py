@@ -127,9 +127,8 @@ __all__ = [
 # the id of a call the server stops (STOP, written by the server before its SIGUSR2), and
 # by when the child's loop turns again at the latest (BEAT, time.monotonic_ns(): its last
 # turn plus BLOCKED beats of its period; past it, its loop is blocked). The loop beats
-# every WATCH_INTERVAL while a call or a timer fire is in flight, every IDLE_INTERVAL
-# otherwise: an idle process wakes twice a second (its beat and its watchdog), not forty
-# times; a call's arrival brings the short period back at once.
+# every WATCH_INTERVAL while a call or a timer fire is in flight (and IDLE_INTERVAL
+# after), every IDLE_INTERVAL once none has been: ``heartbeat.py``.
 RUN = struct.Struct("<q")
 STOP = struct.Struct("<q")
 BEAT = struct.Struct("<q")
