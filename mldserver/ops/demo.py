@@ -26,8 +26,8 @@ line naming the cause and the log to read, and exit status 1::
     Py4JJavaError: An error occurred while calling o62.save. <- org.apache.hadoop.fs.ParentNotDirectoryException:
     Parent path is not a directory: file:/.../output/_staging; see mldserver-demo/server.log (sink_commit_failed)
 
-A Ctrl-C (SIGINT) or a SIGTERM stops it the same way, in order (exit status 130 for
-a Ctrl-C); a second one is Python's own (it stops at once)::
+A Ctrl-C (SIGINT) or a SIGTERM stops it the same way, in order (exit status 130 or
+143, as a shell says it); a second one is Python's own (it stops at once)::
 
     demo stopped: interrupted (Ctrl-C); a second one stops it at once
 """
@@ -166,9 +166,10 @@ async def _feed(server: Server, daemon: FakeDaemon, shards: int, records: int, s
     return conversations[1:] + list(children)
 
 
-async def _interrupted() -> str:
-    """Returns at the first Ctrl-C (SIGINT) or SIGTERM, saying which; the next one is
-    the default again (a second Ctrl-C stops the demo at once, as in ``serve``)."""
+async def _interrupted() -> tuple[str, int]:
+    """Returns at the first Ctrl-C (SIGINT) or SIGTERM, saying which, and the exit
+    status a shell gives a process it ended (128 + the signal: 130, 143); the next one
+    is the default again (a second Ctrl-C stops the demo at once, as in ``serve``)."""
     loop = asyncio.get_running_loop()
     got: asyncio.Future[int] = loop.create_future()
     signals = (signal.SIGINT, signal.SIGTERM)
@@ -179,7 +180,7 @@ async def _interrupted() -> str:
     finally:
         for s in signals:
             loop.remove_signal_handler(s)
-    return "interrupted (Ctrl-C)" if sig == signal.SIGINT else "stopped by SIGTERM"
+    return ("interrupted (Ctrl-C)" if sig == signal.SIGINT else "stopped by SIGTERM"), 128 + sig
 
 
 def dead_letters(state: Path) -> tuple[int, int]:
@@ -232,12 +233,12 @@ async def run(shards: int, records: int, directory: Path, admin: str = "off") ->
     feed = asyncio.create_task(_feed(server, daemon, shards, records, sent, fed))
     interrupt = asyncio.create_task(_interrupted())
     stopped: str | None = None
-    code = 1  # the exit status when it stops early: 130 for a Ctrl-C, as a shell says it
+    code = 1  # the exit status when it stops early (a signal: _interrupted's)
     try:
         await asyncio.wait([feed, watch, interrupt], return_when=asyncio.FIRST_COMPLETED)
         if interrupt.done():
-            stopped = f"{interrupt.result()}; a second one stops it at once"
-            code = 130
+            said, code = interrupt.result()
+            stopped = f"{said}; a second one stops it at once"
         elif watch.done():
             stopped = str(watch.exception())
         elif feed.exception() is not None:

@@ -39,8 +39,9 @@ callbacks, each tracked as a call of its own, and is answered by one ``done``.
 
 A watchdog thread logs ``handler_blocked`` with the stack, once per episode, when the
 loop has not turned for ``handler_block_warning`` seconds (``heartbeat.py``: the loop
-beats every 50 ms while a call or a fire is in flight, once a second otherwise). The process dies with the
-server (PR_SET_PDEATHSIG) and ignores SIGINT (a Ctrl-C is the server's to handle).
+beats every 50 ms while a call or a fire is in flight and for a second after, once a
+second otherwise). The process dies with the server (PR_SET_PDEATHSIG) and ignores
+SIGINT (a Ctrl-C is the server's to handle).
 """
 
 from __future__ import annotations
