@@ -43,21 +43,31 @@ def test_demo_processes_every_record_and_ends_the_split_parent(tmp_path):
     assert max(c["rows"] for c in commits) <= 1_260, sorted(c["rows"] for c in commits)
 
 
+def _demo(d, records: int, on_line) -> tuple[int, list[str], str, str]:
+    """``mldserver demo`` over 2 shards into ``d``, ``on_line(demo, line, lines so far)``
+    called on each console line as it comes; its exit status, lines, output and stderr."""
+    demo = subprocess.Popen([MLDSERVER, "demo", "--records", str(records), "--shards", "2", "--dir", str(d),
+                             "--admin", "off"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    lines: list[str] = []
+    for line in demo.stdout:
+        lines.append(line)
+        on_line(demo, line, lines)
+    code, stderr = demo.wait(timeout=300), demo.stderr.read()
+    demo.stdout.close(), demo.stderr.close()
+    return code, lines, "".join(lines), stderr
+
+
 def test_a_ctrl_c_stops_the_demo_in_order_with_its_summary_and_no_traceback(tmp_path):
     """The first SIGINT (a Ctrl-C) stops the server as ``serve`` stops: one line saying
     so, the summary of what was done, nothing dead-lettered, no traceback, exit 130."""
     d = tmp_path / "d"
-    demo = subprocess.Popen([MLDSERVER, "demo", "--records", "200000", "--shards", "2", "--dir", str(d), "--admin",
-                             "off"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    lines = []
-    for line in demo.stdout:
-        lines.append(line)
+
+    def on_line(demo: subprocess.Popen, line: str, lines: list[str]) -> None:
         progress = re.match(r" +[\d.]+ s +records in +([\d,]+) ", line)
         if progress and progress[1] != "0" and not any(x.startswith("demo stopped") for x in lines):
             demo.send_signal(signal.SIGINT)  # records are flowing
-    code, stderr = demo.wait(timeout=300), demo.stderr.read()
-    demo.stdout.close(), demo.stderr.close()
-    out = "".join(lines)
+
+    code, lines, out, stderr = _demo(d, 200_000, on_line)
     assert code == 130, out + stderr
     assert "Traceback" not in out + stderr and stderr == "", out + stderr
     [stopped] = [line for line in lines if line.startswith("demo stopped")]
@@ -76,16 +86,12 @@ def test_a_sink_that_keeps_failing_stops_the_demo_with_one_line_naming_the_cause
     The console gets the demo's lines only: one naming the error and the log to read,
     then the summary; no traceback from either side, exit status 1."""
     d = tmp_path / "d"
-    demo = subprocess.Popen([MLDSERVER, "demo", "--records", "6000", "--shards", "2", "--dir", str(d), "--admin", "off"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    lines = []
-    for line in demo.stdout:
-        lines.append(line)
+
+    def on_line(demo: subprocess.Popen, line: str, lines: list[str]) -> None:
         if line.startswith("server listening on "):  # before any record is sent
             (d / "output" / "_staging").write_text("not a folder\n")
-    code, stderr = demo.wait(timeout=300), demo.stderr.read()
-    demo.stdout.close(), demo.stderr.close()
-    out = "".join(lines)
+
+    code, lines, out, stderr = _demo(d, 6000, on_line)
     assert code == 1, out + stderr
     assert "Traceback" not in out + stderr and stderr == "", out + stderr
     [stopped] = [line for line in lines if line.startswith("demo stopped")]
