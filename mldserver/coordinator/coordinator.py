@@ -67,6 +67,7 @@ from ..base.handoff import Sink, Window
 from ..base.intervals import to_json
 from ..base.logs import EventLogger, get_logger
 from ..base.positions import Position
+from . import merge
 from .committer import Committer, LastCommit, SinkFailing, ms
 from .ledger import Ledger
 from .lineage import Lineage, StreamShards
@@ -101,11 +102,13 @@ class CoordinatorStatus:
 class Coordinator:
     def __init__(self, settings: Settings, sink: Sink, *, clock: Callable[[], float] = wall_clock_ms,
                  log: EventLogger | None = None, metrics: Any = None, dead_letters: DeadLetters | None = None) -> None:
-        # The rows' columns (numpy) and the gather of a window whose shards interleave
-        # (pyarrow): loaded here, before the loop serves. Left to the first batch and the
-        # first such window, the imports (half a second) stalled the loop and that commit.
+        # The rows' columns (numpy) and, without ``_gather``, the gather of interleaved
+        # shards (pyarrow's 30 MiB, which the file sink never needs): loaded before the loop
+        # serves. Left to the first batch and window, the imports stalled the loop and it.
         import numpy  # noqa: F401
-        import pyarrow.compute  # noqa: F401
+
+        if merge.native_gather is None:
+            import pyarrow.compute  # noqa: F401
 
         self.settings = settings
         self.clock = clock

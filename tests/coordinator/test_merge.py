@@ -157,6 +157,31 @@ def test_gathering_a_window_of_interleaved_shards_never_loads_pandas():
     assert loaded_after(script, "pandas") == []
 
 
+def test_a_file_sink_server_never_loads_pyarrow_where_the_gather_is_native(tmp_path):
+    # pyarrow is some 30 MiB a server: the coordinator loads it only for the Python
+    # gather (``_taken_by_arrow``), and the file sink not at all.
+    out = tmp_path / "out"
+    script = ("from pathlib import Path\n"
+              "from mldserver.base.config import Settings\n"
+              "from mldserver.coordinator.coordinator import Coordinator\n"
+              "from mldserver.coordinator.merge import seal\n"
+              "from mldserver.coordinator.ordering import Ordering\n"
+              "from mldserver.base.positions import Position\n"
+              "from mldserver.rows.batch import Item, RowBatch\n"
+              "from mldserver.sinks.file import FileSink\n"
+              f"sink = FileSink(Path({str(out)!r}))\n"
+              f"Coordinator(Settings(state_dir={str(tmp_path / 'state')!r}), sink)\n"
+              "o = Ordering(window_ms=60_000, blocks=lambda s, now: False, parents_of=lambda s: ())\n"
+              "for shard_id in 'AB':\n"
+              "    rows = RowBatch.of(Item(1000 + i, Position.parse(str(i)), b'{}') for i in range(3))\n"
+              "    o.add(shard_id, rows, rows.position(-1), now=0)\n"
+              "[closed] = o.close(until=60_000)\n"
+              "window, _ = seal(closed)\n"
+              "sink._write(window)\n")
+    assert loaded_after(script, "pyarrow") == ([] if merge.native_gather is not None else ["pyarrow"])
+    assert [p.read_bytes() for p in out.glob("*.jsonl")] == [b"{}\n" * 6]
+
+
 def test_seal_says_where_each_row_came_from():
     ordering = Ordering(window_ms=MINUTE, blocks=lambda p, now: False, parents_of=lambda s: ())
     ordering.add("B", rows(100, [2_000]), Position.parse("100"), now=0)
