@@ -141,19 +141,22 @@ def test_chunks_for_a_file_past_the_page_cache_are_whole_disk_blocks_where_the_d
         assert len(addresses) == 1 and [spare.ctypes.data for spare in merge._aligned_spares] == list(addresses)
 
 
+# A fresh interpreter's script: a window of two shards' interleaved rows, sealed (``window``).
+INTERLEAVED_WINDOW = ("from mldserver.coordinator.merge import seal\n"
+                      "from mldserver.coordinator.ordering import Ordering\n"
+                      "from mldserver.base.positions import Position\n"
+                      "from mldserver.rows.batch import Item, RowBatch\n"
+                      "o = Ordering(window_ms=60_000, blocks=lambda s, now: False, parents_of=lambda s: ())\n"
+                      "for shard_id in 'AB':\n"
+                      "    rows = RowBatch.of(Item(1000 + i, Position.parse(str(i)), b'{}') for i in range(3))\n"
+                      "    o.add(shard_id, rows, rows.position(-1), now=0)\n"
+                      "[closed] = o.close(until=60_000)\n"
+                      "window, _ = seal(closed)\n")
+
+
 def test_gathering_a_window_of_interleaved_shards_never_loads_pandas():
     # pyarrow imports pandas when first handed a numpy array (0.2 s on the first commit, 30 MiB).
-    script = ("from mldserver.coordinator.merge import seal\n"
-              "from mldserver.coordinator.ordering import Ordering\n"
-              "from mldserver.base.positions import Position\n"
-              "from mldserver.rows.batch import Item, RowBatch\n"
-              "o = Ordering(window_ms=60_000, blocks=lambda s, now: False, parents_of=lambda s: ())\n"
-              "for shard_id in 'AB':\n"
-              "    rows = RowBatch.of(Item(1000 + i, Position.parse(str(i)), b'{}') for i in range(3))\n"
-              "    o.add(shard_id, rows, rows.position(-1), now=0)\n"
-              "[closed] = o.close(until=60_000)\n"
-              "window, _ = seal(closed)\n"
-              "assert bytes(window.rows.buffer()) == b'{}\\n' * 6\n")
+    script = INTERLEAVED_WINDOW + "assert bytes(window.rows.buffer()) == b'{}\\n' * 6\n"
     assert loaded_after(script, "pandas") == []
 
 
@@ -164,20 +167,10 @@ def test_a_file_sink_server_never_loads_pyarrow_where_the_gather_is_native(tmp_p
     script = ("from pathlib import Path\n"
               "from mldserver.base.config import Settings\n"
               "from mldserver.coordinator.coordinator import Coordinator\n"
-              "from mldserver.coordinator.merge import seal\n"
-              "from mldserver.coordinator.ordering import Ordering\n"
-              "from mldserver.base.positions import Position\n"
-              "from mldserver.rows.batch import Item, RowBatch\n"
               "from mldserver.sinks.file import FileSink\n"
               f"sink = FileSink(Path({str(out)!r}))\n"
               f"Coordinator(Settings(state_dir={str(tmp_path / 'state')!r}), sink)\n"
-              "o = Ordering(window_ms=60_000, blocks=lambda s, now: False, parents_of=lambda s: ())\n"
-              "for shard_id in 'AB':\n"
-              "    rows = RowBatch.of(Item(1000 + i, Position.parse(str(i)), b'{}') for i in range(3))\n"
-              "    o.add(shard_id, rows, rows.position(-1), now=0)\n"
-              "[closed] = o.close(until=60_000)\n"
-              "window, _ = seal(closed)\n"
-              "sink._write(window)\n")
+              + INTERLEAVED_WINDOW + "sink._write(window)\n")
     assert loaded_after(script, "pyarrow") == ([] if merge.native_gather is not None else ["pyarrow"])
     assert [p.read_bytes() for p in out.glob("*.jsonl")] == [b"{}\n" * 6]
 
