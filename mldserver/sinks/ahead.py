@@ -23,11 +23,13 @@ does not fit the schema: the usual parse finds it and dead-letters it). Sessions
 are never made ahead (each row gains its session's bounds): the sinks do not ask.
 
 The tables ahead are held beside the rows' JSON, so they are bounded: past ``budget``
-bytes of rows, a batch is not parsed ahead. A window's tables are let go once it
-commits; those of rows all before its start that no window took (rows dropped with a
-lost lease, late rows dropped by ``late_policy``) once a further window has committed
-since they arrived (late rows that arrive while a window commits go with the next one).
-A batch's rows in two windows (a hopping window's panes) are parsed again for the second.
+bytes of rows, a batch is not parsed ahead. A table is let go once its rows are in no
+window to come: all before the next window's start (the window's end; a hopping
+window's start plus its ``slide``, so a pane's rows are parsed once for all the windows
+that hold it). Those of a window that committed go at once; those of rows no window
+took (rows dropped with a lost lease, late rows dropped by ``late_policy``) once a
+further window has committed since they arrived (late rows that arrive while a window
+commits go with the next one).
 """
 
 from __future__ import annotations
@@ -55,8 +57,9 @@ class _Ahead:
 
 
 class TablesAhead:
-    def __init__(self, budget: int) -> None:
+    def __init__(self, budget: int, slide: int | None = None) -> None:
         self.budget = budget
+        self.slide = slide  # ms between two windows' starts (hopping windows); None: tumbling
         self.held = 0  # bytes of JSON rows parsed or being parsed ahead
         self._tables: dict[int, _Ahead] = {}  # by the piece's tag
         self._parser: concurrent.futures.ThreadPoolExecutor | None = None
@@ -68,7 +71,8 @@ class TablesAhead:
         """A sink's (``base.config.Settings``): a quarter of the rows' cap, some two
         windows' worth at the defaults; nothing for sessions, whose rows each gain their
         session's bounds at the close."""
-        return cls(settings.max_buffered_bytes // 4 if settings.session_gap is None else 0)
+        return cls(settings.max_buffered_bytes // 4 if settings.session_gap is None else 0,
+                   round(settings.slide * 1000) if settings.slide is not None else None)
 
     def rows_to_table(self, rows: Any, schema: pa.Schema | None) -> tuple[pa.Table, list[tuple[int, str]]]:
         """``schema.rows_to_table``'s answer, from the tables made ahead where they are all
@@ -130,12 +134,15 @@ class TablesAhead:
         return table.take(pa.Array.from_buffers(pa.int64(), len(order), [None, pa.py_buffer(order)]))
 
     def committed(self, window: Any) -> None:
-        """``window`` (``handoff.Window``) committed: the tables of its rows go, and those
-        of rows all before its start that no window took, one commit after they arrived."""
+        """``window`` (``handoff.Window``) committed: the tables of its rows in no window to
+        come go (a hopping window's: its oldest pane's), and those of rows all before its
+        start that no window took, one commit after they arrived."""
         self.commits += 1
         used = {part.tag for part in window.rows.pieces[0]} if window.rows.pieces is not None else set()
+        following = window.start + self.slide if self.slide is not None else window.end  # the next window's start
         for tag in [tag for tag, ahead in self._tables.items()
-                    if tag in used or (ahead.last_time < window.start and ahead.since < self.commits - 1)]:
+                    if (tag in used and ahead.last_time < following)
+                    or (ahead.last_time < window.start and ahead.since < self.commits - 1)]:
             ahead = self._tables.pop(tag)
             ahead.table.cancel()
             self.held -= ahead.nbytes

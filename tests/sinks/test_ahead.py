@@ -125,3 +125,30 @@ def test_rows_no_window_took_are_let_go_a_commit_after_they_arrived_and_late_row
     assert ahead.held == lost.nbytes()
     ahead.committed(Window(180_000, 240_000))  # a further commit since it arrived: let go
     assert ahead.held == 0
+
+
+def test_a_hopping_windows_panes_are_parsed_once_for_every_window_that_holds_them(monkeypatch):
+    from mldserver.coordinator.panes import Panes
+
+    slide = MINUTE // 3
+    o, ahead, panes = ordering(window_ms=slide), TablesAhead(budget=1 << 20, slide=slide), Panes(MINUTE, slide)
+    parses = []
+    parse = sinks_ahead.parse
+    monkeypatch.setattr(sinks_ahead, "parse", lambda *a: parses.append(a) or parse(*a))
+    for n, shard_id in enumerate("AB"):  # rows in four panes, two shards interleaved
+        feed(o, ahead, shard_id, batch(1, [1_000 + n, 21_000 + n, 41_000 + n, 61_000 + n], shard_id))
+    windows = [seal(w)[0] for w in panes.assemble(o.close(until=80_000), until=80_000)]
+    assert [(w.start, w.end) for w in windows] == [(-40_000, 20_000), (-20_000, 40_000), (0, 60_000), (20_000, 80_000)]
+    for made_ahead in list(ahead._tables.values()):
+        made_ahead.table.result()
+    made_ahead = len(parses)
+    for window in windows:
+        made = ahead.table(window.rows, SCHEMA)
+        parsed, _ = rows_to_table(window.rows, SCHEMA)
+        assert made is not None and made.to_pylist() == parsed.to_pylist()
+        ahead.committed(window)
+    assert made_ahead == 8 and len(parses) == 8  # a piece a pane and shard, each parsed once, ahead
+    # the two newest panes' tables stay, for the windows to come (to 100,000 and 120,000);
+    # the others went once their last window committed
+    assert sorted(a.last_time for a in ahead._tables.values()) == [41_000, 41_001, 61_000, 61_001]
+    assert ahead.held == sum(a.nbytes for a in ahead._tables.values())
