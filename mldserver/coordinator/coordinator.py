@@ -67,10 +67,10 @@ from ..base.handoff import Sink, Window
 from ..base.intervals import to_json
 from ..base.logs import EventLogger, get_logger
 from ..base.positions import Position
-from . import merge
 from .committer import Committer, LastCommit, SinkFailing, ms
 from .ledger import Ledger
 from .lineage import Lineage, StreamShards
+from .merge import native_gather
 from .ordering import Ordering
 from .pressure import Load, Place, should_wait
 from .shards import Shards
@@ -107,7 +107,7 @@ class Coordinator:
         # serves. Left to the first batch and window, the imports stalled the loop and it.
         import numpy  # noqa: F401
 
-        if merge.native_gather is None:
+        if native_gather is None:
             import pyarrow.compute  # noqa: F401
 
         self.settings = settings
