@@ -155,3 +155,15 @@ def test_a_config_nested_too_deeply_is_a_config_error_not_a_recursion_error(tmp_
     path.write_text("a = " + "[" * 5000 + "]" * 5000 + "\n")
     with pytest.raises(ConfigError, match="nests arrays or tables too deeply"):
         load(str(path))
+
+
+def test_batches_in_flight_unset_are_eight_or_two_a_handler_process_where_that_is_more(tmp_path):
+    from mldserver.server.assembly import build
+
+    assert [Settings(workers=w).batches_in_flight for w in (0, 2, 4, 6, 16)] == [8, 8, 8, 12, 32]
+    assert Settings(workers=6, max_batches_in_flight=3).batches_in_flight == 3
+    assert Settings(workers=6, max_batches_in_flight=0).batches_in_flight == 0  # no limit
+    # the slots the server's shards share: every handler process has a batch and the next one
+    given = dict(handler="mldserver.examples.passthrough:Passthrough", state_dir=str(tmp_path))
+    assert build(Settings(**given, workers=6)).slots.total == 12
+    assert build(Settings(**given, workers=6, max_batches_in_flight=0)).slots is None

@@ -254,8 +254,9 @@ class Settings:
     # de-aggregate KPL records: "auto" (only from v1 daemons), "always", "never"
     deaggregate: str = setting("auto", choices=("auto", "always", "never"))
     # memory: actions being decoded or handled at once, across all shards; the others
-    # wait with their bytes still in the kernel's socket buffers (0: no limit)
-    max_batches_in_flight: int = setting(8, low=0, high=1_000_000)
+    # wait with their bytes still in the kernel's socket buffers (0: no limit; unset: 8,
+    # or two a handler process where that is more, so every process has its next one)
+    max_batches_in_flight: int | None = setting(None, int, low=0, high=1_000_000)
     # shutdown: how long in-flight actions get to finish after SIGTERM
     shutdown_timeout: float = setting(30.0, low=0.0, high=HOUR, unit="seconds")
     # pipeline (the coordinator, then the sink: docs/coordinator-and-sinks.md). With no sink, rows are not collected.
@@ -349,6 +350,14 @@ class Settings:
             return None if self.unix else DEFAULT_PORT
         return self.port
 
+    @property
+    def batches_in_flight(self) -> int:
+        """``max_batches_in_flight`` as the server uses it (0: no limit): unset, 8, or two
+        a handler process where that is more (``Settings(workers=6)``: 12)."""
+        if self.max_batches_in_flight is not None:
+            return self.max_batches_in_flight
+        return max(DEFAULT_BATCHES_IN_FLIGHT, 2 * self.workers)
+
     def replace(self, **changes: Any) -> "Settings":
         """A copy with ``changes``: ``settings.replace(workers=0, sink="file:./windows")``
         (not checked against the rules: ``load`` checks a file and flags)."""
@@ -357,6 +366,7 @@ class Settings:
 
 RULES: dict[str, Rule] = {f.name: f.metadata["rule"] for f in dataclasses.fields(Settings)}
 DEFAULT_PORT = 7070
+DEFAULT_BATCHES_IN_FLIGHT = 8  # max_batches_in_flight unset, with two handler processes or fewer
 DEFAULT_ADMIN = "127.0.0.1:7071"  # `mldserver serve`'s admin endpoint (--admin off disables it)
 
 

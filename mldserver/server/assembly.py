@@ -139,7 +139,7 @@ def build(settings: Settings, factory: Callable[[Any], Any] | None = None, *,
         coordinator = Coordinator(settings, sink, metrics=metrics, dead_letters=dead_letters, **({"clock": clock} if clock else {}))
     # What the handler means, checked before any record (each handler process checks its own).
     in_loop_emits = factory is not None and emits(type(check_handler(factory, context, settings.handler)))
-    n = settings.max_batches_in_flight
+    n = settings.batches_in_flight
     return Parts(
         settings=settings, factory=factory, pool=pool, context=context, dead_letters=dead_letters, timers=timers,
         spark=spark, coordinator=coordinator, metrics=metrics, pause=Pause(), slots=Slots(n) if n > 0 else None,
