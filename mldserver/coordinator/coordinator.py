@@ -104,7 +104,7 @@ class Coordinator:
                  log: EventLogger | None = None, metrics: Any = None, dead_letters: DeadLetters | None = None) -> None:
         # The rows' columns (numpy) and, without ``_gather``, the gather of interleaved
         # shards (pyarrow's 30 MiB, which the file sink never needs): loaded before the loop
-        # serves. Left to the first batch and window, the imports stalled the loop and it.
+        # serves. Left to the first batch and window, the imports stalled the loop and that commit.
         import numpy  # noqa: F401
 
         if native_gather is None:

@@ -141,13 +141,13 @@ def test_a_hopping_windows_panes_are_parsed_once_for_every_window_that_holds_the
     assert [(w.start, w.end) for w in windows] == [(-40_000, 20_000), (-20_000, 40_000), (0, 60_000), (20_000, 80_000)]
     for made_ahead in list(ahead._tables.values()):
         made_ahead.table.result()
-    made_ahead = len(parses)
+    parsed_ahead = len(parses)
     for window in windows:
         made = ahead.table(window.rows, SCHEMA)
         parsed, _ = rows_to_table(window.rows, SCHEMA)
         assert made is not None and made.to_pylist() == parsed.to_pylist()
         ahead.committed(window)
-    assert made_ahead == 8 and len(parses) == 8  # a piece a pane and shard, each parsed once, ahead
+    assert parsed_ahead == 8 and len(parses) == 8  # a piece a pane and shard, each parsed once, ahead
     # the two newest panes' tables stay, for the windows to come (to 100,000 and 120,000);
     # the others went once their last window committed
     assert sorted(a.last_time for a in ahead._tables.values()) == [41_000, 41_001, 61_000, 61_001]
