@@ -5,8 +5,9 @@ test's event loop waits on them at its close while they wait on a server stopped
 from __future__ import annotations
 
 import signal
+import sys
 
-from mldserver.api.testing import FakeDaemon, kill_children
+from mldserver.api.testing import Child, FakeDaemon, kill_children
 
 
 async def test_a_child_left_running_is_killed_and_one_that_ended_is_left_alone():
@@ -18,3 +19,15 @@ async def test_a_child_left_running_is_killed_and_one_that_ended_is_left_alone()
     assert kill_children() == 1
     assert await left.child.proc.wait() == -signal.SIGKILL
     assert kill_children() == 0
+
+
+async def test_a_childs_stdin_and_stdout_are_pipes_as_the_daemons_are(tmp_path):
+    """Java's ProcessBuilder gives a child pipes (asyncio's own stdin is a socket pair,
+    where the relay's zero-copy splice from its stdin fails, so a bench through it would
+    measure the relay's fallback)."""
+    script = tmp_path / "kinds.py"
+    script.write_text("import os, stat\n"
+                      "print(*(stat.S_ISFIFO(os.fstat(fd).st_mode) for fd in (0, 1, 2)), flush=True)\n")
+    child = await Child.spawn(f"{sys.executable} {script}")
+    assert await child.read_line() == b"True True True"
+    assert await child.wait_exit() == 0

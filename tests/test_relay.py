@@ -59,7 +59,7 @@ async def echo_server(close_after_eof: bool = True, unix: str | None = None):
 
 
 async def read_exactly(child: Child, n: int) -> bytes:
-    return await asyncio.wait_for(child.proc.stdout.readexactly(n), 30)
+    return await asyncio.wait_for(child.stdout.readexactly(n), 30)
 
 
 async def test_bytes_pass_unchanged_both_ways_and_it_exits_after_stdin_eof(connect):
@@ -323,7 +323,7 @@ async def test_both_builds_say_the_same_words(args):
     for build in ("native", "python"):
         child = await Child.spawn(f"{MLDSERVER} connect {args}", env={"MLDSERVER_RELAY": build})
         code = await child.wait_exit(10)
-        out = await child.proc.stdout.read()
+        out = await child.stdout.read()
         said.append((code, out.decode(), child.stderr.decode()))
     assert said[0] == said[1]
     assert said[0][0] == (0 if args in ("--help", "-h") else 2)

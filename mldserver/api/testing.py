@@ -125,7 +125,8 @@ def kill_children() -> int:
     """SIGKILL every child a ``FakeDaemon`` spawned that still runs (a test that failed
     before closing its shards); how many. Called before a test's fixtures are torn down:
     a live child keeps its event loop from closing, and waits on a server those fixtures
-    stop only afterwards."""
+    stop only afterwards. Every child's pipes are closed too, killed or not: an open
+    pipe also keeps the loop from closing."""
     killed = 0
     for child in list(_children):
         if child.proc.returncode is None:
@@ -134,17 +135,20 @@ def kill_children() -> int:
                 killed += 1
             except ProcessLookupError:
                 pass
+        child.close_pipes_now()
     return killed
 
 
 class Child:
     """One child process as the daemon sees it: lines in, lines out."""
 
-    def __init__(self, proc: asyncio.subprocess.Process) -> None:
+    def __init__(self, proc: asyncio.subprocess.Process, stdin: asyncio.StreamWriter,
+                 stdout: "_Output", stderr: "_Output") -> None:
         _children.add(self)
         self.proc = proc
-        assert proc.stdout is not None
-        self.stdout: asyncio.StreamReader = proc.stdout
+        self.stdin = stdin
+        self._outputs = (stdout, stderr)
+        self.stdout: asyncio.StreamReader = stdout.reader
         self.skipped: list[bytes] = []
         self.stderr = bytearray()
         self._stderr_task = asyncio.ensure_future(self._drain_stderr())
@@ -152,29 +156,43 @@ class Child:
     @classmethod
     async def spawn(cls, command: str, env: dict[str, str] | None = None, cwd: str | None = None) -> "Child":
         """Start ``command`` as the daemon starts ``executableName``: split on spaces, no
-        shell, pipes for stdin, stdout and stderr; ``env`` is added to this process's."""
+        shell, pipes for stdin, stdout and stderr; ``env`` is added to this process's.
+
+        They are OS pipes, as Java's ProcessBuilder makes them (asyncio's own stdin is a
+        socket pair, where the relay's zero-copy ``splice`` from its stdin fails)."""
         argv = [part for part in command.split(" ") if part]
-        proc = await asyncio.create_subprocess_exec(
-            *argv,
-            stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-            env={**os.environ, **(env or {})},
-            cwd=cwd,
-            limit=1 << 24,
-        )
-        return cls(proc)
+        loop = asyncio.get_running_loop()
+        (stdin_r, stdin_w), (stdout_r, stdout_w), (stderr_r, stderr_w) = os.pipe(), os.pipe(), os.pipe()
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                *argv, stdin=stdin_r, stdout=stdout_w, stderr=stderr_w, env={**os.environ, **(env or {})}, cwd=cwd)
+        except BaseException:
+            for fd in (stdin_w, stdout_r, stderr_r):
+                os.close(fd)
+            raise
+        finally:
+            for fd in (stdin_r, stdout_w, stderr_w):
+                os.close(fd)
+        stdout, stderr = (_Output(asyncio.StreamReader(limit=1 << 24), loop) for _ in range(2))
+        await loop.connect_read_pipe(lambda: stdout, open(stdout_r, "rb", 0))
+        await loop.connect_read_pipe(lambda: stderr, open(stderr_r, "rb", 0))
+        protocol = asyncio.StreamReaderProtocol(asyncio.StreamReader())
+        transport, _ = await loop.connect_write_pipe(lambda: protocol, open(stdin_w, "wb", 0))
+        return cls(proc, asyncio.StreamWriter(transport, protocol, None, loop), stdout, stderr)
 
     async def _drain_stderr(self) -> None:
-        assert self.proc.stderr is not None
-        while chunk := await self.proc.stderr.read(65536):
+        while chunk := await self._outputs[1].reader.read(65536):
             self.stderr += chunk
 
     async def write(self, data: bytes) -> None:
-        """Write raw bytes to the child's stdin (a line must end with ``\\n``)."""
-        assert self.proc.stdin is not None
-        self.proc.stdin.write(data)
-        await self.proc.stdin.drain()
+        """Write raw bytes to the child's stdin (a line must end with ``\\n``). A child
+        that has gone takes nothing (a broken pipe): the end of its output tells, as the
+        daemon learns it (``read_message`` raises ``DaemonExit``)."""
+        try:
+            self.stdin.write(data)
+            await self.stdin.drain()
+        except (BrokenPipeError, ConnectionResetError):
+            pass
 
     async def send(self, message: dict[str, Any]) -> None:
         """Write one message as a JSON line: ``await child.send({"action": "leaseLost"})``."""
@@ -219,11 +237,10 @@ class Child:
     async def close_stdin(self) -> None:
         """Close the child's stdin, as the daemon does when it ends the shard's processor:
         a relay then ends its connection and exits."""
-        assert self.proc.stdin is not None
-        if not self.proc.stdin.is_closing():
-            self.proc.stdin.close()
+        if not self.stdin.is_closing():
+            self.stdin.close()
             try:
-                await self.proc.stdin.wait_closed()
+                await self.stdin.wait_closed()
             except (BrokenPipeError, ConnectionResetError):
                 pass
 
@@ -231,7 +248,7 @@ class Child:
         """The child's exit code, waited for at most ``timeout`` seconds
         (``asyncio.TimeoutError`` past it)."""
         code = await asyncio.wait_for(self.proc.wait(), timeout)
-        await self._stderr_task
+        await self._close_pipes()
         return code
 
     async def kill(self) -> None:
@@ -239,6 +256,23 @@ class Child:
         if self.proc.returncode is None:
             self.proc.kill()
             await self.proc.wait()
+        await self._close_pipes()
+
+    def close_pipes_now(self) -> None:
+        """Its three pipes closed at once, unread output dropped (``kill_children``)."""
+        self.stdin.close()
+        for output in self._outputs:
+            output.transport.close()
+
+    async def _close_pipes(self) -> None:
+        """After its exit: its stdin closed, its stdout and stderr read to their end (what
+        it wrote stays readable), so no pipe outlives the loop."""
+        self.stdin.close()
+        try:
+            await asyncio.wait_for(asyncio.gather(*(asyncio.shield(o.closed) for o in self._outputs)), 5)
+        except TimeoutError:  # a grandchild still holds a pipe
+            for output in self._outputs:
+                output.transport.close()
         await self._stderr_task
 
     async def end(self, timeout: float = 5.0) -> None:
@@ -252,6 +286,28 @@ class Child:
             except (asyncio.TimeoutError, OSError):
                 pass
         await self.kill()
+
+
+class _Output(asyncio.StreamReaderProtocol):
+    """A child's stdout or stderr pipe into ``reader``; ``closed`` is done once it has ended."""
+
+    def __init__(self, reader: asyncio.StreamReader, loop: asyncio.AbstractEventLoop) -> None:
+        super().__init__(reader)
+        self.reader = reader
+        self.closed: asyncio.Future[None] = loop.create_future()
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        self.transport = transport
+
+    def eof_received(self) -> bool:
+        super().eof_received()
+        return False  # a pipe has no half-close: end it here (uvloop keeps it open on True)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        super().connection_lost(exc)
+        if not self.closed.done():
+            self.closed.set_result(None)
 
 
 class SocketChild(Child):
