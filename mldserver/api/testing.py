@@ -135,7 +135,10 @@ def kill_children() -> int:
                 killed += 1
             except ProcessLookupError:
                 pass
-        child.close_pipes_now()
+        try:
+            child.close_pipes_now()
+        except RuntimeError:  # its loop has closed, and with it every pipe
+            pass
     return killed
 
 
@@ -274,6 +277,7 @@ class Child:
             for output in self._outputs:
                 output.transport.close()
         await self._stderr_task
+        _children.discard(self)  # nothing of it is left for kill_children
 
     async def end(self, timeout: float = 5.0) -> None:
         """Its stdin closed and its exit waited for, killed past ``timeout``: nothing of
