@@ -4,6 +4,7 @@ test's event loop waits on them at its close while they wait on a server stopped
 
 from __future__ import annotations
 
+import asyncio
 import signal
 import sys
 
@@ -31,3 +32,12 @@ async def test_a_childs_stdin_and_stdout_are_pipes_as_the_daemons_are(tmp_path):
     child = await Child.spawn(f"{sys.executable} {script}")
     assert await child.read_line() == b"True True True"
     assert await child.wait_exit() == 0
+
+
+async def test_a_child_that_never_reads_its_stdin_is_ended_all_the_same():
+    """Bytes left in its stdin's buffer keep the pipe from closing: ``end`` kills it
+    past its time-out rather than wait for a flush that never comes."""
+    child = await Child.spawn("sleep 60")
+    child.stdin.write(b"x" * (4 << 20))  # far more than a pipe holds
+    await asyncio.wait_for(child.end(timeout=0.5), 10)
+    assert child.proc.returncode == -signal.SIGKILL

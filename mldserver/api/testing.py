@@ -284,7 +284,7 @@ class Child:
         it (its process, its pipes) outlives the loop that started it."""
         if self.proc.returncode is None:
             try:
-                await self.close_stdin()
+                await asyncio.wait_for(self.close_stdin(), timeout)  # a child not reading keeps it from flushing
                 await self.wait_exit(timeout)
                 return
             except (asyncio.TimeoutError, OSError):
