@@ -196,19 +196,21 @@ static void ended(const char *copy, int err) {
    nothing, and the rest goes by plain copies, which wait where splice may fail (memory
    under pressure, a kernel that refuses it). Then half-close so the server sees EOF
    and sends its last bytes. */
-static int stdin_ended;  /* the daemon closed our stdin (or its copy failed): a server's EOF is expected */
+static int stdin_ended;  /* the daemon closed our stdin: a server's EOF is expected */
 
 static void *upstream(void *unused) {
     (void)unused;
     long long moved = 0;
+    int err = 0;
     for (;;) {
         ssize_t n = splice(0, NULL, sockfd, NULL, CHUNK, SPLICE_F_MOVE);
         if (n > 0) continue;
         if (n < 0 && errno == EINTR) continue;
-        if (n < 0) ended("daemon-to-server", copy_plain(0, sockfd, upstream_buf, &moved));
+        if (n < 0) err = copy_plain(0, sockfd, upstream_buf, &moved);
         break;
     }
-    __atomic_store_n(&stdin_ended, 1, __ATOMIC_SEQ_CST);
+    if (err) ended("daemon-to-server", err);
+    else __atomic_store_n(&stdin_ended, 1, __ATOMIC_SEQ_CST);
     shutdown(sockfd, SHUT_WR);
     return NULL;
 }
@@ -283,12 +285,13 @@ int main(int argc, char **argv) {
     }
     long long received = 0;
     int err = copy_plain(sockfd, 1, downstream_buf, &received);  /* until the server closes */
-    ended("server-to-daemon", err);
-    if (!err && !received && !__atomic_load_n(&stdin_ended, __ATOMIC_SEQ_CST)) {
+    /* A server that closes with the daemon's first bytes unread resets the connection. */
+    if ((!err || err == ECONNRESET) && !received && !__atomic_load_n(&stdin_ended, __ATOMIC_SEQ_CST)) {
         fprintf(stderr, "mldserver connect: the mldserver server at %s closed the connection before answering: "
                         "it refused this shard (shutting down: its log says shard_refused; or out of file handles: its "
                         "open_files_limit); the daemon starts the shard again\n", args[0]);
         _exit(2);
     }
+    ended("server-to-daemon", err);
     _exit(0);                               /* without waiting for the daemon-to-server copy */
 }

@@ -8,8 +8,8 @@ for a buffer to fill).
 
 - stdin EOF (the daemon closed us): half-close the socket, keep copying the server's
   last bytes to stdout, exit when the server closes.
-- server EOF: exit at once. If the server closed before sending a byte while the daemon
-  still talks (stdin open), it refused the shard (shutting down, say; the server logs
+- server EOF: exit at once. If the server closed (or reset the connection) before sending
+  a byte while the daemon still talks (stdin open), it refused the shard (shutting down, say; the server logs
   ``shard_refused``): one line on stderr saying so, exit status 2.
 - a copy that ends by an error, not an end of input (the server reset the connection,
   a write failed): one line on stderr saying which copy and why, so the daemon's log
@@ -90,28 +90,31 @@ def connect(target, timeout):
 
 
 def _pump(src, dst, splice):
-    """Copy src to dst until EOF (the bytes moved), with splice(2) (zero-copy; src must be a pipe) or
-    plain reads and writes; OSError if a plain read or write fails. A splice that fails
-    moved nothing: the rest goes by plain reads and writes, which wait where splice may
-    fail (memory, a kernel that refuses it). Server-to-daemon bytes always take the
-    plain path: a pipe filled by splicing from a TCP socket can make the reader's
-    non-blocking read block."""
+    """Copy src to dst until EOF, with splice(2) (zero-copy; src must be a pipe) or plain
+    reads and writes: the bytes moved, and the OSError of a plain read or write that
+    failed (None at EOF). A splice that fails moved nothing: the rest goes by plain
+    reads and writes, which wait where splice may fail (memory, a kernel that refuses
+    it). Server-to-daemon bytes always take the plain path: a pipe filled by splicing
+    from a TCP socket can make the reader's non-blocking read block."""
     moved = 0
     if splice and hasattr(os, "splice"):
         try:
             while n := os.splice(src, dst, CHUNK):
                 moved += n
-            return moved
+            return moved, None
         except OSError:
             pass
     buf = bytearray(READ_CHUNK)
     view = memoryview(buf)
-    while n := os.readv(src, [buf]):
-        moved += n
-        out = view[:n]
-        while out:
-            out = out[os.write(dst, out) :]
-    return moved
+    try:
+        while n := os.readv(src, [buf]):
+            moved += n
+            out = view[:n]
+            while out:
+                out = out[os.write(dst, out) :]
+    except OSError as exc:
+        return moved, exc
+    return moved, None
 
 
 def _grow_pipe(fd):
@@ -170,31 +173,30 @@ def main(argv):
     stdin, stdout, sockfd = 0, 1, sock.fileno()
     _grow_pipe(stdin)
 
-    stdin_ended = []  # the daemon closed our stdin (or its copy failed): a server's EOF then is expected
+    stdin_ended = []  # the daemon closed our stdin: a server's EOF then is expected
 
     def upstream():
-        try:
-            _pump(stdin, sockfd, splice=True)
-        except OSError as exc:
+        _, exc = _pump(stdin, sockfd, splice=True)
+        if exc is None:
+            stdin_ended.append(True)
+        else:
             _ended("daemon-to-server", exc)
-        stdin_ended.append(True)
         try:
             sock.shutdown(_socket.SHUT_WR)
         except OSError:
             pass
 
     _thread.start_new_thread(upstream, ())
-    try:
-        received = _pump(sockfd, stdout, splice=False)
-    except OSError as exc:
-        _ended("server-to-daemon", exc)
-        return 0
-    if not received and not stdin_ended:
+    received, exc = _pump(sockfd, stdout, splice=False)
+    # A server that closes with the daemon's first bytes unread resets the connection.
+    if not received and not stdin_ended and (exc is None or isinstance(exc, ConnectionResetError)):
         sys.stderr.write(f"mldserver connect: the mldserver server at {args[0]} closed the connection before "
                          f"answering: it refused this shard (shutting down: its log says shard_refused; or out of "
                          f"file handles: its open_files_limit); the daemon starts the shard again\n")
         sys.stderr.flush()
         return 2
+    if exc is not None:
+        _ended("server-to-daemon", exc)
     return 0
 
 
