@@ -9,6 +9,8 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import socket
+import struct
 import time
 from pathlib import Path
 
@@ -56,6 +58,11 @@ async def echo_server(close_after_eof: bool = True, unix: str | None = None):
         return server, unix, received
     server = await asyncio.start_server(handle, "127.0.0.1", 0)
     return server, server.sockets[0].getsockname()[1], received
+
+
+def close_with_reset(writer: asyncio.StreamWriter) -> None:
+    """Make the connection's close send a reset (RST), not an end of file."""
+    writer.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
 
 
 async def read_exactly(child: Child, n: int) -> bytes:
@@ -111,17 +118,13 @@ async def test_a_server_that_resets_the_connection_is_named_on_stderr(connect):
     """A copy that ends by an error, not an end of input, says so in one stderr line
     (the daemon logs its child's stderr): here the server, having answered, resets the
     connection (a reset before any answer is a refusal: the next tests)."""
-    import socket
-    import struct
-
     answered = asyncio.Event()
 
     async def handle(reader, writer):
         await reader.readline()
         writer.write(b"ok\n")
         await answered.wait()
-        sock = writer.get_extra_info("socket")
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # close sends RST
+        close_with_reset(writer)
         writer.transport.abort()
 
     server = await asyncio.start_server(handle, "127.0.0.1", 0)
@@ -137,10 +140,17 @@ async def test_a_server_that_resets_the_connection_is_named_on_stderr(connect):
     server.close()
 
 
-async def test_a_server_that_closes_before_answering_is_a_refusal_named_on_stderr_with_exit_2(connect):
+@pytest.mark.parametrize("how", ["close", "reset"])
+async def test_a_server_that_closes_before_answering_is_a_refusal_named_on_stderr_with_exit_2(connect, how):
     """Accepted, then closed with nothing sent while the daemon still talks: the server
-    refused the shard (shutting down, out of file handles), and the daemon's log says so."""
+    refused the shard (shutting down, out of file handles), and the daemon's log says so.
+    A server that closes with the daemon's bytes unread sends a reset, not an end of file
+    (a refusal when the daemon's initialize line got there first): the same one line and
+    exit status 2, not a failed copy and exit 0."""
     async def handle(reader, writer):
+        if how == "reset":
+            await reader.readline()
+            close_with_reset(writer)
         writer.close()
 
     server = await asyncio.start_server(handle, "127.0.0.1", 0)
@@ -154,31 +164,6 @@ async def test_a_server_that_closes_before_answering_is_a_refusal_named_on_stder
         f"mldserver connect: the mldserver server at 127.0.0.1:{port} closed the connection before answering: it "
         f"refused this shard (shutting down: its log says shard_refused; or out of file handles: its "
         f"open_files_limit); the daemon starts the shard again\n")
-    server.close()
-
-
-async def test_a_server_that_resets_before_answering_is_the_same_refusal(connect):
-    """A server that closes with the daemon's bytes unread sends a reset, not an end of
-    file (how a refusal looks when the daemon's initialize line got there first): the
-    same one line, exit status 2, not a failed copy and exit 0."""
-    import socket
-    import struct
-
-    async def handle(reader, writer):
-        await reader.readline()
-        sock = writer.get_extra_info("socket")
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # close = reset
-        writer.close()
-
-    server = await asyncio.start_server(handle, "127.0.0.1", 0)
-    port = server.sockets[0].getsockname()[1]
-    child = await connect(f"127.0.0.1:{port}")
-    await child.write(b'{"action":"initialize","shardId":"shardId-1"}\n')
-    assert await child.read_line() is None
-    assert await child.wait_exit(5) == 2
-    assert child.stderr.decode().startswith(
-        f"mldserver connect: the mldserver server at 127.0.0.1:{port} closed the connection before answering")
-    assert len(child.stderr.decode().splitlines()) == 1
     server.close()
 
 

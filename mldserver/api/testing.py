@@ -274,8 +274,7 @@ class Child:
         try:
             await asyncio.wait_for(asyncio.gather(*(asyncio.shield(o.closed) for o in self._outputs)), 5)
         except TimeoutError:  # a grandchild still holds a pipe
-            for output in self._outputs:
-                output.transport.close()
+            self.close_pipes_now()
         await self._stderr_task
         _children.discard(self)  # nothing of it is left for kill_children
 

@@ -8,9 +8,10 @@ for a buffer to fill).
 
 - stdin EOF (the daemon closed us): half-close the socket, keep copying the server's
   last bytes to stdout, exit when the server closes.
-- server EOF: exit at once. If the server closed (or reset the connection) before sending
-  a byte while the daemon still talks (stdin open), it refused the shard (shutting down, say; the server logs
-  ``shard_refused``): one line on stderr saying so, exit status 2.
+- server EOF: exit at once. If the server closed (or reset the connection) before
+  sending a byte while the daemon still talks (stdin open), it refused the shard
+  (shutting down, say; the server logs ``shard_refused``): one line on stderr saying
+  so, exit status 2.
 - a copy that ends by an error, not an end of input (the server reset the connection,
   a write failed): one line on stderr saying which copy and why, so the daemon's log
   says why its child ended. A ``splice`` that fails (``ENOMEM`` under memory pressure,
