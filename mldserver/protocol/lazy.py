@@ -25,10 +25,11 @@ own tolerance (invalid UTF-8 replaced) and its own error messages, so both paths
 accept and refuse the same lines. A record that is not a JSON object is ``None`` in
 ``column`` and in ``obj``.
 
-The parsed line (larger than the line) is let go once the size and the last record
-are read, or, with ``parse(keep=True)``, when ``release`` says so (the server reads
-every record's sequence and sub-sequence numbers in one pass, ``columns``, then lets it go);
-``obj``, ``objects`` and ``column`` parse it again, once, and keep it. Parsers are
+The parsed line (some 2.4 times the line's size) is let go once the size and the
+last record are read: the server holds every line waiting for a handler process, and
+reads its positions from the bytes (``sequence_numbers``). ``obj``, ``objects`` and
+``column`` parse it again, once, and keep it, until ``release``; so does
+``parse(keep=True)``, for a handler process whose handler reads the records. Parsers are
 reused (``POOLED_PARSERS`` of them), each only once nothing refers to its previous
 document: a document stays valid as long as anything refers to it.
 """

@@ -145,7 +145,11 @@ _PROCESS_RECORDS = re.compile(rb'\s*\{\s*"action"\s*:\s*"processRecords"')
 
 def _lazy_process_records(line: bytes) -> ProcessRecords | None:
     """The batch with its records unread, or None: the eager path decides."""
-    records = LazyRecords.parse(line, keep=True)  # the server reads its columns, then lets it go
+    # The parsed line (twice the line's size and more) is let go at once: a line waiting
+    # for a handler process holds only its bytes. The server reads the positions from
+    # the bytes (``LazyRecords.sequence_numbers``); what else reads the records parses
+    # the line again, once.
+    records = LazyRecords.parse(line)
     if records is None:
         return None
     return ProcessRecords(records, records.millis_behind_latest, line)  # type: ignore[arg-type]

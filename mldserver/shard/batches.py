@@ -85,7 +85,6 @@ def decode_records(
         lazy = None if deaggregate_kpl else _lazy(raws, positions, later)
         if lazy is not None:
             return lazy, []
-        raws.release()
         raws = raws.records()  # aggregates, or something wrong with a record: read them all, as below
     last = raws[-1]
     position = Position.parse(last.get("sequenceNumber"), last.get("subSequenceNumber")) if type(last) is dict else None
@@ -114,26 +113,16 @@ def decode_records(
 
 
 def _lazy(raws: LazyRecords, positions: bool, later: bool) -> LineRecords | None:
-    """The records of a line read lazily, or None if one of them is malformed. The
-    parsed line the protocol core kept is read here once, then let go (with ``later``,
-    once ``read_positions`` has read the positions)."""
-    keep = False
-    try:
-        last = raws.last()
-        position = (Position.parse(last.get("sequenceNumber"), last.get("subSequenceNumber"))
-                    if type(last) is dict else None)
-        if position is None:
-            return None
-        records = LineRecords(raws, None, position)
-        if not positions:
-            return records
-        if later:
-            keep = True  # the parsed line, should the scan not serve: ``read_positions`` lets it go
-            return records
-        return records if records.read_positions() else None
-    finally:
-        if not keep:
-            raws.release()
+    """The records of a line read lazily, or None if one of them is malformed (with
+    ``later``, that is for ``read_positions`` to find)."""
+    last = raws.last()
+    position = Position.parse(last.get("sequenceNumber"), last.get("subSequenceNumber")) if type(last) is dict else None
+    if position is None:
+        return None
+    records = LineRecords(raws, None, position)
+    if not positions or later:
+        return records
+    return records if records.read_positions() else None
 
 
 class LineRecords(Sequence[Record]):
