@@ -1,4 +1,4 @@
-"""Events of the MultiLangDaemon conversation, as small frozen value types.
+"""Events of the MultiLangDaemon conversation, as small value types (frozen, but a batch).
 
 Daemon to child (decoded by :mod:`mldserver.protocol.messages`)::
 
@@ -57,15 +57,25 @@ class Initialize(Action):
     has_sequence_key: bool = True
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class ProcessRecords(Action):
-    """A batch. ``records`` are the raw record dicts, decoded lazily downstream."""
+    """A batch. ``records`` are the raw record dicts, decoded lazily downstream.
+
+    Not frozen, the one event that is not: ``let_go`` empties it once its rows are
+    handed on, so a batch waiting out back-pressure for its status holds nothing of
+    its line (some megabytes) but its rows::
+
+        event.let_go()     # event.records == [], event.line == b""
+    """
 
     action: ClassVar[str] = "processRecords"
     records: list[dict[str, Any]]
     millis_behind_latest: int | None = None
     # The line as it arrived: handler processes get the records as these bytes.
     line: bytes = field(default=b"", repr=False, compare=False)
+
+    def let_go(self) -> None:
+        self.records, self.line = [], b""
 
 
 @dataclass(frozen=True, slots=True)

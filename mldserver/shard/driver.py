@@ -305,13 +305,20 @@ class ShardDriver:
             items, bad = encode_rows(outcome.rows)
         await self._dead_letter_all(bad)
         assert self.shard is not None
-        if await self.downstream.batch(items, last, event.millis_behind_latest, self.wire.release,
+        n = len(records)
+        del records, bad, outcome, check  # what held the line: its slot goes, and the line with it
+
+        def handed_on() -> None:  # the rows are the coordinator's: the line goes with the slot
+            event.let_go()
+            self.wire.release()
+
+        if await self.downstream.batch(items, last, event.millis_behind_latest, handed_on,
                                        meanwhile=self.checkpoints.checkpoint_safe):
             await self.checkpoints.checkpoint_safe()
-        self.tally.batch(len(records), event.millis_behind_latest)
-        self.metrics.batch(self.shard.shard_id, len(records))
+        self.tally.batch(n, event.millis_behind_latest)
+        self.metrics.batch(self.shard.shard_id, n)
         if self.log.is_enabled("debug"):
-            self.log.debug("batch", records=len(records), millis_behind_latest=event.millis_behind_latest,
+            self.log.debug("batch", records=n, millis_behind_latest=event.millis_behind_latest,
                            duration_ms=round((time.perf_counter() - started) * 1000, 3))
 
     async def _handled(self, event: ProcessRecords, records: list[Record], bad: list[BadRecords], kpl: bool,
