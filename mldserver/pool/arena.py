@@ -19,9 +19,9 @@ for the process may still be reading it. What the process keeps of a batch (its 
 records) is copied out by the parser, so nothing refers to a region after ``done``.
 
 Bounded: the arena has a fixed size; a line that does not fit goes through the pipe
-as before, so a full arena never stalls a shard. Its pages are touched as lines land
-(up to the largest number of bytes in flight at once), shared by both processes, and
-gone with them: the memory has no name in any file system.
+as before, so a full arena never stalls a shard. Its pages are touched as lines land,
+shared by both processes, given back once no line has used them for a second
+(``trim``), and gone with them: the memory has no name in any file system.
 
 The rows a batch emitted come back the same way, in a second arena the process
 allocates in (``rows_arena``: the same class, on the process's side), the server
@@ -58,8 +58,8 @@ ARENA_BYTES = 64 << 20
 # in flight and the room first fit leaves between regions (``rows_arena_bytes``). Rows
 # that find no room take the pipe and are copied. Pages are touched only as used.
 ROWS_IN_FLIGHT = 64 << 20
-# Seconds between two trims of a rows arena (its process's heartbeat): only the free
-# pages no region used in the last period go, so a short period costs no fault while
+# Seconds between two trims of an arena (a rows arena: its process's heartbeat; a line
+# arena: the server's pool supervisor): only the free pages no region used in the last period go, so a short period costs no fault while
 # rows flow.
 TRIM_PERIOD = 1.0
 # Smaller bodies take the pipe: a write of a few KiB costs less than a region's bookkeeping.

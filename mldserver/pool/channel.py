@@ -120,6 +120,13 @@ class Channel:
         self.lent -= part[1]
         self._tell({"op": "free", "region": list(part)})  # (its arena went with it if it died)
 
+    def trim(self) -> None:
+        """The line arena's pages no line used for a period back to the system
+        (``Arena.trim``): at 32 shards, first fit used 4 or 5 MiB of a process's
+        arena at a time, and 15 to 21 MiB had been touched."""
+        if self.arena is not None:
+            self.arena.trim()
+
     def close(self) -> None:
         """Once the process has exited: its regions can be read by nobody any more.
         A rows view still lent out is unmapped when its last loan goes."""

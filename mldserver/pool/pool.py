@@ -50,6 +50,7 @@ from ..base.backoff import Backoff
 from ..base.config import Settings, state_path
 from ..errors import ConfigError
 from ..base.logs import EventLogger, get_logger
+from .arena import TRIM_PERIOD
 from .process import HandlerImportFailed, HandlerProcess, Requests, clear_stale, describe_exit
 
 # A process that dies younger than this counts towards the respawn backoff.
@@ -255,12 +256,17 @@ class HandlerPool:
 
     async def _supervise(self) -> None:
         limit = self.settings.max_handler_memory
+        trimmed_at = time.monotonic()
         while not self._stopping.is_set():
             try:
                 await asyncio.wait_for(self._wake.wait(), CHECK_INTERVAL)
             except asyncio.TimeoutError:
                 pass
             self._wake.clear()
+            if time.monotonic() - trimmed_at >= TRIM_PERIOD:  # (each process trims its rows arena itself)
+                trimmed_at = time.monotonic()
+                for proc in self.processes + self.quarantined:
+                    proc.channel.trim()
             for proc in [p for p in self.processes + self.quarantined
                          if not p.alive and not p.life.killed and p.proc is not None]:
                 proc.kill()  # its stdin failed: no frame reaches it any more

@@ -289,6 +289,8 @@ async def test_a_batch_line_crosses_in_the_arena_and_arrives_byte_for_byte(tmp_p
         processes = server.pool.serving()
         assert sum(p.channel.arena.puts for p in processes) == shards * batches  # every large line, none by the pipe
         assert all(p.channel.arena.used == 0 and not p.channel._regions for p in processes)  # each given back by its done
+        await eventually(lambda: all(allocated(p.channel.arena) == 0 for p in processes), timeout=10,
+                         what="the line arenas' pages given back to the system once unused (the pool's trim)")
         for shard in opened:
             await shard.lease_lost()
             assert await shard.close() == 0
