@@ -30,9 +30,9 @@ class Gated(MemorySink):
         await super().commit(window)
 
 
-def lines_held() -> list[object]:
-    """The batches alive in this process that still hold their line's bytes."""
-    return [o for o in gc.get_objects() if type(o) in (ProcessRecords, LazyRecords) and o.line]
+def lines_held(marker: bytes) -> list[object]:
+    """The batches alive in this process that still hold a line with ``marker`` in it."""
+    return [o for o in gc.get_objects() if type(o) in (ProcessRecords, LazyRecords) and marker in o.line]
 
 
 async def test_a_batch_waiting_for_the_sink_holds_its_rows_not_its_line(tmp_path, caplog):
@@ -43,12 +43,13 @@ async def test_a_batch_waiting_for_the_sink_holds_its_rows_not_its_line(tmp_path
         # Caught up, on a clock an hour on: each batch closes its minute's window.
         await shard.process_records(make_records(1, 1_000, 64, approximate_arrival_timestamp=T0), 0)
         waiting = asyncio.create_task(
-            shard.process_records(make_records(2_000, 1_000, 64, approximate_arrival_timestamp=T0 + 61_000), 0))
+            shard.process_records(make_records(2_000, 1_000, 64, partition_key="waiting-{i}",
+                                               approximate_arrival_timestamp=T0 + 61_000), 0))
         try:
             await eventually(lambda: any(e["reason"] == "sink_behind" for e in events(caplog, "backpressure")),
                              what="the second batch waiting behind the first window's commit")
             assert not waiting.done()
-            assert lines_held() == []  # its rows wait in the coordinator; its line is gone
+            assert lines_held(b'"waiting-999"') == []  # its rows wait in the coordinator; its line is gone
         finally:
             sink.gate.set()
         await asyncio.wait_for(waiting, 30)
