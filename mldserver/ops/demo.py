@@ -144,20 +144,29 @@ async def _feed(server: Server, daemon: FakeDaemon, shards: int, records: int, s
     ids = [f"shardId-{i:012d}" for i in range(shards)]
     conversations = await asyncio.gather(*(daemon.shard(i) for i in ids))
     parent = conversations[0]
-    await asyncio.gather(
-        *(
-            _drive(s, 10**20 * (n + 1), per_shard, n * per_shard, t0, t_split if n == 0 else t0 + SPAN_MS, sent)
-            for n, s in enumerate(conversations)
+    children: list = []
+
+    async def split() -> None:
+        """The parent's orders, then at once its SHARD_END and its children's orders, as
+        the daemon does beside the other shards. (Ended only once every shard had sent
+        all, the parent sat quiet for as long as the others took: past the 10 s
+        idle_timeout on a busy machine, then windows closed without it, and its
+        children's orders were late.)"""
+        await _drive(parent, 10**20, per_shard, 0, t0, t_split, sent)
+        await parent.shard_ended()
+        print(f"  split {parent.shard_id}: SHARD_END checkpointed, its uncommitted rows spooled")
+        children.extend(await asyncio.gather(*(daemon.shard(f"shardId-{shards + i:012d}") for i in range(2))))
+        await asyncio.gather(
+            *(
+                _drive(c, 10**20 * (shards + 2 + i), half, (shards + i) * per_shard, t_split, t0 + SPAN_MS, sent)
+                for i, c in enumerate(children)
+            )
         )
-    )
-    await parent.shard_ended()
-    print(f"  split {parent.shard_id}: SHARD_END checkpointed, its uncommitted rows spooled")
-    children = await asyncio.gather(*(daemon.shard(f"shardId-{shards + i:012d}") for i in range(2)))
+
     await asyncio.gather(
-        *(
-            _drive(c, 10**20 * (shards + 2 + i), half, (shards + i) * per_shard, t_split, t0 + SPAN_MS, sent)
-            for i, c in enumerate(children)
-        )
+        split(),
+        *(_drive(s, 10**20 * (n + 1), per_shard, n * per_shard, t0, t0 + SPAN_MS, sent)
+          for n, s in enumerate(conversations) if n),
     )
     fed.append(time.perf_counter())
     deadline = time.monotonic() + 120
