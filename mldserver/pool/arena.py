@@ -59,8 +59,8 @@ ARENA_BYTES = 64 << 20
 # that find no room take the pipe and are copied. Pages are touched only as used.
 ROWS_IN_FLIGHT = 64 << 20
 # Seconds between two trims of an arena (a rows arena: its process's heartbeat; a line
-# arena: the server's pool supervisor): only the free pages no region used in the last period go, so a short period costs no fault while
-# rows flow.
+# arena: the server's pool supervisor): only the free pages no region used in the last
+# period go, so a short period costs no fault while rows flow.
 TRIM_PERIOD = 1.0
 # Smaller bodies take the pipe: a write of a few KiB costs less than a region's bookkeeping.
 ARENA_MIN = 32 << 10

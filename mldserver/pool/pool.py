@@ -263,8 +263,9 @@ class HandlerPool:
             except asyncio.TimeoutError:
                 pass
             self._wake.clear()
-            if time.monotonic() - trimmed_at >= TRIM_PERIOD:  # (each process trims its rows arena itself)
-                trimmed_at = time.monotonic()
+            now = time.monotonic()
+            if now - trimmed_at >= TRIM_PERIOD:  # (each process trims its rows arena itself)
+                trimmed_at = now
                 for proc in self.processes + self.quarantined:
                     proc.channel.trim()
             for proc in [p for p in self.processes + self.quarantined
