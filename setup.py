@@ -31,6 +31,7 @@ from setuptools.command.build_ext import build_ext
 
 RELAY = "mldserver.ops.mldserver-relay"
 CURSOR = "mldserver/protocol/_cursor.h"  # (a depends: rebuilt when it changes, and in the sdist)
+CHECK = "mldserver/protocol/_check.h"
 
 
 class BuildRelay(build_ext):
@@ -58,7 +59,7 @@ class BuildRelay(build_ext):
 setup(
     ext_modules=[
         Extension(RELAY, sources=["mldserver/ops/relay.c"], optional=True),
-        Extension("mldserver.protocol._scan", sources=["mldserver/protocol/_scan.c"], depends=[CURSOR],
+        Extension("mldserver.protocol._scan", sources=["mldserver/protocol/_scan.c"], depends=[CURSOR, CHECK],
                   optional=True, extra_compile_args=["-O2"]),
         Extension("mldserver.pool._b64", sources=["mldserver/pool/_b64.c"], depends=[CURSOR], optional=True,
                   extra_compile_args=["-O2"]),

@@ -46,7 +46,7 @@ def test_the_sdist_carries_the_native_sources_and_the_docs(dist: Path) -> None:
     (sdist,) = dist.glob("mldserver-*.tar.gz")
     with tarfile.open(sdist) as tar:
         names = {name.split("/", 1)[1] for name in tar.getnames() if "/" in name}
-    for source in ("mldserver/ops/relay.c", "mldserver/protocol/_cursor.h", "setup.py", "pyproject.toml",
+    for source in ("mldserver/ops/relay.c", "mldserver/protocol/_cursor.h", "mldserver/protocol/_check.h", "setup.py", "pyproject.toml",
                    "README.md", "CHANGELOG.md", "mldserver/base/events.toml", *(f"{stem}.c" for stem in NATIVE)):
         assert source in names, f"{source} is not in {sdist.name}"
 

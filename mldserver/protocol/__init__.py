@@ -10,9 +10,10 @@
 - ``dynamodb_records.py``: DynamoDB stream records as the KCL's Streams adapter hands them
   to the daemon (what ``--source dynamodb:`` feeds and ``api.testing`` builds).
 - ``lazy.py``: a ``processRecords`` line read without a Python object per record.
-- ``_scan.c``: its records' sequence numbers and arrival times in one native pass, for
-  the server (pysimdjson where it was not built); its JSON cursor (``_cursor.h``) is
-  ``pool/_b64.c``'s too.
+- ``_scan.c``: for the server, the line checked and its size, last record and
+  ``millisBehindLatest`` read (``_check.h``), and its records' sequence numbers and
+  arrival times, each in one native pass (pysimdjson where it was not built); its JSON
+  cursor (``_cursor.h``) is ``pool/_b64.c``'s too.
 """
 
 from __future__ import annotations

@@ -13,9 +13,10 @@
 
    It reads the usual line only, as the daemon writes it; anything else is -1 (or
    OTHER, for a key), and the caller says None: the line, or the record, is read the
-   usual way, which says what is wrong. The line is one simdjson has already accepted
-   (valid JSON and UTF-8); the cursor still never reads past its end whatever it is
-   given. Static functions only (each used by both passes): nothing here is exported. */
+   usual way, which says what is wrong. The line is one the server has already accepted
+   (valid JSON and UTF-8: _check.h, or pysimdjson); the cursor still never reads past its
+   end whatever it is given. Static functions only (used by the passes, and by
+   _check.h's own): nothing here is exported. */
 
 #ifndef MLDSERVER_CURSOR_H
 #define MLDSERVER_CURSOR_H

@@ -24,8 +24,11 @@
    0. Anything else (a record that is not an object, a key written with an escape, a
    key twice in a record, a sub-sequence number of a KPL record, nested "records"
    missing) gives None, and the caller reads the line its usual way, which says what is
-   wrong. The line is one simdjson has already accepted (valid JSON and UTF-8); the scan
-   still never reads past its end whatever it is given.
+   wrong. The line is one the server has already accepted (valid JSON and UTF-8: head,
+   below, or pysimdjson); the scan still never reads past its end whatever it is given.
+
+   ``head`` serves the check that comes first, when the line is decoded (_check.h):
+   the line accepted, how many records, where the last one is, millisBehindLatest.
 
    Why native: the line is mostly the records' base64 data, which the scan skips many
    bytes a step (SSE2 and memchr: string); in Python the same column cost 0.3 us a
@@ -34,7 +37,7 @@
    The JSON cursor it reads the line with (strings, keys, skipping values) is
    _cursor.h's, which pool/_b64.c (a handler process's base64) includes too. */
 
-#include "_cursor.h"
+#include "_check.h"
 
 /* Are the n bytes at s all ASCII digits? */
 static int digits(const char *s, Py_ssize_t n) {
@@ -251,7 +254,27 @@ done:
     return result;
 }
 
+static PyObject *head(PyObject *self, PyObject *arg) {
+    Py_buffer line;
+    if (PyObject_GetBuffer(arg, &line, PyBUF_SIMPLE)) return NULL;
+    Head h = {0, NULL, NULL, 0, 0};
+    Cursor c = {line.buf, (const char *)line.buf + line.len};
+    int failed;
+    Py_BEGIN_ALLOW_THREADS
+    failed = check_line(&c, &h);
+    Py_END_ALLOW_THREADS
+    Py_ssize_t start = h.n ? h.last - (const char *)line.buf : -1, end = h.n ? h.last_end - (const char *)line.buf : -1;
+    PyBuffer_Release(&line);
+    if (failed) Py_RETURN_NONE;
+    if (h.has_mbl) return Py_BuildValue("(nnnL)", h.n, start, end, (long long)h.mbl);
+    return Py_BuildValue("(nnnO)", h.n, start, end, Py_None);
+}
+
 static PyMethodDef methods[] = {
+    {"head", head, METH_O,
+     "head(line) -> (n, last_start, last_end, millis_behind_latest) | None: a processRecords line "
+     "checked (strict JSON of the usual kind: _check.h), how many records, where the last one is "
+     "(-1, -1 when none) and millisBehindLatest (None: absent or null); None for a line read otherwise"},
     {"sequence_numbers", sequence_numbers, METH_O,
      "sequence_numbers(line) -> (joined, n, ends or None, arrivals) | None: every record's "
      "sequenceNumber in a processRecords line, joined (ends: n + 1 native int64 offsets when their "
@@ -263,5 +286,6 @@ static PyMethodDef methods[] = {
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_scan", NULL, -1, methods};
 
 PyMODINIT_FUNC PyInit__scan(void) {
+    check_init();
     return PyModule_Create(&module);
 }

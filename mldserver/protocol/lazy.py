@@ -4,8 +4,8 @@ Python object per record.
 With handler processes the server never looks inside most records: the line goes
 to the handler process as it arrived, and the server needs the action, the batch's
 size, ``millisBehindLatest`` and the last record's position (what ``checkpoint()``
-with no argument stores). pysimdjson parses the line once in C (checking the whole
-of it: JSON and UTF-8) and gives Python objects only for what is asked::
+with no argument stores). The line is checked whole in C (JSON and UTF-8), and
+Python objects are made only for what is asked::
 
     line = b'{"action":"processRecords","records":[{"data":"bWVvdw==",' \\
            b'"sequenceNumber":"7","subSequenceNumber":0}],"millisBehindLatest":5}\\n'
@@ -25,9 +25,16 @@ own tolerance (invalid UTF-8 replaced) and its own error messages, so both paths
 accept and refuse the same lines. A record that is not a JSON object is ``None`` in
 ``column`` and in ``obj``.
 
-The parsed line (some 2.4 times the line's size) is let go once the size and the
-last record are read: the server holds every line waiting for a handler process, and
-reads its positions from the bytes (``sequence_numbers``). ``obj``, ``objects`` and
+The server's ``parse`` checks the line natively (``_check.h``, one pass: the line
+accepted, its size, where its last record is, ``millisBehindLatest``) and parses only
+the last record, with orjson; pysimdjson reads a line the check leaves to it (a byte
+past ASCII, a ``\\u`` escape, a number that is not a plain integer: ``_check.h``
+lists them) and ``parse(keep=True)``'s. A 1.5 MB line of 1,000 x 1 KiB is checked in 0.10
+ms, where pysimdjson took 0.22 (it copies the line, then builds its structure).
+
+The parsed line (some 2.4 times the line's size) is never kept by the server: it holds
+every line waiting for a handler process, and reads its positions from the bytes
+(``sequence_numbers``). ``obj``, ``objects`` and
 ``column`` parse it again, once, and keep it, until ``release``; so does
 ``parse(keep=True)``, for a handler process whose handler reads the records. Parsers are
 reused (``POOLED_PARSERS`` of them), each only once nothing refers to its previous
@@ -48,17 +55,18 @@ from ..native import load_native
 # compiler, or with MLDSERVER_NO_EXTENSIONS set: ``columns`` serve.
 _scan = load_native("mldserver.protocol._scan")
 _sequence_numbers = _scan.sequence_numbers if _scan is not None else None
+_head = _scan.head if _scan is not None else None  # the line checked (_check.h), else pysimdjson
 
 
 class LazyRecords(Sequence[Any]):
     __slots__ = ("line", "millis_behind_latest", "_n", "_last", "_array", "_list")
 
-    def __init__(self, line: bytes, document: Any, array: Any) -> None:
+    def __init__(self, line: bytes, n: int, last: Any, millis_behind_latest: int | None) -> None:
         self.line = line
-        self.millis_behind_latest = document.get("millisBehindLatest")
-        self._n = len(array)
-        self._last = _plain(array[self._n - 1]) if self._n else None
-        # The parsed line is let go (it is larger than the line): read again if asked.
+        self.millis_behind_latest = millis_behind_latest
+        self._n = n
+        self._last = last
+        # The parsed line (larger than the line) is not kept: read again if asked.
         self._array: Any = None
         self._list: list[Any] | None = None
 
@@ -66,6 +74,11 @@ class LazyRecords(Sequence[Any]):
     def parse(cls, line: bytes, keep: bool = False) -> LazyRecords | None:
         """The line's records, or None: the eager decoder reads it. ``keep``: the
         parsed line is kept (the records will be read)."""
+        if not keep and _head is not None:
+            head = _head(line)
+            if head is not None:  # checked natively: the last record alone is parsed
+                n, start, end, mbl = head
+                return cls(line, n, orjson.loads(memoryview(line)[start:end]) if n else None, mbl)
         try:
             document = _parse(line)
         except (ValueError, RuntimeError):  # UnicodeDecodeError is a ValueError
@@ -81,7 +94,8 @@ class LazyRecords(Sequence[Any]):
         mbl = document.get("millisBehindLatest")
         if mbl is not None and type(mbl) is not int:  # the eager decoder says what is wrong
             return None
-        records = cls(line, document, array)
+        n = len(array)
+        records = cls(line, n, _plain(array[n - 1]) if n else None, mbl)
         if keep:
             records._array = array
         return records
