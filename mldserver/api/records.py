@@ -21,7 +21,8 @@ outside the alphabet, a line break) is read as ``binascii.a2b_base64`` reads it,
 skips such characters, so every line decodes as it always did, only faster. In a
 handler process the records of a batch are read from the daemon's line, and the first
 ``data`` read decodes every record's of the batch at once, in C from the line's bytes
-(``pool.frames.LineRecord``), with the same result.
+(``pool.frames.LineRecord``), with the same result; the line is parsed for the other
+fields only when the handler first reads one of them.
 """
 
 from __future__ import annotations

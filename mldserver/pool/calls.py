@@ -458,6 +458,8 @@ class ProcessCalls(Calls):
             frame["millis_behind_latest"] = batch.millis_behind_latest
             frame["collect"] = collect
             frame["line"] = batch.line is not None
+            if batch.line is not None:
+                frame["records"] = len(batch.records)  # (the handler process need not count them)
             body = batch.line if batch.line is not None else encode_records(batch.records)
         return frame, body
 

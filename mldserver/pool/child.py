@@ -348,7 +348,8 @@ class HandlerChild:
                     batch = Batch([], frame.get("millis_behind_latest"), info, collected)
                     batch.line = body  # type: ignore[assignment]  (valid until this call's done frame)
                 else:
-                    batch = Batch(records_from(body, bool(frame.get("line"))), frame.get("millis_behind_latest"),
+                    batch = Batch(records_from(body, bool(frame.get("line")), frame.get("records")),
+                                  frame.get("millis_behind_latest"),
                                   info, collected)
                 if call_id in self.gates and not await self.gates[call_id]:
                     raise _Skipped()  # a record without a position: the server decodes the batch again

@@ -7,7 +7,7 @@ What crosses, and how often (one shard's action is one ``call`` and one ``done``
     server -> child
       {"op":"start","handler":"pkg.mod:Attr","settings":{...},"sys_path":[...],"state":"/x/h-1",
        "arena":[5,67108864],"rows_arena":[6,67108864]}       (the arenas' fds and sizes)
-      {"op":"call","id":7,"shard":3,"action":"process_records","line":true,
+      {"op":"call","id":7,"shard":3,"action":"process_records","line":true,"records":1000,
        "info":["shardId-0","TRIM_HORIZON",0],"millis_behind_latest":0,"collect":true} | the line
       {"op":"call",...,"arena":[0,1462000]}    (the line in the arena at (offset, size): arena.py)
       {"op":"call",...,"held":true}            (parse the line, then wait for its go frame)
@@ -53,11 +53,13 @@ frame's callbacks each run under their own id (``[91, ...]``), so the server can
 which one blocks (``mldserver.timers.firing``, ``.remote``, ``.pending``).
 
 The records of a batch cross as the daemon's processRecords line, the bytes that
-arrived (``"line": true``), or, when the server changed them (KPL aggregates expanded,
-malformed records taken out), as one JSON array of record objects (``encode_records``);
-the child wraps them in lazy ``Record``s, each over its record in the line parsed once
-by pysimdjson (``protocol/lazy.py``): a field becomes a Python object when the handler
-reads it. The rows a batch emitted
+arrived (``"line": true``, and ``"records"``: how many the server read there), or,
+when the server changed them (KPL aggregates expanded, malformed records taken out), as
+one JSON array of record objects (``encode_records``); the child wraps a line's in lazy
+``LineRecord``s: their data decoded natively, every record's at once, when the handler
+first reads one, and their other fields over the line parsed once by pysimdjson
+(``protocol/lazy.py``) when it first reads one of those: a field becomes a Python
+object when the handler reads it. The rows a batch emitted
 come back as one columnar body per batch, never a frame per row (``encode_rows`` /
 ``decode_rows``), which the server reads in place, into the coordinator's columns::
 
@@ -160,6 +162,7 @@ class CallFrame(TypedDict, total=False):
     millis_behind_latest: int | None
     collect: bool  # process_records: does the server want the rows?
     line: bool  # process_records: the body is the daemon's line (else a records array)
+    records: int  # process_records with the line: how many records the server read in it
     arena: tuple[int, int]  # the body is in the arena at (offset, size), not after the frame
     held: bool  # process_records: the handler is called only once a go frame says so
 
@@ -199,23 +202,31 @@ def encode_records(records: Sequence[Record]) -> bytes:
                          else r.to_json() for r in records])
 
 
-def records_from(body: bytes | memoryview, line: bool = False) -> list[Record]:
+def records_from(body: bytes | memoryview, line: bool = False, count: int | None = None) -> list[Record]:
     """The batch's records from a ``call`` body: the daemon's whole processRecords
     line (``line``), or the array ``encode_records`` made; in the arena (a memoryview)
-    or read from the pipe. The records keep nothing of ``body`` once ``release``d (at
-    the call's end): both parsers copy out what they keep, and a line's ``LineRecord``s
-    read it only until then."""
+    or read from the pipe; ``count``: how many records the line holds, when the server
+    said (the line is then not read here at all). A line's records are read when the handler reads them
+    (``LineRecord``): their data decoded natively, every record's at once, and the rest
+    parsed (pysimdjson) the first time a handler reads anything else of one. The
+    records keep nothing of ``body`` once ``release``d (at the call's end): what they
+    still need of it is copied then."""
     if not body:
         return []
     if not line:
         return list(map(Record, orjson.loads(body)))
-    lazy = LazyRecords.parse(body, keep=True)  # each record read when the handler reads it
-    if lazy is not None:
-        if _datas is None:  # pragma: no cover  (not built, or MLDSERVER_NO_EXTENSIONS set)
+    if _datas is None:  # pragma: no cover  (not built, or MLDSERVER_NO_EXTENSIONS set)
+        lazy = LazyRecords.parse(body, keep=True)
+        if lazy is not None:
             return list(map(Record, lazy.objects()))
-        shared = LineData(body)
-        records = shared.records = list(map(LineRecord, lazy.objects(), repeat(shared)))
-        return records
+    else:
+        if count is None:
+            lazy = LazyRecords.parse(body)  # checked natively: how many records, none of them parsed
+            count = len(lazy) if lazy is not None else None
+        if count is not None:
+            shared = LineData(body)
+            records = shared.records = list(map(LineRecord, repeat(shared), range(count)))
+            return records
     try:
         message = orjson.loads(body)
     except orjson.JSONDecodeError:  # not UTF-8: decoded tolerantly, as the protocol core does
@@ -224,23 +235,31 @@ def records_from(body: bytes | memoryview, line: bool = False) -> list[Record]:
 
 
 class LineData:
-    """The line a batch's ``LineRecord``s were read from, while its call runs: the first
-    ``data`` a handler reads decodes every record's at once, from the line's bytes in
-    one native pass (``_b64.datas``: base64 in C, no str per record), so a handler that
-    reads every record's data pays some 0.1 us a record for it, and one that reads none
-    pays nothing."""
+    """The line a batch's ``LineRecord``s were read from.
 
-    __slots__ = ("body", "records")
+    The first ``data`` a handler reads decodes every record's at once, from the line's
+    bytes in one native pass (``_b64.datas``: base64 in C, no str per record), so a
+    handler that reads every record's data pays some 0.1 us a record for it, and one
+    that reads none pays nothing. The first other field read (``partition_key``,
+    ``sequence_number``, ``raw``, ...) parses the line with pysimdjson, every record's at
+    once (``raw``): a handler that reads only the data never parses it (some 0.25 ms
+    and 1,000 Python objects for 1,000 x 1 KiB). Once the call is over (``close``), the
+    line's region goes back: a line not yet parsed is copied first, for records the
+    handler kept."""
+
+    __slots__ = ("body", "records", "raws", "decoded")
 
     def __init__(self, body: bytes | memoryview) -> None:
         self.body: bytes | memoryview | None = body
-        self.records: list[LineRecord] | None = None
+        self.records: list[LineRecord] | None = None  # until the call is over (a cycle until then)
+        self.raws: list[Any] | None = None  # every record parsed: a lazy mapping each (or what the daemon sent)
+        self.decoded = False  # every record's data decoded
 
     def decode(self) -> None:
         body, records = self.body, self.records
-        self.body = self.records = None  # once (and no cycle is left behind)
-        if body is None or records is None:
+        if body is None or records is None or self.decoded:
             return
+        self.decoded = True  # (once)
         found = _datas(body)
         if found is None or len(found) != len(records):  # pragma: no cover  (simdjson read this line)
             return
@@ -248,22 +267,44 @@ class LineData:
             if data is not None:  # None: not plain base64, read the usual way (Record.data)
                 record._data = data
 
+    def raw(self, i: int) -> Any:
+        """Record ``i`` parsed: the line parsed once, and every record's set at once."""
+        raws = self.raws
+        if raws is None:
+            lazy = LazyRecords.parse(self.body, keep=True)  # type: ignore[arg-type]
+            raws = self.raws = list(lazy.objects()) if lazy is not None else orjson.loads(self.body)["records"]
+            for record, raw in zip(self.records or (), raws):
+                record._raw = raw
+        return raws[i]
+
     def close(self) -> None:
-        """The call is over: its body (the arena's region) may be reused; a record
-        still read after it decodes its data the usual way."""
-        self.body = self.records = None
+        """The call is over: its body (the arena's region) may be reused. A record still
+        read after it decodes its data the usual way, and reads a copy of the line."""
+        self.records = None
+        body = self.body
+        self.body = bytes(body) if self.raws is None and body is not None else None  # (pysimdjson copied it)
 
 
 class LineRecord(Record):
-    """A record of a batch's line in a handler process (``records_from``)."""
+    """A record of a batch's line in a handler process (``records_from``): its data
+    and its other fields read from the line when the handler first reads them
+    (``LineData``). Its ``_raw`` is unset until then: reading it (``__getattr__``, only
+    called for an attribute not set) parses the line; after that it is read as any
+    record's, at no cost."""
 
-    __slots__ = ("_line",)
+    __slots__ = ("_line", "_i")
 
-    def __init__(self, raw: Any, line: LineData) -> None:
-        self._raw = raw
+    def __init__(self, line: LineData, i: int) -> None:
         self._data = None
         self._position = None
         self._line = line
+        self._i = i
+
+    def __getattr__(self, name: str) -> Any:
+        if name != "_raw":
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        raw = self._raw = self._line.raw(self._i)
+        return raw
 
     @property
     def data(self) -> bytes:

@@ -226,3 +226,83 @@ async def test_a_body_of_megabytes_is_read_whole_in_pieces_and_a_cut_one_reads_a
     reader.feed_eof()
     assert await pipes.read_frame_async(reader) == ({"op": "x"}, body)
     assert await pipes.read_frame_async(reader) is None
+
+
+@pytest.fixture
+def native_line(monkeypatch):
+    """A line's records as the native parts read them (``LineRecord``): with
+    ``MLDSERVER_NO_EXTENSIONS`` set they are put back by hand (they are built)."""
+    from mldserver.pool import _b64
+    from mldserver.protocol import _scan, lazy
+
+    monkeypatch.setattr(frames, "_datas", _b64.datas)
+    monkeypatch.setattr(lazy, "_head", _scan.head)
+
+
+def _parses(monkeypatch) -> list[int]:
+    """Each pysimdjson parse from here on, counted."""
+    import threading
+
+    import simdjson
+
+    from mldserver.protocol import lazy
+
+    parses: list[int] = []
+
+    class Counting(simdjson.Parser):
+        def parse(self, *args, **kwargs):
+            parses.append(1)
+            return super().parse(*args, **kwargs)
+
+    monkeypatch.setattr(lazy.simdjson, "Parser", Counting)
+    monkeypatch.setattr(lazy, "_local", threading.local())
+    return parses
+
+
+def _fields(record) -> tuple:
+    raw = record.raw  # (a line's record: pysimdjson's lazy mapping, as before)
+    return (record.data, record.partition_key, record.sequence_number, record.sub_sequence_number,
+            raw.as_dict() if hasattr(raw, "as_dict") else raw)
+
+
+def test_a_handler_reading_only_the_data_never_parses_the_line_and_the_first_other_field_parses_it_once(
+        native_line, monkeypatch):
+    raws = make_records(100, 5, partition_key="pk-é")  # (a byte past ASCII: the native check leaves it)
+    raws[2]["data"] = "bWV vdw=="  # (not plain base64: read the usual way, leniently)
+    raws.append(7)  # what the daemon never sends: a record that is not an object
+    for line in (orjson.dumps({"action": "processRecords", "records": raws}),
+                 orjson.dumps({"action": "processRecords", "records": raws[:-1]}).replace("é".encode(), b"e")):
+        with monkeypatch.context() as patched:
+            eager = [Record(raw) for raw in orjson.loads(line)["records"]]
+            parses = _parses(patched)
+            records = frames.records_from(bytearray(line), True)
+            plain = line.isascii()
+            assert parses == ([] if plain else [1]) and len(records) == len(eager)  # how many: the native check
+            assert [r.data for r in records[:2]] == [e.data for e in eager[:2]]
+            assert parses == ([] if plain else [1])  # every record's data decoded natively, the line not parsed
+            if plain:
+                assert all(r._data is not None for r in records[3:])  # (decoded with the first)
+            assert records[4].partition_key == eager[4].partition_key
+            assert parses == ([1] if plain else [1, 1])  # once, for every record
+            for record, expected in zip(records, eager):
+                if isinstance(expected.raw, dict):
+                    assert _fields(record) == _fields(expected)
+                else:
+                    assert record.raw == expected.raw
+            assert parses == ([1] if plain else [1, 1])
+
+
+@pytest.mark.parametrize("read_before", ["nothing", "data", "a field", "both"])
+def test_records_kept_past_their_call_read_the_line_they_came_from_not_what_reuses_its_region(native_line, read_before):
+    raws = make_records(100, 3)
+    line = orjson.dumps({"action": "processRecords", "records": raws})
+    region = bytearray(line)  # the arena's region, as a handler process sees it
+    records = frames.records_from(memoryview(region), True, 3)  # (the count the server's call frame gives)
+    if read_before in ("data", "both"):
+        records[0].data
+    if read_before in ("a field", "both"):
+        records[1].partition_key
+    frames.release(records)
+    region[:] = b"x" * len(region)  # the next call's line lands there
+    eager = [Record(raw) for raw in raws]
+    assert [_fields(r) for r in records] == [_fields(e) for e in eager]
