@@ -8,7 +8,8 @@
     clock.advance(600_001)
     await coordinator.step()
 
-``small_tmpfs`` is a disk that really fills up. ``docs_reference()`` is
+``small_tmpfs`` is a disk that really fills up. ``counted_parses(monkeypatch)`` counts
+each pysimdjson parse of a line from then on (``protocol/lazy.py``). ``docs_reference()`` is
 docs/reference.py, the reference pages' generator and the reader of the code's log calls
 (``emitted()``), as a module.
 """
@@ -85,3 +86,24 @@ def docs_reference():
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def counted_parses(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """A list that grows by one at each pysimdjson parse ``protocol/lazy.py`` makes from
+    now on (its parsers are made afresh, each counting)."""
+    import threading
+
+    import simdjson
+
+    from mldserver.protocol import lazy
+
+    parses: list[int] = []
+
+    class Counting(simdjson.Parser):
+        def parse(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+            parses.append(1)
+            return super().parse(*args, **kwargs)
+
+    monkeypatch.setattr(lazy.simdjson, "Parser", Counting)
+    monkeypatch.setattr(lazy, "_local", threading.local())
+    return parses

@@ -20,6 +20,8 @@ from mldserver.pool.process import HandlerImportFailed, HandlerProcess, ProcessD
 from mldserver.api.records import EVENT_TIME, Record
 from mldserver.api.testing import make_records
 
+from ..helpers import counted_parses
+
 
 def test_rows_cross_as_one_columnar_body_and_come_back_as_they_were_encoded():
     records = list(map(Record, make_records(10, 3)))
@@ -239,26 +241,6 @@ def native_line(monkeypatch):
     monkeypatch.setattr(lazy, "_head", _scan.head)
 
 
-def _parses(monkeypatch) -> list[int]:
-    """Each pysimdjson parse from here on, counted."""
-    import threading
-
-    import simdjson
-
-    from mldserver.protocol import lazy
-
-    parses: list[int] = []
-
-    class Counting(simdjson.Parser):
-        def parse(self, *args, **kwargs):
-            parses.append(1)
-            return super().parse(*args, **kwargs)
-
-    monkeypatch.setattr(lazy.simdjson, "Parser", Counting)
-    monkeypatch.setattr(lazy, "_local", threading.local())
-    return parses
-
-
 def _fields(record) -> tuple:
     raw = record.raw  # (a line's record: pysimdjson's lazy mapping, as before)
     return (record.data, record.partition_key, record.sequence_number, record.sub_sequence_number,
@@ -274,7 +256,7 @@ def test_a_handler_reading_only_the_data_never_parses_the_line_and_the_first_oth
                  orjson.dumps({"action": "processRecords", "records": raws[:-1]}).replace("é".encode(), b"e")):
         with monkeypatch.context() as patched:
             eager = [Record(raw) for raw in orjson.loads(line)["records"]]
-            parses = _parses(patched)
+            parses = counted_parses(patched)
             records = frames.records_from(bytearray(line), True)
             plain = line.isascii()
             assert parses == ([] if plain else [1]) and len(records) == len(eager)  # how many: the native check

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import base64
 import json
-import threading
 
 import pytest
 
@@ -19,6 +18,7 @@ from mldserver.api.testing import SHARD_END, FakeDaemon, make_records
 
 from ..conftest import DATA
 from ..harness import running
+from ..helpers import counted_parses
 from .serving import dead_letters, recorder
 
 VECTORS = {v["name"]: v for v in json.loads((DATA / "kpl-vectors.json").read_text())["vectors"]}
@@ -189,19 +189,9 @@ def test_a_line_the_protocol_read_lazily_holds_no_parsed_line_while_it_waits(mon
     one: 180 MiB of the server's memory). The native check reads what the conversation
     needs without pysimdjson, and the native scan reads the positions from the bytes, so
     the line is never parsed whole; without them it is parsed twice."""
-    import simdjson
+    from mldserver.protocol import messages
 
-    from mldserver.protocol import lazy, messages
-
-    parses = []
-
-    class Counting(simdjson.Parser):
-        def parse(self, *args, **kwargs):
-            parses.append(1)
-            return super().parse(*args, **kwargs)
-
-    monkeypatch.setattr(lazy.simdjson, "Parser", Counting)
-    monkeypatch.setattr(lazy, "_local", threading.local())
+    parses = counted_parses(monkeypatch)
     raws = make_records(100, 3)
     event = messages.decode(json.dumps({"action": "processRecords", "records": raws}).encode(), lazy=True)
     assert parses == ([] if native.native_allowed() else [1]) and event.records._array is None  # only bytes
