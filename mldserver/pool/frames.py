@@ -227,11 +227,17 @@ def records_from(body: bytes | memoryview, line: bool = False, count: int | None
             shared = LineData(body)
             records = shared.records = list(map(LineRecord, repeat(shared), range(count)))
             return records
+    return list(map(Record, _tolerant(body)))
+
+
+def _tolerant(line: bytes | memoryview) -> list[Any]:
+    """A line's records as the protocol core's eager decoder reads them: invalid UTF-8
+    replaced (pysimdjson refuses such a line)."""
     try:
-        message = orjson.loads(body)
-    except orjson.JSONDecodeError:  # not UTF-8: decoded tolerantly, as the protocol core does
-        message = orjson.loads(bytes(body).decode("utf-8", "replace"))
-    return list(map(Record, message.get("records") or ()))
+        message = orjson.loads(line)
+    except orjson.JSONDecodeError:
+        message = orjson.loads(bytes(line).decode("utf-8", "replace"))
+    return message.get("records") or []
 
 
 class LineData:
@@ -272,7 +278,7 @@ class LineData:
         raws = self.raws
         if raws is None:
             lazy = LazyRecords.parse(self.body, keep=True)  # type: ignore[arg-type]
-            raws = self.raws = list(lazy.objects()) if lazy is not None else orjson.loads(self.body)["records"]
+            raws = self.raws = list(lazy.objects()) if lazy is not None else _tolerant(self.body)  # type: ignore[arg-type]
             for record, raw in zip(self.records or (), raws):
                 record._raw = raw
         return raws[i]

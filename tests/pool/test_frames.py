@@ -213,6 +213,9 @@ def test_records_cross_as_the_line_that_arrived_when_the_server_kept_them_one_fo
     assert [r.to_json() for r in frames.records_from(line, line=True)] == raws
     broken = line.replace(b'"pk0"', b'"pk\xff"')  # not UTF-8: decoded tolerantly
     assert frames.records_from(broken, line=True)[0].partition_key == "pk\ufffd"
+    records = frames.records_from(memoryview(broken), True, 2)  # the count from the server's call frame
+    assert [(r.partition_key, r.data) for r in records] == [("pk\ufffd", Record(raws[0]).data),
+                                                            ("pk1", Record(raws[1]).data)]
 
 
 async def test_a_body_of_megabytes_is_read_whole_in_pieces_and_a_cut_one_reads_as_the_end():
