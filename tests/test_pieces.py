@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 from mldserver.shard import pieces
-from mldserver.shard.pieces import PieceReader
+from mldserver.shard.pieces import LineReader, PieceReader
 
 
 async def test_a_piece_that_fits_is_handed_out_as_it_came_and_a_larger_one_is_cut():
@@ -87,21 +87,37 @@ async def test_a_holding_reader_pauses_after_each_piece_and_a_read_lets_one_more
     assert not transport.paused  # nothing held: reading goes on
 
 
-async def test_a_server_whose_connections_read_in_pieces_serves_a_line_of_megabytes():
-    got: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
+async def test_a_server_whose_connections_read_in_place_serves_lines_of_megabytes_uncopied():
+    """Each read is written where the line ends up: a line of megabytes leaves as the
+    buffer the transport wrote into (never copied), and the end of input is 0."""
+    got: asyncio.Future[list] = asyncio.get_running_loop().create_future()
+    lent: list[int] = []
 
     async def connected(reader, writer):
-        assert isinstance(reader, PieceReader)
-        got.set_result(await reader.read(-1))
-        writer.close()
+        assert isinstance(reader, LineReader)
+        lines = []
+        try:
+            while n := await reader.receive():
+                assert reader.unread == 0 < n
+                lent.append(id(reader.lines._buf))  # the buffer the reads went to
+                while (line := reader.lines.next_line()) is not None:
+                    lines.append(line)
+            got.set_result(lines)
+        except Exception as exc:  # (the test fails, not hangs)
+            got.set_exception(exc)
+        finally:
+            writer.close()
 
     server = await pieces.serve_tcp(connected, "127.0.0.1", 0, 1 << 18)
     port = server.sockets[0].getsockname()[1]
     _, writer = await asyncio.open_connection("127.0.0.1", port)
-    line = bytes(range(256)) * 12_000  # 3 MB
-    writer.write(line)
+    line = bytes(range(14, 256)) * 13_000  # 3 MB, no line end in it
+    writer.write(line + b"\n" + line[:1000] + b"\r\n" + line + b"\n")
     await writer.drain()
     writer.close()
-    assert await asyncio.wait_for(got, 30) == line
+    lines = await asyncio.wait_for(got, 30)
+    assert lines == [line, line[:1000], line]
+    assert type(lines[0]) is bytearray and id(lines[0]) in lent  # the buffer the kernel wrote into
+    assert type(lines[1]) is bytes  # a short line is copied out
     server.close()
     await server.wait_closed()

@@ -99,9 +99,13 @@ class Connection(ConnectionState):
     A ``ConnectionState`` (its ``state``, ``owes_status``, ...) that reads and writes
     lines: every step is its ``move``; nothing here assigns the state."""
 
-    def __init__(self, max_line_size: int = DEFAULT_MAX_LINE_SIZE, lazy: bool = False) -> None:
-        """``lazy``: processRecords lines' records are read on demand (see :mod:`.lazy`)."""
-        self._lines = LineBuffer(max_line_size)
+    def __init__(self, max_line_size: int = DEFAULT_MAX_LINE_SIZE, lazy: bool = False,
+                 lines: LineBuffer | None = None) -> None:
+        """``lazy``: processRecords lines' records are read on demand (see :mod:`.lazy`);
+        ``lines``: a buffer others write into in place (``LineBuffer.get_buffer``), else
+        one of its own, fed by ``receive_data``."""
+        self._lines = lines if lines is not None else LineBuffer()
+        self._lines.max_line_size = max_line_size
         self.lazy = lazy
         self.dialect = Dialect.SEQUENCE
         self.shard_id: str | None = None

@@ -39,9 +39,10 @@ from ..base.logs import get_logger
 
 log = get_logger("mldserver.server")
 
-# StreamReader pauses reading at twice this; a shard waiting for a slot pauses at once
-# (``PieceReader.hold``), keeping the rest of its batch in the kernel, not in our
-# memory. Lines are reassembled by the core.
+# A shard's reader pauses reading at twice this received and not yet looked at; a shard
+# waiting for a slot pauses at once (``LineReader.hold``), keeping the rest of its batch
+# in the kernel, not in our memory. Reads are written in place into the line they end up
+# in (``pieces.InPlace``).
 STREAM_LIMIT = 1 << 18
 
 

@@ -39,7 +39,7 @@ from ..base.deadletters import DeadLetters
 from ..base.durable import on_blocked
 from ..base.logs import EventLogger
 from .pausing import Pause
-from .pieces import PieceReader
+from .pieces import LineReader
 from ..base.positions import Position
 from ..protocol import (
     Action, CheckpointReply, Connection, ConnectionClosed, Dialect, Event, Initialize, LeaseLost, ProcessRecords,
@@ -58,11 +58,11 @@ from .status import Meter, ShardStatus, Tally
 
 
 class ShardDriver:
-    def __init__(self, reader: PieceReader, writer: asyncio.StreamWriter, *, calls: Calls, settings: Settings,
+    def __init__(self, reader: LineReader, writer: asyncio.StreamWriter, *, calls: Calls, settings: Settings,
                  dead_letters: DeadLetters, log: EventLogger, metrics: Meter, slots: Slots | None = None,
                  downstream: Downstream | None = None, pause: Pause | None = None, conn_id: int | None = None) -> None:
         """``calls`` logs to ``log``; ``slots`` and ``pause`` (POST /pause) are the server's."""
-        self.conn = Connection(settings.max_line_size)
+        self.conn = Connection(settings.max_line_size, lines=reader.lines)  # the reader writes its lines in place
         self.conn.lazy = calls.reads_line  # a handler process reads the records from the line
         self.settings = settings
         self.log = log

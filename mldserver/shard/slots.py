@@ -34,12 +34,9 @@ import time
 from typing import Any, AsyncIterator, Awaitable, Callable
 
 from ..base.logs import EventLogger
-from .pieces import PieceReader
+from .pieces import LineReader
 from ..protocol import NEED_DATA, Connection, Event, ProcessRecords, RemoteProtocolError, State, action_in
 
-# Read a quarter MiB at a time: below the fixed mmap threshold (``pool/malloc.py``), so
-# each piece reuses heap memory; the line is joined from them once (``LineBuffer``).
-READ_CHUNK = 1 << 18
 # Waiting for the daemon's next action: the only time a shard takes a slot.
 BETWEEN_ACTIONS = frozenset({State.AWAITING_INITIALIZE, State.READY, State.DRAINING})
 # Actions that carry no batch: they never take an in-flight slot (named in a line's
@@ -116,7 +113,7 @@ class Slots:
 class Wire:
     def __init__(
         self,
-        reader: PieceReader,  # the server's connections (pieces.serve_tcp, serve_unix)
+        reader: LineReader,  # the server's connections (pieces.serve_tcp, serve_unix): conn's lines are its
         writer: asyncio.StreamWriter,
         conn: Connection,
         slots: Slots | None,
@@ -195,9 +192,9 @@ class Wire:
                 await self._on_bad_line(exc)
                 continue
             if event is NEED_DATA:
-                data = await self.read()
-                conn.receive_data(data)
-                if data and self.slots is not None and not self._holding and conn.state in BETWEEN_ACTIONS:
+                if not await self.read():
+                    conn.receive_data(b"")  # the end of input
+                elif self.slots is not None and not self._holding and conn.state in BETWEEN_ACTIONS:
                     await self._maybe_take_slot()
                 continue
             if isinstance(event, ProcessRecords) and self.slots is not None and not self._holding:
@@ -212,10 +209,9 @@ class Wire:
             yield chunk, done
             if done:
                 return
-            data = await self.read()
-            if not data:
+            if not await self.read():
+                self.conn.receive_data(b"")
                 return  # the end of input inside the line
-            self.conn.receive_data(data)
 
     async def _maybe_take_slot(self) -> None:
         """The first bytes of the next action: a batch waits for a slot before more of
@@ -262,9 +258,10 @@ class Wire:
             self._holding = False
             self.slots.release(self)  # type: ignore[union-attr]
 
-    async def read(self) -> bytes:
-        """The next bytes from the daemon (b"" at the end). A slot holder whose line
-        stops growing gives the slot back; an idle wire can be stopped here."""
+    async def read(self) -> int:
+        """The next bytes from the daemon, written in place into ``conn``'s lines: how
+        many (0 at the end). A slot holder whose line stops growing gives the slot
+        back; an idle wire can be stopped here."""
         idle = self.conn.state in BETWEEN_ACTIONS and self.conn.buffered == 0 and not self.conn.overflowing
         if idle and self.stopping and not self.reader.unread:
             raise Stopped
@@ -278,7 +275,7 @@ class Wire:
             if self._holding and not idle:
                 try:
                     async with asyncio.timeout(STALL_S):
-                        return await self._received(self.reader.read(READ_CHUNK))
+                        return await self._received(self.reader.receive())
                 except TimeoutError:
                     self.log.warning(
                         "peer_stalled",
@@ -288,7 +285,7 @@ class Wire:
                         "its in-flight slot is given back until it sends again",
                     )
                     self.release()
-            return await self._received(self.reader.read(READ_CHUNK))
+            return await self._received(self.reader.receive())
         except asyncio.CancelledError:
             task = self._task
             if task is None or asyncio.current_task() is not task or not self.stopping:
@@ -304,19 +301,19 @@ class Wire:
             if not self.reader.unread:
                 raise Stopped from None
             self._idle = False
-            return await self._received(self.reader.read(READ_CHUNK))
+            return await self._received(self.reader.receive())
         finally:
             self._idle = False
             self._reading = None
 
-    async def _received(self, read: Any) -> bytes:
+    async def _received(self, read: Any) -> int:
         try:
-            data = await read
+            n = await read
         except ConnectionError as exc:  # a reset peer: the end of input, not a crash
             self.lost = exc
-            return b""
+            return 0
         self._grew = time.monotonic()
-        return data
+        return n
 
     # -- writing -------------------------------------------------------------------
 

@@ -81,11 +81,65 @@ def test_any_chunking_of_line_ends_blanks_and_carriage_returns_gives_the_lines_s
     assert buf.pending == len(data) - (data.rfind(b"\n") + 1)
 
 
-def test_a_long_line_fed_in_many_pieces_comes_out_whole_as_bytes():
+def write_in_place(buf: LineBuffer, data: bytes, step: int) -> list[bytearray]:
+    """``data`` written as a BufferedProtocol's reads write it: into what ``get_buffer``
+    lends, ``step`` bytes a read at most; the buffers written into, in order."""
+    owners, at = [], 0
+    while at < len(data):
+        with buf.get_buffer(-1) as view:
+            n = min(len(view), step, len(data) - at)
+            view[:n] = data[at : at + n]
+            owners.append(view.obj)
+        buf.buffer_updated(n)
+        at += n
+    return owners
+
+
+def test_a_long_line_fed_in_many_pieces_comes_out_whole():
     buf = LineBuffer()
     line = b"y" * 100_000
     for i in range(0, len(line), 4096):
         buf.feed(line[i : i + 4096])
     buf.feed(b"\r\n")
     got = buf.next_line()
-    assert type(got) is bytes and got == line and buf.pending == 0
+    assert got == line and buf.pending == 0
+
+
+def test_a_long_line_written_in_place_leaves_as_the_buffer_it_was_written_into():
+    buf = LineBuffer()
+    line = bytes(range(14, 256)) * 850  # 205,700 bytes with no line end: past the first buffer
+    owners = write_in_place(buf, line + b"\r\n{\"act", 65536)
+    got = buf.next_line()
+    assert got == line and got is owners[-1]  # the last buffer written into, cut to the line
+    assert buf.pending == 5 and buf.peek(10) == b'{"act'
+    # the next line of that size starts in a small buffer and moves once, to one it fits
+    owners = write_in_place(buf, b'ion":1}' + line + b"\n", 65536)
+    assert len({id(o) for o in owners}) == 2
+    assert buf.next_line() == b'{"action":1}' + line
+
+
+def test_short_lines_leave_as_bytes_and_the_buffer_is_reused():
+    buf = LineBuffer()
+    owners = write_in_place(buf, b'{"action":"status"}\n', 7)
+    owners += write_in_place(buf, b'{"action":"leaseLost"}\n', 7)
+    assert lines_of(buf) == [b'{"action":"status"}', b'{"action":"leaseLost"}']
+    assert all(type(line) is bytes for line in [buf.peek(1)])
+    assert len({id(o) for o in owners}) == 1
+
+
+@given(
+    st.lists(st.tuples(st.integers(0, 150_000), st.sampled_from([b"\n", b"\r\n", b"\n\n", b" \n"])), max_size=4),
+    st.integers(1000, 90_000),
+    st.booleans(),
+)
+def test_any_reads_of_long_lines_in_place_or_fed_give_the_lines_split_at_newline(lines, step, in_place):
+    data = b"".join(bytes([65 + i]) * size + end for i, (size, end) in enumerate(lines))
+    buf = LineBuffer()
+    if in_place:
+        write_in_place(buf, data, step)
+    else:
+        for i in range(0, len(data), step):
+            buf.feed(data[i : i + step])
+    expected = [line[:-1] if line.endswith(b"\r") else line for line in data.split(b"\n")[:-1]]
+    assert lines_of(buf) == [line for line in expected if line.strip()]
+    assert buf.pending == 0

@@ -8,9 +8,10 @@ import asyncio
 import orjson
 
 from mldserver.base.logs import EventLogger
-from mldserver.shard.pieces import PieceReader
+from mldserver.shard.pieces import LineReader
 from mldserver.protocol import Connection, ProcessRecords, State
-from mldserver.shard.slots import READ_CHUNK, Slots, Wire
+from mldserver.protocol.framing import LEND
+from mldserver.shard.slots import Slots, Wire
 
 from mldserver.api.testing import make_records
 
@@ -21,8 +22,8 @@ class Writer:
 
 
 async def test_a_batch_is_not_read_past_its_first_piece_until_ready():
-    reader = PieceReader()
-    conn = Connection()
+    reader = LineReader()
+    conn = Connection(lines=reader.lines)
     conn.state = State.READY  # (initialized): between actions
     gate = asyncio.Event()
     slots = Slots(8)
@@ -30,7 +31,7 @@ async def test_a_batch_is_not_read_past_its_first_piece_until_ready():
                 on_bad_line=None, ready=gate.wait)  # type: ignore[arg-type]
     line = orjson.dumps({"action": "processRecords", "records": make_records(1, 4000, 200),
                          "millisBehindLatest": 0}) + b"\n"
-    assert len(line) > 4 * READ_CHUNK
+    assert len(line) > 4 * LEND
     reader.feed_data(line)
     reader.feed_eof()
     event = asyncio.create_task(wire.next_event())
@@ -38,7 +39,7 @@ async def test_a_batch_is_not_read_past_its_first_piece_until_ready():
         await asyncio.sleep(0)
     for _ in range(50):
         await asyncio.sleep(0)
-    assert not event.done() and conn.buffered <= READ_CHUNK and not slots.holders
+    assert not event.done() and conn.buffered <= LEND and not slots.holders
     gate.set()
     got = await asyncio.wait_for(event, 5)
     assert isinstance(got, ProcessRecords) and len(got.records) == 4000 and wire in slots.holders
@@ -46,7 +47,7 @@ async def test_a_batch_is_not_read_past_its_first_piece_until_ready():
 
 async def test_a_batch_waiting_for_a_slot_keeps_all_but_one_read_in_the_kernel():
     """Every slot held: the next shard's batch waits, and the server reads no further
-    than the read that brought its first bytes (uvloop's, at most 256 KiB): the rest
+    than the read that brought its first bytes (at most ``LEND``, 256 KiB): the rest
     of its 8 MB stays in the socket's buffers and with the sender, not in memory."""
     from mldserver.shard import pieces
     from mldserver.server.listeners import STREAM_LIMIT
@@ -60,7 +61,7 @@ async def test_a_batch_waiting_for_a_slot_keeps_all_but_one_read_in_the_kernel()
     events: list = []
 
     async def connected(reader, writer):
-        conn = Connection()
+        conn = Connection(lines=reader.lines)
         conn.state = State.READY
         wire = Wire(reader, writer, conn, slots, EventLogger("test"), running=lambda: None,
                     on_bad_line=None)  # type: ignore[arg-type]
@@ -82,7 +83,7 @@ async def test_a_batch_waiting_for_a_slot_keeps_all_but_one_read_in_the_kernel()
         wire = wires[0]
         for _ in range(20):  # what was in flight lands; nothing more is read
             await asyncio.sleep(0.01)
-        assert 0 < wire.conn.buffered + wire.reader.unread <= READ_CHUNK and not slots._sem._value
+        assert 0 < wire.conn.buffered <= LEND and not slots._sem._value
         slots.release(holder)  # type: ignore[arg-type]
         await eventually(lambda: events, what="the whole batch read, once it took the slot")
         assert len(events[0].records) == 20_000 and wire in slots.holders
