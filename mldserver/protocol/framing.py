@@ -133,13 +133,17 @@ class LineBuffer:
         """At least ``n`` free bytes at the end of the buffer. A fresh buffer is small
         (``MIN_BUFFER``: an idle shard, or one that sends short lines, holds no more);
         a line that outgrows it moves once, to one the size of the last long line
-        (``_size_hint``), and a line longer still to one twice as large each time."""
+        (``_size_hint``), and a line longer still to one twice as large each time. A
+        buffer whose bytes were mostly handed out (short lines, or an over-long line's
+        ``overflow``) moves what it holds to the front of one the same size."""
         buf = self._buf
         if buf is not None and len(buf) - self._end >= n:
             return
         held = self._end - self._start
         if buf is None:
             size = max(MIN_BUFFER, n)
+        elif held + n <= len(buf) // 2:  # mostly handed out already: what is held moves to the front
+            size = len(buf)
         else:
             size = max(self._size_hint, 2 * len(buf), held + n)
         fresh = _bytearray(size)

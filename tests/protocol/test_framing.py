@@ -118,6 +118,28 @@ def test_a_long_line_written_in_place_leaves_as_the_buffer_it_was_written_into()
     assert buf.next_line() == b'{"action":1}' + line
 
 
+def test_an_over_long_line_taken_in_pieces_as_it_is_written_in_place_keeps_the_buffer_small():
+    """``overflow()`` hands out what arrived; the buffer it leaves behind is reused at
+    its size, however long the line goes on (not doubled each time it fills)."""
+    buf = LineBuffer(max_line_size=1000)
+    piece = b"z" * 40_000 + b"\r"  # each piece ends in a \r: maybe the line's end, kept back
+    taken, sizes, raised = 0, set(), 0
+    for _ in range(100):  # 4 MB
+        sizes.update(len(o) for o in write_in_place(buf, piece, 65536))
+        if not buf.overflowing:
+            with pytest.raises(LineTooLong):
+                buf.next_line()
+            raised += 1
+        chunk, done = buf.overflow()
+        assert not done
+        taken += len(chunk)
+    write_in_place(buf, b"\nok\n", 65536)
+    chunk, done = buf.overflow()
+    assert done and taken + len(chunk) == 100 * len(piece) - 1 and raised == 1
+    assert buf.next_line() == b"ok"
+    assert max(sizes) <= 2 * 65536
+
+
 def test_short_lines_leave_as_bytes_and_the_buffer_is_reused():
     buf = LineBuffer()
     owners = write_in_place(buf, b'{"action":"status"}\n', 7)
