@@ -175,9 +175,7 @@ class LineBuffer:
         end = nl - 1 if nl > start and buf[nl - 1] == 13 else nl
         if end - start <= SMALL or start:
             line: bytes | bytearray = bytes(memoryview(buf)[start:end])
-            self._start = self._scan = nl + 1
-            if self._start == self._end:  # all handed out: the buffer is reused from its start
-                self._start = self._end = self._scan = 0
+            self._drop(nl)
             return line
         rest = self._end - nl - 1
         self._size_hint = max(end + SLACK, MIN_BUFFER)
@@ -190,7 +188,8 @@ class LineBuffer:
         return buf
 
     def _drop(self, nl: int) -> None:
-        """Everything up to the line end at ``nl`` leaves the buffer."""
+        """Everything up to the line end at ``nl`` leaves the buffer (all handed out:
+        the buffer is reused from its start)."""
         self._start = self._scan = nl + 1
         if self._start == self._end:
             self._start = self._end = self._scan = 0
