@@ -202,3 +202,37 @@ def test_spilled_rows_share_a_segment_file_and_a_batch_larger_than_one_gets_its_
     assert list(large) == list(big)  # the maps outlive the writing
     del kept
     assert len(os.listdir("/proc/self/fd")) == fds + 1  # the first segment went with its last rows
+
+
+def resident_kib(address: int) -> int:
+    """The memory of this process's mapping that holds ``address``, in KiB, as the
+    kernel counts it (``Rss`` in ``/proc/self/smaps``)."""
+    inside = False
+    with open("/proc/self/smaps") as smaps:
+        for line in smaps:
+            head = line.split()[0]
+            if "-" in head and not head.endswith(":"):
+                low, high = (int(x, 16) for x in head.split("-"))
+                inside = low <= address < high
+            elif inside and head == "Rss:":
+                return int(line.split()[1])
+    raise LookupError(hex(address))
+
+
+def test_spilled_rows_once_read_let_their_pages_go_and_read_back_from_the_file(tmp_path):
+    from mldserver.coordinator.spill import Spill
+
+    spill = Spill(tmp_path)
+    lines = [b'{"i":%d,"pad":"%s"}\n' % (i, b"x" * 500) for i in range(4_000)]  # 2 MB
+    rows = RowBatch(np.arange(4_000, dtype=np.int64), np.arange(4_000), Position.batch([str(i) for i in range(4_000)], [0] * 4_000),
+                    b"".join(lines), np.cumsum([0] + list(map(len, lines))))
+    spilled, small = rows.spilled(spill.put), rows[:3].spilled(spill.put)  # one segment
+    address = spilled.body.ctypes.data
+    assert resident_kib(address) == 0  # written, not read
+    assert b"".join(bytes(row) + b"\n" for row in (spilled.row(i) for i in range(len(spilled)))) == b"".join(lines)
+    assert resident_kib(address) >= 2_000  # the reads brought the pages in
+    spilled.page_out()
+    assert resident_kib(address) <= 4  # let go (a page it shares with the next batch at most)
+    assert list(spilled) == list(rows) and list(small) == list(rows[:3])  # read back from the file
+    rows.page_out()  # rows in memory: nothing to let go
+    assert list(rows)[:1] == list(spilled)[:1]

@@ -255,6 +255,8 @@ class Committer:
         if len(window) or not closed.dropped:  # (a window of dropped late rows alone writes nothing)
             await self._write(closed)
         await self.on_commit(window, closed.commits)
+        for rows in (*(window.rows.pieces[0] if window.rows.pieces else ()), *closed.dropped):
+            rows.page_out()  # rows spilled to a file: the pages read from it, let go
 
     async def _write(self, closed: Sealed) -> None:
         """The window into the sink, retried until it commits, then counted and logged."""

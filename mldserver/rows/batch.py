@@ -268,6 +268,34 @@ class RowBatch:
         """Are these rows' JSON lines in a spill file (``spilled``), not in memory?"""
         return type(_root(self.body)) is mmap.mmap
 
+    def page_out(self) -> None:
+        """Rows ``spilled`` to a file, once read (the merge's sort, a sink's gather): the
+        pages those reads brought into this process are let go, back to the page cache
+        (``madvise(MADV_DONTNEED)``). The rows stay in the file; a later read brings
+        them back. What the committer does once a window is committed, so the server
+        does not hold a segment's pages (64 MiB) until the segment's last batch goes.
+        Rows in memory: nothing to do::
+
+            rows = piece.spilled(spill.put); rows.row(0)   # its page read in
+            rows.page_out()                                 # and let go; rows.row(0) reads it again
+        """
+        segment = _root(self.body)
+        if type(segment) is not mmap.mmap:
+            return
+        import numpy as np
+
+        positions = self.positions
+        buffers = (self.times, self.records, self.offsets, self.body,
+                   getattr(positions, "joined", None), getattr(positions, "ends", None))
+        spans = [(b.ctypes.data, b.ctypes.data + b.nbytes) for b in buffers
+                 if isinstance(b, np.ndarray) and b.nbytes and _root(b) is segment]
+        if not spans:
+            return
+        base = np.frombuffer(segment, dtype=np.uint8).ctypes.data
+        start = (min(s for s, _ in spans) - base) // mmap.PAGESIZE * mmap.PAGESIZE
+        end = min(max(e for _, e in spans) - base, len(segment))
+        segment.madvise(mmap.MADV_DONTNEED, start, end - start)
+
     def held_bytes(self) -> int:
         """The memory this batch keeps alive, which its slices share: each buffer whole
         (the frame its JSON lines were read from, with the columns a handler process

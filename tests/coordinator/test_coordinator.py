@@ -190,6 +190,42 @@ async def test_rows_past_the_memory_cap_wait_in_files_and_commit_as_they_were(se
     assert list((tmp_path / "state" / "spill").iterdir()) == []
 
 
+def spill_resident_kib() -> int:
+    """This process's memory in spill segments' maps (``Rss`` in ``/proc/self/smaps``)."""
+    total, inside = 0, False
+    with open("/proc/self/smaps") as smaps:
+        for line in smaps:
+            fields = line.split()
+            if "-" in fields[0] and not fields[0].endswith(":"):
+                inside = "/spill/rows-" in line
+            elif inside and fields[0] == "Rss:":
+                total += int(fields[1])
+    return total
+
+
+async def test_a_committed_windows_spilled_rows_let_their_pages_go_while_their_segment_lives_on(settings, tmp_path):
+    """The sink reads a window's spilled rows through the segment's map; once the window
+    commits, those pages go back to the page cache, though later rows in the same
+    segment keep it open."""
+    clock = FakeClock(1_000)
+    big = [1_000] * 2_000
+    cap = items(1, big).held_bytes()
+    c = await started(settings.replace(max_buffered_bytes=cap), tmp_path, clock)
+    try:
+        await c.open_shard("A", "TRIM_HORIZON")
+        for b in range(4):  # 8,000 rows in window 0, three batches of them spilled
+            c.add_batch("A", items(2_000 * b + 1, big), position(2_000 * b + 2_000), 100)
+        spilled = c.spill.bytes
+        c.add_batch("A", items(8_001, [MINUTE + 1] * 2_000), position(10_000), 100)  # window 1, spilled too
+        assert c.spill.bytes > spilled > 200_000
+        assert await c.step() == 1
+        assert len(output(tmp_path / "out")["0-60000.jsonl"]) == 8_000
+        # The sink read all of window 0; its pages were let go, window 1's stay at most.
+        assert spill_resident_kib() * 1024 <= c.spill.bytes - spilled + 2 * 4096
+    finally:
+        await c.stop()
+
+
 async def test_spooled_rows_of_an_ended_shard_are_replayed_after_a_restart_then_deleted(settings, tmp_path, caplog):
     caplog.set_level(logging.INFO, logger="mldserver")
     clock = FakeClock(1_000)
