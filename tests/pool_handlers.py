@@ -85,6 +85,24 @@ class DigestAndData(mldserver.Handler):
                                 "sha256": hashlib.sha256(record.data).hexdigest(), "data": record.raw_data})
 
 
+class KeepsARecord(mldserver.Handler):
+    """Reads every record's data alone (its line is not parsed), and keeps the last
+    record of each call until the next, which emits a row for it (``"kept"``) with its
+    partition key and sequence number, read only then: from its line after its call
+    ended, once the line's region went back."""
+
+    kept = None
+
+    async def process_records(self, batch, checkpointer):
+        for record in batch.records:
+            record.data
+        kept, self.kept = self.kept, batch.records[-1]
+        if kept is not None:
+            batch.emit(batch.records[0], {"shard": "kept", "seq": kept.sequence_number,
+                                          "partition_key": kept.partition_key,
+                                          "sha256": hashlib.sha256(kept.data).hexdigest()})
+
+
 class DigestAndDataThenDie(DigestAndData):
     """DigestAndData, whose process SIGKILLs itself as soon as the call that saw the
     record with sequence number 5000 has returned: right after its done frame (naming

@@ -77,7 +77,7 @@ from ..timers import remote as timers_remote
 from ..timers.api import TimerError
 from .arena import ARENA_MIN, Arena, ArenaView
 from .heartbeat import Heartbeat
-from .frames import BEAT, BEAT_AT, BLOCKED, RUN, SKIPPED, STATE_SIZE, STOP, STOP_AT, CallFrame, StartFrame, encode, encode_head, encode_rows, read_frame_async, records_from, release
+from .frames import BEAT, BEAT_AT, BLOCKED, RUN, SKIPPED, STATE_SIZE, STOP, STOP_AT, CallFrame, StartFrame, encode, encode_head, encode_rows, line_of, read_frame_async, records_from
 
 log = get_logger("mldserver.handler")
 
@@ -373,8 +373,6 @@ class HandlerChild:
             if action == "initialize":
                 self.handlers.pop(shard, None)
         await self.close_cursors(call_id)  # answered while the call is on
-        if batch is not None:
-            release(batch.records)  # the body (the arena's region) is the server's again at done
         ops = timers.close()
         if timers.failed is not None and result != "failed":
             result, error = "failed", f"{type(timers.failed).__name__}: {timers.failed}"
@@ -394,6 +392,10 @@ class HandlerChild:
             done["failed"] = failed  # [index, error, attempts]: the server dead-letters them
         if batch is not None and batch.stats:
             done["stats"] = batch.stats  # a failed attempt's too: every callback counts
+        line = line_of(batch.records) if batch is not None else None
+        batch = collected = coro = None  # (the records go with them, unless the handler kept one)
+        if line is not None:
+            line.close()  # the body (the arena's region) is the server's again at done
         self.send_done(done, rows)
 
     async def close_cursors(self, call_id: int) -> None:

@@ -86,6 +86,7 @@ are left out when empty.
 from __future__ import annotations
 
 import struct
+import sys
 from array import array
 from itertools import repeat
 from operator import is_
@@ -117,11 +118,11 @@ __all__ = [
     "encode_head",
     "encode_records",
     "encode_rows",
+    "line_of",
     "read_frame",
     "read_frame_async",
     "record_indexes",
     "records_from",
-    "release",
 ]
 
 # The state file a child shares with the server (shared memory, little-endian i64s): the
@@ -209,8 +210,8 @@ def records_from(body: bytes | memoryview, line: bool = False, count: int | None
     said (the line is then not read here at all). A line's records are read when the handler reads them
     (``LineRecord``): their data decoded natively, every record's at once, and the rest
     parsed (pysimdjson) the first time a handler reads anything else of one. The
-    records keep nothing of ``body`` once ``release``d (at the call's end): what they
-    still need of it is copied then."""
+    records keep nothing of ``body`` once their line is closed (``line_of``, at the
+    call's end): what records kept past the call still need of it is copied then."""
     if not body:
         return []
     if not line:
@@ -250,8 +251,13 @@ class LineData:
     ``sequence_number``, ``raw``, ...) parses the line with pysimdjson, every record's at
     once (``raw``): a handler that reads only the data never parses it (some 0.25 ms
     and 1,000 Python objects for 1,000 x 1 KiB). Once the call is over (``close``), the
-    line's region goes back: a line not yet parsed is copied first, for records the
-    handler kept."""
+    line's region goes back: a line not yet parsed is copied first, if the handler kept
+    a record past the call; if not, nothing is copied::
+
+        records = records_from(body, line=True); line = line_of(records)
+        batch = Batch(records, ...); del records    # ... the call ...
+        batch = None; line.close()                  # no record left: no copy of body
+    """
 
     __slots__ = ("body", "records", "raws", "decoded")
 
@@ -285,10 +291,16 @@ class LineData:
 
     def close(self) -> None:
         """The call is over: its body (the arena's region) may be reused. A record still
-        read after it decodes its data the usual way, and reads a copy of the line."""
-        self.records = None
+        read after it decodes its data the usual way, and reads a copy of the line, made
+        now if any record outlives the list this line held them in (the handler kept
+        one, or the caller still holds the batch): each record refers to this line, so
+        the line's references drop by one for each record that goes with the list."""
+        records, self.records = self.records, None
+        held, n = sys.getrefcount(self), len(records or ())
+        del records  # the records only the list held go now
+        kept = sys.getrefcount(self) > held - n
         body = self.body
-        self.body = bytes(body) if self.raws is None and body is not None else None  # (pysimdjson copied it)
+        self.body = bytes(body) if kept and self.raws is None and body is not None else None  # (pysimdjson copied it)
 
 
 class LineRecord(Record):
@@ -321,10 +333,11 @@ class LineRecord(Record):
         return self._data
 
 
-def release(records: Sequence[Record]) -> None:
-    """The call ``records_from`` made these for is over (its body goes back)."""
-    if records and type(records[0]) is LineRecord:
-        records[0]._line.close()  # type: ignore[attr-defined]
+def line_of(records: Sequence[Record]) -> LineData | None:
+    """The line ``records_from`` read these records from, to ``close`` when their call
+    is over (its body goes back); None for records read otherwise. Closed once the
+    caller holds no more of the records, it copies nothing."""
+    return records[0]._line if records and type(records[0]) is LineRecord else None  # type: ignore[attr-defined]
 
 
 _U32, _I64, _U64 = "I", "q", "Q"

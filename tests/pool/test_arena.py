@@ -281,6 +281,23 @@ async def every_row_committed(daemon, sink, shards: int, batches: int, records: 
     return opened
 
 
+async def test_a_record_kept_past_its_call_reads_its_own_line_not_what_reuses_its_region(tmp_path):
+    """A handler process copies a batch's line at the call's end only when the handler
+    kept a record of it (no copy otherwise): the kept record, read in the next call,
+    after the next line landed in the region, reads its own fields."""
+    shards, batches, records = 1, 4, 60
+    async with running(tmp_path, **pooled("KeepsARecord", workers=1)) as (server, sink, daemon):
+        opened = await drive(daemon, shards, batches, records)
+        assert server.pool.serving()[0].channel.arena.puts == batches  # each large line through the arena
+        lasts = [1000 * (n + 1) + records - 1 for n in range(batches - 1)]  # (the last's row: a window still open)
+        want = {(str(seq), f"pk{seq}", hashlib.sha256(payload(seq)).hexdigest()) for seq in lasts}
+        await eventually(lambda: len(sink.rows) == len(want), timeout=30, what="a row for each kept record")
+        assert {(r["seq"], r["partition_key"], r["sha256"]) for r in sink.rows} == want
+        for shard in opened:
+            await shard.lease_lost()
+            assert await shard.close() == 0
+
+
 async def test_a_batch_line_crosses_in_the_arena_and_arrives_byte_for_byte(tmp_path):
     shards, batches, records = 4, 5, 60
     assert records * SIZE > ARENA_MIN

@@ -287,7 +287,7 @@ def test_records_kept_past_their_call_read_the_line_they_came_from_not_what_reus
         records[0].data
     if read_before in ("a field", "both"):
         records[1].partition_key
-    frames.release(records)
+    frames.line_of(records).close()
     region[:] = b"x" * len(region)  # the next call's line lands there
     eager = [Record(raw) for raw in raws]
     assert [_fields(r) for r in records] == [_fields(e) for e in eager]

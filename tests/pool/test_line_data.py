@@ -2,7 +2,7 @@
 ``LineData``): the first ``data`` read decodes every record's at once, from the line's
 bytes in one native pass (``pool/_b64.c``'s ``datas``), and gives exactly what ``Record.data``
 gives (its strict SIMD reading, else binascii's lenient one), raising where it raises.
-After the call (``release``) the line may be reused: a record read then decodes the
+After the call (``LineData.close``) the line may be reused: a record read then decodes the
 usual way, from what pysimdjson copied."""
 
 from __future__ import annotations
@@ -65,9 +65,28 @@ def test_a_record_read_after_its_call_decodes_from_its_own_copy_not_the_reused_l
     raws = make_records(1, 5, 40)
     body = bytearray(line_of(raws))
     records = frames.records_from(memoryview(body), line=True)
-    frames.release(records)  # the call is over: the arena's region goes back
+    frames.line_of(records).close()  # the call is over: the arena's region goes back
     body[:] = b"x" * len(body)  # and is written over by the next batch
     assert [r.data for r in records] == [base64.b64decode(r["data"]) for r in raws]
+
+
+@pytest.mark.parametrize("kept", ["none", "one record", "the list"])
+def test_a_line_is_copied_at_its_calls_end_only_when_a_record_outlives_the_call(kept):
+    raws = make_records(1, 50, 40)
+    body = bytearray(line_of(raws))
+    records = frames.records_from(memoryview(body), line=True)
+    records[3].data  # (every record's data decoded: none reads the line again)
+    line = frames.line_of(records)
+    keep = {"none": None, "one record": records[7], "the list": records}[kept]
+    del records  # the call is over: the batch goes
+    line.close()
+    if kept == "none":
+        assert line.body is None  # nothing copied: no record is left to read it
+        return
+    assert isinstance(line.body, bytes) and line.body == bytes(body)  # copied before the region goes back
+    body[:] = b"x" * len(body)  # and is written over by the next batch
+    record = keep if kept == "one record" else keep[7]
+    assert record.partition_key == raws[7]["partitionKey"] and record.data == base64.b64decode(raws[7]["data"])
 
 
 _b64 = st.binary(max_size=40).map(lambda b: base64.b64encode(b).decode())
