@@ -7,6 +7,7 @@ import errno
 import logging
 import os
 import re
+import shutil
 
 import pytest
 from hypothesis import given, settings
@@ -122,7 +123,7 @@ def test_publish_dir_swaps_a_window_in_one_step_so_its_folder_is_never_missing_o
         return run
 
     monkeypatch.setattr(durable.os, "rename", watched(os.rename))
-    monkeypatch.setattr(durable.shutil, "rmtree", watched(durable.shutil.rmtree))
+    monkeypatch.setattr(shutil, "rmtree", watched(shutil.rmtree))  # (durable imports it where it uses it)
     monkeypatch.setattr(durable, "_exchange", watched(durable._exchange))
     for version in range(1, 4):
         staging = tmp_path / "_staging" / f"w-{version}"

@@ -29,7 +29,6 @@ amazon_kclpy's bases is told so.
 
 from __future__ import annotations
 
-import difflib
 import inspect
 from typing import Any
 
@@ -61,6 +60,8 @@ def check_class(cls: type) -> None:
     for name in sorted(own):
         if name.startswith("_") or name in API or not callable(own[name]):
             continue
+        import difflib  # (only here: a name that is not a callback's)
+
         near = difflib.get_close_matches(name, sorted(API), n=1, cutoff=0.8)
         if near and near[0] not in own and near[0] in CALLBACKS + CHANGE_CALLBACKS:
             raise ConfigError(

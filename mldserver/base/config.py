@@ -35,10 +35,8 @@ Table bindings (``mldserver.api.bindings``) are TOML tables, checked by ``check_
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import math
 import re
-import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Mapping, NamedTuple
@@ -396,6 +394,8 @@ def load(path: str | None = None, *, defaults: dict[str, Any] | None = None, **o
         for key, value in _read(path).items():
             name = key.replace("-", "_")
             if name not in RULES:
+                import difflib  # (only here: a handler process reads no config file)
+
                 near = difflib.get_close_matches(name, sorted(RULES), n=1, cutoff=0.6)
                 hint = f"did you mean {near[0]!r}?" if near else "the settings are the fields of mldserver.base.config.Settings"
                 raise ConfigError(f"{path}: unknown setting {key!r}: {hint}")
@@ -508,6 +508,8 @@ def positions_stream(settings: Settings) -> str | None:
 
 
 def _read(path: str) -> dict[str, Any]:
+    import tomllib  # (only here: a handler process reads no config file)
+
     try:
         with open(path, "rb") as f:
             return tomllib.load(f)

@@ -51,7 +51,6 @@ import errno
 import hashlib
 import os
 import re
-import shutil
 import time
 from pathlib import Path
 from typing import Any, Callable, Iterable, Protocol, TypeVar
@@ -249,6 +248,8 @@ async def until_written(
 def empty_dir(path: Path) -> Path:
     """``path`` as an empty folder, made if missing: a scratch folder at start-up,
     whose files a crash may have left (nothing in it is kept across a restart)."""
+    import shutil  # (here and below: a handler process, which imports this module, needs none of it)
+
     shutil.rmtree(path, ignore_errors=True)
     path.mkdir(parents=True, exist_ok=True)
     return path
@@ -260,6 +261,8 @@ def publish_dir(staging: Path, final: Path) -> Path:
     published before a crash but never recorded) is swapped out in one step and then
     removed; where the file system cannot swap, it is renamed aside first (``final`` is
     then briefly absent, never half there)."""
+    import shutil
+
     for root, _, files in os.walk(staging):
         for name in files:
             _fsync(os.path.join(root, name))

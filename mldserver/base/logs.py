@@ -28,10 +28,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import logging.handlers
 import os
 import sys
-import tomllib
 from pathlib import Path
 from typing import Any, Iterator, NamedTuple, TextIO
 
@@ -59,6 +57,8 @@ def events(path: Path = EVENTS_FILE) -> dict[str, LogEvent]:
     """Every log event mldserver can emit, in the catalogue's order (its areas' too). An
     entry with other keys than ``levels``, ``meaning`` and ``todo``, without the first two,
     or an event under two areas, is a ValueError naming it."""
+    import tomllib  # (only here: the catalogue is read when checked, by tests and the docs)
+
     found: dict[str, LogEvent] = {}
     for area, entries in tomllib.loads(path.read_text()).items():
         for name, entry in entries.items():
@@ -192,6 +192,8 @@ def file_handler(file: str) -> logging.FileHandler:
     """``file`` opened for appending (created if need be), or a ConfigError naming it.
     Opened again when it is moved or deleted (logrotate's default ``create`` mode, or
     ``mv server.log server.log.1``): the server never writes on into a rotated file."""
+    import logging.handlers  # (only here: a server with --log-file; a handler process writes none)
+
     try:
         return logging.handlers.WatchedFileHandler(file)
     except OSError as exc:

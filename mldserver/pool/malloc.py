@@ -42,7 +42,6 @@ relay``, ``--part coordinator`` and ``--part kclpy`` measure them again).
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import gc
 import threading
 import time
@@ -67,7 +66,7 @@ def reuse_large_buffers(period: float = PERIOD) -> bool:
     by a daemon thread (started once a process)."""
     global _trimmer
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        libc = ctypes.CDLL(None)  # the process's own symbols, the C library's among them
         mallopt, malloc_trim = libc.mallopt, libc.malloc_trim
     except (OSError, AttributeError):  # not glibc
         return False
@@ -90,7 +89,7 @@ def one_heap() -> bool:
     """Every thread's allocations from one heap (glibc's first arena); True if it took
     effect. Only threads started afterwards: a thread keeps the heap it first took."""
     try:
-        mallopt = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").mallopt
+        mallopt = ctypes.CDLL(None).mallopt
     except (OSError, AttributeError):  # not glibc
         return False
     mallopt.argtypes = (ctypes.c_int, ctypes.c_int)

@@ -40,7 +40,7 @@ caller, and runs them on one event loop):
 
 from __future__ import annotations
 
-import secrets
+import os
 from typing import NamedTuple, Protocol, Sequence, Union
 
 Key = tuple[str, str]  # (callback, reference)
@@ -96,7 +96,7 @@ def net(ops: Sequence[Op]) -> tuple[dict[Key, Timer | None], list[bool | None], 
 
 def new_version() -> int:
     """A version no other server will make (random, 63 bits: an SQLite INTEGER)."""
-    return secrets.randbits(63) or 1
+    return int.from_bytes(os.urandom(8)) >> 1 or 1
 
 
 class Store(Protocol):
