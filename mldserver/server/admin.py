@@ -68,7 +68,6 @@ from ..errors import ConfigError
 from .admin_token import Token, bearer, in_state_dir, matches, read as read_token
 from ..base.config import admin_address
 from ..base.logs import get_logger
-from ..sources.feed import FeedClosed
 from .admission import IDLE_TIMEOUT_S, Admission
 
 log = get_logger("mldserver.admin")
@@ -244,6 +243,7 @@ class Admin:
 
 
     async def redrive(self, request: web.Request) -> web.Response:
+        from ..sources.feed import FeedClosed  # (the sources' package: loaded by a redrive, or --source)
         from .redrive import Busy
 
         try:
