@@ -17,6 +17,6 @@ def test_a_handler_process_loads_nothing_only_the_server_or_the_command_line_run
     assert loaded_after(script, *only_elsewhere) == []
 
 
-def test_a_server_with_its_admin_endpoint_loads_the_sources_only_to_read_a_stream():
+def test_a_server_with_its_admin_endpoint_loads_the_sources_only_to_read_a_stream_and_the_coordinator_for_a_sink():
     script = "import mldserver.server.server, mldserver.server.admin\n"
-    assert loaded_after(script, "mldserver.sources") == []
+    assert loaded_after(script, "mldserver.sources", "mldserver.coordinator") == []

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from .preflight import extras
 from ..base.backoff import CallPolicy
@@ -37,7 +37,6 @@ from ..api.bindings import Bindings
 from ..api.bindings import check as check_bindings
 from ..base.config import Settings, SinkSpec, state_path, uses_spark
 from ..api.context import Context
-from ..coordinator import Coordinator
 from ..base.deadletters import DeadLetters
 from ..api.checks import check_handler, emits
 from ..api.loading import handler_factory, load_handler
@@ -52,6 +51,9 @@ from ..shard.slots import Slots
 from ..spark.process import SparkProcess
 from ..timers.scheduler import Scheduler, scheduler_for
 from ..timers.stats import TimerCollector
+
+if TYPE_CHECKING:
+    from ..coordinator import Coordinator
 
 
 @dataclass(frozen=True)
@@ -132,6 +134,8 @@ def build(settings: Settings, factory: Callable[[Any], Any] | None = None, *,
     context = Context(settings, spark=spark, timers=local_timers, bindings=Bindings(settings))
     coordinator = None
     if settings.sink or sink is not None:
+        from ..coordinator import Coordinator  # (only with a sink: rows go nowhere without one)
+
         if sink is None:
             from ..sinks import open_sink
 
