@@ -17,7 +17,7 @@ import pyspark
 import pytest
 
 from ..harness import eventually
-from .test_connect import free_port
+from ..integration.components import free_port
 from .test_sink import PASSTHROUGH, committed_once, config_file
 
 pytestmark = pytest.mark.spark
