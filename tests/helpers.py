@@ -11,7 +11,8 @@
 ``small_tmpfs`` is a disk that really fills up. ``counted_parses(monkeypatch)`` counts
 each pysimdjson parse of a line from then on (``protocol/lazy.py``). ``docs_reference()`` is
 docs/reference.py, the reference pages' generator and the reader of the code's log calls
-(``emitted()``), as a module.
+(``emitted()``), as a module. ``resident_kib(where)`` is this process's memory in the
+mappings ``where`` picks, as the kernel counts it.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import contextlib
 import importlib.util
 import subprocess
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 import pytest
 
@@ -107,3 +108,22 @@ def counted_parses(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     monkeypatch.setattr(lazy.simdjson, "Parser", Counting)
     monkeypatch.setattr(lazy, "_local", threading.local())
     return parses
+
+
+def resident_kib(where: Callable[[range, str], bool]) -> int:
+    """This process's memory, in KiB, in the mappings ``where`` picks by their address
+    range and their header line (``Rss`` in ``/proc/self/smaps``)::
+
+        resident_kib(lambda span, _: address in span)         # the mapping holding address
+        resident_kib(lambda _, header: "/spill/rows-" in header)   # every spill segment's
+    """
+    total, inside = 0, False
+    with open("/proc/self/smaps") as smaps:
+        for line in smaps:
+            fields = line.split()
+            if "-" in fields[0] and not fields[0].endswith(":"):
+                low, high = (int(x, 16) for x in fields[0].split("-"))
+                inside = where(range(low, high), line)
+            elif inside and fields[0] == "Rss:":
+                total += int(fields[1])
+    return total

@@ -11,6 +11,8 @@ import numpy as np
 from mldserver.base.positions import Position
 from mldserver.rows.batch import NO_TIME, Item, RowBatch, concat_lines
 
+from .helpers import resident_kib
+
 
 def loaded_after(script: str, *modules: str) -> list[str]:
     """Which of ``modules`` a fresh interpreter has loaded once ``script`` ran."""
@@ -204,21 +206,6 @@ def test_spilled_rows_share_a_segment_file_and_a_batch_larger_than_one_gets_its_
     assert len(os.listdir("/proc/self/fd")) == fds + 1  # the first segment went with its last rows
 
 
-def resident_kib(address: int) -> int:
-    """The memory of this process's mapping that holds ``address``, in KiB, as the
-    kernel counts it (``Rss`` in ``/proc/self/smaps``)."""
-    inside = False
-    with open("/proc/self/smaps") as smaps:
-        for line in smaps:
-            head = line.split()[0]
-            if "-" in head and not head.endswith(":"):
-                low, high = (int(x, 16) for x in head.split("-"))
-                inside = low <= address < high
-            elif inside and head == "Rss:":
-                return int(line.split()[1])
-    raise LookupError(hex(address))
-
-
 def test_spilled_rows_once_read_let_their_pages_go_and_read_back_from_the_file(tmp_path):
     from mldserver.coordinator.spill import Spill
 
@@ -228,11 +215,15 @@ def test_spilled_rows_once_read_let_their_pages_go_and_read_back_from_the_file(t
                     b"".join(lines), np.cumsum([0] + list(map(len, lines))))
     spilled, small = rows.spilled(spill.put), rows[:3].spilled(spill.put)  # one segment
     address = spilled.body.ctypes.data
-    assert resident_kib(address) == 0  # written, not read
+
+    def resident() -> int:  # its segment's map, in KiB
+        return resident_kib(lambda span, _: address in span)
+
+    assert resident() == 0  # written, not read
     assert b"".join(bytes(row) + b"\n" for row in (spilled.row(i) for i in range(len(spilled)))) == b"".join(lines)
-    assert resident_kib(address) >= 2_000  # the reads brought the pages in
+    assert resident() >= 2_000  # the reads brought the pages in
     spilled.page_out()
-    assert resident_kib(address) <= 4  # let go (a page it shares with the next batch at most)
+    assert resident() <= 4  # let go (a page it shares with the next batch at most)
     assert list(spilled) == list(rows) and list(small) == list(rows[:3])  # read back from the file
     rows.page_out()  # rows in memory: nothing to let go
     assert list(rows)[:1] == list(spilled)[:1]

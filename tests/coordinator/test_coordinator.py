@@ -28,7 +28,7 @@ from mldserver.sinks.file import FileSink
 from mldserver.spark.frames import commit_entry, window_frame
 
 from ..harness import eventually
-from ..helpers import FakeClock
+from ..helpers import FakeClock, resident_kib
 
 MINUTE = 60_000
 
@@ -190,19 +190,6 @@ async def test_rows_past_the_memory_cap_wait_in_files_and_commit_as_they_were(se
     assert list((tmp_path / "state" / "spill").iterdir()) == []
 
 
-def spill_resident_kib() -> int:
-    """This process's memory in spill segments' maps (``Rss`` in ``/proc/self/smaps``)."""
-    total, inside = 0, False
-    with open("/proc/self/smaps") as smaps:
-        for line in smaps:
-            fields = line.split()
-            if "-" in fields[0] and not fields[0].endswith(":"):
-                inside = "/spill/rows-" in line
-            elif inside and fields[0] == "Rss:":
-                total += int(fields[1])
-    return total
-
-
 async def test_a_committed_windows_spilled_rows_let_their_pages_go_while_their_segment_lives_on(settings, tmp_path):
     """The sink reads a window's spilled rows through the segment's map; once the window
     commits, those pages go back to the page cache, though later rows in the same
@@ -221,7 +208,7 @@ async def test_a_committed_windows_spilled_rows_let_their_pages_go_while_their_s
         assert await c.step() == 1
         assert len(output(tmp_path / "out")["0-60000.jsonl"]) == 8_000
         # The sink read all of window 0; its pages were let go, window 1's stay at most.
-        assert spill_resident_kib() * 1024 <= c.spill.bytes - spilled + 2 * 4096
+        assert resident_kib(lambda _, header: "/spill/rows-" in header) * 1024 <= c.spill.bytes - spilled + 2 * 4096
     finally:
         await c.stop()
 
