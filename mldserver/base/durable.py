@@ -52,6 +52,8 @@ import hashlib
 import os
 import re
 import time
+import types
+import weakref
 from pathlib import Path
 from typing import Any, Callable, Iterable, Protocol, TypeVar
 
@@ -190,17 +192,27 @@ def cut_torn_tail(fd: int) -> int:
 
 # -- waiting out a failing disk --------------------------------------------------------
 
-_ON_BLOCKED: contextvars.ContextVar[Callable[[], None] | None] = contextvars.ContextVar(
+_ON_BLOCKED: contextvars.ContextVar[Callable[[], Callable[[], None] | None] | None] = contextvars.ContextVar(
     "mldserver_on_blocked", default=None
-)
+)  # a reference to the callback: weak for a bound method
 RETRY = Backoff(first=0.2, cap=5.0)  # between attempts at a write that failed
 
 
 def on_blocked(give_back: Callable[[], None] | None) -> None:
     """For the calling task (and what it awaits): what to give back when one of its
     writes starts waiting out a failing disk, so that others are not held up (a
-    shard's in-flight slot). Called once per blocked write."""
-    _ON_BLOCKED.set(give_back)
+    shard's in-flight slot). Called once per blocked write.
+
+    A bound method is held weakly: a copy of the task's context outlives the task (a
+    timer it started and cancelled keeps one, on asyncio's loop until the timer's time
+    comes), and must not keep the method's object (a closed connection's wire and its
+    read buffer) alive with it."""
+    if give_back is None:
+        _ON_BLOCKED.set(None)
+    elif isinstance(give_back, types.MethodType):
+        _ON_BLOCKED.set(weakref.WeakMethod(give_back))
+    else:
+        _ON_BLOCKED.set(lambda: give_back)
 
 
 async def until_written(
@@ -227,7 +239,8 @@ async def until_written(
                     "retried until it succeeds, and the shard's status waits for it (nothing is lost)",
                     **fields,
                 )
-                give_back = _ON_BLOCKED.get()
+                held = _ON_BLOCKED.get()
+                give_back = held() if held is not None else None
                 if give_back is not None:
                     give_back()
             await asyncio.sleep(backoff.delay(min(attempt, 20)))

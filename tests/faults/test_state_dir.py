@@ -15,6 +15,9 @@ import pytest
 
 from mldserver.base.config import Settings
 from mldserver.server.server import Server
+from mldserver.protocol.framing import LineBuffer
+from mldserver.shard.driver import ShardDriver
+from mldserver.shard.slots import Wire
 from mldserver.api.testing import make_records
 
 from ..handlers import Noop
@@ -171,4 +174,28 @@ async def test_ended_shards_leave_no_state_behind(tmp_path):
                                  f"(~{grown() // 400} bytes each)") from None
     finally:
         tracemalloc.stop()
+        await server.shutdown()
+
+
+async def test_a_closed_connection_keeps_nothing_of_it_alive(tmp_path):
+    """Once a shard's connection closes, its wire (the read buffer, 64 KiB) and its driver
+    go with it: a copy of the driver task's context that outlives the task (a timer the
+    task started and cancelled holds one, on asyncio's loop until the timer's time
+    comes) keeps none of them."""
+    settings = Settings(handler="test", port=0, state_dir=str(tmp_path / "state"), sink=f"file:{tmp_path / 'out'}")
+    server = Server(settings, Noop)
+    await server.start()
+    try:
+        peer = await Peer.open(server.address[1])
+        await peer.action(initialize("shardId-000000000001"))
+        await peer.action(process_records(make_records(1, 3)))
+        await peer.action({"action": "shardEnded"})
+        assert await peer.finish() == b""
+        peer.close()
+        await peer.writer.wait_closed()
+        await eventually(lambda: not server.drivers, 10, what="the connection to close")
+        gc.collect()
+        alive = [type(o).__name__ for o in gc.get_objects() if isinstance(o, (Wire, ShardDriver, LineBuffer))]
+        assert not alive, f"a closed connection's parts still alive: {alive}"
+    finally:
         await server.shutdown()
