@@ -201,10 +201,23 @@ def test_an_atomic_write_on_a_full_disk_leaves_no_temporary_file(small_fs):
     assert os.listdir(path.parent) == ["s.jsonl"] and path.read_bytes() == b"old\n"
 
 
-async def test_a_failing_write_is_logged_once_retried_and_its_task_gives_back_what_it_holds(tmp_path, caplog):
+class Slot:
+    """What a shard's task holds (its wire's in-flight slot), given back by a bound method."""
+
+    def __init__(self, given_back: list) -> None:
+        self.given_back = given_back
+
+    def release(self) -> None:
+        self.given_back.append(1)
+
+
+@pytest.mark.parametrize("callback", ["function", "bound method"])
+async def test_a_failing_write_is_logged_once_retried_and_its_task_gives_back_what_it_holds(tmp_path, caplog,
+                                                                                             callback):
     caplog.set_level(logging.INFO, logger="mldserver")
     path = tmp_path / "s.jsonl"
     attempts, given_back = [], []
+    slot = Slot(given_back)  # (held by the test: on_blocked holds a bound method weakly)
 
     def write():
         attempts.append(1)
@@ -213,7 +226,7 @@ async def test_a_failing_write_is_logged_once_retried_and_its_task_gives_back_wh
         return append_fsync(path, b"ok\n")
 
     async def shard_task():
-        on_blocked(lambda: given_back.append(1))
+        on_blocked(slot.release if callback == "bound method" else lambda: given_back.append(1))
         return await until_written(write, path, get_logger("mldserver.test"), what="dead letter",
                                    backoff=Backoff(first=0.001, cap=0.001), shard_id="s")
 
