@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import time
@@ -17,10 +18,10 @@ import pyspark
 import pytest
 
 from ..harness import eventually
-from ..integration.components import free_port
 from .test_sink import PASSTHROUGH, committed_once, config_file
 
 pytestmark = pytest.mark.spark
+STARTED = re.compile(rb"Starting Spark master at spark://[^\s:]*:(\d+)")
 
 
 class Cluster:
@@ -29,13 +30,22 @@ class Cluster:
     def __init__(self, work: Path, workers: int = 2) -> None:
         self.home = Path(pyspark.__file__).parent
         self.work = work
-        self.port = free_port()
+        self.port = 0  # the master's, read from its log: it binds one the system gives it
         self.logs: list = []
+        self.workers: list = []
         self.env = {**os.environ, "SPARK_HOME": str(self.home), "SPARK_LOCAL_IP": "127.0.0.1",
                     "SPARK_WORKER_DIR": str(work / "worker-dirs"), "SPARK_LOG_DIR": str(work)}
         self.master = self._start("master", "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
-                                  "--port", str(self.port), "--webui-port", "0")
-        self._wait("master", b"I have been elected leader")
+                                  "--port", "0", "--webui-port", "0")
+        try:
+            self._wait("master", b"I have been elected leader")
+            self.port = int(STARTED.search((work / "master.log").read_bytes())[1])
+            self._start_workers(workers)
+        except BaseException:
+            self.stop()
+            raise
+
+    def _start_workers(self, workers: int) -> None:
         self.workers = [self._start(f"worker-{i}", "org.apache.spark.deploy.worker.Worker", "--host", "127.0.0.1",
                                     "--webui-port", "0", "--cores", "1", "--memory", "1g", self.url)
                         for i in range(workers)]
