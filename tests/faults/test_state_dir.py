@@ -158,7 +158,8 @@ async def test_ended_shards_leave_no_state_behind(tmp_path):
             await cycle(i)
         await eventually(lambda: not server.drivers, 10, what="the connections to close")
         gc.collect()
-        before = _mldserver_bytes(tracemalloc.take_snapshot())
+        first = tracemalloc.take_snapshot()
+        before = _mldserver_bytes(first)
         for i in range(50, 450):
             await cycle(i)
         await eventually(lambda: not server.drivers, 10, what="the connections to close")
@@ -170,8 +171,11 @@ async def test_ended_shards_leave_no_state_behind(tmp_path):
         try:
             await eventually(lambda: grown() < 400 * 100, 5, what="the ended shards' state to be freed")
         except AssertionError:
+            gc.collect()
+            where = [str(d) for d in tracemalloc.take_snapshot().compare_to(first, "lineno")
+                     if "/mldserver/" in d.traceback[0].filename and d.size_diff > 0][:5]
             raise AssertionError(f"400 ended shards still hold {grown()} bytes of mldserver state "
-                                 f"(~{grown() // 400} bytes each)") from None
+                                 f"(~{grown() // 400} bytes each), the most grown at: {where}") from None
     finally:
         tracemalloc.stop()
         await server.shutdown()
