@@ -46,8 +46,10 @@ The checks (``Killed.checks``):
   dir or the properties file) left running after the final stop, which exits 0;
 - ``/readyz`` (polled every ``POLL`` s throughout) never 200 from a kill until the
   restart listened, and 200 at every poll from the restart serving records until the
-  next kill or the final stop. (Readiness is the server's: it says ready once it
-  listens, before the restarted daemon has its leases back, which the table shows.)
+  next kill or the final stop (a poll is judged where it was sent and answered within
+  one of those spans: one a kill cut off, or answered by the killed server, is not).
+  (Readiness is the server's: it says ready once it listens, before the restarted
+  daemon has its leases back, which the table shows.)
 
 ::
 
@@ -72,7 +74,7 @@ import time
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import orjson
 
@@ -151,6 +153,17 @@ class Seen:
 # -- what was measured ----------------------------------------------------------------------------
 
 
+class Poll(NamedTuple):
+    """One ``/readyz`` poll. It tells of the server between ``sent`` and ``answered``
+    (time.time()), and is judged only where that span lies within one phase: an answer
+    the server gave just before a kill, read just after it, is no lie, nor is a request
+    the kill cut off."""
+
+    sent: float
+    answered: float
+    status: int | None  # None: no answer
+
+
 @dataclass
 class Kill:
     at_s: float  # seconds of records put one by one before the SIGKILL (seeded)
@@ -180,7 +193,7 @@ class Killed:
     kills: list[Kill] = field(default_factory=list)
     rows: Counter = field(default_factory=Counter)  # (shard, seq, run) -> rows in the sink
     seen: Seen = field(default_factory=Seen)  # what the handler wrote
-    polls: list[tuple[float, int | None]] = field(default_factory=list)  # (time.time(), /readyz status or None)
+    polls: list[Poll] = field(default_factory=list)  # every /readyz poll
     stopped_at: float = 0.0  # time.time(): SIGTERM for the final stop
     exit_code: int | None = None
     left: list[str] = field(default_factory=list)  # processes left after the final stop
@@ -239,12 +252,12 @@ class Killed:
         lies = []
         for i, k in enumerate(self.kills, 1):
             until = self.kills[i].killed_at if i < len(self.kills) else self.stopped_at
-            for t, status in self.polls:
-                if k.killed_at <= t < (k.listened_at or until):
+            for t, answered, status in self.polls:
+                if k.killed_at <= t and answered < (k.listened_at or until):
                     down += 1
                     if status == 200:
                         lies.append(f"kill {i}: 200 at {t - k.killed_at:.1f} s, before the restart listened")
-                elif k.served_at is not None and k.served_at <= t < until:
+                elif k.served_at is not None and k.served_at <= t and answered < until:
                     up += 1
                     if status != 200:
                         lies.append(f"kill {i}: {status or 'no answer'} at {t - k.killed_at:.1f} s, after "
@@ -435,8 +448,9 @@ class Phase:
 
     async def poll_ready(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
+            sent = time.time()
             answer = await get(self.admin, "/readyz", timeout=2.0)
-            self.result.polls.append((time.time(), None if answer is None else answer[0]))
+            self.result.polls.append(Poll(sent, time.time(), None if answer is None else answer[0]))
             try:
                 await asyncio.wait_for(stop.wait(), POLL)
             except TimeoutError:
@@ -496,7 +510,7 @@ class Phase:
         kill.served_s = time.monotonic() - began
         seen = self.seen()
         kill.served_at = min(seen.handled[run][k] for k in after)
-        ready = [t for t, status in r.polls if t >= kill.restarted_at and status == 200]
+        ready = [p.answered for p in r.polls if p.sent >= kill.restarted_at and p.status == 200]
         kill.ready_s = ready[0] - kill.restarted_at if ready else None
         kill.resumed = {s: seen.initialized[run].get(s) for s in kill.stored}
         kill.reread = kill.covered & seen.handled[run].keys()
