@@ -133,24 +133,35 @@ def _mldserver_bytes(snapshot) -> int:
     return sum(stat.size for stat in snapshot.statistics("filename") if "/mldserver/" in stat.traceback[0].filename)
 
 
-async def test_ended_shards_leave_no_state_behind(tmp_path):
-    settings = Settings(handler="test", port=0, state_dir=str(tmp_path / "state"), sink=f"file:{tmp_path / 'out'}",
-                        idle_timeout=0.2)
-    server = Server(settings, Noop)
+async def _in_process_server(tmp_path, **settings) -> Server:
+    """A started server in the test's process, with a file sink, serving ``Noop``."""
+    server = Server(Settings(handler="test", port=0, state_dir=str(tmp_path / "state"),
+                             sink=f"file:{tmp_path / 'out'}", **settings), Noop)
     await server.start()
+    return server
+
+
+async def _end_a_shard(server: Server, shard_id: str, records: list) -> None:
+    """One connection: the shard initialized, ``records`` processed, the shard ended,
+    the connection closed by the test's side."""
+    peer = await Peer.open(server.address[1])
+    await peer.action(initialize(shard_id))
+    await peer.action(process_records(records))
+    await peer.action({"action": "shardEnded"})
+    assert await peer.finish() == b""
+    # The test's own connections are not the server's state: kept until the test
+    # ends, their buffers were counted (tracemalloc files a block under the line
+    # that first allocated it, an mldserver line when the allocator reuses one).
+    peer.close()
+    await peer.writer.wait_closed()
+    Peer.opened.remove(peer)
+
+
+async def test_ended_shards_leave_no_state_behind(tmp_path):
+    server = await _in_process_server(tmp_path, idle_timeout=0.2)
 
     async def cycle(i: int) -> None:
-        peer = await Peer.open(server.address[1])
-        await peer.action(initialize(f"shardId-{i:012d}"))
-        await peer.action(process_records([]))
-        await peer.action({"action": "shardEnded"})
-        assert await peer.finish() == b""
-        # The test's own connections are not the server's state: kept until the test
-        # ends, their buffers were counted (tracemalloc files a block under the line
-        # that first allocated it, an mldserver line when the allocator reuses one).
-        peer.close()
-        await peer.writer.wait_closed()
-        Peer.opened.remove(peer)
+        await _end_a_shard(server, f"shardId-{i:012d}", [])
 
     tracemalloc.start()
     try:
@@ -186,17 +197,9 @@ async def test_a_closed_connection_keeps_nothing_of_it_alive(tmp_path):
     go with it: a copy of the driver task's context that outlives the task (a timer the
     task started and cancelled holds one, on asyncio's loop until the timer's time
     comes) keeps none of them."""
-    settings = Settings(handler="test", port=0, state_dir=str(tmp_path / "state"), sink=f"file:{tmp_path / 'out'}")
-    server = Server(settings, Noop)
-    await server.start()
+    server = await _in_process_server(tmp_path)
     try:
-        peer = await Peer.open(server.address[1])
-        await peer.action(initialize("shardId-000000000001"))
-        await peer.action(process_records(make_records(1, 3)))
-        await peer.action({"action": "shardEnded"})
-        assert await peer.finish() == b""
-        peer.close()
-        await peer.writer.wait_closed()
+        await _end_a_shard(server, "shardId-000000000001", make_records(1, 3))
         await eventually(lambda: not server.drivers, 10, what="the connection to close")
         gc.collect()
         alive = [type(o).__name__ for o in gc.get_objects() if isinstance(o, (Wire, ShardDriver, LineBuffer))]

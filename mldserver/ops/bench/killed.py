@@ -252,15 +252,15 @@ class Killed:
         lies = []
         for i, k in enumerate(self.kills, 1):
             until = self.kills[i].killed_at if i < len(self.kills) else self.stopped_at
-            for t, answered, status in self.polls:
-                if k.killed_at <= t and answered < (k.listened_at or until):
+            for sent, answered, status in self.polls:
+                if k.killed_at <= sent and answered < (k.listened_at or until):
                     down += 1
                     if status == 200:
-                        lies.append(f"kill {i}: 200 at {t - k.killed_at:.1f} s, before the restart listened")
-                elif k.served_at is not None and k.served_at <= t and answered < until:
+                        lies.append(f"kill {i}: 200 at {sent - k.killed_at:.1f} s, before the restart listened")
+                elif k.served_at is not None and k.served_at <= sent and answered < until:
                     up += 1
                     if status != 200:
-                        lies.append(f"kill {i}: {status or 'no answer'} at {t - k.killed_at:.1f} s, after "
+                        lies.append(f"kill {i}: {status or 'no answer'} at {sent - k.killed_at:.1f} s, after "
                                     f"the restart served")
         unserved = [i for i, k in enumerate(self.kills, 1) if k.served_at is None]
         detail = f"{down} polls while down (none 200), {up} while serving again (each 200)"
