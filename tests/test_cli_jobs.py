@@ -121,6 +121,12 @@ def test_bench_prints_every_variant_side_by_side(tmp_path):
     for workers in (2, 0):  # the handler processes and the server's own loop, side by side
         assert re.search(rf"--workers {workers}, K=2: relay cost [-+][\d.]+% .*; memory per shard", out.stdout)
     assert re.search(r"relay start-up: \d+ ms", out.stdout)
+    # under each server's rows, its CPU a record by process (the part that bounds records/s)
+    for variant, handlers in (("mldserver w2", True), ("direct w2", True), ("mldserver w0", False)):
+        parts = r"server [\d.]+ us \(\d+% of a core\)" + (r", handler processes [\d.]+ us" if handlers else "")
+        relays = r", relays [\d.]+ us" if variant.startswith("mldserver") else ""
+        assert re.search(rf"^    {variant}: CPU a record: {parts}{relays}; the fake daemon [\d.]+ us$", out.stdout,
+                         re.M), (variant, out.stdout)
     # the kclpy part: amazon_kclpy's sample behind mldserver beside KCLProcess (test_bench_kclpy.py)
     assert re.search(r"--workers 2, K=2: [\d.]+x amazon_kclpy's records/s", out.stdout), out.stdout
     for workers in (2, 0):  # the changes part: a ChangeHandler beside the batch Handler decoding by hand

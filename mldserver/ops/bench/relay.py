@@ -16,6 +16,10 @@ Every handler does the same work: decode each record's data and add up its lengt
 CPU per record is every process of a side over the timed part (user and system time):
 the server, its handler processes and the relays, or the amazon_kclpy children; it
 decides how many shards a core serves, where records/s on a shared machine only hints.
+Under each server's rows, that CPU by process (the server alone, its handler processes,
+the relays), beside the fake daemon's own (this process: not counted, but it shares the
+machine) and the server's share of one core: the part that bounds records/s is the one
+near a whole core.
 Memory is PSS (shared pages split between the processes that map them), sampled
 during the run, peak reported; "per shard" is one relay (or one kclpy child) plus the
 server's whole PSS divided by K.
@@ -92,6 +96,8 @@ class RelayResult:
     per_shard_pss_kb: float = 0.0
     total_pss_kb: int = 0
     server_cpu_s: float = 0.0  # the server's CPU seconds during the run
+    handlers_cpu_s: float = 0.0  # its handler processes'
+    daemon_cpu_s: float = 0.0  # the fake daemon's (this process's), not counted in cpu_s
     cpu_s: float = 0.0  # every process of the side: server, handler processes and relays (or the kclpy children)
     server_peaks_kb: list[int] = field(default_factory=list)  # the server's, then its handler processes'
     checkpoints: dict = field(default_factory=dict)  # what the fake daemon stored, by shard (a sanity check)
@@ -103,6 +109,19 @@ class RelayResult:
     @property
     def all_cpu_us_per_record(self) -> float:
         return self.cpu_s / self.records * 1e6 if self.records else 0.0
+
+    def cpu_by_process(self) -> str:
+        """Where a record's CPU went: the server, its handler processes, the relays (the
+        rest of ``cpu_s``), the fake daemon; and the server's share of one core."""
+        def us(seconds: float) -> str:
+            return f"{seconds / self.records * 1e6:.2f} us" if self.records else "-"
+
+        relays = self.cpu_s - self.server_cpu_s - self.handlers_cpu_s
+        core = self.server_cpu_s / self.seconds if self.seconds else 0.0
+        return (f"CPU a record: server {us(self.server_cpu_s)} ({core:.0%} of a core)"
+                + ("" if self.name.endswith(" w0") else f", handler processes {us(self.handlers_cpu_s)}")
+                + (f", relays {us(relays)}" if self.name.startswith("mldserver") else "")
+                + f"; the fake daemon {us(self.daemon_cpu_s)}")
 
     @property
     def rate(self) -> float:
@@ -210,8 +229,12 @@ async def _run_variant(name: str, k: int, records: int, size: int, batches: int,
     sampler.start()
     sides = ([server_pid] if server_pid else []) + [s.child.proc.pid for s in shards if name != "direct"]
     cpu, every = cpu_s(server_pid) if server_pid else 0.0, tree_cpu_s(sides)
+    tree = tree_cpu_s([server_pid]) if server_pid else {}
+    driving = time.process_time()
     await drive(shards, line, last, batches, result)
+    result.daemon_cpu_s = time.process_time() - driving
     result.server_cpu_s = cpu_s(server_pid) - cpu if server_pid else 0.0
+    result.handlers_cpu_s = cpu_spent(tree, tree_cpu_s([server_pid])) - result.server_cpu_s if server_pid else 0.0
     result.cpu_s = cpu_spent(every, tree_cpu_s(sides))
     await sampler.stop()
     await close_shards(shards)
@@ -308,6 +331,8 @@ async def run(args, shard_counts: list[int], with_kclpy: bool, tmp: str) -> None
                     print(f"    peak PSS: server {server_kb / 1024:.1f} MiB"
                           + (f", handler processes {', '.join(f'{kb / 1024:.1f}' for kb in handlers)} MiB"
                              if handlers else ""))
+                for variant in (relay, direct):
+                    print(f"    {variant.name}: {variant.cpu_by_process()}")
             if scrape:
                 relay = pairs[0][1]
                 print(f"  /metrics every {scrape:g} s at K={k}: {scraped.rate:,.0f} vs {relay.rate:,.0f} records/s "
