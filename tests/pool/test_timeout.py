@@ -91,6 +91,7 @@ async def test_a_call_past_the_execution_timeout_is_stopped_alone_retried_in_qua
     calm_done = {s: sum(disturbed[s]) for s in calm_shards}
     assert all(done < poisoned_answered for done in calm_done.values()), (poisoned_answered, calm_done)
 
+
 async def test_a_process_killed_twice_before_its_death_is_noticed_is_reported_killed_by_sigkill(tmp_path, monkeypatch):
     """``kill_for`` kills the process of a call that will not stop; until its death is
     noticed, the pool's supervisor may kill it again (it is not alive). The second kill

@@ -96,7 +96,8 @@ class RelayResult:
     per_shard_pss_kb: float = 0.0
     total_pss_kb: int = 0
     server_cpu_s: float = 0.0  # the server's CPU seconds during the run
-    handlers_cpu_s: float = 0.0  # its handler processes'
+    handlers_cpu_s: float | None = None  # its handler processes' (None: it has none)
+    relays_cpu_s: float | None = None  # the relays' (None: there are none)
     daemon_cpu_s: float = 0.0  # the fake daemon's (this process's), not counted in cpu_s
     cpu_s: float = 0.0  # every process of the side: server, handler processes and relays (or the kclpy children)
     server_peaks_kb: list[int] = field(default_factory=list)  # the server's, then its handler processes'
@@ -111,16 +112,15 @@ class RelayResult:
         return self.cpu_s / self.records * 1e6 if self.records else 0.0
 
     def cpu_by_process(self) -> str:
-        """Where a record's CPU went: the server, its handler processes, the relays (the
-        rest of ``cpu_s``), the fake daemon; and the server's share of one core."""
+        """Where a record's CPU went: the server, its handler processes, the relays, the
+        fake daemon; and the server's share of one core."""
         def us(seconds: float) -> str:
             return f"{seconds / self.records * 1e6:.2f} us" if self.records else "-"
 
-        relays = self.cpu_s - self.server_cpu_s - self.handlers_cpu_s
         core = self.server_cpu_s / self.seconds if self.seconds else 0.0
         return (f"CPU a record: server {us(self.server_cpu_s)} ({core:.0%} of a core)"
-                + ("" if self.name.endswith(" w0") else f", handler processes {us(self.handlers_cpu_s)}")
-                + (f", relays {us(relays)}" if self.name.startswith("mldserver") else "")
+                + ("" if self.handlers_cpu_s is None else f", handler processes {us(self.handlers_cpu_s)}")
+                + ("" if self.relays_cpu_s is None else f", relays {us(self.relays_cpu_s)}")
                 + f"; the fake daemon {us(self.daemon_cpu_s)}")
 
     @property
@@ -227,15 +227,21 @@ async def _run_variant(name: str, k: int, records: int, size: int, batches: int,
         sampler.trees["server"] = server_pid  # with its handler processes
     result = RelayResult(name, k, records * batches * k, len(line) * batches * k)
     sampler.start()
-    sides = ([server_pid] if server_pid else []) + [s.child.proc.pid for s in shards if name != "direct"]
-    cpu, every = cpu_s(server_pid) if server_pid else 0.0, tree_cpu_s(sides)
-    tree = tree_cpu_s([server_pid]) if server_pid else {}
+    # The side's CPU: the server's tree (itself, its handler processes) and the children's.
+    servers = [server_pid] if server_pid else []
+    children = [s.child.proc.pid for s in shards if name != "direct"]
+    cpu, server_tree, child_trees = cpu_s(server_pid) if server_pid else 0.0, tree_cpu_s(servers), tree_cpu_s(children)
     driving = time.process_time()
     await drive(shards, line, last, batches, result)
     result.daemon_cpu_s = time.process_time() - driving
     result.server_cpu_s = cpu_s(server_pid) - cpu if server_pid else 0.0
-    result.handlers_cpu_s = cpu_spent(tree, tree_cpu_s([server_pid])) - result.server_cpu_s if server_pid else 0.0
-    result.cpu_s = cpu_spent(every, tree_cpu_s(sides))
+    server_after = tree_cpu_s(servers)
+    children_cpu = cpu_spent(child_trees, tree_cpu_s(children))
+    result.cpu_s = cpu_spent(server_tree, server_after) + children_cpu
+    if len(server_after) > 1:  # (the server has handler processes)
+        result.handlers_cpu_s = cpu_spent(server_tree, server_after) - result.server_cpu_s
+    if name == "mldserver":
+        result.relays_cpu_s = children_cpu
     await sampler.stop()
     await close_shards(shards)
     result.checkpoints = dict(daemon.checkpoints)
