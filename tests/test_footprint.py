@@ -20,3 +20,12 @@ def test_a_handler_process_loads_nothing_only_the_server_or_the_command_line_run
 def test_a_server_with_its_admin_endpoint_loads_the_sources_only_to_read_a_stream_and_the_coordinator_for_a_sink():
     script = "import mldserver.server.server, mldserver.server.admin\n"
     assert loaded_after(script, "mldserver.sources", "mldserver.coordinator") == []
+
+
+def test_the_handler_the_relay_bench_measures_loads_what_a_users_handler_module_would():
+    # Its handler processes' memory counts as the server's against amazon_kclpy's children:
+    # the bench's own machinery (the fake daemon, the emulators, temporary folders) in them
+    # would be charged to the server (some 1.8 MiB a handler process).
+    script = "import mldserver.pool.child, mldserver.ops.bench.touch\n"
+    assert loaded_after(script, "mldserver.ops.bench.common", "mldserver.api.testing", "mldserver.ops.emulators",
+                        "tempfile", "shutil", "http.client", "email") == []

@@ -46,8 +46,6 @@ The bare hand-off runs Spark in this process, through ``mldserver.spark.bench``:
 
 from __future__ import annotations
 
-import tempfile
-
 
 async def amain(args) -> None:
     shard_counts = [1, 2] if args.quick and args.shards == [1, 32] else args.shards
@@ -63,6 +61,8 @@ async def amain(args) -> None:
         from ...base.config import Settings
 
         args.workers = list(dict.fromkeys([Settings.workers, 0]))  # the default beside the server's own loop
+    import tempfile  # (here: the bench's handler modules, ``touch``, import this package and nothing more)
+
     with tempfile.TemporaryDirectory(prefix="mldserver-bench-") as tmp:
         if args.part in ("all", "coordinator"):
             from . import coordinator

@@ -211,7 +211,7 @@ async def close_shards(shards: list[Any]) -> None:
 async def start_server(
     state_dir: str,
     *extra: str,
-    handler: str = "mldserver.ops.bench.relay:TouchHandler",
+    handler: str = "mldserver.ops.bench.touch:TouchHandler",
     env: dict[str, str] | None = None,
     timeout: float = 30,
     admin: str = "off",

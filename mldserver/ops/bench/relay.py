@@ -38,18 +38,8 @@ from pathlib import Path
 
 import orjson
 
-from ...api.handler import Handler
 from ...api.testing import Child, FakeDaemon, Shard, SocketChild, relay_command
 from .common import Sampler, close_shards, cpu_s, cpu_spent, descendants, free_port, pss_kb, rss_kb, start_server, tree_cpu_s
-
-
-class TouchHandler(Handler):
-    """Decodes every record's data, as a real handler would."""
-
-    async def process_records(self, batch, checkpointer):
-        total = 0
-        for record in batch.records:
-            total += len(record.data)
 
 
 KCLPY_CHILD = """
@@ -159,7 +149,7 @@ async def drive(shards: list[Shard], line: bytes, last: dict, batches: int, resu
 SCRAPED = "+scrape"
 
 
-TOUCH = "mldserver.ops.bench.relay:TouchHandler"
+TOUCH = "mldserver.ops.bench.touch:TouchHandler"
 
 
 async def run_variant(name: str, k: int, records: int, size: int, batches: int, tmp: str,
