@@ -29,8 +29,8 @@
    checked for a quote, a backslash, a control byte or a byte past ASCII at once.
 
    The cursor (ws, next) is _cursor.h's; the scans after this one (the sequence numbers
-   here, the data in a handler process: pool/_b64.c) read only lines this, or
-   pysimdjson, has accepted. It never reads past the line's end, whatever it is given. */
+   when this did not read them with `Head.record`, the data in a handler process:
+   pool/_b64.c) read only lines this, or pysimdjson, has accepted. It never reads past the line's end, whatever it is given. */
 
 #ifndef MLDSERVER_CHECK_H
 #define MLDSERVER_CHECK_H
@@ -45,6 +45,11 @@ typedef struct {
     const char *last, *last_end;  /* the last record's value, when n > 0 */
     int has_mbl;                  /* millisBehindLatest an integer (else absent or null) */
     int64_t mbl;
+    /* With `record`, each element of "records" is checked by it (given `ctx`, and the
+       depth checked_value would have been given) instead of by checked_value: _scan.c
+       reads every record's position in the same pass (``head(line, True)``). */
+    int (*record)(Cursor *c, int depth, void *ctx);
+    void *ctx;
 } Head;
 
 /* The first byte at or after q that a plain string does not hold (a quote, a
@@ -188,7 +193,8 @@ static int checked_array(Cursor *c, int depth, Head *head) {
     for (;;) {
         ws(c);
         const char *start = c->p;
-        if (checked_value(c, depth)) return -1;
+        if (head != NULL && head->record != NULL ? head->record(c, depth, head->ctx) : checked_value(c, depth))
+            return -1;
         if (head != NULL) {
             head->n++;
             head->last = start;

@@ -29,6 +29,14 @@
 
    ``head`` serves the check that comes first, when the line is decoded (_check.h):
    the line accepted, how many records, where the last one is, millisBehindLatest.
+   With a sink downstream the server asks it for the positions too, and the check reads
+   them as it checks each record (``checked_record``), in its one pass over the line:
+
+       >>> head(line, True)               # (2, 102, 125, 0, ('1718', 2, None, b'...')):
+                                          # (the first line above) what head(line) says, then sequence_numbers(line)
+
+   Two passes, the check's and this scan's, were a tenth of the server's CPU with the
+   file sink at 32 shards (perf); the second one read the line from memory again.
 
    Why native: the line is mostly the records' base64 data, which the scan skips many
    bytes a step (SSE2 and memchr: string); in Python the same column cost 0.3 us a
@@ -209,6 +217,115 @@ static int scan(Cursor *c, Out *o) {
     }
 }
 
+/* The records array's elements as _check.h checks them, one at a time, while what
+   ``record`` reads is read in the same pass (``head(line, True)``): `usual` drops to 0
+   at the first record ``record`` would refuse, and the rest are only checked. */
+typedef struct {
+    Out *o;
+    int usual;
+} Reading;
+
+/* One element of "records" at c->p: checked as checked_value would check it at
+   `depth`, and, while the batch is the usual one, its sequence number and arrival time
+   appended as ``record`` reads them (the same records refused: not an object, no
+   sequence number, one twice, a key with an escape, a sub-sequence number other than 0
+   or null). -1: not a line read here. */
+static int checked_record(Cursor *c, int depth, void *ctx) {
+    Reading *r = ctx;
+    if (!r->usual) return checked_value(c, depth);
+    ws(c);
+    if (c->p >= c->end) return -1;
+    if (*c->p != '{') {
+        r->usual = 0;
+        return checked_value(c, depth);
+    }
+    const char *first = c->p, *seq = NULL;
+    Py_ssize_t seq_n = 0;
+    int seen_sub = 0, seen_at = 0, usual = 1;
+    int64_t at = NO_TIME;
+    if (depth + 1 > CHECK_DEPTH) return -1;
+    c->p++;
+    ws(c);
+    if (c->p < c->end && *c->p == '}') { /* {}: no sequence number */
+        c->p++;
+        r->usual = 0;
+        return 0;
+    }
+    for (;;) {
+        ws(c);
+        int id = known_key(c);
+        if (id == OTHER) {
+            const char *k = c->p + 1;
+            int escaped;
+            if (c->p >= c->end || *c->p != '"' || checked_string(c, &escaped)) return -1;
+            Py_ssize_t size = c->p - 1 - k;
+            ws(c);
+            if (c->p >= c->end || *c->p != ':') return -1;
+            c->p++;
+            if (escaped) usual = 0;
+            else id = which(k, size);
+        }
+        ws(c);
+        const char *v = c->p;
+        if (checked_value(c, depth + 1)) return -1;
+        Py_ssize_t n = c->p - v;
+        if (id == SEQUENCE_NUMBER) { /* (escaped: a backslash is not a digit) */
+            if (seq != NULL || *v != '"' || n < 3 || !digits(v + 1, n - 2)) usual = 0;
+            seq = v + 1;
+            seq_n = n - 2;
+        } else if (id == SUB_SEQUENCE_NUMBER) {
+            if (seen_sub || (!is(v, n, "0") && !is(v, n, "null"))) usual = 0;
+            seen_sub = 1;
+        } else if (id == ARRIVAL) {
+            if (seen_at) usual = 0;
+            seen_at = 1;
+            at = arrival(v, n);
+        }
+        int end = next(c, '}');
+        if (end < 0) return -1;
+        if (end) break;
+    }
+    if (!usual || seq == NULL || append(r->o, seq, seq_n, at)) { /* (no memory: read the usual way) */
+        r->usual = 0;
+        return 0;
+    }
+    if (r->o->n == 1) { /* sized once, from the first record, as ``scan`` does */
+        Py_ssize_t records = (c->end - first) / (c->p - first + 1) + 1;
+        records += records / 10;
+        Py_ssize_t size = records * r->o->size;
+        if (reserve(r->o, records, size < c->end - first ? size : c->end - first)) r->usual = 0;
+    }
+    return 0;
+}
+
+/* What ``sequence_numbers`` says of what was read into `o`: (joined, n, ends or
+   None, arrivals), or NULL with an exception set. */
+static PyObject *scanned(Out *o) {
+    int uniform = 1;
+    for (Py_ssize_t i = 1; i <= o->n && uniform; i++)
+        uniform = o->ends[i] - o->ends[i - 1] == o->ends[1];
+    PyObject *joined = PyUnicode_New(o->size, 127);
+    if (joined == NULL) return NULL;
+    if (o->size) memcpy(PyUnicode_DATA(joined), o->digits, (size_t)o->size);
+    PyObject *ends;
+    if (uniform) {
+        ends = Py_NewRef(Py_None);
+    } else {
+        ends = PyBytes_FromStringAndSize((const char *)o->ends, (Py_ssize_t)((o->n + 1) * sizeof *o->ends));
+        if (ends == NULL) {
+            Py_DECREF(joined);
+            return NULL;
+        }
+    }
+    PyObject *arrivals = PyBytes_FromStringAndSize((const char *)o->arrivals, (Py_ssize_t)(o->n * sizeof *o->arrivals));
+    if (arrivals == NULL) {
+        Py_DECREF(joined);
+        Py_DECREF(ends);
+        return NULL;
+    }
+    return Py_BuildValue("(NnNN)", joined, o->n, ends, arrivals);
+}
+
 static PyObject *sequence_numbers(PyObject *self, PyObject *arg) {
     Py_buffer line;
     if (PyObject_GetBuffer(arg, &line, PyBUF_SIMPLE)) return NULL;
@@ -219,45 +336,22 @@ static PyObject *sequence_numbers(PyObject *self, PyObject *arg) {
     failed = scan(&c, &o);
     Py_END_ALLOW_THREADS
     PyBuffer_Release(&line);
-    PyObject *result = NULL;
-    if (failed) {
-        result = Py_NewRef(Py_None);
-        goto done;
-    }
-    int uniform = 1;
-    for (Py_ssize_t i = 1; i <= o.n && uniform; i++)
-        uniform = o.ends[i] - o.ends[i - 1] == o.ends[1];
-    PyObject *joined = PyUnicode_New(o.size, 127);
-    if (joined == NULL) goto done;
-    if (o.size) memcpy(PyUnicode_DATA(joined), o.digits, (size_t)o.size);
-    PyObject *ends;
-    if (uniform) {
-        ends = Py_NewRef(Py_None);
-    } else {
-        ends = PyBytes_FromStringAndSize((const char *)o.ends, (Py_ssize_t)((o.n + 1) * sizeof *o.ends));
-        if (ends == NULL) {
-            Py_DECREF(joined);
-            goto done;
-        }
-    }
-    PyObject *arrivals = PyBytes_FromStringAndSize((const char *)o.arrivals, (Py_ssize_t)(o.n * sizeof *o.arrivals));
-    if (arrivals == NULL) {
-        Py_DECREF(joined);
-        Py_DECREF(ends);
-        goto done;
-    }
-    result = Py_BuildValue("(NnNN)", joined, o.n, ends, arrivals);
-done:
+    PyObject *result = failed ? Py_NewRef(Py_None) : scanned(&o);
     PyMem_RawFree(o.digits);
     PyMem_RawFree(o.ends);
     PyMem_RawFree(o.arrivals);
     return result;
 }
 
-static PyObject *head(PyObject *self, PyObject *arg) {
+static PyObject *head(PyObject *self, PyObject *args) {
+    PyObject *arg;
+    int positions = 0;
+    if (!PyArg_ParseTuple(args, "O|p:head", &arg, &positions)) return NULL;
     Py_buffer line;
     if (PyObject_GetBuffer(arg, &line, PyBUF_SIMPLE)) return NULL;
-    Head h = {0, NULL, NULL, 0, 0};
+    Out o = {NULL, 0, 0, NULL, 0, 0, NULL};
+    Reading r = {&o, 1};
+    Head h = {0, NULL, NULL, 0, 0, positions ? checked_record : NULL, &r};
     Cursor c = {line.buf, (const char *)line.buf + line.len};
     int failed;
     Py_BEGIN_ALLOW_THREADS
@@ -265,16 +359,31 @@ static PyObject *head(PyObject *self, PyObject *arg) {
     Py_END_ALLOW_THREADS
     Py_ssize_t start = h.n ? h.last - (const char *)line.buf : -1, end = h.n ? h.last_end - (const char *)line.buf : -1;
     PyBuffer_Release(&line);
-    if (failed) Py_RETURN_NONE;
-    if (h.has_mbl) return Py_BuildValue("(nnnL)", h.n, start, end, (long long)h.mbl);
-    return Py_BuildValue("(nnnO)", h.n, start, end, Py_None);
+    PyObject *result = NULL, *mbl = h.has_mbl ? PyLong_FromLongLong((long long)h.mbl) : Py_NewRef(Py_None);
+    if (mbl == NULL) goto done;
+    if (failed) {
+        Py_DECREF(mbl);
+        result = Py_NewRef(Py_None);
+    } else if (!positions) {
+        result = Py_BuildValue("(nnnN)", h.n, start, end, mbl);
+    } else {
+        PyObject *read = r.usual ? scanned(&o) : Py_NewRef(Py_None);
+        if (read == NULL) Py_DECREF(mbl);
+        else result = Py_BuildValue("(nnnNN)", h.n, start, end, mbl, read);
+    }
+done:
+    PyMem_RawFree(o.digits);
+    PyMem_RawFree(o.ends);
+    PyMem_RawFree(o.arrivals);
+    return result;
 }
 
 static PyMethodDef methods[] = {
-    {"head", head, METH_O,
-     "head(line) -> (n, last_start, last_end, millis_behind_latest) | None: a processRecords line "
-     "checked (strict JSON of the usual kind: _check.h), how many records, where the last one is "
-     "(-1, -1 when none) and millisBehindLatest (None: absent or null); None for a line read otherwise"},
+    {"head", head, METH_VARARGS,
+     "head(line, positions=False) -> (n, last_start, last_end, millis_behind_latest) | None: a "
+     "processRecords line checked (strict JSON of the usual kind: _check.h), how many records, where "
+     "the last one is (-1, -1 when none) and millisBehindLatest (None: absent or null); None for a line "
+     "read otherwise. With positions, a fifth item: what sequence_numbers(line) says, read in the same pass"},
     {"sequence_numbers", sequence_numbers, METH_O,
      "sequence_numbers(line) -> (joined, n, ends or None, arrivals) | None: every record's "
      "sequenceNumber in a processRecords line, joined (ends: n + 1 native int64 offsets when their "

@@ -107,6 +107,7 @@ class Connection(ConnectionState):
         self._lines = lines if lines is not None else LineBuffer()
         self._lines.max_line_size = max_line_size
         self.lazy = lazy
+        self.positions = False  # lazy lines' positions read as they are checked (a sink is downstream)
         self.dialect = Dialect.SEQUENCE
         self.shard_id: str | None = None
 
@@ -148,7 +149,7 @@ class Connection(ConnectionState):
                 return ConnectionClosed()
             return NEED_DATA
         try:
-            event = decode(line, self.lazy)
+            event = decode(line, self.lazy, self.positions)
         except RemoteProtocolError as exc:
             if self.state is State.CHECKPOINTING and (exc.action is None or exc.action in NEVER_OWED):
                 return self._settle(CheckpointReply(None, None, MALFORMED_REPLY, str(exc)))

@@ -15,6 +15,7 @@ Python objects are made only for what is asked::
     records.column("sequenceNumber") == ["7"]  # one field of every record (None where absent)
     records.sequence_numbers() == ("7", 1, None, b"...")  # every sequence number, one native
                                                 # pass (and each arrival time: n int64, -1: none)
+    LazyRecords.parse(line, positions=True)     # the same, read by the check's own pass
     records.obj(0).get("data") == "bWVvdw=="   # one record, still lazy (a Mapping-like view)
     records[0]                                  # a dict: the first such use parses the line
                                                 # whole with orjson, as the eager path does
@@ -56,10 +57,11 @@ from ..native import load_native
 _scan = load_native("mldserver.protocol._scan")
 _sequence_numbers = _scan.sequence_numbers if _scan is not None else None
 _head = _scan.head if _scan is not None else None  # the line checked (_check.h), else pysimdjson
+_UNREAD = object()  # LazyRecords._scanned: the check did not read the positions
 
 
 class LazyRecords(Sequence[Any]):
-    __slots__ = ("line", "millis_behind_latest", "_n", "_last", "_array", "_list")
+    __slots__ = ("line", "millis_behind_latest", "_n", "_last", "_array", "_list", "_scanned")
 
     def __init__(self, line: bytes, n: int, last: Any, millis_behind_latest: int | None) -> None:
         self.line = line
@@ -69,16 +71,23 @@ class LazyRecords(Sequence[Any]):
         # The parsed line (larger than the line) is not kept: read again if asked.
         self._array: Any = None
         self._list: list[Any] | None = None
+        self._scanned: Any = _UNREAD  # what ``sequence_numbers`` says, when the check read it
 
     @classmethod
-    def parse(cls, line: bytes, keep: bool = False) -> LazyRecords | None:
+    def parse(cls, line: bytes, keep: bool = False, positions: bool = False) -> LazyRecords | None:
         """The line's records, or None: the eager decoder reads it. ``keep``: the
-        parsed line is kept (the records will be read)."""
+        parsed line is kept (the records will be read). ``positions``: every record's
+        position will be read (a sink is downstream): the native check reads them in its
+        own pass over the line, for ``sequence_numbers`` (a second pass cost the server
+        a tenth of its time with a sink)."""
         if not keep and _head is not None:
-            head = _head(line)
+            head = _head(line, True) if positions else _head(line)
             if head is not None:  # checked natively: the last record alone is parsed
-                n, start, end, mbl = head
-                return cls(line, n, orjson.loads(memoryview(line)[start:end]) if n else None, mbl)
+                n, start, end, mbl = head[:4]
+                records = cls(line, n, orjson.loads(memoryview(line)[start:end]) if n else None, mbl)
+                if positions:
+                    records._scanned = head[4]
+                return records
         try:
             document = _parse(line)
         except (ValueError, RuntimeError):  # UnicodeDecodeError is a ValueError
@@ -154,6 +163,9 @@ class LazyRecords(Sequence[Any]):
         ``sequenceNumber`` of ASCII digits and a ``subSequenceNumber`` absent, null or 0;
         a key written with an escape) or the package was built without a C compiler:
         read ``columns`` then, which says what is there."""
+        scanned, self._scanned = self._scanned, _UNREAD  # (read once: not held with the line)
+        if scanned is not _UNREAD:
+            return scanned
         if _sequence_numbers is None:  # pragma: no cover  (not built, or MLDSERVER_NO_EXTENSIONS set)
             return None
         return _sequence_numbers(self.line)

@@ -78,13 +78,14 @@ def _int(value: Any, name: str, line: bytes, action: str) -> int | None:
     )
 
 
-def decode(line: bytes, lazy: bool = False) -> Event:
+def decode(line: bytes, lazy: bool = False, positions: bool = False) -> Event:
     """Turn one line from the daemon into an event, or raise RemoteProtocolError.
 
     ``lazy``: a processRecords line's records are read on demand (a
-    :class:`~.lazy.LazyRecords`), not made into a dict each."""
+    :class:`~.lazy.LazyRecords`), not made into a dict each; ``positions``: their
+    positions are read as the line is checked (``LazyRecords.parse``)."""
     if lazy and _PROCESS_RECORDS.match(line):
-        event = _lazy_process_records(line)
+        event = _lazy_process_records(line, positions)
         if event is not None:
             return event
     try:
@@ -143,13 +144,13 @@ def decode(line: bytes, lazy: bool = False) -> Event:
 _PROCESS_RECORDS = re.compile(rb'\s*\{\s*"action"\s*:\s*"processRecords"')
 
 
-def _lazy_process_records(line: bytes) -> ProcessRecords | None:
+def _lazy_process_records(line: bytes, positions: bool = False) -> ProcessRecords | None:
     """The batch with its records unread, or None: the eager path decides."""
     # The parsed line (twice the line's size and more) is let go at once: a line waiting
     # for a handler process holds only its bytes. The server reads the positions from
     # the bytes (``LazyRecords.sequence_numbers``); what else reads the records parses
     # the line again, once.
-    records = LazyRecords.parse(line)
+    records = LazyRecords.parse(line, positions=positions)
     if records is None:
         return None
     return ProcessRecords(records, records.millis_behind_latest, line)  # type: ignore[arg-type]

@@ -68,6 +68,7 @@ class ShardDriver:
         self.log = log
         self.calls = calls
         self.downstream: Downstream = downstream or NoSink()
+        self.conn.positions = self.downstream.collects_rows  # every row's record's position: read with the check
         self.dead_letters = dead_letters
         self.metrics = metrics  # the server's (admin endpoint): recorded here, the seam's server side
         self.pause = pause

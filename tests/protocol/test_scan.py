@@ -43,6 +43,18 @@ def scanned(line: bytes) -> list[Position] | None:
     return None if positions is None else list(positions)
 
 
+def same_in_one_pass(line: bytes) -> None:
+    """The check reading the positions in its own pass (``head(line, True)``, a sink
+    downstream) says of the line what it says alone, and of its positions and arrival
+    times what the scan's pass says; ``LazyRecords.parse(positions=True)`` hands that on."""
+    both, alone = _scan.head(line, True), _scan.head(line)
+    assert (both is None) == (alone is None)
+    if both is not None:
+        assert both[:4] == alone and both[4] == _scan.sequence_numbers(line)
+        if lazy_module._head is not None:
+            assert LazyRecords.parse(line, positions=True).sequence_numbers() == both[4]
+
+
 def columns(line: bytes) -> list[Position | None]:
     lazy = LazyRecords.parse(line, keep=True)
     return list(Position.batch(*lazy.columns("sequenceNumber", "subSequenceNumber")))
@@ -63,7 +75,7 @@ def test_the_native_scan_is_built_and_reads_the_usual_batch():
 
 def test_a_batch_out_of_the_usual_is_left_to_the_columns():
     usual = record(0)
-    for raws in (
+    unusual = (
         [usual, record(1, subSequenceNumber=2)],  # a KPL sub-record
         [usual, record(1, subSequenceNumber=False)],
         [usual, record(1, subSequenceNumber="0")],
@@ -75,7 +87,8 @@ def test_a_batch_out_of_the_usual_is_left_to_the_columns():
         [usual, {}],
         [usual, 5],  # not an object
         [usual, ["101"]],
-    ):
+    )
+    for raws in unusual:
         assert scanned(line_of(raws)) is None, raws
     lines = (
         # a key written with an escape: simdjson reads it as the key it names
@@ -88,6 +101,8 @@ def test_a_batch_out_of_the_usual_is_left_to_the_columns():
     )
     for line in lines:
         assert scanned(line) is None, line
+    for line in (*lines, *(line_of(raws) for raws in unusual)):
+        same_in_one_pass(line)
     assert LazyRecords.parse(line_of([usual], extra=1)).sequence_numbers() is not None
     assert Positions.scanned("1" * 5000, 1, None) is None  # past int's digits: Position.batch says so
 
@@ -105,6 +120,8 @@ def test_values_that_look_like_keys_and_nested_values_are_skipped():
     near = (b'{"action":"processRecords","records":[{"actions":"x","sequenceNumbers":"5","sequenceNumber":"1",'
             b'"subSequenceNumber0":7,"dataX":"a","approximateArrivalTimestamps":9}],"millisBehindLatest":0}')
     assert scanned(near) == columns(near) == [Position.parse("1")]
+    for one in (line, spaced, near):
+        same_in_one_pass(one)
     assert array("q", LazyRecords.parse(near).sequence_numbers()[3]).tolist() == [NO_TIME]
     assert scanned(b'{"action":"processRecords","records":[{"sequenceNumbe":"5"}],"millisBehindLatest":0}') is None
 
@@ -116,6 +133,7 @@ def test_a_first_record_unlike_the_others_sizes_the_outputs_wrong_and_they_grow(
     rest = ['{"sequenceNumber":"%d","approximateArrivalTimestamp":%d}' % (10**59 + i, i) for i in range(3000)]
     line = ('{"action":"processRecords","records":[' + ",".join([first, *rest]) + '],"millisBehindLatest":0}').encode()
     assert scanned(line) == columns(line) and len(columns(line)) == 3001
+    same_in_one_pass(line)
     assert array("q", LazyRecords.parse(line).sequence_numbers()[3]).tolist() == [1, *range(3000)]
 
 
@@ -126,6 +144,8 @@ def test_a_cut_or_broken_line_is_never_read_past_its_end():
     for i in range(len(line)):
         found = sequence_numbers(line[:i])
         assert found is None or found[1] <= 3
+        if i < len(line.rstrip()):
+            assert _scan.head(line[:i], True) is None  # (not a whole line: never read as one)
     for junk in (b"", b"{", b'{"records"', b'{"records":[{"sequenceNumber":"1', b'"', b"\\", b"[" * 100):
         assert sequence_numbers(junk) is None
     assert sequence_numbers(memoryview(line)) == sequence_numbers(bytearray(line)) == sequence_numbers(line)
@@ -195,6 +215,7 @@ def lines(draw) -> bytes:
 @settings(max_examples=400, deadline=None)
 @given(lines())
 def test_the_scan_and_the_columns_agree_on_any_line(line):
+    same_in_one_pass(line)
     if LazyRecords.parse(line) is None:  # (a key twice in a record is still a line lazy.py reads)
         return
     found = scanned(line)
@@ -247,6 +268,7 @@ def long_string_lines(draw) -> bytes:
 @given(long_string_lines(), st.integers(0, 10_000))
 def test_long_strings_with_escapes_anywhere_scan_as_the_columns_read_them_and_a_cut_batch_is_refused(line, cut):
     assert scanned(line) == columns(line)
+    same_in_one_pass(line)
     from mldserver.pool._b64 import datas
     from mldserver.protocol._scan import sequence_numbers
 
