@@ -343,10 +343,11 @@ static PyObject *sequence_numbers(PyObject *self, PyObject *arg) {
     return result;
 }
 
-static PyObject *head(PyObject *self, PyObject *args) {
+static PyObject *head(PyObject *self, PyObject *args, PyObject *kwargs) {
+    static char *keywords[] = {"line", "positions", NULL};
     PyObject *arg;
     int positions = 0;
-    if (!PyArg_ParseTuple(args, "O|p:head", &arg, &positions)) return NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|p:head", keywords, &arg, &positions)) return NULL;
     Py_buffer line;
     if (PyObject_GetBuffer(arg, &line, PyBUF_SIMPLE)) return NULL;
     Out o = {NULL, 0, 0, NULL, 0, 0, NULL};
@@ -359,12 +360,14 @@ static PyObject *head(PyObject *self, PyObject *args) {
     Py_END_ALLOW_THREADS
     Py_ssize_t start = h.n ? h.last - (const char *)line.buf : -1, end = h.n ? h.last_end - (const char *)line.buf : -1;
     PyBuffer_Release(&line);
-    PyObject *result = NULL, *mbl = h.has_mbl ? PyLong_FromLongLong((long long)h.mbl) : Py_NewRef(Py_None);
-    if (mbl == NULL) goto done;
+    PyObject *result = NULL, *mbl = NULL;
     if (failed) {
-        Py_DECREF(mbl);
         result = Py_NewRef(Py_None);
-    } else if (!positions) {
+        goto done;
+    }
+    mbl = h.has_mbl ? PyLong_FromLongLong((long long)h.mbl) : Py_NewRef(Py_None);
+    if (mbl == NULL) goto done;
+    if (!positions) {
         result = Py_BuildValue("(nnnN)", h.n, start, end, mbl);
     } else {
         PyObject *read = r.usual ? scanned(&o) : Py_NewRef(Py_None);
@@ -379,7 +382,7 @@ done:
 }
 
 static PyMethodDef methods[] = {
-    {"head", head, METH_VARARGS,
+    {"head", (PyCFunction)(void (*)(void))head, METH_VARARGS | METH_KEYWORDS,
      "head(line, positions=False) -> (n, last_start, last_end, millis_behind_latest) | None: a "
      "processRecords line checked (strict JSON of the usual kind: _check.h), how many records, where "
      "the last one is (-1, -1 when none) and millisBehindLatest (None: absent or null); None for a line "

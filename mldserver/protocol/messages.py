@@ -147,9 +147,10 @@ _PROCESS_RECORDS = re.compile(rb'\s*\{\s*"action"\s*:\s*"processRecords"')
 def _lazy_process_records(line: bytes, positions: bool = False) -> ProcessRecords | None:
     """The batch with its records unread, or None: the eager path decides."""
     # The parsed line (twice the line's size and more) is let go at once: a line waiting
-    # for a handler process holds only its bytes. The server reads the positions from
-    # the bytes (``LazyRecords.sequence_numbers``); what else reads the records parses
-    # the line again, once.
+    # for a handler process holds only its bytes, and, with ``positions`` (a sink), its
+    # records' positions and arrival times, read by the check (some 64 bytes a record,
+    # until ``LazyRecords.sequence_numbers`` hands them on); what else reads the records
+    # parses the line again, once.
     records = LazyRecords.parse(line, positions=positions)
     if records is None:
         return None
