@@ -28,6 +28,7 @@ The bare hand-off runs Spark in this process, through ``mldserver.spark.bench``:
 - ``common.py``: what every part shares: a server in its own process, memory figures from
   /proc, the batches the coordinator and Spark parts feed.
 - ``relay.py``: ``--part relay``, throughput, latency and memory against amazon_kclpy.
+- ``touch.py``: the handler ``--part relay`` runs, in a module that imports only the handler API.
 - ``coordinator.py``: ``--part coordinator``, the coordinator's cost (file sink vs none).
 - ``spark.py``: ``--part spark``, the pipeline end to end against the bare hand-off.
 - ``changes.py``: ``--part changes``, a ``ChangeHandler`` against a batch ``Handler``.
