@@ -30,7 +30,8 @@
 
    The cursor (ws, next) is _cursor.h's; the scans after this one (the sequence numbers
    when this did not read them with `Head.record`, the data in a handler process:
-   pool/_b64.c) read only lines this, or pysimdjson, has accepted. It never reads past the line's end, whatever it is given. */
+   pool/_b64.c) read only lines this, or pysimdjson, has accepted. It never reads past
+   the line's end, whatever it is given. */
 
 #ifndef MLDSERVER_CHECK_H
 #define MLDSERVER_CHECK_H
@@ -157,8 +158,15 @@ static int checked_literal(Cursor *c, char *which) {
 
 static int checked_value(Cursor *c, int depth);
 
-/* An object at c->p (its opening brace), every key and value checked. */
-static int checked_object(Cursor *c, int depth) {
+/* What checked_object tells a caller that reads members as it checks them: each
+   member's key (known_key's or which's number; ESCAPED for a key written with an
+   escape, which no reader here compares) and its value's bytes, once checked. */
+#define ESCAPED (-1)
+typedef void (*Member)(int key, const char *value, Py_ssize_t size, void *ctx);
+
+/* An object at c->p (its opening brace), every key and value checked at `depth`; each
+   member told to `member` (given `ctx`) when it is not NULL. */
+static int checked_object(Cursor *c, int depth, Member member, void *ctx) {
     if (depth > CHECK_DEPTH) return -1;
     c->p++;
     ws(c);
@@ -168,13 +176,20 @@ static int checked_object(Cursor *c, int depth) {
     }
     for (;;) {
         ws(c);
-        if (known_key(c) == OTHER) { /* (a record's usual keys: compared whole, with their colon) */
-            if (c->p >= c->end || *c->p != '"' || checked_string(c, NULL)) return -1;
+        int key = known_key(c); /* (a record's usual keys: compared whole, with their colon) */
+        if (key == OTHER) {
+            const char *k = c->p + 1;
+            int escaped;
+            if (c->p >= c->end || *c->p != '"' || checked_string(c, &escaped)) return -1;
+            if (member != NULL) key = escaped ? ESCAPED : which(k, c->p - 1 - k);
             ws(c);
             if (c->p >= c->end || *c->p != ':') return -1;
             c->p++;
         }
+        ws(c);
+        const char *v = c->p;
         if (checked_value(c, depth)) return -1;
+        if (member != NULL) member(key, v, c->p - v, ctx);
         int end = next(c, '}');
         if (end) return end > 0 ? 0 : -1;
     }
@@ -211,7 +226,7 @@ static int checked_value(Cursor *c, int depth) {
     if (c->p >= c->end) return -1;
     switch (*c->p) {
     case '"': return checked_string(c, NULL);
-    case '{': return checked_object(c, depth + 1);
+    case '{': return checked_object(c, depth + 1, NULL, NULL);
     case '[': return checked_array(c, depth + 1, NULL);
     case 't': case 'f': case 'n': return checked_literal(c, NULL);
     default: return checked_integer(c, &ignored);

@@ -225,6 +225,39 @@ typedef struct {
     int usual;
 } Reading;
 
+/* What ``record`` would read of one record, gathered member by member as the check
+   tells them (checked_object's `member`); usual drops to 0 where ``record`` would
+   refuse the record. */
+typedef struct {
+    const char *seq;
+    Py_ssize_t seq_n;
+    int seen_sub, seen_at, usual;
+    int64_t at;
+} Positions;
+
+static void position_member(int key, const char *v, Py_ssize_t n, void *ctx) {
+    Positions *p = ctx;
+    switch (key) {
+    case ESCAPED:
+        p->usual = 0;
+        break;
+    case SEQUENCE_NUMBER:
+        if (p->seq != NULL || *v != '"' || n < 3 || !digits(v + 1, n - 2)) p->usual = 0;
+        p->seq = v + 1;
+        p->seq_n = n - 2;
+        break;
+    case SUB_SEQUENCE_NUMBER:
+        if (p->seen_sub || (!is(v, n, "0") && !is(v, n, "null"))) p->usual = 0;
+        p->seen_sub = 1;
+        break;
+    case ARRIVAL:
+        if (p->seen_at) p->usual = 0;
+        p->seen_at = 1;
+        p->at = arrival(v, n);
+        break;
+    }
+}
+
 /* One element of "records" at c->p: checked as checked_value would check it at
    `depth`, and, while the batch is the usual one, its sequence number and arrival time
    appended as ``record`` reads them (the same records refused: not an object, no
@@ -232,60 +265,13 @@ typedef struct {
    or null). -1: not a line read here. */
 static int checked_record(Cursor *c, int depth, void *ctx) {
     Reading *r = ctx;
+    ws(c);
+    if (r->usual && (c->p >= c->end || *c->p != '{')) r->usual = 0;
     if (!r->usual) return checked_value(c, depth);
-    ws(c);
-    if (c->p >= c->end) return -1;
-    if (*c->p != '{') {
-        r->usual = 0;
-        return checked_value(c, depth);
-    }
-    const char *first = c->p, *seq = NULL;
-    Py_ssize_t seq_n = 0;
-    int seen_sub = 0, seen_at = 0, usual = 1;
-    int64_t at = NO_TIME;
-    if (depth + 1 > CHECK_DEPTH) return -1;
-    c->p++;
-    ws(c);
-    if (c->p < c->end && *c->p == '}') { /* {}: no sequence number */
-        c->p++;
-        r->usual = 0;
-        return 0;
-    }
-    for (;;) {
-        ws(c);
-        int id = known_key(c);
-        if (id == OTHER) {
-            const char *k = c->p + 1;
-            int escaped;
-            if (c->p >= c->end || *c->p != '"' || checked_string(c, &escaped)) return -1;
-            Py_ssize_t size = c->p - 1 - k;
-            ws(c);
-            if (c->p >= c->end || *c->p != ':') return -1;
-            c->p++;
-            if (escaped) usual = 0;
-            else id = which(k, size);
-        }
-        ws(c);
-        const char *v = c->p;
-        if (checked_value(c, depth + 1)) return -1;
-        Py_ssize_t n = c->p - v;
-        if (id == SEQUENCE_NUMBER) { /* (escaped: a backslash is not a digit) */
-            if (seq != NULL || *v != '"' || n < 3 || !digits(v + 1, n - 2)) usual = 0;
-            seq = v + 1;
-            seq_n = n - 2;
-        } else if (id == SUB_SEQUENCE_NUMBER) {
-            if (seen_sub || (!is(v, n, "0") && !is(v, n, "null"))) usual = 0;
-            seen_sub = 1;
-        } else if (id == ARRIVAL) {
-            if (seen_at) usual = 0;
-            seen_at = 1;
-            at = arrival(v, n);
-        }
-        int end = next(c, '}');
-        if (end < 0) return -1;
-        if (end) break;
-    }
-    if (!usual || seq == NULL || append(r->o, seq, seq_n, at)) { /* (no memory: read the usual way) */
+    const char *first = c->p;
+    Positions p = {.at = NO_TIME, .usual = 1};
+    if (checked_object(c, depth + 1, position_member, &p)) return -1;
+    if (!p.usual || p.seq == NULL || append(r->o, p.seq, p.seq_n, p.at)) { /* (no memory: read the usual way) */
         r->usual = 0;
         return 0;
     }

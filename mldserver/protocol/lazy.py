@@ -81,7 +81,7 @@ class LazyRecords(Sequence[Any]):
         own pass over the line, for ``sequence_numbers`` (a second pass cost the server
         a tenth of its time with a sink)."""
         if not keep and _head is not None:
-            head = _head(line, True) if positions else _head(line)
+            head = _head(line, positions)
             if head is not None:  # checked natively: the last record alone is parsed
                 n, start, end, mbl = head[:4]
                 records = cls(line, n, orjson.loads(memoryview(line)[start:end]) if n else None, mbl)
