@@ -9,6 +9,8 @@ Spark (a Spark call from a thread of the busy server starves on the GIL).
 - ``frames.py``: the wire format between the two, and the typed frames.
 - ``pipes.py``: the framing of every pipe to a child process (header, JSON, body), the
   handler processes' too (``pool/frames.py``).
+- ``warmup.py``: throwaway parquet jobs in the Spark process as it starts, so that a
+  local master's JVM has compiled a commit's hot paths before the first window.
 - ``commitlog.py``: the parquet sink's commit log, one fsynced entry per committed window,
   written by the Spark process and read by the server's side (``sinks/parquet.py``).
 - ``bench.py``: the bare hand-off ``mldserver bench --part spark`` compares against.

@@ -27,12 +27,15 @@ def bare_handoff(work: Path, table: Any, windows: int) -> tuple[float, float, fl
     from pyspark.sql.pandas.types import from_arrow_schema
 
     from . import session
+    from .warmup import WarmUp
 
     work.mkdir(parents=True, exist_ok=True)
     spark = session.build({"work_dir": str(work)})
     try:
         spark_schema = from_arrow_schema(table.schema)
-        spark.range(1).write.mode("overwrite").parquet(str(work / "warm"))  # JVM warm-up, not timed
+        # Spark's JVM warmed as the Spark process warms it (not timed)
+        WarmUp(lambda p: spark.read.schema(from_arrow_schema(pq.read_schema(p))).parquet(p),
+               lambda df, f: df.write.mode("overwrite").parquet(f), work / "warm-up").run()
         files, jobs = [], []
         started = time.perf_counter()
         for w in range(windows):

@@ -11,7 +11,9 @@ The first frame (``frames.StartRequest``) configures it; the reply says it is re
      "pipeline": "handlers.orders:per_customer", "sys_path": [...]}
     -> {"id": 1, "ok": true, "spark_version": "4.3.0", "classic": true}
 
-Then:
+Then, with a local master, it warms Spark's JVM in a thread until the first request
+comes (``warmup.py``: ``{"event": "warmed_up", "jobs": 50, "ms": ..., "cut_short": false}``),
+and:
 
 - ``commit {window, path}`` (``frames.CommitRequest``): if the commit log has the
   window, answer at once (``already``): a window re-sent after a restart is never
@@ -55,6 +57,7 @@ from ..base.importer import import_from_string
 from .commitlog import CommitLog
 from .frames import CommitRequest, StartRequest, WindowFrame, commit_entry, encode, read_frame
 from .pipeline import WindowInfo, identity
+from .warmup import WarmUp
 
 EXECUTOR_POLL_S = 2.0  # how often the live executors are read (a lost worker is told within this)
 LOCK_WAIT = 30.0  # seconds: the Spark process of a server that just died may still hold the lock
@@ -80,6 +83,8 @@ class SparkChild:
         self.classic = session.is_classic(self.spark)
         self.local = self.classic and self.spark.sparkContext.master.startswith("local")
         self.cursors: dict[int, Any] = {}
+        # Spark's JVM warmed before the first window (a local master's: warmup.py)
+        self.warm = WarmUp(self._read, self._scratch, Path(options["work_dir"]) / "warm-up") if self.local else None
 
     def ready(self) -> dict[str, Any]:
         return {"spark_version": self.spark.version, "classic": self.classic}
@@ -151,6 +156,19 @@ class SparkChild:
 
             return self.spark.read.schema(from_arrow_schema(pq.read_schema(path))).parquet(path)
         return self.spark.createDataFrame(pq.read_table(path))  # Arrow batches over the wire
+
+    def _scratch(self, df, folder: str) -> None:
+        """A warm-up job's output, written as a commit writes its window's."""
+        df.write.format(self.format).mode("overwrite").save(folder)
+
+    def warm_up(self, tell: Callable[[dict[str, Any]], None]) -> None:
+        if self.warm is not None:
+            self.warm.start(tell)
+
+    def warmed(self) -> None:
+        """A request came: the warm-up stops for good, before the request runs."""
+        if self.warm is not None:
+            self.warm.stop()
 
     def _publish(self, df, window_id: str) -> int | None:
         assert self.sink_dir is not None
@@ -288,9 +306,11 @@ def main() -> None:
         raise SystemExit(1) from None
     reply({"id": options["id"], "ok": True, **child.ready()})
     child.watch_executors(reply)
+    child.warm_up(reply)
     ops = {"commit": child.commit, "write": child.write, "sql_fetch": child.sql_fetch, "sql_close": child.sql_close}
     while (frame := read_frame(requests)) is not None:
         request, _ = frame
+        child.warmed()
         op = request.get("op")
         if op == "stop":
             reply({"id": request["id"], "ok": True})
