@@ -199,7 +199,8 @@ class SparkProcess:
                 continue
             if frame is not None and frame[0].get("event") == "warmed_up":
                 told = frame[0]
-                self.log.info("spark_warmed_up", jobs=told.get("jobs"), ms=told.get("ms"), cut_short=told.get("cut_short"))
+                self.log.info("spark_warmed_up", jobs=told.get("jobs"), ms=told.get("ms"),
+                              cut_short=told.get("cut_short"))
                 continue
             if frame is not None:
                 future = self._pending.pop(frame[0].get("id"), None)

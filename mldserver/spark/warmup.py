@@ -4,7 +4,8 @@ parquet as a window's commit does, on rows of their own, run by the Spark proces
 comes, whichever is first::
 
     warm = WarmUp(read, write, work_dir / "warm-up")   # read(path) -> DataFrame, write(df, folder)
-    warm.start(tell)            # when it ends: tell({"event": "warmed_up", "jobs": 50, "ms": 11020.4, "cut_short": False})
+    warm.start(tell)            # when it ends: tell({"event": "warmed_up", "jobs": 50, "ms": 9630.4,
+                                #                     "cut_short": False})
     ...                         # a request arrives
     warm.stop()                 # the job running let finish (some 0.2 s): none runs beside the request
 
@@ -12,12 +13,12 @@ Why: the JVM compiles what has run hot, and how many jobs a session has run deci
 how warm it is more than their rows do. On the 2-core machine the project is built on
 (`mldserver bench --part spark`, 100,000-row windows, one closing at a time), a
 window's close to commit took 463-508 ms (p50) in a session's first eight windows and
-358-401 ms from the eighteenth; the first window 3.2-3.4 s. After these 50 jobs, 11 s:
-375 ms in the first eight, the first window 0.76 s. A server with the default 60 s
-windows has a minute before its first one closes: the warm-up runs in it. It never
-competes with a commit or a query: the first request stops it for good. Only a local
-master is warmed (its executors are this machine's; a cluster's JVMs are not ours to
-spend).
+358-401 ms from the eighteenth; the first window 3.2-3.4 s. After these 50 jobs
+(9.5-9.7 s): 326-356 ms in the first eight, the first window 0.5-0.7 s. A server with
+the default 60 s windows has a minute before its first one closes: the warm-up runs in
+it. It never competes with a commit or a query: the first request stops it for good.
+Only a local master is warmed (its executors are this machine's; a cluster's JVMs are
+not ours to spend).
 
 The rows are the kind a handler emits: strings (base64 data among them), integers and
 an event time, in a file written as the sink writes a window's. The user's pipeline is
