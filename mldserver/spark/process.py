@@ -199,8 +199,11 @@ class SparkProcess:
                 continue
             if frame is not None and frame[0].get("event") == "warmed_up":
                 told = frame[0]
-                self.log.info("spark_warmed_up", jobs=told.get("jobs"), ms=told.get("ms"),
-                              cut_short=told.get("cut_short"))
+                jobs, ms, cut_short = told.get("jobs"), told.get("ms"), told.get("cut_short")
+                if told.get("error"):  # a job failed: the same fault may fail a commit next
+                    self.log.warning("spark_warmed_up", jobs=jobs, ms=ms, cut_short=cut_short, error=told["error"])
+                else:
+                    self.log.info("spark_warmed_up", jobs=jobs, ms=ms, cut_short=cut_short)
                 continue
             if frame is not None:
                 future = self._pending.pop(frame[0].get("id"), None)

@@ -6,6 +6,8 @@ comes, whichever is first::
     warm = WarmUp(read, write, work_dir / "warm-up")   # read(path) -> DataFrame, write(df, folder)
     warm.start(tell)            # when it ends: tell({"event": "warmed_up", "jobs": 50, "ms": 9630.4,
                                 #                     "cut_short": False})
+                                # a job that raised ends it, and says why: {..., "jobs": 0,
+                                #   "cut_short": True, "error": "Py4JJavaError: ... No space left on device"}
     ...                         # a request arrives
     warm.stop()                 # the job running let finish (some 0.2 s): none runs beside the request
 
@@ -22,7 +24,9 @@ not ours to spend).
 
 The rows are the kind a handler emits: strings (base64 data among them), integers and
 an event time, in a file written as the sink writes a window's. The user's pipeline is
-never called: it may write elsewhere.
+never called: it may write elsewhere. A warm-up job that fails ends the warm-up and is no
+error of the server's (the first window meets a cold JVM), but what failed is told: the
+same fault (a full disk, a broken Spark install) may fail a window's commit next.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from __future__ import annotations
 import shutil
 import threading
 import time
+import traceback
 from pathlib import Path
 from typing import Any, Callable
 
@@ -63,25 +68,31 @@ class WarmUp:
         thread.join()
 
     def _run(self, tell: Callable[[dict[str, Any]], None]) -> None:
-        jobs, ms = self.run()
-        tell({"event": "warmed_up", "jobs": jobs, "ms": ms, "cut_short": jobs < self.jobs})
+        jobs, ms, error = self.run()
+        told: dict[str, Any] = {"event": "warmed_up", "jobs": jobs, "ms": ms, "cut_short": jobs < self.jobs}
+        if error is not None:
+            told["error"] = error
+        tell(told)
 
-    def run(self) -> tuple[int, float]:
+    def run(self) -> tuple[int, float, str | None]:
         """The jobs, here and now (``start`` runs them in a thread): how many ran, in
-        how many milliseconds. Never raises: a warm-up cut short is no error."""
+        how many milliseconds, and why one failed (None: none did, or it failed as the
+        warm-up was being stopped). Never raises: a warm-up cut short is no error."""
         started = time.perf_counter()
-        done = 0
+        done, error = 0, None
         try:
             path = self._input()
             while done < self.jobs and not self._stopping.is_set():
                 self._write(self._read(str(path)), str(self.folder / "out"))
                 shutil.rmtree(self.folder / "out", ignore_errors=True)
                 done += 1
-        except Exception:  # the session going: a warm-up is never an error
-            pass
+        except Exception as exc:
+            if not self._stopping.is_set():
+                error = _first_line(exc)
+                traceback.print_exc()  # whole, into spark.log (the Spark process's stderr)
         finally:
             shutil.rmtree(self.folder, ignore_errors=True)
-        return done, round((time.perf_counter() - started) * 1000, 1)
+        return done, round((time.perf_counter() - started) * 1000, 1), error
 
     def _input(self) -> Path:
         """A parquet file of ``rows`` rows like a handler's."""
@@ -106,3 +117,9 @@ class WarmUp:
         path = self.folder / "in.parquet"
         pq.write_table(table, path, compression="none", use_dictionary=False)  # as the sink writes a window's
         return path
+
+
+def _first_line(exc: Exception, most: int = 500) -> str:
+    """``Type: message``, its first line (a JVM error's goes on for pages)."""
+    text = f"{type(exc).__name__}: {exc}".split("\n", 1)[0]
+    return text if len(text) <= most else text[:most] + " ..."
