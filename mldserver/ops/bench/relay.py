@@ -23,6 +23,17 @@ near a whole core.
 Memory is PSS (shared pages split between the processes that map them), sampled
 during the run, peak reported; "per shard" is one relay (or one kclpy child) plus the
 server's whole PSS divided by K.
+
+The variants take turns for three rounds (one with ``--quick``), each round's order the
+reverse of the one before: a shared machine's speed drifts by 10% and more between
+runs, and a single run of each swung 2.6x-3.3x against amazon_kclpy at 32 shards of
+1 KiB. The rows are the median round's (by the first server's records/s against the
+round's amazon_kclpy run), all from that one round; under them, each server's records/s
+and CPU a record against amazon_kclpy's in every round, so the spread is on record
+beside the median::
+
+    over 3 rounds taking turns, mldserver w2 against amazon_kclpy: records/s 2.71x 2.88x 3.02x
+      (median 2.88x); CPU a record 0.27x 0.28x 0.26x (median 0.27x)
 """
 
 from __future__ import annotations
@@ -31,6 +42,7 @@ import asyncio
 import base64
 import binascii
 import os
+import statistics
 import sys
 import time
 from dataclasses import dataclass, field
@@ -273,6 +285,35 @@ async def relay_startup(port: int) -> tuple[float, int, int]:
     return ms, rss, pss
 
 
+ROUNDS, ROUNDS_QUICK = 3, 1  # the variants take turns this many times
+
+
+Round = dict[tuple[str, "int | None"], RelayResult]  # (variant, workers) -> its run in one round
+
+
+def median_round(rounds: list[Round], server: tuple[str, int | None], with_kclpy: bool) -> Round:
+    """The round whose ``server`` run is the median one: by its records/s against the
+    round's amazon_kclpy run, or by its records/s alone without one. Its rows are shown
+    together, so each row's ratio is one round's."""
+    def key(r: Round) -> float:
+        ours = r[server].rate
+        return ours / r["amazon_kclpy", None].rate if with_kclpy and r["amazon_kclpy", None].rate else ours
+
+    return sorted(rounds, key=key)[len(rounds) // 2]
+
+
+def spread(name: str, pairs: list[tuple[RelayResult, RelayResult]]) -> str:
+    """A server's records/s and CPU a record against amazon_kclpy's, round by round
+    (``pairs``: the server's run and amazon_kclpy's of each round), and their medians."""
+    def line(ratios: list[float]) -> str:
+        return f"{' '.join(f'{x:.2f}x' for x in ratios)} (median {statistics.median(ratios):.2f}x)"
+
+    rates = [a.rate / b.rate for a, b in pairs if b.rate]
+    cpus = [(a.cpu_s / a.records) / (b.cpu_s / b.records) for a, b in pairs if a.cpu_s and b.cpu_s]
+    return (f"  over {len(pairs)} round{'s' if len(pairs) > 1 else ''} taking turns, {name} against amazon_kclpy: "
+            f"records/s {line(rates)}" + (f"; CPU a record {line(cpus)}" if cpus else ""))
+
+
 def batches_for(k: int, records: int, size: int, quick: bool) -> int:
     if quick:
         return 2
@@ -300,17 +341,17 @@ async def run(args, shard_counts: list[int], with_kclpy: bool, tmp: str) -> None
         c = ceiling(records, size, batches_for(1, records, size, args.quick))
         for k in shard_counts:
             batches = args.batches or batches_for(k, records, size, args.quick)
-            base = None
-            rows = []
-            if with_kclpy:
-                base = await run_variant("amazon_kclpy", k, records, size, batches, tmp)
-                rows.append(base)
-            pairs = []
-            for w in args.workers:
-                relay = await run_variant("mldserver", k, records, size, batches, tmp, w)
-                direct = await run_variant("direct", k, records, size, batches, tmp, w)
-                rows += [relay, direct]
-                pairs.append((w, relay, direct))
+            variants = ([("amazon_kclpy", None)] if with_kclpy else []) + [
+                (name, w) for w in args.workers for name in ("mldserver", "direct")]
+            rounds: list[dict[tuple[str, int | None], RelayResult]] = []
+            for r in range(ROUNDS_QUICK if args.quick else ROUNDS):
+                rounds.append({})
+                for name, w in variants if r % 2 == 0 else variants[::-1]:
+                    rounds[-1][name, w] = await run_variant(name, k, records, size, batches, tmp, w)
+            shown = median_round(rounds, ("mldserver", args.workers[0]), with_kclpy)
+            base = shown.get(("amazon_kclpy", None))
+            rows = [shown[v] for v in variants]
+            pairs = [(w, shown["mldserver", w], shown["direct", w]) for w in args.workers]
             if scrape:
                 scraped = await run_variant(SCRAPED, k, records, size, batches, tmp, args.workers[0], scrape)
                 rows.append(scraped)
@@ -329,6 +370,8 @@ async def run(args, shard_counts: list[int], with_kclpy: bool, tmp: str) -> None
                              if handlers else ""))
                 for variant in (relay, direct):
                     print(f"    {variant.name}: {variant.cpu_by_process()}")
+                if with_kclpy:
+                    print(spread(relay.name, [(x["mldserver", w], x["amazon_kclpy", None]) for x in rounds]))
             if scrape:
                 relay = pairs[0][1]
                 print(f"  /metrics every {scrape:g} s at K={k}: {scraped.rate:,.0f} vs {relay.rate:,.0f} records/s "
