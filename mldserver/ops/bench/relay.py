@@ -288,7 +288,7 @@ async def relay_startup(port: int) -> tuple[float, int, int]:
 ROUNDS, ROUNDS_QUICK = 3, 1  # the variants take turns this many times
 
 
-Round = dict[tuple[str, "int | None"], RelayResult]  # (variant, workers) -> its run in one round
+Round = dict[tuple[str, int | None], RelayResult]  # (variant, workers) -> its run in one round
 
 
 def median_round(rounds: list[Round], server: tuple[str, int | None], with_kclpy: bool) -> Round:
@@ -343,7 +343,7 @@ async def run(args, shard_counts: list[int], with_kclpy: bool, tmp: str) -> None
             batches = args.batches or batches_for(k, records, size, args.quick)
             variants = ([("amazon_kclpy", None)] if with_kclpy else []) + [
                 (name, w) for w in args.workers for name in ("mldserver", "direct")]
-            rounds: list[dict[tuple[str, int | None], RelayResult]] = []
+            rounds: list[Round] = []
             for r in range(ROUNDS_QUICK if args.quick else ROUNDS):
                 rounds.append({})
                 for name, w in variants if r % 2 == 0 else variants[::-1]:
