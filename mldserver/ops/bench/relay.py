@@ -135,7 +135,7 @@ class RelayResult:
         p99 = rt[min(len(rt) - 1, int(len(rt) * 0.99))] * 1000
         ratio = f"{self.rate / baseline.rate:5.2f}x" if baseline and baseline.rate else "   - "
         cpu = f"{self.all_cpu_us_per_record:7.2f}" if self.cpu_s else f"{'-':>7}"
-        cpu_ratio = (f"{self.cpu_s / self.records / (baseline.cpu_s / baseline.records):5.2f}x"
+        cpu_ratio = (f"{self.all_cpu_us_per_record / baseline.all_cpu_us_per_record:5.2f}x"
                      if baseline and baseline.cpu_s and self.cpu_s else "   - ")
         mem = f"{self.per_shard_pss_kb / 1024:7.1f} {self.total_pss_kb / 1024:8.1f}" if self.total_pss_kb else f"{'-':>7} {'-':>8}"
         return (f"  {self.name:13} {self.shards:4d} {self.rate:12,.0f} {ratio} {self.bytes / self.seconds / 1e6:8.1f} "
@@ -285,9 +285,6 @@ async def relay_startup(port: int) -> tuple[float, int, int]:
     return ms, rss, pss
 
 
-ROUNDS, ROUNDS_QUICK = 3, 1  # the variants take turns this many times
-
-
 Round = dict[tuple[str, int | None], RelayResult]  # (variant, workers) -> its run in one round
 
 
@@ -309,7 +306,7 @@ def spread(name: str, pairs: list[tuple[RelayResult, RelayResult]]) -> str:
         return f"{' '.join(f'{x:.2f}x' for x in ratios)} (median {statistics.median(ratios):.2f}x)"
 
     rates = [a.rate / b.rate for a, b in pairs if b.rate]
-    cpus = [(a.cpu_s / a.records) / (b.cpu_s / b.records) for a, b in pairs if a.cpu_s and b.cpu_s]
+    cpus = [a.all_cpu_us_per_record / b.all_cpu_us_per_record for a, b in pairs if a.cpu_s and b.cpu_s]
     return (f"  over {len(pairs)} round{'s' if len(pairs) > 1 else ''} taking turns, {name} against amazon_kclpy: "
             f"records/s {line(rates)}" + (f"; CPU a record {line(cpus)}" if cpus else ""))
 
@@ -344,7 +341,7 @@ async def run(args, shard_counts: list[int], with_kclpy: bool, tmp: str) -> None
             variants = ([("amazon_kclpy", None)] if with_kclpy else []) + [
                 (name, w) for w in args.workers for name in ("mldserver", "direct")]
             rounds: list[Round] = []
-            for r in range(ROUNDS_QUICK if args.quick else ROUNDS):
+            for r in range(1 if args.quick else 3):  # rounds taking turns, as the coordinator part's
                 rounds.append({})
                 for name, w in variants if r % 2 == 0 else variants[::-1]:
                     rounds[-1][name, w] = await run_variant(name, k, records, size, batches, tmp, w)
